@@ -1,0 +1,146 @@
+"""Settings: one frozen record merged at the edge from the settings file < environment < command-line flags.
+
+The file is TOML at `Paths.settings_file` (HEARTH_HOME/config/settings.toml when HEARTH_HOME is set), e.g.::
+
+    model = "smollm2-135m-instruct"
+    backend = "auto"
+    temperature = 0.7
+    ctx = 8192
+    [server]
+    port = 8000
+
+Unknown keys and wrong types are a ConfigError naming the key, never silently dropped.  Environment variables:
+HEARTH_MODEL, HEARTH_BACKEND, HEARTH_CTX, HEARTH_THREADS, HEARTH_TEMPERATURE, HEARTH_SEED, HEARTH_HOST,
+HEARTH_PORT, HEARTH_API_KEY.  Flags win over both (the CLI passes only the flags the user actually gave).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from hwprobe.errors import ConfigError
+
+BACKEND_CHOICES = ("auto", "llama.cpp", "torch")
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str | None = None  # registered name or path; None = the last used, else the starter model
+    backend: str = "auto"  # auto | llama.cpp | torch
+    ctx: int | None = None  # context tokens; None = the plan decides
+    threads: int | None = None  # CPU threads; None = physical cores
+    n_gpu_layers: int | None = None  # None = the plan decides; -1 = all
+    kv_cache_type: str | None = None  # None = the plan decides; f16 | q8_0 | q4_0
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    max_tokens: int = 1024
+    seed: int | None = None
+    system_prompt: str | None = None  # None = the template's own default (if any)
+    host: str = "127.0.0.1"  # API server bind address
+    port: int = 8000
+    api_key: str | None = None
+    max_concurrency: int = 16
+
+    def merged(self, **overrides: Any) -> "Settings":
+        """A copy with the given values (None values are ignored: 'flag not given')."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        unknown = set(given) - {f.name for f in fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        return _validated(replace(self, **given))
+
+
+_ENV = {
+    "HEARTH_MODEL": ("model", str), "HEARTH_BACKEND": ("backend", str), "HEARTH_CTX": ("ctx", int),
+    "HEARTH_THREADS": ("threads", int), "HEARTH_TEMPERATURE": ("temperature", float),
+    "HEARTH_SEED": ("seed", int), "HEARTH_HOST": ("host", str), "HEARTH_PORT": ("port", int),
+    "HEARTH_API_KEY": ("api_key", str),
+}
+
+# TOML sections flatten into the fields above: [server] port -> port, [sampling] temperature -> temperature.
+_SECTIONS = {"server": ("host", "port", "api_key", "max_concurrency"),
+             "sampling": ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed")}
+
+
+def _types() -> dict[str, Any]:
+    return {f.name: f.type for f in fields(Settings)}
+
+
+def _check_type(key: str, value: Any, source: str) -> Any:
+    want = _types()[key]
+    ok = {
+        "str | None": isinstance(value, str), "str": isinstance(value, str),
+        "int | None": isinstance(value, int) and not isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+    }.get(str(want), True)
+    if not ok:
+        raise ConfigError(f"{source}: {key} must be {str(want).replace(' | None', '')}, got {value!r}")
+    return float(value) if str(want) == "float" else value
+
+
+def _validated(s: Settings) -> Settings:
+    if s.backend not in BACKEND_CHOICES:
+        raise ConfigError(f"backend must be one of {', '.join(BACKEND_CHOICES)}, got {s.backend!r}")
+    if s.ctx is not None and s.ctx < 16:
+        raise ConfigError(f"ctx must be at least 16 tokens, got {s.ctx}")
+    if s.kv_cache_type not in (None, "f16", "q8_0", "q4_0"):
+        raise ConfigError(f"kv_cache_type must be f16, q8_0 or q4_0, got {s.kv_cache_type!r}")
+    if not 0 < s.port < 65536:
+        raise ConfigError(f"port must be 1-65535, got {s.port}")
+    if s.max_tokens < 1:
+        raise ConfigError(f"max_tokens must be >= 1, got {s.max_tokens}")
+    if s.max_concurrency < 1:
+        raise ConfigError(f"max_concurrency must be >= 1, got {s.max_concurrency}")
+    return s
+
+
+def read_settings_file(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}", "fix or delete the file") from None
+    flat: dict[str, Any] = {}
+    names = set(_types())
+    for key, value in data.items():
+        if key in _SECTIONS and isinstance(value, dict):
+            for sub, v in value.items():
+                if sub not in _SECTIONS[key]:
+                    raise ConfigError(f"{path}: unknown setting [{key}] {sub}",
+                                      f"known in [{key}]: {', '.join(_SECTIONS[key])}")
+                flat[sub] = _check_type(sub, v, str(path))
+        elif key in names:
+            flat[key] = _check_type(key, value, str(path))
+        else:
+            raise ConfigError(f"{path}: unknown setting {key!r}", f"known settings: {', '.join(sorted(names))}")
+    return flat
+
+
+def load_settings(settings_file: Path | None = None, env: dict[str, str] | None = None, **flags: Any) -> Settings:
+    """file < env < flags.  `flags` holds only values the user gave (None = not given)."""
+    from app.paths import get_paths
+
+    path = settings_file or get_paths().settings_file
+    values = read_settings_file(path)
+    env = os.environ if env is None else env
+    for var, (key, cast) in _ENV.items():
+        raw = env.get(var)
+        if raw not in (None, ""):
+            try:
+                values[key] = cast(raw)
+            except ValueError:
+                raise ConfigError(f"environment variable {var}={raw!r} is not a valid {cast.__name__}") from None
+    base = _validated(Settings(**values))
+    return base.merged(**flags)

@@ -1,0 +1,324 @@
+"""The one Backend contract every engine implements (llama.cpp, hearth's torch engine, test fakes).
+
+Streaming first: `Backend.stream(request)` yields `GenerationEvent`s, always in the order
+`STARTED`, `TOKEN`*, `FINISHED`; exactly one `FINISHED` ends every stream, whatever happens (stop string,
+length, abort, error).  `generate()` only drains the stream.  `abort(request_id)` may be called from any thread
+at any time; the stream then ends with `FinishReason.ABORT` and keeps the text generated so far.
+
+Threading: `stream()` may be called from several threads at once.  A backend whose capabilities say
+`concurrent_requests` batches them; any other backend serialises them behind a lock (the requests queue, in
+arrival order), so callers never need to know which kind they hold.
+
+Text in `TOKEN` events is the new, safely printable text: a multi-byte UTF-8 character split across tokens is
+held back until complete, and text that might be the start of a stop string is held back until it is known
+not to be one, so a stop string is never shown.
+
+Nothing here imports torch or llama_cpp: the contract is pure Python, importable from the TUI.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from backends.errors import InvalidRequestError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+    from backends.modelspec import ModelSpec
+
+ProgressCallback = Callable[[float, str], None]
+"""Called while loading with (fraction done in 0..1, what is happening)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token.  Defaults follow llama.cpp's and Ollama's."""
+
+    temperature: float = 0.8  # 0 = greedy (argmax); > 0 scales logits by 1/temperature
+    top_p: float = 0.95  # nucleus: keep the smallest set of tokens whose probability sums to >= top_p; 1 = off
+    top_k: int = 40  # keep the k most likely tokens; 0 = off
+    min_p: float = 0.05  # drop tokens whose probability is below min_p x the best token's; 0 = off
+    repeat_penalty: float = 1.0  # > 1 divides positive logits (multiplies negative) of tokens already seen
+    seed: int | None = None  # same seed + same prompt + same params = same reply; None = random
+    max_tokens: int = 512  # most tokens to generate; the reply ends with FinishReason.LENGTH when reached
+    stop: tuple[str, ...] = ()  # strings that end the reply; the stop string itself is not returned
+    ignore_eos: bool = False  # keep generating past end-of-sequence tokens (benchmarks want fixed lengths)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, (list, str)):
+            object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise InvalidRequestError naming the first bad value."""
+        checks: list[tuple[bool, str]] = [
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty}"),
+            (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (all(isinstance(s, str) and s for s in self.stop), f"stop strings must be non-empty, got {self.stop!r}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidRequestError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+_request_counter = itertools.count()
+
+
+def new_request_id(prefix: str = "req") -> str:
+    """A process-unique request id."""
+    return f"{prefix}-{next(_request_counter)}"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation: a prompt (text or token ids) and how to sample its continuation.
+
+    Exactly one of `prompt` and `prompt_token_ids` is set.  A text prompt is tokenized by the backend with
+    `add_special` (BOS where the model's metadata asks for it) and with special tokens in the text parsed as
+    special (chat templates emit `<|im_start|>` and the like as text).
+    """
+
+    prompt: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    request_id: str = field(default_factory=new_request_id)
+    add_special: bool = True  # add BOS (per the model's add_bos_token) when tokenizing a text prompt
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.prompt_token_ids is None):
+            raise InvalidRequestError("a request needs exactly one of prompt and prompt_token_ids")
+        if self.prompt_token_ids is not None:
+            object.__setattr__(self, "prompt_token_ids", tuple(int(t) for t in self.prompt_token_ids))
+            if not self.prompt_token_ids:
+                raise InvalidRequestError("prompt_token_ids is empty")
+
+
+class FinishReason(str, enum.Enum):
+    """Why a stream ended.  The values are the OpenAI API's where it has one."""
+
+    STOP = "stop"  # an end-of-sequence token or a stop string
+    LENGTH = "length"  # max_tokens reached, or the context is full
+    ABORT = "abort"  # abort(request_id) was called (user pressed Esc, client disconnected)
+    ERROR = "error"  # the backend failed mid-stream; GenerationEvent.error says how
+
+
+@dataclass
+class RequestStats:
+    """What one request cost.  Times are seconds of wall clock measured by the backend."""
+
+    prompt_tokens: int = 0  # tokens in the prompt, BOS included
+    completion_tokens: int = 0  # tokens generated (the stop token included when one ended the reply)
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (torch engine)
+    ttft_s: float = 0.0  # request submitted -> first generated token available
+    queue_s: float = 0.0  # request submitted -> its prefill started (waiting behind others)
+    total_s: float = 0.0  # request submitted -> finished
+
+    @property
+    def decode_s(self) -> float:
+        return max(self.total_s - self.ttft_s, 0.0)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens per second after the first one (the first one's cost is the prefill)."""
+        n = self.completion_tokens - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        computed = self.prompt_tokens - self.cached_tokens
+        prefill_s = self.ttft_s - self.queue_s
+        return computed / prefill_s if computed > 0 and prefill_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "ttft_s": round(self.ttft_s, 6),
+            "queue_s": round(self.queue_s, 6),
+            "total_s": round(self.total_s, 6),
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
+            "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 3),
+        }
+
+
+class EventKind(str, enum.Enum):
+    STARTED = "started"  # the request was accepted; stats.prompt_tokens (and cached_tokens) are known
+    TOKEN = "token"  # new text (possibly empty while held back) and the token ids behind it
+    FINISHED = "finished"  # the last event: finish_reason and final stats are set
+
+
+@dataclass
+class GenerationEvent:
+    kind: EventKind
+    request_id: str
+    text: str = ""  # TOKEN: the new printable text since the previous event
+    token_ids: tuple[int, ...] = ()  # TOKEN: the token ids generated since the previous event
+    finish_reason: FinishReason | None = None  # FINISHED only
+    stats: RequestStats | None = None  # STARTED (partial) and FINISHED (final)
+    error: str | None = None  # FINISHED with FinishReason.ERROR: one-line message
+
+
+@dataclass
+class Completion:
+    """A drained stream: what `Backend.generate()` returns."""
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    stats: RequestStats
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, readable without importing it (see backends.registry)."""
+
+    concurrent_requests: bool = False  # batches several streams at once (continuous batching)
+    prefix_cache: bool = False  # reuses KV of shared prompt prefixes and reports cached_tokens
+    gpu_offload: bool = False  # this installation can place layers on a GPU
+    gguf: bool = True  # loads GGUF files
+    safetensors: bool = False  # loads Hugging Face safetensors folders
+    logits: bool = True  # implements logits() for perplexity and KL
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What the plan (or the user's flags) decided about loading.  Backends ignore what does not apply to them
+    and say so in `Backend.describe()`; they never silently change a value they do use."""
+
+    n_ctx: int = 4096  # context length in tokens for one sequence
+    n_gpu_layers: int = 0  # transformer layers on GPUs; -1 = all
+    split_mode: str = "none"  # "none" | "layer" | "row" | "tensor"
+    tensor_split: tuple[float, ...] = ()  # share of the model per GPU, in index order
+    main_gpu: int = 0
+    kv_cache_type: str = "f16"  # "f16" | "q8_0" | "q4_0" (torch engine: "f16"/"bf16"/"fp32")
+    flash_attn: bool = False
+    n_threads: int | None = None  # CPU threads; None = physical cores
+    n_batch: int = 512  # prompt tokens per forward (llama.cpp n_batch; torch engine token budget)
+    max_num_seqs: int = 16  # torch engine: most sequences in one batch
+    kv_cache_bytes: int | None = None  # torch engine: KV pool size; None = enough for max_num_seqs x n_ctx
+    dtype: str = "auto"  # torch engine weights: "auto" | "float32" | "bfloat16" | "float16"
+    weight_quant: str = "none"  # torch engine: "none" | "int8" | "int4" | "fp8"
+    device: str = "auto"  # torch engine: "auto" | "cpu" | "cuda" | "cuda:N"
+    seed: int = 0  # backend-level seed for anything not seeded per request
+    verbose: bool = False  # let the library print its own logs to stderr
+
+    def __post_init__(self) -> None:
+        from backends.errors import ConfigError
+
+        if self.n_ctx < 16:
+            raise ConfigError(f"context length must be at least 16 tokens, got {self.n_ctx}")
+        if self.split_mode not in ("none", "layer", "row", "tensor"):
+            raise ConfigError(f"split mode must be none, layer, row or tensor, got {self.split_mode!r}")
+        if self.n_batch < 1 or self.max_num_seqs < 1:
+            raise ConfigError(f"n_batch and max_num_seqs must be >= 1, got {self.n_batch}, {self.max_num_seqs}")
+
+
+class Backend(ABC):
+    """A loaded model that generates text.  Subclasses set `name` and `capabilities`.
+
+    Lifecycle: `__init__(spec, options)` does no heavy work; `load(progress)` loads the weights (raising
+    OutOfMemoryError / ModelLoadError / UnsupportedArchitectureError); then any number of `stream()` calls;
+    `close()` frees memory, is idempotent, and is also called by `__exit__`.
+    """
+
+    name: ClassVar[str] = "abstract"
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    def __init__(self, spec: "ModelSpec", options: LoadOptions | None = None) -> None:
+        self.spec = spec
+        self.options = options or LoadOptions()
+        self._serial = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    @abstractmethod
+    def load(self, progress: ProgressCallback | None = None) -> None:
+        """Load the weights and allocate the context.  Idempotent."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free everything the backend holds.  Idempotent; aborts running streams first."""
+
+    def __enter__(self) -> "Backend":
+        self.load()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- generation --------------------------------------------------------------------------------------
+    @abstractmethod
+    def stream(self, request: Request) -> Iterator[GenerationEvent]:
+        """Generate, yielding STARTED, TOKEN*, FINISHED.  Raises ContextOverflowError before STARTED when the
+        prompt does not fit the context; errors after STARTED end the stream with FinishReason.ERROR."""
+
+    @abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Stop a running or queued request; unknown or finished ids are ignored."""
+
+    def generate(self, request: Request) -> Completion:
+        """Drain `stream(request)` into one Completion."""
+        parts: list[str] = []
+        ids: list[int] = []
+        for event in self.stream(request):
+            if event.kind is EventKind.TOKEN:
+                parts.append(event.text)
+                ids.extend(event.token_ids)
+            elif event.kind is EventKind.FINISHED:
+                assert event.finish_reason is not None and event.stats is not None
+                return Completion(request.request_id, "".join(parts), tuple(ids), event.finish_reason,
+                                  event.stats, event.error)
+        raise AssertionError(f"{self.name} stream ended without a FINISHED event")  # contract violation
+
+    # -- tokens and scores -------------------------------------------------------------------------------
+    @abstractmethod
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of `text`; `add_special` adds BOS where the model's metadata asks for it."""
+
+    @abstractmethod
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """Text of token ids (special tokens rendered as their text)."""
+
+    def logits(self, token_ids: Sequence[int]) -> "np.ndarray":
+        """Raw next-token logits after every position: float32 array of shape (len(token_ids), vocab).
+        Used by `hearth ppl` (perplexity, KL divergence between backends or quants).  Must fit n_ctx."""
+        raise NotImplementedError(f"the {self.name} backend does not return logits")
+
+    # -- facts -------------------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def n_ctx(self) -> int:
+        """The context length actually loaded, in tokens."""
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset(self.spec.eos_token_ids)
+
+    def describe(self) -> dict[str, Any]:
+        """What was loaded, for --verbose and the TUI: backend, device, context, layers on GPU, ..."""
+        return {"backend": self.name, "model": self.spec.name, "n_ctx": self.n_ctx}
+
+    def memory_in_use(self) -> dict[str, int]:
+        """Bytes held: {'rss_bytes': ..., 'gpu_bytes': ...} (gpu_bytes 0 without a GPU)."""
+        import os
+
+        import psutil
+
+        return {"rss_bytes": psutil.Process(os.getpid()).memory_info().rss, "gpu_bytes": 0}

@@ -1,0 +1,66 @@
+"""Model and runtime errors; the root (`HearthError`, `ConfigError`, ...) is in `hwprobe.errors`.
+
+Messages state the numbers and the way out, e.g. "prompt is 9000 tokens but the context is 8192: shorten it or
+load the model with --ctx 16384".  Out-of-memory is detected by exception type (torch.OutOfMemoryError, a
+failed llama.cpp context), never by matching strings.
+"""
+
+from __future__ import annotations
+
+from hwprobe.errors import ConfigError, HardwareReportError, HearthError, PlanError
+
+__all__ = [
+    "HearthError",
+    "ConfigError",
+    "HardwareReportError",
+    "PlanError",
+    "ModelNotFoundError",
+    "ModelFormatError",
+    "UnsupportedArchitectureError",
+    "BackendUnavailableError",
+    "ContextOverflowError",
+    "InvalidRequestError",
+    "OutOfMemoryError",
+    "ModelLoadError",
+    "TemplateError",
+]
+
+
+class ModelNotFoundError(HearthError):
+    """A model name or path that is neither registered nor an existing file."""
+
+
+class ModelFormatError(HearthError):
+    """A file that is not GGUF, or a GGUF that is truncated or corrupt."""
+
+
+class UnsupportedArchitectureError(HearthError):
+    """A model whose architecture the chosen backend cannot run."""
+
+
+class BackendUnavailableError(HearthError):
+    """A backend name that is unknown, or whose libraries are not installed."""
+
+
+class ContextOverflowError(HearthError):
+    """A prompt (plus max_tokens where it matters) longer than the loaded context."""
+
+
+class InvalidRequestError(HearthError):
+    """Sampling parameters or a request that make no sense (negative temperature, max_tokens < 1, ...)."""
+
+
+class OutOfMemoryError(HearthError):
+    """The backend ran out of GPU or host memory while loading or generating."""
+
+    exit_code = 3
+
+
+class ModelLoadError(HearthError):
+    """The backend failed to load a model for a reason other than memory."""
+
+    exit_code = 3
+
+
+class TemplateError(HearthError):
+    """A chat template that fails to render, or tries to escape the sandbox."""

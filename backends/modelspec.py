@@ -1,0 +1,347 @@
+"""ModelSpec: everything a model file says, in one typed, documented record.  Every other part of hearth
+(planner, backends, model store, `hearth models`, `hearth show`) reads models through it.
+
+`load_spec(path)` accepts a GGUF file (or the first shard of a split GGUF) or a Hugging Face folder holding
+config.json + *.safetensors + tokenizer.json.  Reading is header-only and fast (see gguf_reader).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from backends.errors import ModelFormatError
+from backends.gguf_reader import GGUFHeader, SkippedArray, read_model_header
+from hwprobe.shape import ModelShape
+
+SCHEMA_VERSION = 1  # bump when the fields change: the store's metadata cache keys on it
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    ggml_type: str  # "Q4_1", "F32", ... (safetensors: "F16", "BF16", "F32")
+    shape: tuple[int, ...]  # GGUF order (fastest-varying first); safetensors order for HF folders
+    n_bytes: int
+    n_elements: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: str  # the GGUF file (first shard) or the HF folder
+    format: str  # "gguf" | "safetensors"
+    name: str  # general.name, else the file stem
+    architecture: str  # "llama", "qwen2", "gemma3", ...
+    n_layers: int
+    hidden_size: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_size: int
+    vocab_size: int
+    context_length: int  # training context, tokens
+    rope_base: float
+    rope_scaling: dict[str, Any]  # {"type": "linear"|"yarn"|"llama3"..., "factor": ..., ...}; {} = none
+    rms_eps: float
+    n_experts: int
+    n_experts_used: int
+    sliding_window: int  # 0 = no sliding-window attention
+    file_type: str  # "Q4_K_M", "Q4_1", "F16", ... ("mixed" when unknown)
+    file_size_bytes: int  # bytes on disk (all shards / all safetensors files)
+    param_count: int  # sum of tensor elements
+    tensor_types: dict[str, int]  # ggml type -> number of tensors
+    tensors: tuple[TensorSpec, ...]
+    tied_embeddings: bool  # no separate output head: logits use the token embedding
+    chat_template: str | None  # tokenizer.chat_template (Jinja), None when the file has none
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]  # eos plus end-of-turn tokens (eot, im_end) the model stops on
+    pad_token_id: int | None
+    add_bos_token: bool
+    add_eos_token: bool
+    tokenizer_model: str  # tokenizer.ggml.model ("gpt2", "llama", ...) or "hf"
+    tokenizer_pre: str  # tokenizer.ggml.pre ("smollm", "llama-bpe", ...) or ""
+    files: tuple[str, ...] = ()  # every file of the model (shards, safetensors)
+    metadata: dict[str, Any] = field(default_factory=dict)  # other small metadata values, as read
+
+    # -- derived --------------------------------------------------------------------------------------
+    @property
+    def weight_bytes(self) -> int:
+        return sum(t.n_bytes for t in self.tensors)
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.weight_bytes / self.param_count if self.param_count else 0.0
+
+    def layer_bytes(self) -> tuple[int, ...]:
+        """Bytes of each transformer block (tensors named blk.N.* / model.layers.N.*)."""
+        per = [0] * self.n_layers
+        for t in self.tensors:
+            idx = _layer_index(t.name)
+            if idx is not None and idx < self.n_layers:
+                per[idx] += t.n_bytes
+        return tuple(per)
+
+    def tensor(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.tensors if t.name == name), None)
+
+    def to_shape(self) -> ModelShape:
+        """The planner's view of this model."""
+        embed = self.tensor("token_embd.weight") or self.tensor("model.embed_tokens.weight")
+        out = self.tensor("output.weight") or self.tensor("lm_head.weight")
+        return ModelShape(
+            name=self.name, architecture=self.architecture, n_layers=self.n_layers, hidden_size=self.hidden_size,
+            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, ffn_size=self.ffn_size,
+            vocab_size=self.vocab_size, context_length=self.context_length, n_experts=self.n_experts,
+            n_experts_used=self.n_experts_used, sliding_window=self.sliding_window,
+            sliding_window_layers=_sliding_window_layers(self),
+            quant=self.file_type if self.format == "gguf" else None,
+            weight_bytes=self.weight_bytes, layer_bytes=self.layer_bytes(),
+            embedding_bytes=embed.n_bytes if embed else None,
+            output_bytes=(out.n_bytes if out else 0), tied_embeddings=self.tied_embeddings,
+            param_count=self.param_count,
+            extra={"rope_scaling": self.rope_scaling, "file_format": self.format},
+        )
+
+    def as_dict(self, with_tensors: bool = False) -> dict[str, Any]:
+        data = asdict(self)
+        if not with_tensors:
+            data.pop("tensors")
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelSpec":
+        data = dict(data)
+        data["tensors"] = tuple(TensorSpec(**{**t, "shape": tuple(t["shape"])}) for t in data.get("tensors", ()))
+        data["eos_token_ids"] = tuple(data["eos_token_ids"])
+        data["files"] = tuple(data.get("files", ()))
+        return cls(**data)
+
+
+def _layer_index(name: str) -> int | None:
+    parts = name.split(".")
+    for prefix, pos in (("blk", 1), ("layers", 1)):
+        if prefix in parts:
+            i = parts.index(prefix) + pos
+            if i < len(parts) and parts[i].isdigit():
+                return int(parts[i])
+    return None
+
+
+def _sliding_window_layers(spec: ModelSpec) -> int:
+    if not spec.sliding_window:
+        return 0
+    pattern = spec.metadata.get(f"{spec.architecture}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):  # per-layer booleans
+        return sum(1 for v in pattern if v)
+    if spec.architecture.startswith("gemma3"):
+        return spec.n_layers - spec.n_layers // 6  # five local layers to every global one
+    return spec.n_layers
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GGUF
+
+def _file_type_name(metadata: dict[str, Any], type_counts: Counter[str]) -> str:
+    from gguf.constants import LlamaFileType
+
+    ft = metadata.get("general.file_type")
+    if isinstance(ft, int):
+        try:
+            name = LlamaFileType(ft).name
+            return name.removeprefix("MOSTLY_").replace("ALL_F32", "F32")
+        except ValueError:
+            pass
+    quantized = Counter({k: v for k, v in type_counts.items() if k not in ("F32",)})
+    return quantized.most_common(1)[0][0] if quantized else "F32"
+
+
+def _first(value: Any, default: Any = None) -> Any:
+    if isinstance(value, list):
+        return max(value) if value else default
+    return default if value is None else value
+
+
+def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
+    from gguf.constants import GGMLQuantizationType
+
+    header, shards = read_model_header(path)
+    md = header.metadata
+    arch = md.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelFormatError(f"{header.path} has no general.architecture in its metadata",
+                               "the file is not a model GGUF (or is damaged): download the model again")
+
+    def a(key: str, default: Any = None) -> Any:
+        return _first(md.get(f"{arch}.{key}"), default)
+
+    tensors = tuple(
+        TensorSpec(t.name, GGMLQuantizationType(t.ggml_type).name, t.shape, t.n_bytes, t.n_elements)
+        for h in shards for t in h.tensors
+    )
+    names = {t.name for t in tensors}
+    n_heads = int(a("attention.head_count", 0) or 0)
+    hidden = int(a("embedding_length", 0) or 0)
+    n_layers = int(a("block_count", 0) or 0)
+    if not (n_heads and hidden and n_layers):
+        raise ModelFormatError(f"{header.path} lacks {arch}.block_count / embedding_length / attention.head_count",
+                               "the file is incomplete or not a transformer model GGUF")
+    tokens = md.get("tokenizer.ggml.tokens")
+    vocab = int(a("vocab_size", 0) or (len(tokens) if tokens is not None else 0))
+    if not vocab:
+        embed = next((t for t in tensors if t.name == "token_embd.weight"), None)
+        vocab = embed.shape[1] if embed and len(embed.shape) > 1 else 0
+    head_dim = int(a("attention.key_length", 0) or hidden // n_heads)
+    ffn = int(a("feed_forward_length", 0) or a("expert_feed_forward_length", 0) or 0)
+    scaling: dict[str, Any] = {}
+    if a("rope.scaling.type") not in (None, "none"):
+        scaling = {"type": a("rope.scaling.type"), "factor": a("rope.scaling.factor"),
+                   "original_context_length": a("rope.scaling.original_context_length")}
+    elif "rope_freqs.weight" in names:  # Llama 3.1+: the converter stores precomputed frequency factors
+        scaling = {"type": "llama3", "rope_freqs_tensor": "rope_freqs.weight"}
+    eos = md.get("tokenizer.ggml.eos_token_id")
+    eos_ids = [int(eos)] if isinstance(eos, int) else []
+    for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        if isinstance(md.get(key), int) and md[key] not in eos_ids:
+            eos_ids.append(int(md[key]))
+    type_counts = Counter(t.ggml_type for t in tensors)
+    small = {k: v for k, v in md.items()
+             if not isinstance(v, SkippedArray) and k != "tokenizer.chat_template" and not k.startswith("tokenizer.ggml.")}
+    bos = md.get("tokenizer.ggml.bos_token_id")
+    pad = md.get("tokenizer.ggml.padding_token_id")
+    files = tuple(str(h.path) for h in shards)
+    return ModelSpec(
+        path=str(header.path), format="gguf",
+        name=str(md.get("general.name") or _stem(header.path)),
+        architecture=arch, n_layers=n_layers, hidden_size=hidden, n_heads=n_heads,
+        n_kv_heads=int(a("attention.head_count_kv", n_heads) or n_heads), head_dim=head_dim, ffn_size=ffn,
+        vocab_size=vocab, context_length=int(a("context_length", 2048) or 2048),
+        rope_base=float(a("rope.freq_base", 10000.0) or 10000.0), rope_scaling=scaling,
+        rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5) or 1e-5),
+        n_experts=int(a("expert_count", 0) or 0), n_experts_used=int(a("expert_used_count", 0) or 0),
+        sliding_window=int(a("attention.sliding_window", 0) or 0),
+        file_type=_file_type_name(md, type_counts), file_size_bytes=sum(h.file_size for h in shards),
+        param_count=sum(t.n_elements for t in tensors), tensor_types=dict(type_counts), tensors=tensors,
+        tied_embeddings="output.weight" not in names,
+        chat_template=md.get("tokenizer.chat_template") if isinstance(md.get("tokenizer.chat_template"), str) else None,
+        bos_token_id=int(bos) if isinstance(bos, int) else None, eos_token_ids=tuple(eos_ids),
+        pad_token_id=int(pad) if isinstance(pad, int) else None,
+        add_bos_token=bool(md.get("tokenizer.ggml.add_bos_token", arch in ("llama", "gemma", "gemma2", "gemma3"))),
+        add_eos_token=bool(md.get("tokenizer.ggml.add_eos_token", False)),
+        tokenizer_model=str(md.get("tokenizer.ggml.model", "")), tokenizer_pre=str(md.get("tokenizer.ggml.pre", "")),
+        files=files, metadata=small,
+    )
+
+
+def _stem(path: Path) -> str:
+    import re
+
+    return re.sub(r"-\d{5}-of-\d{5}$", "", path.stem)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hugging Face folders (config.json + *.safetensors + tokenizer.json)
+
+_HF_ARCH = {
+    "LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3",
+    "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2", "PhiForCausalLM": "phi2",
+    "Phi3ForCausalLM": "phi3",
+}
+
+
+def _safetensors_tensors(files: list[Path]) -> list[TensorSpec]:
+    tensors = []
+    for f in files:
+        with open(f, "rb") as fh:
+            raw = fh.read(8)
+            if len(raw) < 8:
+                raise ModelFormatError(f"{f} is truncated (no safetensors header)", "download the file again")
+            n = int.from_bytes(raw, "little")
+            if n > 100 * 1024 * 1024:
+                raise ModelFormatError(f"{f} is corrupt: safetensors header claims {n} bytes", "download it again")
+            try:
+                header = json.loads(fh.read(n))
+            except json.JSONDecodeError as exc:
+                raise ModelFormatError(f"{f} has a corrupt safetensors header: {exc}", "download it again") from None
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            start, end = info["data_offsets"]
+            n_el = 1
+            for d in info["shape"]:
+                n_el *= d
+            tensors.append(TensorSpec(name, str(info["dtype"]).upper(), tuple(info["shape"]), end - start, n_el))
+    return tensors
+
+
+def hf_config_shape(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """The shape fields of a Hugging Face config.json (used for folders and for `hearth plan config.json`)."""
+    archs = config.get("architectures") or []
+    arch = next((_HF_ARCH[a] for a in archs if a in _HF_ARCH), None) or str(config.get("model_type", "unknown"))
+    text = config.get("text_config", config)
+    n_heads = int(text["num_attention_heads"])
+    hidden = int(text["hidden_size"])
+    rs = text.get("rope_scaling") or {}
+    return dict(
+        name=name, architecture=arch, n_layers=int(text["num_hidden_layers"]), hidden_size=hidden,
+        n_heads=n_heads, n_kv_heads=int(text.get("num_key_value_heads") or n_heads),
+        head_dim=int(text.get("head_dim") or hidden // n_heads), ffn_size=int(text.get("intermediate_size", 0)),
+        vocab_size=int(text.get("vocab_size", 0)), context_length=int(text.get("max_position_embeddings", 2048)),
+        rope_base=float(text.get("rope_theta", 10000.0)),
+        rope_scaling={k: v for k, v in rs.items()} if rs else {},
+        rms_eps=float(text.get("rms_norm_eps", 1e-5)),
+        n_experts=int(text.get("num_local_experts", 0) or text.get("num_experts", 0) or 0),
+        n_experts_used=int(text.get("num_experts_per_tok", 0) or 0),
+        sliding_window=int(text.get("sliding_window") or 0) if text.get("use_sliding_window", arch == "gemma3") else 0,
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+    )
+
+
+def spec_from_hf_folder(folder: str | os.PathLike[str]) -> ModelSpec:
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    if not cfg_path.exists():
+        raise ModelFormatError(f"{folder} has no config.json", "a Hugging Face model folder needs config.json, "
+                               "*.safetensors and tokenizer.json")
+    try:
+        config = json.loads(cfg_path.read_text())
+        shape = hf_config_shape(config, folder.name)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ModelFormatError(f"{cfg_path} is not a usable model config: {exc!r}", "download it again") from None
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelFormatError(f"{folder} has no *.safetensors files", "download the weights (hearth pull REPO_ID)")
+    tensors = tuple(_safetensors_tensors(files))
+    template = None
+    special: dict[str, Any] = {}
+    tok_cfg = folder / "tokenizer_config.json"
+    if tok_cfg.exists():
+        special = json.loads(tok_cfg.read_text())
+        template = special.get("chat_template") if isinstance(special.get("chat_template"), str) else None
+    eos = config.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+    type_counts = Counter(t.ggml_type for t in tensors)
+    dominant = type_counts.most_common(1)[0][0] if type_counts else "F16"
+    names = {t.name for t in tensors}
+    shape["tied_embeddings"] = shape["tied_embeddings"] or "lm_head.weight" not in names
+    return ModelSpec(
+        path=str(folder), format="safetensors", **shape,
+        file_type=dominant, file_size_bytes=sum(f.stat().st_size for f in files),
+        param_count=sum(t.n_elements for t in tensors), tensor_types=dict(type_counts), tensors=tensors,
+        chat_template=template, bos_token_id=config.get("bos_token_id"), eos_token_ids=eos_ids,
+        pad_token_id=config.get("pad_token_id"), add_bos_token=bool(special.get("add_bos_token", True)),
+        add_eos_token=bool(special.get("add_eos_token", False)), tokenizer_model="hf", tokenizer_pre="",
+        files=tuple(str(f) for f in files), metadata={"config": config},
+    )
+
+
+def load_spec(path: str | os.PathLike[str]) -> ModelSpec:
+    """ModelSpec of a GGUF file or a Hugging Face folder; ModelFormatError for anything else."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return spec_from_hf_folder(p)
+    return spec_from_gguf(p)
