@@ -218,6 +218,8 @@ class LoadOptions:
     weight_quant: str = "none"  # torch engine: "none" | "int8" | "int4" | "fp8"
     device: str = "auto"  # torch engine: "auto" | "cpu" | "cuda" | "cuda:N"
     seed: int = 0  # backend-level seed for anything not seeded per request
+    logits_all: bool = False  # keep logits of every prompt position (perplexity); llama.cpp then holds
+    #                           n_ctx x vocab x 4 bytes of scores, so only `hearth ppl` asks for it
     verbose: bool = False  # let the library print its own logs to stderr
 
     def __post_init__(self) -> None:

@@ -40,6 +40,7 @@ class SkippedArray:
 
     element_type: int
     length: int
+    offset: int = 0  # file offset of the first element (to read single items later)
 
     def __len__(self) -> int:
         return self.length
@@ -114,6 +115,7 @@ def _read_value(cur: _Cursor, vtype: int, keep_array: bool) -> Any:
         if length > 1 << 32:
             raise ModelFormatError(f"{cur.path} is corrupt: a GGUF array claims {length} elements",
                                    "the file is damaged: download it again")
+        start = cur.pos
         if keep_array or length <= SMALL_ARRAY_LIMIT:
             if etype in _SCALARS:
                 fmt = _SCALARS[etype]
@@ -133,7 +135,7 @@ def _read_value(cur: _Cursor, vtype: int, keep_array: bool) -> Any:
         else:
             for _ in range(length):
                 _read_value(cur, etype, False)
-        return SkippedArray(etype, length)
+        return SkippedArray(etype, length, start)
     raise ModelFormatError(f"{cur.path} is corrupt: unknown GGUF value type {vtype}",
                            "the file is damaged or from a newer GGUF version: download it again")
 
@@ -237,3 +239,22 @@ def read_model_header(path: str | os.PathLike[str], keep_arrays: Iterable[str] =
                                    "download every shard of the model into the same folder")
         shards.append(read_header(shard, (), file_index=i))
     return first, shards
+
+
+def read_string_items(path: str | os.PathLike[str], array: SkippedArray, indices: Iterable[int]) -> dict[int, str]:
+    """Strings at `indices` of a skipped string array (e.g. the BOS/EOS token texts), walking only up to the
+    largest index."""
+    wanted = sorted({i for i in indices if 0 <= i < array.length})
+    if array.element_type != _STRING or not wanted:
+        return {}
+    out: dict[int, str] = {}
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        cur = _Cursor(buf, Path(path))
+        cur.pos = array.offset
+        want = set(wanted)
+        for i in range(wanted[-1] + 1):
+            if i in want:
+                out[i] = cur.string()
+            else:
+                cur.skip_string()
+    return out

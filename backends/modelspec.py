@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from backends.errors import ModelFormatError
-from backends.gguf_reader import GGUFHeader, SkippedArray, read_model_header
+from backends.gguf_reader import SkippedArray, read_model_header, read_string_items
 from hwprobe.shape import ModelShape
 
-SCHEMA_VERSION = 1  # bump when the fields change: the store's metadata cache keys on it
+SCHEMA_VERSION = 2  # bump when the fields change: the store's metadata cache keys on it
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,8 @@ class ModelSpec:
     add_eos_token: bool
     tokenizer_model: str  # tokenizer.ggml.model ("gpt2", "llama", ...) or "hf"
     tokenizer_pre: str  # tokenizer.ggml.pre ("smollm", "llama-bpe", ...) or ""
+    bos_token_text: str | None = None  # the BOS token's text ("<|im_start|>", "<s>"), for chat templates
+    eos_token_text: str | None = None
     files: tuple[str, ...] = ()  # every file of the model (shards, safetensors)
     metadata: dict[str, Any] = field(default_factory=dict)  # other small metadata values, as read
 
@@ -213,6 +215,11 @@ def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
     bos = md.get("tokenizer.ggml.bos_token_id")
     pad = md.get("tokenizer.ggml.padding_token_id")
     files = tuple(str(h.path) for h in shards)
+    texts: dict[int, str] = {}
+    if isinstance(tokens, SkippedArray):
+        texts = read_string_items(header.path, tokens, [i for i in (bos, eos) if isinstance(i, int)])
+    elif isinstance(tokens, list):
+        texts = {i: tokens[i] for i in (bos, eos) if isinstance(i, int) and 0 <= i < len(tokens)}
     return ModelSpec(
         path=str(header.path), format="gguf",
         name=str(md.get("general.name") or _stem(header.path)),
@@ -232,6 +239,8 @@ def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
         add_bos_token=bool(md.get("tokenizer.ggml.add_bos_token", arch in ("llama", "gemma", "gemma2", "gemma3"))),
         add_eos_token=bool(md.get("tokenizer.ggml.add_eos_token", False)),
         tokenizer_model=str(md.get("tokenizer.ggml.model", "")), tokenizer_pre=str(md.get("tokenizer.ggml.pre", "")),
+        bos_token_text=texts.get(bos) if isinstance(bos, int) else None,
+        eos_token_text=texts.get(eos) if isinstance(eos, int) else None,
         files=files, metadata=small,
     )
 
@@ -335,8 +344,16 @@ def spec_from_hf_folder(folder: str | os.PathLike[str]) -> ModelSpec:
         chat_template=template, bos_token_id=config.get("bos_token_id"), eos_token_ids=eos_ids,
         pad_token_id=config.get("pad_token_id"), add_bos_token=bool(special.get("add_bos_token", True)),
         add_eos_token=bool(special.get("add_eos_token", False)), tokenizer_model="hf", tokenizer_pre="",
+        bos_token_text=_token_text(special.get("bos_token")), eos_token_text=_token_text(special.get("eos_token")),
         files=tuple(str(f) for f in files), metadata={"config": config},
     )
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config.json writes special tokens as a string or as {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
 
 
 def load_spec(path: str | os.PathLike[str]) -> ModelSpec:

@@ -1,0 +1,111 @@
+"""A conversation with a loaded backend: messages -> chat template -> stream -> reply appended.
+
+Used by `hearth run` (one prompt, or the interactive terminal chat).  The TUI and the API server build on
+the same pieces (backends.templates.render_for_spec, Backend.stream) with their own persistence.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from app.loading import Loaded
+from app.settings import Settings
+from backends.api import Completion, EventKind, FinishReason, Request, SamplingParams
+from backends.templates import FALLBACK_NAME, render_for_spec
+
+
+def sampling_from_settings(settings: Settings, stop: tuple[str, ...] = ()) -> SamplingParams:
+    return SamplingParams(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+                          min_p=settings.min_p, repeat_penalty=settings.repeat_penalty, seed=settings.seed,
+                          max_tokens=settings.max_tokens, stop=stop)
+
+
+@dataclass
+class ChatSession:
+    loaded: Loaded
+    settings: Settings
+    stop: tuple[str, ...] = ()
+    messages: list[dict[str, str]] = field(default_factory=list)
+    current_request: str | None = None  # id of the request in flight, for abort()
+
+    def __post_init__(self) -> None:
+        if not self.messages and self.settings.system_prompt:
+            self.messages.append({"role": "system", "content": self.settings.system_prompt})
+        self.fallback_warned = False
+
+    def print_plan(self, out: TextIO) -> None:
+        d = self.loaded.decision
+        info = self.loaded.backend.describe()
+        print(f"hearth: {self.loaded.entry.name} on {d.backend} "
+              f"({', '.join(f'{k}={v}' for k, v in info.items() if k not in ('backend', 'model', 'path'))})",
+              file=out)
+        for reason in d.reasons:
+            print(f"  - {reason}", file=out)
+
+    def reset(self) -> None:
+        system = [m for m in self.messages[:1] if m["role"] == "system"]
+        self.messages = system
+
+    def set_system(self, text: str) -> None:
+        self.messages = [m for m in self.messages if m["role"] != "system"]
+        if text:
+            self.messages.insert(0, {"role": "system", "content": text})
+
+    def send(self, text: str, *, raw: bool = False, on_text: Callable[[str], None] | None = None) -> Completion:
+        """Send a user message (or a raw prompt), stream the reply to on_text, keep it in the history.
+        An aborted or failed turn keeps the history as it was, plus what was generated."""
+        backend = self.loaded.backend
+        if raw:
+            request = Request(prompt=text, sampling=sampling_from_settings(self.settings, self.stop))
+        else:
+            self.messages.append({"role": "user", "content": text})
+            rendered = render_for_spec(self.loaded.spec, self.messages)
+            if rendered.template_source == FALLBACK_NAME and not self.fallback_warned:
+                print(f"hearth: {self.loaded.entry.name} has no chat template; using hearth's plain "
+                      "'User:/Assistant:' format", file=sys.stderr)
+                self.fallback_warned = True
+            request = Request(prompt=rendered.text, add_special=rendered.add_special,
+                              sampling=sampling_from_settings(self.settings, self.stop + rendered.stop))
+        self.current_request = request.request_id
+        parts: list[str] = []
+        ids: list[int] = []
+        try:
+            for event in backend.stream(request):
+                if event.kind is EventKind.TOKEN:
+                    if event.text:
+                        parts.append(event.text)
+                        if on_text:
+                            on_text(event.text)
+                    ids.extend(event.token_ids)
+                elif event.kind is EventKind.FINISHED:
+                    assert event.finish_reason is not None and event.stats is not None
+                    reply = "".join(parts)
+                    if not raw:
+                        self.messages.append({"role": "assistant", "content": reply})
+                    return Completion(request.request_id, reply, tuple(ids), event.finish_reason, event.stats,
+                                      event.error)
+        except BaseException:
+            backend.abort(request.request_id)
+            if not raw and self.messages and self.messages[-1]["role"] == "user":
+                if parts:
+                    self.messages.append({"role": "assistant", "content": "".join(parts)})
+                else:
+                    self.messages.pop()
+            raise
+        finally:
+            self.current_request = None
+        raise AssertionError("stream ended without FINISHED")
+
+
+def print_stats(result: Completion, out: TextIO) -> None:
+    s = result.stats
+    line = (f"[{result.finish_reason.value}] prompt {s.prompt_tokens} tok"
+            f"{f' ({s.cached_tokens} cached)' if s.cached_tokens else ''}, "
+            f"reply {s.completion_tokens} tok, first token {s.ttft_s * 1000:.0f} ms, "
+            f"prefill {s.prefill_tokens_per_s:.1f} tok/s, decode {s.decode_tokens_per_s:.1f} tok/s")
+    print(line, file=out)
+    if result.finish_reason is FinishReason.ERROR and result.error:
+        print(f"hearth: error: {result.error}", file=out)

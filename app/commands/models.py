@@ -1,0 +1,87 @@
+"""`hearth models`: list local models; `hearth models add PATH [--name NAME]` registers a GGUF without copying."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+NAME = "models"
+HELP = "list local models, or register one with `hearth models add PATH`"
+ORDER = 30
+DESCRIPTION = """List the models hearth knows: the built-in starter model, files registered with
+`hearth models add`, and models downloaded with `hearth pull`.  Metadata is read from each GGUF header
+and cached, so listing stays fast.
+
+  hearth models                          table
+  hearth models --json                   one JSON object per model in a list
+  hearth models add ~/m/foo.Q4_K_M.gguf --name foo"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sub = p.add_subparsers(dest="models_action", metavar="ACTION")
+    add = sub.add_parser("add", help="register a local GGUF file (or HF folder) without copying it")
+    add.add_argument("path", metavar="PATH")
+    add.add_argument("--name", metavar="NAME", help="name to use (default: the file name, lower-cased)")
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError
+
+
+def human_count(n: int) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
+
+
+def model_row(entry, spec) -> dict:
+    return {
+        "name": entry.name, "path": entry.path, "source": entry.source, "repo": entry.repo,
+        "revision": entry.revision, "size_bytes": spec.file_size_bytes, "architecture": spec.architecture,
+        "parameters": spec.param_count, "quant": spec.file_type, "quant_types": spec.tensor_types,
+        "context_length": spec.context_length, "format": spec.format,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.store import ModelStore
+    from hwprobe.errors import HearthError
+
+    store = ModelStore()
+    if args.models_action == "add":
+        entry, spec = store.add(args.path, args.name)
+        print(f"registered {entry.name}: {spec.architecture}, {human_count(spec.param_count)} parameters, "
+              f"{spec.file_type}, {human_bytes(spec.file_size_bytes)} ({entry.path})")
+        return 0
+    rows, problems = [], []
+    for entry in store.entries():
+        try:
+            rows.append(model_row(entry, store.spec_for_path(__import__("pathlib").Path(entry.path))))
+        except HearthError as exc:
+            problems.append(f"{entry.name}: {exc.message}")
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        header = ("NAME", "SIZE", "ARCH", "PARAMS", "QUANT", "CONTEXT", "SOURCE")
+        table = [header] + [(r["name"], human_bytes(r["size_bytes"]), r["architecture"],
+                             human_count(r["parameters"]), _quant_text(r), str(r["context_length"]),
+                             r["repo"] or r["source"]) for r in rows]
+        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        for row in table:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if not rows:
+            print("(no models: `hearth models add PATH` or `hearth pull REPO_ID`)")
+    for p in problems:
+        print(f"hearth: warning: {p}", file=__import__("sys").stderr)
+    return 0
+
+
+def _quant_text(row: dict) -> str:
+    others = sorted(t for t in row["quant_types"] if t not in (row["quant"], "F32"))
+    return row["quant"] + (f" (+{','.join(others)})" if others else "")

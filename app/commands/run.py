@@ -1,0 +1,62 @@
+"""`hearth run`: one prompt streamed to stdout, or an interactive terminal chat (like `ollama run`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app.commands.common import add_model_arguments, add_sampling_arguments, settings_from_args
+
+NAME = "run"
+HELP = "stream a reply to PROMPT, or chat in the terminal when no PROMPT is given"
+ORDER = 10
+DESCRIPTION = """Stream a reply from a local model.
+
+  hearth run "What is the capital of France?"     one prompt, reply on stdout
+  echo "Summarise: ..." | hearth run -             prompt from stdin
+  hearth run                                       interactive multi-turn chat (/help inside)
+
+The plan picks backend, context and GPU layers for this machine (`hearth plan` shows it); flags override it.
+--verbose prints the plan and the stats (tokens/s, time to first token) to stderr."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", nargs="?", metavar="PROMPT", help="the prompt; - reads stdin; omit for a chat")
+    p.add_argument("--system", dest="system_prompt", metavar="TEXT",
+                   help='system prompt (default "You are a helpful assistant."; "" sends none)')
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
+    p.add_argument("--raw", action="store_true", help="send PROMPT as is, without the chat template")
+    p.add_argument("--verbose", "-v", action="store_true", help="print the plan and stats to stderr")
+    add_model_arguments(p)
+    add_sampling_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.chat_session import ChatSession, print_stats
+    from app.loading import open_backend
+
+    settings = settings_from_args(args)
+    prompt = args.prompt
+    if prompt == "-":
+        prompt = sys.stdin.read()
+        if not prompt.strip():
+            from backends.errors import InvalidRequestError
+
+            raise InvalidRequestError("stdin was empty: there is no prompt", "pipe some text into `hearth run -`")
+    loaded = open_backend(settings, hardware_file=args.hardware)
+    try:
+        session = ChatSession(loaded, settings, stop=tuple(args.stop or ()))
+        if args.verbose:
+            session.print_plan(sys.stderr)
+        if prompt is None:
+            from app.terminal_chat import interactive_chat
+
+            return interactive_chat(session, verbose=args.verbose)
+        result = session.send(prompt, raw=args.raw, on_text=lambda t: (sys.stdout.write(t), sys.stdout.flush()))
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if args.verbose:
+            print_stats(result, sys.stderr)
+        return 0 if result.finish_reason.value != "error" else 1
+    finally:
+        loaded.backend.close()

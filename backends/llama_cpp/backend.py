@@ -1,0 +1,272 @@
+"""The GGUF fallback backend: llama-cpp-python behind hearth's Backend contract.
+
+What it maps from LoadOptions: n_ctx, n_gpu_layers, split_mode (none/layer/row/tensor = 0/1/2/3),
+tensor_split, main_gpu, KV-cache type (type_k / type_v), flash attention, threads, n_batch, logits_all.
+A quantized V cache needs flash attention in llama.cpp ("Failed to create llama_context" otherwise), so a
+q8_0/q4_0 KV type turns flash attention on, and `describe()` says so.
+
+One llama.cpp context serves one sequence, so requests are served one after another behind a lock (they queue
+in arrival order); its own prefix reuse keeps the shared start of a multi-turn chat, reported as cached_tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from backends.api import (
+    Backend,
+    Capabilities,
+    EventKind,
+    FinishReason,
+    GenerationEvent,
+    LoadOptions,
+    ProgressCallback,
+    Request,
+    RequestStats,
+)
+from backends.errors import (
+    ContextOverflowError,
+    ModelLoadError,
+    OutOfMemoryError,
+    UnsupportedArchitectureError,
+)
+from backends.modelspec import ModelSpec
+from backends.textstream import TextStream
+
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
+KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30, "f32": 0}  # ggml_type values
+
+
+def gpu_offload_supported() -> bool:
+    """Whether the installed llama-cpp-python was built with a GPU backend (CUDA, Metal, Vulkan, ...)."""
+    import llama_cpp
+
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def known_architectures() -> frozenset[str]:
+    """Architectures llama.cpp can load.  The gguf package mirrors llama.cpp's list (MODEL_ARCH_NAMES), so this
+    needs no model load; an architecture missing here fails fast with a clear error instead of a C++ log."""
+    from gguf.constants import MODEL_ARCH_NAMES
+
+    return frozenset(MODEL_ARCH_NAMES.values())
+
+
+class LlamaCppBackend(Backend):
+    name = "llama.cpp"
+    capabilities = Capabilities(concurrent_requests=False, prefix_cache=False, gpu_offload=True, gguf=True,
+                                safetensors=False, logits=True)
+
+    def __init__(self, spec: ModelSpec, options: LoadOptions | None = None) -> None:
+        super().__init__(spec, options)
+        self._llm: Any = None
+        self._aborted: set[str] = set()
+        self._abort_lock = threading.Lock()
+        self._notes: list[str] = []
+        self._running: str | None = None  # the request holding the context
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def load(self, progress: ProgressCallback | None = None) -> None:
+        if self._llm is not None:
+            return
+        if self.spec.format != "gguf":
+            raise UnsupportedArchitectureError(f"the llama.cpp backend loads GGUF files; {self.spec.path} is a "
+                                               f"{self.spec.format} folder", "use --backend torch")
+        if self.spec.architecture not in known_architectures():
+            raise UnsupportedArchitectureError(
+                f"llama.cpp does not know the architecture {self.spec.architecture!r} of {self.spec.path}",
+                "update llama-cpp-python, or use a model of a supported architecture")
+        import llama_cpp
+
+        o = self.options
+        flash_attn = o.flash_attn
+        if o.kv_cache_type not in ("f16", "bf16", "f32") and not flash_attn:
+            flash_attn = True
+            self._notes.append(f"flash attention on: llama.cpp needs it for a {o.kv_cache_type} V cache")
+        if progress:
+            progress(0.05, f"loading {os.path.basename(self.spec.path)} with llama.cpp")
+        kwargs: dict[str, Any] = dict(
+            n_ctx=o.n_ctx, n_gpu_layers=o.n_gpu_layers, split_mode=SPLIT_MODES[o.split_mode],
+            main_gpu=o.main_gpu, n_batch=min(o.n_batch, o.n_ctx), n_ubatch=min(o.n_batch, o.n_ctx),
+            n_threads=o.n_threads, n_threads_batch=o.n_threads, logits_all=o.logits_all, flash_attn=flash_attn,
+            type_k=KV_TYPES[o.kv_cache_type], type_v=KV_TYPES[o.kv_cache_type], seed=o.seed, verbose=o.verbose,
+        )
+        if o.tensor_split:
+            kwargs["tensor_split"] = list(o.tensor_split)
+        try:
+            self._llm = llama_cpp.Llama(self.spec.path, **kwargs)
+        except MemoryError as exc:
+            raise OutOfMemoryError(f"out of memory loading {self.spec.name} with n_ctx={o.n_ctx}, "
+                                   f"n_gpu_layers={o.n_gpu_layers}: {exc}", "try a smaller --ctx or fewer "
+                                   "--n-gpu-layers (see `hearth plan`)") from None
+        except ValueError as exc:
+            # llama-cpp-python raises ValueError for both a failed model load and a failed context; the file
+            # header was already validated, so this is memory or an option llama.cpp rejected.
+            raise ModelLoadError(f"llama.cpp could not load {self.spec.path} (n_ctx={o.n_ctx}, "
+                                 f"n_gpu_layers={o.n_gpu_layers}, kv={o.kv_cache_type}): {exc}",
+                                 "likely out of memory: try a smaller --ctx or fewer --n-gpu-layers; run with "
+                                 "--verbose to see llama.cpp's log") from None
+        if progress:
+            progress(1.0, "ready")
+
+    def close(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            if self._running is not None:
+                self.abort(self._running)
+            with self._serial:  # the running generation stops at its next token, then the context is freed
+                llm.close()
+
+    @property
+    def n_ctx(self) -> int:
+        return self._llm.n_ctx() if self._llm is not None else self.options.n_ctx
+
+    def _require(self) -> Any:
+        if self._llm is None:
+            raise ModelLoadError("the llama.cpp backend is not loaded", "call load() first")
+        return self._llm
+
+    # -- tokens ------------------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return list(self._require().tokenize(text.encode("utf-8"), add_bos=add_special, special=parse_special))
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self._require().detokenize(list(token_ids), special=True).decode("utf-8", errors="replace")
+
+    def _token_bytes(self, token_ids: Sequence[int]) -> bytes:
+        # special=False: control tokens (end-of-turn markers) never show up in a reply's text.
+        return self._require().detokenize(list(token_ids), special=False)
+
+    def logits(self, token_ids: Sequence[int]) -> Any:
+        import numpy as np
+
+        llm = self._require()
+        ids = list(token_ids)
+        if not self.options.logits_all:
+            raise ModelLoadError("logits for every position need the model loaded with logits_all",
+                                 "load with LoadOptions(logits_all=True) (hearth ppl does)")
+        if len(ids) > self.n_ctx:
+            raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}",
+                                       "use a smaller window (--ctx) or load a larger context")
+        with self._serial:
+            llm.reset()
+            llm.eval(ids)
+            out = np.array(llm.scores[: len(ids)], dtype=np.float32, copy=True)
+            llm.reset()
+        return out
+
+    # -- generation --------------------------------------------------------------------------------------
+    def abort(self, request_id: str) -> None:
+        with self._abort_lock:
+            self._aborted.add(request_id)
+
+    def _is_aborted(self, request_id: str) -> bool:
+        with self._abort_lock:
+            return request_id in self._aborted
+
+    def _prompt_ids(self, request: Request) -> list[int]:
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        assert request.prompt is not None
+        return self.tokenize(request.prompt, add_special=request.add_special, parse_special=True)
+
+    def stream(self, request: Request) -> Iterator[GenerationEvent]:
+        llm = self._require()
+        submitted = time.perf_counter()
+        ids = self._prompt_ids(request)
+        if len(ids) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt is {len(ids)} tokens but the context is {self.n_ctx}",
+                f"shorten the conversation, or load the model with a larger --ctx (trained on "
+                f"{self.spec.context_length})")
+        return self._run(llm, request, ids, submitted)
+
+    def _run(self, llm: Any, request: Request, ids: list[int], submitted: float) -> Iterator[GenerationEvent]:
+        rid, sp = request.request_id, request.sampling
+        stats = RequestStats(prompt_tokens=len(ids))
+        with self._serial:
+            self._running = rid
+            try:
+                stats.queue_s = time.perf_counter() - submitted
+                stats.cached_tokens = _common_prefix(llm._input_ids[: llm.n_tokens], ids)
+                if stats.cached_tokens >= len(ids):
+                    stats.cached_tokens = len(ids) - 1  # llama.cpp replays the last prompt token
+                yield GenerationEvent(EventKind.STARTED, rid, stats=stats)
+                reason, error = yield from self._generate(llm, request, ids, stats, submitted)
+            finally:
+                self._running = None
+                with self._abort_lock:
+                    self._aborted.discard(rid)
+        stats.total_s = time.perf_counter() - submitted
+        yield GenerationEvent(EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error)
+
+    def _generate(self, llm: Any, request: Request, ids: list[int], stats: RequestStats,
+                  submitted: float) -> Iterator[GenerationEvent]:
+        rid, sp = request.request_id, request.sampling
+        if self._is_aborted(rid):
+            return FinishReason.ABORT, None
+        text = TextStream(self._token_bytes, sp.stop)
+        eos = set() if sp.ignore_eos else set(self.spec.eos_token_ids) | {llm.token_eos()}
+        llm.set_seed(sp.seed if sp.seed is not None else random.randrange(2**31))
+        # Greedy: temperature 0 in llama.cpp's sampler chain is argmax; the other filters are then moot.
+        gen = llm.generate(ids, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,
+                           repeat_penalty=sp.repeat_penalty, reset=True)
+        reason = FinishReason.LENGTH
+        try:
+            for token in gen:
+                if stats.completion_tokens == 0:
+                    stats.ttft_s = time.perf_counter() - submitted
+                stats.completion_tokens += 1
+                if token in eos:
+                    reason = FinishReason.STOP
+                    break
+                out, stopped = text.push([token])
+                if out or stopped:
+                    yield GenerationEvent(EventKind.TOKEN, rid, text=out, token_ids=(token,))
+                else:
+                    yield GenerationEvent(EventKind.TOKEN, rid, text="", token_ids=(token,))
+                if stopped:
+                    reason = FinishReason.STOP
+                    break
+                if self._is_aborted(rid):
+                    reason = FinishReason.ABORT
+                    break
+                if stats.completion_tokens >= sp.max_tokens or len(ids) + stats.completion_tokens >= self.n_ctx:
+                    reason = FinishReason.LENGTH
+                    break
+        except MemoryError as exc:
+            return FinishReason.ERROR, f"out of memory while generating: {exc}"
+        except RuntimeError as exc:  # llama_decode failures surface as RuntimeError
+            return FinishReason.ERROR, f"llama.cpp failed while generating: {exc}"
+        finally:
+            gen.close()
+        tail = text.flush()
+        if tail:
+            yield GenerationEvent(EventKind.TOKEN, rid, text=tail)
+        return reason, None
+
+    # -- facts -------------------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        o = self.options
+        info: dict[str, Any] = {
+            "backend": self.name, "model": self.spec.name, "path": self.spec.path, "n_ctx": self.n_ctx,
+            "n_gpu_layers": o.n_gpu_layers, "split_mode": o.split_mode, "kv_cache_type": o.kv_cache_type,
+            "threads": o.n_threads, "gpu_offload_supported": gpu_offload_supported(),
+        }
+        if self._notes:
+            info["notes"] = list(self._notes)
+        return info
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
