@@ -1,0 +1,130 @@
+"""Build tiny GGUF files for tests with gguf's own writer.
+
+`write_tiny_llama(path, ...)` writes a random-weight Llama-architecture model (a few layers, hidden 64) that
+llama.cpp and hearth's torch engine both load.  By default it copies the starter model's tokenizer (tokens,
+merges, token types, special ids and chat template), so prompts tokenize exactly as for SmolLM2; pass
+`vocab_size` to use a small synthetic byte-level vocabulary instead (faster, no starter model needed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_TOKENIZER_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
+
+
+def _starter_tokenizer() -> dict[str, Any]:
+    from app.store import starter_model_path
+    from backends.gguf_reader import read_header
+
+    path = starter_model_path()
+    if path is None:
+        raise RuntimeError("the starter model is not installed")
+    return read_header(path, keep_arrays=_TOKENIZER_KEYS).metadata
+
+
+def write_tiny_llama(
+    path: str | Path,
+    *,
+    n_layers: int = 2,
+    hidden: int = 64,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    ffn: int = 128,
+    context_length: int = 256,
+    rope_base: float = 10000.0,
+    weight_type: str = "F32",  # "F32" | "F16" | "Q8_0" | "Q4_0" (quantized via gguf.quants)
+    architecture: str = "llama",
+    name: str = "tiny-llama",
+    chat_template: str | None = "starter",  # "starter" copies SmolLM2's; None writes no template
+    tied: bool = True,
+    seed: int = 0,
+    extra_metadata: dict[str, Any] | None = None,
+) -> Path:
+    import gguf
+    from gguf.constants import GGMLQuantizationType as T
+
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), architecture)
+    w.add_name(name)
+    w.add_block_count(n_layers)
+    w.add_context_length(context_length)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv_heads)
+    w.add_rope_freq_base(rope_base)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(hidden // n_heads)
+    ftype = {"F32": 0, "F16": 1, "Q8_0": 7, "Q4_0": 2}[weight_type]
+    w.add_file_type(ftype)
+
+    md = _starter_tokenizer()
+    tokens = md["tokenizer.ggml.tokens"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_merges(md["tokenizer.ggml.merges"])
+    w.add_token_types(md["tokenizer.ggml.token_type"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_pad_token_id(2)
+    w.add_add_bos_token(False)
+    vocab = len(tokens)
+    if chat_template == "starter":
+        from app.store import starter_model_path
+        from backends.modelspec import load_spec
+
+        chat_template = load_spec(starter_model_path()).chat_template  # type: ignore[arg-type]
+    if chat_template:
+        w.add_chat_template(chat_template)
+    for key, value in (extra_metadata or {}).items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+
+    head_dim = hidden // n_heads
+
+    def add(name: str, shape: tuple[int, ...], quantize: bool = True, scale: float = 0.02) -> None:
+        data = (rng.standard_normal(shape) * scale).astype(np.float32)
+        if name.endswith("norm.weight"):
+            data = (1.0 + rng.standard_normal(shape) * 0.1).astype(np.float32)
+        if not quantize or weight_type == "F32" or len(shape) < 2:
+            w.add_tensor(name, data)
+        elif weight_type == "F16":
+            w.add_tensor(name, data.astype(np.float16))
+        else:
+            qtype = {"Q8_0": T.Q8_0, "Q4_0": T.Q4_0}[weight_type]
+            q = gguf.quants.quantize(data, qtype)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
+
+    # numpy shapes are (out_features, in_features); GGUF stores them reversed.
+    add("token_embd.weight", (vocab, hidden), quantize=weight_type != "Q4_0")
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", (hidden,))
+        add(p + "attn_q.weight", (n_heads * head_dim, hidden))
+        add(p + "attn_k.weight", (n_kv_heads * head_dim, hidden))
+        add(p + "attn_v.weight", (n_kv_heads * head_dim, hidden))
+        add(p + "attn_output.weight", (hidden, n_heads * head_dim))
+        add(p + "ffn_norm.weight", (hidden,))
+        add(p + "ffn_gate.weight", (ffn, hidden))
+        add(p + "ffn_up.weight", (ffn, hidden))
+        add(p + "ffn_down.weight", (hidden, ffn))
+    add("output_norm.weight", (hidden,))
+    if not tied:
+        add("output.weight", (vocab, hidden))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
