@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from app.chat_session import ChatSession, print_stats
+from hwprobe.errors import HearthError
 
 HELP = """Commands:
   /help            this list
@@ -87,6 +88,9 @@ def interactive_chat(session: ChatSession, verbose: bool = False) -> int:
             result = session.send(text, on_text=lambda t: (sys.stdout.write(t), sys.stdout.flush()))
         except KeyboardInterrupt:
             print("\n(stopped)", file=sys.stderr)
+            continue
+        except HearthError as exc:  # e.g. the conversation outgrew the context: say so, keep chatting
+            print(f"hearth: error: {exc.one_line()}", file=sys.stderr)
             continue
         sys.stdout.write("\n")
         sys.stdout.flush()

@@ -30,6 +30,7 @@ from backends.errors import TemplateError
 ROLES = ("system", "user", "assistant", "tool")
 FALLBACK_NAME = "hearth-plain"  # what template_source says when the fallback format was used
 FALLBACK_STOP = ("\nUser:",)
+MAX_PROMPT_CHARS = 8_000_000  # far beyond any context; a template writing more is broken or hostile
 
 
 @dataclass(frozen=True)
@@ -99,14 +100,22 @@ def render_chat(messages: Sequence[Mapping[str, Any]], *, template: str | None, 
 
     compiled = _compile(template)
     try:
-        text = compiled.render(messages=msgs, add_generation_prompt=add_generation_prompt, bos_token=bos_token,
-                               eos_token=eos_token, **dict(extra or {}))
+        chunks, size = [], 0
+        for chunk in compiled.generate(messages=msgs, add_generation_prompt=add_generation_prompt,
+                                       bos_token=bos_token, eos_token=eos_token, **dict(extra or {})):
+            size += len(chunk)
+            if size > MAX_PROMPT_CHARS:
+                raise TemplateError(f"the model's chat template produced more than {MAX_PROMPT_CHARS:,} "
+                                    "characters; refused", "this GGUF's template is broken or hostile")
+            chunks.append(chunk)
+        text = "".join(chunks)
     except SecurityError as exc:
         raise TemplateError(f"the model's chat template tried to reach Python internals ({exc}); refused",
                             "this GGUF's template is unsafe: use another file or a custom template") from None
     except TemplateError:
         raise
-    except (JinjaTemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+    except (JinjaTemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError,
+            RecursionError) as exc:
         raise TemplateError(f"the model's chat template failed: {type(exc).__name__}: {exc}",
                             "the template may not support this conversation (e.g. a system message)") from None
     starts_with_bos = bool(bos_token) and text.startswith(bos_token)

@@ -124,7 +124,9 @@ class LlamaCppBackend(Backend):
 
     @property
     def n_ctx(self) -> int:
-        return self._llm.n_ctx() if self._llm is not None else self.options.n_ctx
+        # llama.cpp may pad its context up (to 256), but llama-cpp-python sizes its token buffers by the
+        # n_ctx asked for: the smaller one is the real limit.
+        return min(self._llm.n_ctx(), self.options.n_ctx) if self._llm is not None else self.options.n_ctx
 
     def _require(self) -> Any:
         if self._llm is None:
@@ -241,7 +243,7 @@ class LlamaCppBackend(Backend):
                     break
         except MemoryError as exc:
             return FinishReason.ERROR, f"out of memory while generating: {exc}"
-        except RuntimeError as exc:  # llama_decode failures surface as RuntimeError
+        except (RuntimeError, ValueError) as exc:  # llama_decode failures surface as RuntimeError
             return FinishReason.ERROR, f"llama.cpp failed while generating: {exc}"
         finally:
             gen.close()
