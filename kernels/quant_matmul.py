@@ -1,0 +1,146 @@
+"""Weight-only quantized matmul: out = x @ dequant(W)^T, activations stay fp16/bf16/fp32 (W8A16, W4A16, FP8).
+
+Layouts (one for each kind; the Triton kernels in quant_matmul_triton.py read exactly these):
+
+int8  (W8A16): qweight int8 (N, K); scales (N, K // G). w[n, k] = qweight[n, k] * scales[n, k // G].
+      G = K is per-output-channel (round-to-nearest from fp16); G = 32 is GGUF Q8_0 repacked as is.
+int4  (W4A16): qweight uint8 (N, K // 2), two values per byte: k = 2j in the low nibble, k = 2j + 1 in the high
+      nibble of byte j; scales and offsets (N, K // G). w[n, k] = q[n, k] * scales[n, k // G] + offsets[n, k // G],
+      q in 0..15.  A float offset rather than an integer zero point, so one layout holds round-to-nearest
+      asymmetric groups (offset = group min), GGUF Q4_0 (offset = -8 d), Q4_1 (offset = m) and Q4_K
+      (offset = -dmin * min) without requantising.  G = 128 by default, 32 for GGUF blocks.
+fp8   : qweight float8_e4m3fn (N, K); scales (N, 1). w[n, k] = float(qweight[n, k]) * scales[n, 0].
+      The Triton path needs compute capability >= 8.9 (Ada/Hopper); elsewhere only the reference runs.
+
+Scales and offsets are stored in the activation dtype (fp16 or bf16) or float32.
+Bytes per weight: int8 1 + 2/G, int4 0.5 + 4/G (4.25 bits at G = 128), fp8 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+@dataclass
+class QuantWeight:
+    """A quantized (N, K) weight in one of the layouts above (the seam between quantize transforms and kernels)."""
+
+    kind: str  # "int8" | "int4" | "fp8"
+    qweight: torch.Tensor  # int8 (N, K) | uint8 (N, K // 2) | float8_e4m3fn (N, K)
+    scales: torch.Tensor  # (N, K // group_size)
+    offsets: torch.Tensor | None  # int4 only: (N, K // group_size); None for int8 / fp8
+    group_size: int  # input features per scale; K for per-channel
+    in_features: int  # K
+    out_features: int  # N
+
+    def to(self, device: torch.device | str) -> "QuantWeight":
+        move = (lambda t: None if t is None else t.to(device))
+        return QuantWeight(self.kind, move(self.qweight), move(self.scales), move(self.offsets),
+                           self.group_size, self.in_features, self.out_features)
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.qweight, self.scales, self.offsets)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+
+# ---- packing -------------------------------------------------------------------------------------------------
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """(N, K) integers in 0..15 -> (N, K // 2) uint8, k = 2j low nibble, k = 2j + 1 high nibble."""
+    assert q.shape[-1] % 2 == 0
+    q = q.to(torch.uint8)
+    return q[..., 0::2] | (q[..., 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """(N, K // 2) uint8 -> (N, K) uint8 in 0..15 (inverse of pack_int4)."""
+    low, high = packed & 0x0F, packed >> 4
+    return torch.stack([low, high], dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
+# ---- dequantize (the reference semantics of each layout) -----------------------------------------------------
+
+def _per_column(t: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(N, K // G) -> (N, K): each group's value repeated over its G columns."""
+    return t.float().repeat_interleave(group_size, dim=1)
+
+
+def dequantize(w: QuantWeight) -> torch.Tensor:
+    """The float32 (N, K) weight that `w` stands for."""
+    if w.kind == "int8":
+        return w.qweight.float() * _per_column(w.scales, w.group_size)
+    if w.kind == "int4":
+        q = unpack_int4(w.qweight).float()
+        return q * _per_column(w.scales, w.group_size) + _per_column(w.offsets, w.group_size)
+    if w.kind == "fp8":
+        return w.qweight.float() * _per_column(w.scales, w.group_size)
+    raise ValueError(f"unknown quantized weight kind {w.kind!r}")
+
+
+def quant_matmul_reference(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x: (..., K) -> (..., N) in x's dtype; math in float32 (the slow, obvious version)."""
+    out = x.float() @ dequantize(w).t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
+def quant_matmul_torch(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain-torch path for CPU: dequantize to x's dtype, one F.linear (a transient dense copy per call)."""
+    dense = dequantize(w).to(x.dtype)
+    return torch.nn.functional.linear(x, dense, None if bias is None else bias.to(x.dtype))
+
+
+# ---- round-to-nearest quantizers (fp16/bf16/fp32 dense weight -> layout) --------------------------------------
+
+def quantize_int8(weight: torch.Tensor, group_size: int | None = None, scale_dtype: torch.dtype | None = None
+                  ) -> QuantWeight:
+    """Symmetric round-to-nearest int8; per output channel when group_size is None."""
+    n, k = weight.shape
+    g = k if group_size is None else group_size
+    _check_group(k, g)
+    wf = weight.float().reshape(n, k // g, g)
+    scales = wf.abs().amax(dim=-1).clamp(min=1e-10) / 127.0  # (N, K // G)
+    q = torch.round(wf / scales[..., None]).clamp(-127, 127).to(torch.int8).reshape(n, k)
+    return QuantWeight("int8", q, scales.to(scale_dtype or weight.dtype), None, g, k, n)
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int = 128, scale_dtype: torch.dtype | None = None
+                  ) -> QuantWeight:
+    """Asymmetric round-to-nearest int4 per group: offset = group min, scale = (max - min) / 15."""
+    n, k = weight.shape
+    _check_group(k, group_size)
+    if group_size % 2:
+        raise ValueError(f"int4 group size must be even, got {group_size}")
+    sdt = scale_dtype or weight.dtype
+    wf = weight.float().reshape(n, k // group_size, group_size)
+    lo, hi = wf.amin(dim=-1), wf.amax(dim=-1)
+    # Round the scale/offset to their storage dtype first so q is chosen against the values the kernel sees.
+    scales = ((hi - lo) / 15.0).clamp(min=1e-10).to(sdt).float()
+    offsets = lo.to(sdt).float()
+    q = torch.round((wf - offsets[..., None]) / scales[..., None]).clamp(0, 15).reshape(n, k)
+    return QuantWeight("int4", pack_int4(q), scales.to(sdt), offsets.to(sdt), group_size, k, n)
+
+
+def quantize_fp8(weight: torch.Tensor, scale_dtype: torch.dtype | None = None) -> QuantWeight:
+    """Per-output-channel float8_e4m3fn: scale = absmax / 448."""
+    n, k = weight.shape
+    wf = weight.float()
+    scales = (wf.abs().amax(dim=1, keepdim=True).clamp(min=1e-10) / FP8_E4M3_MAX)  # (N, 1)
+    q = (wf / scales).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return QuantWeight("fp8", q, scales.to(scale_dtype or weight.dtype), None, k, k, n)
+
+
+def fp8_supported(device: torch.device) -> bool:
+    """FP8 e4m3 Triton kernels need compute capability 8.9 or newer (Ada, Hopper, Blackwell)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _check_group(k: int, group_size: int) -> None:
+    if group_size <= 0 or k % group_size:
+        raise ValueError(f"in_features {k} is not a multiple of the group size {group_size}")
