@@ -1,0 +1,113 @@
+"""Batched next-token sampling with per-request generators.
+
+Order of the filters follows llama.cpp's default chain (what the llama.cpp backend does with the same
+SamplingParams): repetition penalty -> top-k -> top-p -> min-p (on the un-tempered distribution) -> temperature
+-> draw.  Greedy rows (temperature 0) are one argmax for the whole batch.
+
+Reproducibility: each request owns a `torch.Generator` seeded from `SamplingParams.seed` (or from the
+sampler's own seeded source when None), and draws exactly one uniform number from it per sampled token.  Every
+other operation is row-wise, so a request's tokens do not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+
+from backends.api import SamplingParams
+
+REPEAT_LAST_N = 64  # tokens looked back at by the repetition penalty (llama.cpp's penalty_last_n default)
+
+
+class Sampler:
+    def __init__(self, seed: int = 0) -> None:
+        self._generators: dict[str, torch.Generator] = {}
+        self._seed_source = random.Random(seed)  # seeds for requests that bring none
+
+    def forget(self, request_id: str) -> None:
+        """Drop a finished request's generator."""
+        self._generators.pop(request_id, None)
+
+    def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
+        g = self._generators.get(request_id)
+        if g is None:
+            g = torch.Generator(device="cpu")
+            g.manual_seed(params.seed if params.seed is not None else self._seed_source.randrange(2**63))
+            self._generators[request_id] = g
+        return g
+
+    def sample(self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams],
+               histories: Sequence[Sequence[int]]) -> list[int]:
+        """One token per row.  logits: (num_rows, vocab); histories: each row's tokens so far (prompt and
+        output), for the repetition penalty."""
+        assert logits.dim() == 2 and logits.shape[0] == len(request_ids) == len(params) == len(histories)
+        logits = logits.float()
+        tokens = torch.empty(logits.shape[0], dtype=torch.long)
+        greedy = [i for i, p in enumerate(params) if p.greedy]
+        if greedy:
+            rows = logits if len(greedy) == logits.shape[0] else logits[greedy]
+            tokens[greedy] = _apply_penalties(rows, [params[i] for i in greedy],
+                                              [histories[i] for i in greedy]).argmax(dim=-1)
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if sampled:
+            ps = [params[i] for i in sampled]
+            rows = _apply_penalties(logits[sampled], ps, [histories[i] for i in sampled])
+            probs = filtered_probs(rows, ps)
+            u = torch.stack([torch.rand((), generator=self._generator(request_ids[i], params[i]))
+                             for i in sampled])  # (num_sampled,) one draw per row from its own generator
+            tokens[sampled] = _draw(probs, u)
+        return tokens.tolist()
+
+
+def _apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams],
+                     histories: Sequence[Sequence[int]]) -> torch.Tensor:
+    """llama.cpp's repetition penalty: a seen token's logit is divided by the penalty when positive,
+    multiplied when negative.  Returns a new tensor only when some row has a penalty."""
+    rows = [i for i, p in enumerate(params) if p.repeat_penalty != 1.0 and histories[i]]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    for i in rows:
+        seen = torch.tensor(sorted(set(histories[i][-REPEAT_LAST_N:])), dtype=torch.long)
+        values = logits[i, seen]
+        penalty = params[i].repeat_penalty
+        logits[i, seen] = torch.where(values > 0, values / penalty, values * penalty)
+    return logits
+
+
+def filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Probabilities after top-k, top-p, min-p and temperature, row by row.  logits: (rows, vocab) float32."""
+    vocab = logits.shape[-1]
+    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])  # (rows,)
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+    min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
+    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # (rows, vocab)
+    ranks = torch.arange(vocab).unsqueeze(0)
+    keep = ranks < top_k.unsqueeze(1)
+    masked = sorted_logits.masked_fill(~keep, float("-inf"))
+    probs = masked.softmax(dim=-1)
+    # top-p: keep the smallest prefix whose mass reaches top_p (the token that crosses it is kept).
+    mass_before = probs.cumsum(dim=-1) - probs
+    keep &= mass_before < top_p.unsqueeze(1)
+    # min-p: relative to the most likely token (rank 0).
+    keep &= probs >= min_p.unsqueeze(1) * probs[:, :1]
+    keep[:, 0] = True  # the best token always survives
+    tempered = (sorted_logits / temperature.unsqueeze(1)).masked_fill(~keep, float("-inf"))
+    sorted_probs = tempered.softmax(dim=-1)
+    return torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
+
+
+def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw: the first token whose cumulative probability exceeds u.  probs: (rows, vocab)."""
+    cdf = probs.cumsum(dim=-1)
+    index = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1).contiguous(), right=True).squeeze(1)
+    index = index.clamp_(max=probs.shape[-1] - 1)
+    # searchsorted can land on a zero-probability token only through rounding at the very end: step back.
+    bad = probs.gather(1, index.unsqueeze(1)).squeeze(1) == 0
+    if bad.any():
+        index[bad] = probs[bad].argmax(dim=-1)
+    return index

@@ -1,0 +1,103 @@
+"""Fakes for the torch engine's core tests: a "model" whose next token is a pure function of the whole context,
+read back through the block tables from a fake paged KV cache.
+
+`FakePagedKV` stores each token id in the slot its block table points to, and reads a request's context back
+the same way.  If the block manager ever handed one block to two live prefixes, freed a block still in use, or
+a prefix-cache hit pointed at the wrong block, the context read back differs from the request's real tokens and
+the fake fails loudly; and the token it predicts would differ from `reference_continuation`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+from backends.torch_engine.scheduler import Scheduler
+from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, SchedulerOutput
+
+VOCAB = 97
+
+
+def next_token(context: Sequence[int]) -> int:
+    """The fake model: a deterministic token from the whole context (order and length matter)."""
+    return zlib.crc32(",".join(map(str, context)).encode()) % VOCAB
+
+
+def reference_continuation(prompt: Sequence[int], n: int, eos: frozenset[int] = frozenset()) -> list[int]:
+    """What a request must produce with greedy decoding of the fake model: no batching, no cache."""
+    ctx, out = list(prompt), []
+    for _ in range(n):
+        t = next_token(ctx)
+        out.append(t)
+        ctx.append(t)
+        if t in eos:
+            break
+    return out
+
+
+class FakePagedKV:
+    def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE) -> None:
+        self.block_size = block_size
+        self.slots: list[int | None] = [None] * (num_blocks * block_size)
+
+    def _slot(self, block_table: Sequence[int], position: int) -> int:
+        return block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def run(self, out: SchedulerOutput, truth: dict[str, list[int]] | None = None) -> dict[str, list[int]]:
+        """Write every scheduled token, then read back the full context of each request that needs logits.
+        `truth` (request id -> its real tokens) makes the read-back checked."""
+        for s in out.scheduled:
+            assert len(s.block_table) * self.block_size >= s.end_position, "block table too short"
+            for j, t in enumerate(s.token_ids):
+                self.slots[self._slot(s.block_table, s.start_position + j)] = t
+        contexts: dict[str, list[int]] = {}
+        for s in out.scheduled:
+            if s.needs_logits:
+                ctx = [self.slots[self._slot(s.block_table, p)] for p in range(s.end_position)]
+                assert None not in ctx
+                if truth is not None:
+                    assert ctx == truth[s.request_id][: s.end_position], f"{s.request_id}: KV read back wrong"
+                contexts[s.request_id] = ctx  # type: ignore[assignment]
+        return contexts
+
+
+def fake_step(scheduler: Scheduler, kv: FakePagedKV) -> tuple[SchedulerOutput, dict[str, int]]:
+    """One engine step without torch: schedule, run the fake model greedily, update."""
+    out = scheduler.schedule()
+    truth = {rid: list(r.token_ids) for rid, r in scheduler.requests.items()}
+    contexts = kv.run(out, truth)
+    sampled = {rid: next_token(ctx) for rid, ctx in contexts.items()}
+    scheduler.update(out, sampled)
+    return out, sampled
+
+
+class FakeRunner:
+    """A ModelRunner stand-in returning torch logits: a random-looking distribution per context (seeded by it)
+    whose argmax is `next_token(context)`, so greedy output equals `reference_continuation`."""
+
+    def __init__(self, num_blocks: int, vocab: int = VOCAB, delay_s: float = 0.0) -> None:
+        self.kv = FakePagedKV(num_blocks)
+        self.num_blocks = num_blocks
+        self.vocab = vocab
+        self.delay_s = delay_s
+        self.steps: list[SchedulerOutput] = []
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        import time
+
+        import torch
+
+        self.steps.append(out)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        contexts = self.kv.run(out)
+        ids = tuple(s.request_id for s in out.scheduled if s.needs_logits)
+        rows = []
+        for rid in ids:
+            ctx = contexts[rid]
+            g = torch.Generator().manual_seed(zlib.crc32(repr(ctx).encode()))
+            row = torch.rand(self.vocab, generator=g) * 4  # (vocab,) in [0, 4)
+            row[next_token(ctx)] = 5.0
+            rows.append(row)
+        logits = torch.stack(rows) if rows else torch.empty(0, self.vocab)
+        return RunnerOutput(ids, logits)
