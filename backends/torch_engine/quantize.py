@@ -1,0 +1,245 @@
+"""Quantization as a transform over the plain model: swap nn.Linear for QuantLinear after the model is built.
+
+The model code never knows about quantization (gpt-fast's idea).  Three ways to get quantized weights:
+- `quantize_model(model, QuantConfig(kind="int8" | "int4" | "fp8"))`: round-to-nearest from the fp16/bf16/fp32
+  weights already in the model; int8 and fp8 per output channel, int4 with per-group scales and offsets.
+- the same with `calibration=` activations (see `collect_calibration`): activation-aware scaling in the spirit
+  of AWQ: input channels that carry large activations are scaled up before rounding (so they lose less
+  precision) and the inverse scale is applied to the activations; the exponent is searched per layer.
+- `repack_gguf(raw_blocks, ggml_type, ...)`: GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 blocks re-laid into the kernels'
+  int4 / int8 layouts with integer ops on whatever device the bytes are on; no dense fp16 copy is made.
+
+The layouts and the matmul live in kernels/quant_matmul.py (references) and kernels/quant_matmul_triton.py.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kernels.quant_matmul import (QuantWeight, dequantize, pack_int4, quant_matmul_torch, quantize_fp8, quantize_int4,
+                                  quantize_int8)
+
+KINDS = ("int8", "int4", "fp8")
+AWQ_GRID = 11  # exponents 0, 0.1, ..., 1.0 tried per layer
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    kind: str  # "int8" (W8A16, per channel) | "int4" (W4A16, group-wise) | "fp8" (e4m3, per channel)
+    group_size: int = 128  # int4: input features per scale/offset
+    skip: tuple[str, ...] = ("lm_head", "*.lm_head", "output")  # fnmatch patterns of module names kept dense
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown quantization {self.kind!r}; choose one of {', '.join(KINDS)}")
+
+
+class QuantLinear(nn.Module):
+    """y = (x * input_scale) @ dequant(W)^T + bias, with W kept quantized.
+
+    `impl` picks the kernel: "auto" (Triton on CUDA, the plain-torch reference elsewhere), "torch", "triton".
+    `input_scale` is AWQ's inverse per-channel activation scale, (in_features,), or None.
+    """
+
+    def __init__(self, weight: QuantWeight, bias: torch.Tensor | None = None,
+                 input_scale: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.kind = weight.kind
+        self.group_size = weight.group_size
+        self.in_features = weight.in_features
+        self.out_features = weight.out_features
+        self.impl = "auto"
+        self.register_buffer("qweight", weight.qweight)
+        self.register_buffer("scales", weight.scales)
+        self.register_buffer("offsets", weight.offsets)
+        self.register_buffer("bias", bias)
+        self.register_buffer("input_scale", input_scale)
+
+    @property
+    def weight(self) -> QuantWeight:
+        return QuantWeight(self.kind, self.qweight, self.scales, self.offsets, self.group_size,
+                           self.in_features, self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_scale is not None:
+            x = x * self.input_scale.to(x.dtype)
+        use_triton = self.impl == "triton" or (self.impl == "auto" and x.is_cuda)
+        if use_triton:
+            from kernels.quant_matmul_triton import quant_matmul_triton
+
+            return quant_matmul_triton(x, self.weight, self.bias)
+        return quant_matmul_torch(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}->{self.out_features}, {self.kind}, group_size={self.group_size}"
+
+
+def quantize_weight(weight: torch.Tensor, config: QuantConfig, scale_dtype: torch.dtype | None = None
+                    ) -> QuantWeight:
+    """Round-to-nearest quantization of one dense (N, K) weight."""
+    if config.kind == "int8":
+        return quantize_int8(weight, None, scale_dtype)
+    if config.kind == "int4":
+        return quantize_int4(weight, config.group_size, scale_dtype)
+    return quantize_fp8(weight, scale_dtype)
+
+
+def _skipped(name: str, config: QuantConfig) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in config.skip)
+
+
+def quantize_model(model: nn.Module, config: QuantConfig,
+                   calibration: dict[str, torch.Tensor] | None = None) -> nn.Module:
+    """Replace every nn.Linear (except config.skip) by a QuantLinear, in place; returns the model.
+
+    calibration: {module name: (rows, in_features) inputs seen by that Linear} from `collect_calibration`;
+    when given, layers found in it get activation-aware scaling.  Layers whose in_features are not a multiple
+    of the int4 group size stay dense (their number is small, e.g. none in Llama-family models).
+    """
+    targets = [(name, mod) for name, mod in model.named_modules()
+               if isinstance(mod, nn.Linear) and not _skipped(name, config)]
+    for name, linear in targets:
+        if config.kind == "int4" and linear.in_features % config.group_size:
+            continue
+        weight = linear.weight.detach()
+        bias = None if linear.bias is None else linear.bias.detach()
+        acts = None if calibration is None else calibration.get(name)
+        if acts is not None:
+            qweight, input_scale = awq_quantize(weight, acts.to(weight.device), config)
+        else:
+            qweight, input_scale = quantize_weight(weight, config), None
+        _set_submodule(model, name, QuantLinear(qweight, bias, input_scale))
+    return model
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+# ---- activation-aware scaling (AWQ-style) --------------------------------------------------------------------
+
+def collect_calibration(model: nn.Module, run: Callable[[], None], max_rows: int = 256
+                        ) -> dict[str, torch.Tensor]:
+    """Run `run()` (which feeds calibration text through `model`) and keep up to `max_rows` input rows per
+    nn.Linear, spread evenly over everything seen: {module name: (rows, in_features) float32 on CPU}."""
+    seen: dict[str, list[torch.Tensor]] = {}
+
+    def hook(name: str) -> Callable:
+        def record(_mod: nn.Module, inputs: tuple, _out: torch.Tensor) -> None:
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1])
+            seen.setdefault(name, []).append(x.float().cpu())
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for h in handles:
+            h.remove()
+    out = {}
+    for name, parts in seen.items():
+        rows = torch.cat(parts)
+        step = max(1, rows.shape[0] // max_rows)
+        out[name] = rows[::step][:max_rows]
+    return out
+
+
+def awq_quantize(weight: torch.Tensor, acts: torch.Tensor, config: QuantConfig
+                 ) -> tuple[QuantWeight, torch.Tensor | None]:
+    """Search s = mean|x|^alpha (alpha in 0..1) minimising ||x W^T - (x / s) Q(W * s)^T||; returns the quantized
+    W * s and 1 / s (the activation scale), or (RTN weight, None) when alpha = 0 wins."""
+    wf = weight.float()
+    xf = acts.float()
+    ref = xf @ wf.t()
+    magnitude = xf.abs().mean(dim=0).clamp(min=1e-5)  # (in_features,)
+    best: tuple[float, QuantWeight, torch.Tensor | None] | None = None
+    for i in range(AWQ_GRID):
+        alpha = i / (AWQ_GRID - 1)
+        s = magnitude.pow(alpha)
+        s = s / (s.max() * s.min()).sqrt()  # keep the scales centred around 1
+        qw = quantize_weight(wf * s, config, weight.dtype)
+        err = ((xf / s) @ dequantize(qw).t() - ref).pow(2).mean().item()
+        if best is None or err < best[0]:
+            best = (err, qw, None if i == 0 else (1.0 / s).to(weight.dtype))
+    assert best is not None
+    return best[1], best[2]
+
+
+# ---- GGUF block repacking ------------------------------------------------------------------------------------
+
+# bytes per block, values per block
+GGUF_BLOCKS = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q8_0": (34, 32), "Q4_K": (144, 256)}
+
+
+def _f16(raw: torch.Tensor) -> torch.Tensor:
+    """(..., 2) uint8 little-endian -> (...) float16."""
+    return raw.contiguous().view(torch.float16).squeeze(-1)
+
+
+def _relayout_nibbles(qs: torch.Tensor, run: int) -> torch.Tensor:
+    """GGUF packs `run` consecutive values in low nibbles, then the next `run` in high nibbles, per 2*run chunk:
+    (rows, bytes) uint8 -> values (rows, 2 * bytes) uint8 in order."""
+    rows = qs.shape[0]
+    chunks = qs.reshape(rows, -1, run)
+    return torch.cat([chunks & 0x0F, chunks >> 4], dim=-1).reshape(rows, -1)
+
+
+def repack_gguf(raw: torch.Tensor, ggml_type: str, out_features: int, in_features: int,
+                scale_dtype: torch.dtype = torch.float16) -> QuantWeight:
+    """GGUF blocks of an (out_features, in_features) weight -> QuantWeight (int4 or int8, group size 32).
+
+    raw: uint8, (out_features, bytes_per_row) or flat, exactly as stored in the file (gguf's reader gives it).
+    Only integer ops touch the weights; scales come from the blocks' fp16 fields (Q4_K: d * sc and dmin * m).
+    """
+    if ggml_type not in GGUF_BLOCKS:
+        raise ValueError(f"cannot repack GGUF {ggml_type}; supported: {', '.join(GGUF_BLOCKS)}")
+    block_bytes, block_values = GGUF_BLOCKS[ggml_type]
+    if in_features % block_values:
+        raise ValueError(f"{ggml_type} rows must be a multiple of {block_values} values, got {in_features}")
+    n_blocks = in_features // block_values
+    expected = out_features * n_blocks * block_bytes
+    if raw.dtype != torch.uint8 or raw.numel() != expected:
+        raise ValueError(f"{ggml_type} weight {out_features}x{in_features} needs {expected} uint8 bytes, "
+                         f"got {raw.numel()} {raw.dtype}")
+    blocks = raw.reshape(out_features * n_blocks, block_bytes)
+    groups = (out_features, in_features // 32)
+    if ggml_type == "Q8_0":
+        d = _f16(blocks[:, 0:2].reshape(-1, 1, 2))
+        q = blocks[:, 2:].contiguous().view(torch.int8).reshape(out_features, in_features)
+        return QuantWeight("int8", q, d.reshape(groups).to(scale_dtype), None, 32, in_features, out_features)
+    if ggml_type in ("Q4_0", "Q4_1"):
+        d = _f16(blocks[:, 0:2].reshape(-1, 1, 2)).float()
+        if ggml_type == "Q4_0":
+            offsets, qs = -8.0 * d, blocks[:, 2:]
+        else:
+            offsets, qs = _f16(blocks[:, 2:4].reshape(-1, 1, 2)).float(), blocks[:, 4:]
+        values = _relayout_nibbles(qs, 16)  # (N * n_blocks, 32)
+        scales = d
+    else:  # Q4_K: 8 sub-blocks of 32, 6-bit scales and mins packed in 12 bytes
+        d = _f16(blocks[:, 0:2].reshape(-1, 1, 2)).float()  # (blocks, 1)
+        dmin = _f16(blocks[:, 2:4].reshape(-1, 1, 2)).float()
+        sc, mn = _q4k_scale_min(blocks[:, 4:16])
+        scales = (d * sc.float()).reshape(-1)
+        offsets = (-dmin * mn.float()).reshape(-1)
+        values = _relayout_nibbles(blocks[:, 16:], 32)  # (N * n_blocks, 256)
+    q = pack_int4(values.reshape(out_features, in_features))
+    return QuantWeight("int4", q, scales.reshape(groups).to(scale_dtype), offsets.reshape(groups).to(scale_dtype),
+                       32, in_features, out_features)
+
+
+def _q4k_scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(blocks, 12) uint8 -> 6-bit scales and mins, each (blocks, 8): bytes 0-3 low 6 bits = sc[0:4],
+    4-7 = mn[0:4]; sc[4:8] = low nibble of bytes 8-11 | top 2 bits of bytes 0-3 << 4; mn[4:8] likewise with
+    the high nibbles and bytes 4-7."""
+    d, m, md = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    sc = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=1)
+    mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=1)
+    return sc, mn
