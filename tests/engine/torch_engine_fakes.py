@@ -101,3 +101,43 @@ class FakeRunner:
             rows.append(row)
         logits = torch.stack(rows) if rows else torch.empty(0, self.vocab)
         return RunnerOutput(ids, logits)
+
+
+EOS = 0  # the fake model's end-of-sequence token
+
+
+class FakeTokenizer:
+    """Token i is the text "t{i} " (token 0, EOS, is a control token: no text).  encode() reads that back."""
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return [int(w[1:]) for w in text.split()]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return "".join(f"t{i} " for i in token_ids)
+
+    def token_bytes(self, token_ids: Sequence[int]) -> bytes:
+        return "".join(f"t{i} " for i in token_ids if i != EOS).encode()
+
+
+def fake_spec(eos: tuple[int, ...] = (EOS,)):
+    from backends.modelspec import ModelSpec
+
+    return ModelSpec(
+        path="/fake/model.gguf", format="gguf", name="fake", architecture="llama", n_layers=1, hidden_size=8,
+        n_heads=1, n_kv_heads=1, head_dim=8, ffn_size=8, vocab_size=VOCAB, context_length=4096, rope_base=1e4,
+        rope_scaling={}, rms_eps=1e-5, n_experts=0, n_experts_used=0, sliding_window=0, file_type="F32",
+        file_size_bytes=0, param_count=0, tensor_types={}, tensors=(), tied_embeddings=True, chat_template=None,
+        bos_token_id=None, eos_token_ids=eos, pad_token_id=None, add_bos_token=False, add_eos_token=False,
+        tokenizer_model="fake", tokenizer_pre="")
+
+
+def fake_build(num_blocks: int = 64, delay_s: float = 0.0):
+    """A `build` for TorchBackend: FakeRunner + FakeTokenizer."""
+    from backends.torch_engine.backend import EngineParts
+
+    def build(spec, options, progress):
+        runner = FakeRunner(num_blocks, delay_s=delay_s)
+        return EngineParts(runner=runner, tokenizer=FakeTokenizer(), num_blocks=num_blocks,
+                           describe=lambda: {"device": "fake"})
+
+    return build

@@ -1,0 +1,173 @@
+"""TorchBackend's contract with a fake runner: event order, stop strings, EOS, abort, many threads at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from backends.api import EventKind, FinishReason, LoadOptions, Request, SamplingParams
+from backends.errors import ContextOverflowError
+from backends.torch_engine.backend import TorchBackend
+from torch_engine_fakes import EOS, fake_build, fake_spec, reference_continuation
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture
+def backend():
+    b = TorchBackend(fake_spec(), LoadOptions(n_ctx=256, n_batch=32, max_num_seqs=8), build=fake_build(64))
+    b.load()
+    yield b
+    b.close()
+
+
+def prompt(i: int, n: int = 20) -> tuple[int, ...]:
+    return tuple(1 + (i * 7 + j) % 90 for j in range(n))
+
+
+def test_stream_order_and_greedy_tokens(backend: TorchBackend) -> None:
+    p = prompt(1)
+    events = list(backend.stream(Request(prompt_token_ids=p, sampling=SamplingParams(max_tokens=10, **GREEDY))))
+    kinds = [e.kind for e in events]
+    assert kinds[0] is EventKind.STARTED and kinds[-1] is EventKind.FINISHED
+    assert all(k is EventKind.TOKEN for k in kinds[1:-1])
+    ids = [t for e in events for t in e.token_ids]
+    assert ids == reference_continuation(p, 10)
+    last = events[-1]
+    assert last.finish_reason is FinishReason.LENGTH
+    assert last.stats.prompt_tokens == 20 and last.stats.completion_tokens == 10
+    assert 0 < last.stats.ttft_s <= last.stats.total_s
+    assert "".join(e.text for e in events) == "".join(f"t{i} " for i in ids if i != EOS)
+
+
+def test_eos_ends_with_stop_and_is_not_shown(backend: TorchBackend) -> None:
+    p = prompt(2)
+    ref = reference_continuation(p, 200)
+    # Make the 4th generated token an end-of-sequence token for this request.
+    spec = fake_spec(eos=(ref[3],))
+    b = TorchBackend(spec, LoadOptions(n_ctx=256), build=fake_build(32))
+    with b:
+        c = b.generate(Request(prompt_token_ids=p, sampling=SamplingParams(temperature=0, max_tokens=50)))
+    assert c.finish_reason is FinishReason.STOP
+    assert list(c.token_ids) == ref[:3] and c.stats.completion_tokens == 4
+    assert c.text == "".join(f"t{i} " for i in ref[:3])
+
+
+def test_stop_string_split_across_tokens_is_never_shown(backend: TorchBackend) -> None:
+    p = prompt(3)
+    ref = reference_continuation(p, 12)
+    stop = f"{ref[5]} t{ref[6]}"  # starts inside token 6's text, ends inside token 7's
+    c = backend.generate(Request(prompt_token_ids=p, sampling=SamplingParams(max_tokens=12, stop=(stop,), **GREEDY)))
+    assert c.finish_reason is FinishReason.STOP
+    assert stop not in c.text
+    assert c.text == "".join(f"t{i} " for i in ref[:5]) + "t"
+
+
+def test_prompt_longer_than_context_raises_before_started(backend: TorchBackend) -> None:
+    with pytest.raises(ContextOverflowError, match="256"):
+        backend.stream(Request(prompt_token_ids=tuple(range(1, 300))))
+
+
+def test_context_full_ends_with_length(backend: TorchBackend) -> None:
+    c = backend.generate(Request(prompt_token_ids=prompt(4, 250), sampling=SamplingParams(max_tokens=100, **GREEDY)))
+    assert c.finish_reason is FinishReason.LENGTH and c.stats.completion_tokens == 6
+
+
+def test_abort_mid_stream_keeps_text_and_frees_blocks() -> None:
+    b = TorchBackend(fake_spec(), LoadOptions(n_ctx=256), build=fake_build(64, delay_s=0.002))
+    with b:
+        r = Request(prompt_token_ids=prompt(5), sampling=SamplingParams(max_tokens=500, **GREEDY))
+        events = []
+        for e in b.stream(r):
+            events.append(e)
+            if len(events) == 4:
+                b.abort(r.request_id)
+        assert events[-1].finish_reason is FinishReason.ABORT
+        assert 3 <= events[-1].stats.completion_tokens < 500
+        b.abort(r.request_id)  # finished: ignored
+        b.abort("nobody")
+        assert _wait_free(b)
+
+
+def test_closing_the_generator_aborts_the_request() -> None:
+    b = TorchBackend(fake_spec(), LoadOptions(n_ctx=256), build=fake_build(64, delay_s=0.002))
+    with b:
+        it = b.stream(Request(prompt_token_ids=prompt(6), sampling=SamplingParams(max_tokens=500, **GREEDY)))
+        next(it), next(it)
+        it.close()
+        assert _wait_free(b)
+
+
+def _wait_free(b: TorchBackend) -> bool:
+    for _ in range(200):
+        d = b.describe()
+        if d["kv_blocks_free"] == d["kv_blocks"]:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_many_threads_at_once_each_get_their_own_tokens() -> None:
+    b = TorchBackend(fake_spec(), LoadOptions(n_ctx=256, n_batch=48, max_num_seqs=6), build=fake_build(20))
+    results: dict[int, list] = {}
+    with b:
+        def worker(i: int) -> None:
+            p = prompt(i, 10 + i)
+            results[i] = [p, list(b.stream(Request(prompt_token_ids=p, sampling=SamplingParams(max_tokens=25,
+                                                                                               **GREEDY))))]
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert _wait_free(b)
+        runner = b._parts.runner
+    assert len(results) == 12
+    for p, events in results.values():
+        assert events[0].kind is EventKind.STARTED and events[-1].kind is EventKind.FINISHED
+        assert [t for e in events for t in e.token_ids] == reference_continuation(p, 25)
+    assert max(len(s.scheduled) for s in runner.steps) > 1  # they really shared steps
+
+
+def test_prefix_cache_hit_reported_in_stats(backend: TorchBackend) -> None:
+    system = prompt(7, 40)
+    sp = SamplingParams(max_tokens=4, **GREEDY)
+    first = backend.generate(Request(prompt_token_ids=system + (5, 6), sampling=sp))
+    second = backend.generate(Request(prompt_token_ids=system + (8, 9), sampling=sp))
+    assert first.stats.cached_tokens == 0 and second.stats.cached_tokens == 32
+    assert list(second.token_ids) == reference_continuation(system + (8, 9), 4)
+
+
+def test_seeded_sampling_is_reproducible(backend: TorchBackend) -> None:
+    sp = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=42, max_tokens=20, ignore_eos=True)
+    a = backend.generate(Request(prompt_token_ids=prompt(8), sampling=sp))
+    b = backend.generate(Request(prompt_token_ids=prompt(8), sampling=sp))
+    assert a.token_ids == b.token_ids
+    assert list(a.token_ids) != reference_continuation(prompt(8), 20)  # it really sampled
+
+
+def test_runner_failure_ends_streams_with_error_and_the_backend_keeps_working() -> None:
+    b = TorchBackend(fake_spec(), LoadOptions(n_ctx=256), build=fake_build(64))
+    with b:
+        runner = b._parts.runner
+        original = runner.execute
+        runner.execute = lambda out: (_ for _ in ()).throw(RuntimeError("boom"))
+        c = b.generate(Request(prompt_token_ids=prompt(9), sampling=SamplingParams(max_tokens=5, **GREEDY)))
+        assert c.finish_reason is FinishReason.ERROR and "boom" in c.error
+        runner.execute = original
+        c = b.generate(Request(prompt_token_ids=prompt(9), sampling=SamplingParams(max_tokens=5, **GREEDY)))
+        assert c.finish_reason is FinishReason.LENGTH
+
+
+def test_close_ends_open_streams_and_is_idempotent() -> None:
+    b = TorchBackend(fake_spec(), LoadOptions(n_ctx=256), build=fake_build(64, delay_s=0.005))
+    b.load()
+    it = b.stream(Request(prompt_token_ids=prompt(10), sampling=SamplingParams(max_tokens=1000, **GREEDY)))
+    next(it)
+    b.close()
+    b.close()
+    events = list(it)
+    assert events[-1].finish_reason is FinishReason.ABORT
