@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Decode speed of hearth's weight-only quantized kernels vs the HBM roofline and HF transformers.
+
+Runs in one go on a GPU machine (< 5 minutes on an H100/H200-class card) with only torch, triton and
+transformers installed, plus hearth's source tree on sys.path (it imports `kernels/` and
+`backends/torch_engine/quantize.py`, nothing else of hearth; the script checks that).
+
+What it does:
+1. measures HBM bandwidth with a device-to-device copy (bytes read + written / time);
+2. builds a random-weight Llama-2-7B-shaped decoder on the GPU (fp16), with hearth's QuantLinear swapped in
+   for W8A16 (int8 per channel) and W4A16 (int4, group 128); decode steps are captured in a CUDA graph;
+3. prints decode tokens/s at batch 1 and 16 for fp16, W8A16, W4A16, each next to its roofline
+   (batch * bandwidth / bytes read per step: every weight once plus each sequence's KV cache);
+4. runs the same shapes in transformers' LlamaForCausalLM.generate (fp16, greedy) as the baseline.
+
+    python scripts/gpu_bench.py             # the real run (CUDA)
+    python scripts/gpu_bench.py --dry-run   # tiny shapes on CPU: proves the script executes end to end
+Target (issue 9): W4A16 batch-1 decode >= 70% of roofline and faster than the transformers baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # hearth's source tree
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+LLAMA2_7B = Shape(hidden=4096, layers=32, heads=32, kv_heads=32, ffn=11008, vocab=32000)
+TINY = Shape(hidden=256, layers=2, heads=4, kv_heads=2, ffn=512, vocab=512)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (no GPU needed), to check the script")
+    p.add_argument("--variants", default="fp16,int8,int4", help="comma list of fp16, int8, int4 (default: all)")
+    p.add_argument("--batches", default="1,16", help="comma list of decode batch sizes (default: 1,16)")
+    p.add_argument("--context", type=int, default=512, help="tokens already in the KV cache (default: 512)")
+    p.add_argument("--steps", type=int, default=64, help="timed decode steps per measurement (default: 64)")
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    return p.parse_args(argv)
+
+
+# ---- the decoder (plain torch + hearth's QuantLinear via the quantize transform) -------------------------------
+
+def build_decoder(shape: Shape, max_len: int, batch: int, device: str, dtype):
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            hd = shape.head_dim
+            self.qkv = nn.Linear(shape.hidden, (shape.heads + 2 * shape.kv_heads) * hd, bias=False)
+            self.o = nn.Linear(shape.heads * hd, shape.hidden, bias=False)
+            self.gate_up = nn.Linear(shape.hidden, 2 * shape.ffn, bias=False)
+            self.down = nn.Linear(shape.ffn, shape.hidden, bias=False)
+            self.ln1 = nn.Parameter(torch.ones(shape.hidden))
+            self.ln2 = nn.Parameter(torch.ones(shape.hidden))
+            # (batch, kv_heads, max_len, head_dim), filled with random "history" up to the context length
+            self.register_buffer("k_cache", torch.randn(batch, shape.kv_heads, max_len, hd) * 0.1)
+            self.register_buffer("v_cache", torch.randn(batch, shape.kv_heads, max_len, hd) * 0.1)
+
+        def forward(self, x, pos, cos, sin, mask):  # x: (batch, 1, hidden)
+            b, hd = x.shape[0], shape.head_dim
+            h = F.rms_norm(x, (shape.hidden,), self.ln1, 1e-5)
+            q, k, v = self.qkv(h).split([shape.heads * hd, shape.kv_heads * hd, shape.kv_heads * hd], dim=-1)
+            q = rope(q.view(b, 1, shape.heads, hd), cos, sin).transpose(1, 2)  # (b, heads, 1, hd)
+            k = rope(k.view(b, 1, shape.kv_heads, hd), cos, sin).transpose(1, 2)
+            self.k_cache.index_copy_(2, pos, k)
+            self.v_cache.index_copy_(2, pos, v.view(b, 1, shape.kv_heads, hd).transpose(1, 2))
+            a = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask,
+                                               enable_gqa=shape.kv_heads != shape.heads)
+            x = x + self.o(a.transpose(1, 2).reshape(b, 1, shape.heads * hd))
+            g, u = self.gate_up(F.rms_norm(x, (shape.hidden,), self.ln2, 1e-5)).chunk(2, dim=-1)
+            return x + self.down(F.silu(g) * u)
+
+    def rope(x, cos, sin):
+        half = x.shape[-1] // 2
+        a, b = x[..., :half], x[..., half:]
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+    class Decoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(shape.vocab, shape.hidden)
+            self.layers = nn.ModuleList(Layer() for _ in range(shape.layers))
+            self.norm = nn.Parameter(torch.ones(shape.hidden))
+            self.lm_head = nn.Linear(shape.hidden, shape.vocab, bias=False)
+            inv = 1.0 / (10000.0 ** (torch.arange(0, shape.head_dim, 2).float() / shape.head_dim))
+            self.register_buffer("inv_freq", inv)
+            self.register_buffer("positions", torch.arange(max_len))
+
+        def step(self, ids, pos):
+            """ids: (batch, 1) in/out (replaced by the greedy next token); pos: (1,) long, the write position."""
+            angle = pos.float()[:, None] * self.inv_freq[None, :]  # (1, hd / 2)
+            cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+            mask = (self.positions <= pos)[None, None, None, :]  # (1, 1, 1, max_len)
+            x = self.embed(ids)
+            for layer in self.layers:
+                x = layer(x, pos, cos, sin, mask)
+            logits = self.lm_head(F.rms_norm(x, (shape.hidden,), self.norm, 1e-5))
+            ids.copy_(logits.argmax(dim=-1))
+
+    with torch.device(device):
+        model = Decoder().to(dtype)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def weight_bytes(model) -> int:
+    """Bytes one decode step reads of weights: every parameter/buffer except the embedding table (one row per
+    token), the KV caches (counted separately) and the tiny tables."""
+    total = 0
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if name.startswith("embed") or "cache" in name or name in ("inv_freq", "positions"):
+            continue
+        total += t.numel() * t.element_size()
+    return total
+
+
+def time_decode(model, batch: int, context: int, steps: int, device: str) -> float:
+    """Decode tokens/s (all sequences together) over `steps` steps starting at `context`."""
+    import torch
+
+    ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    pos = torch.tensor([context], dtype=torch.long, device=device)
+    cuda = device == "cuda"
+    with torch.inference_mode():
+        for _ in range(3):  # warm-up: Triton compiles here
+            model.step(ids, pos)
+        run = lambda: model.step(ids, pos)  # noqa: E731
+        if cuda:
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                model.step(ids, pos)
+            run = graph.replay
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            run()
+            pos.add_(1)
+        if cuda:
+            torch.cuda.synchronize()
+        return batch * steps / (time.perf_counter() - start)
+
+
+def measure_bandwidth(device: str) -> float:
+    """Bytes/s of a device-to-device copy (read + write counted)."""
+    import torch
+
+    n = (1 << 30) if device == "cuda" else (1 << 26)
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    reps = 20 if device == "cuda" else 3
+    start = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return 2 * n * reps / (time.perf_counter() - start)
+
+
+def bench_hearth(shape: Shape, variant: str, batches: list[int], args, device: str, bw: float) -> list[str]:
+    import torch
+
+    from backends.torch_engine.quantize import QuantConfig, quantize_model
+
+    rows = []
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    max_len = args.context + args.steps + 8
+    for batch in batches:
+        t0 = time.perf_counter()
+        model = build_decoder(shape, max_len, batch, device, dtype)
+        if variant != "fp16":
+            quantize_model(model, QuantConfig(variant, group_size=128, skip=("lm_head",)))
+        wbytes = weight_bytes(model)
+        kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype.itemsize * (args.context + args.steps / 2)
+        roof = batch * bw / (wbytes + batch * kv_bytes)
+        tps = time_decode(model, batch, args.context, args.steps, device)
+        rows.append(f"hearth {variant:5s} batch {batch:3d}: {tps:9.1f} tok/s  roofline {roof:9.1f}  "
+                    f"= {100 * tps / roof:5.1f}%   weights {wbytes / 2**30:6.2f} GiB  "
+                    f"(built+timed in {time.perf_counter() - t0:.0f} s)")
+        print(rows[-1], flush=True)
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def bench_hf(shape: Shape, batches: list[int], args, device: str) -> list[str]:
+    import torch
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        return ["transformers baseline: skipped (transformers is not installed)"]
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    cfg = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.ffn,
+                      num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                      num_key_value_heads=shape.kv_heads, max_position_embeddings=args.context + args.steps + 8)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(previous)
+    rows = []
+    for batch in batches:
+        ids = torch.randint(0, shape.vocab, (batch, args.context), device=device)
+
+        def gen(n: int) -> float:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            with torch.inference_mode():
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return time.perf_counter() - start
+
+        gen(2)  # warm-up
+        t1, tn = gen(1), gen(args.steps + 1)
+        tps = batch * args.steps / max(tn - t1, 1e-9)
+        rows.append(f"transformers fp16 batch {batch:3d}: {tps:9.1f} tok/s  (generate, greedy, prefill excluded)")
+        print(rows[-1], flush=True)
+    del model
+    return rows
+
+
+def check_imports() -> str:
+    """hearth modules loaded so far must be kernels/* and the quantize transform only."""
+    allowed = ("kernels", "backends", "backends.torch_engine", "backends.torch_engine.quantize")
+    root = Path(__file__).resolve().parents[1]
+    packages = tuple(str(root / p) + "/" for p in ("app", "backends", "hwprobe", "kernels"))
+    loaded = sorted(n for n, m in list(sys.modules.items())
+                    if str(getattr(m, "__file__", None) or "").startswith(packages)
+                    and not (n in allowed or n.startswith("kernels.")))
+    if loaded:
+        raise SystemExit(f"gpu_bench imported hearth modules it must not need: {', '.join(loaded)}")
+    return "imports ok: only kernels/ and backends/torch_engine/quantize.py from hearth"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    device = "cpu" if args.dry_run else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: run with --dry-run to check the script on CPU", file=sys.stderr)
+        return 2
+    shape = TINY if args.dry_run else LLAMA2_7B
+    if args.dry_run:
+        args.context, args.steps = min(args.context, 16), min(args.steps, 4)
+    variants = [v for v in args.variants.split(",") if v]
+    batches = [int(b) for b in args.batches.split(",") if b]
+    began = time.perf_counter()
+    name = torch.cuda.get_device_name() if device == "cuda" else "CPU (dry run, tiny shapes)"
+    bw = measure_bandwidth(device)
+    print(f"device: {name}; torch {torch.__version__}; copy bandwidth {bw / 1e9:.0f} GB/s")
+    print(f"model: {shape}; context {args.context}, {args.steps} decode steps per figure")
+    for variant in variants:
+        if variant not in ("fp16", "int8", "int4"):
+            raise SystemExit(f"unknown variant {variant!r}: use fp16, int8, int4")
+        bench_hearth(shape, variant, batches, args, device, bw)
+    print(check_imports())
+    if not args.no_hf:
+        bench_hf(shape, batches, args, device)
+    print(f"total {time.perf_counter() - began:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
