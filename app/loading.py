@@ -40,20 +40,49 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
+def hardware_report(hardware_file: str | None = None) -> Any:
+    """The HardwareReport to plan for: the saved one in `hardware_file`, else a probe of this machine."""
+    from hwprobe.report import load_report
+
+    if hardware_file:
+        return load_report(hardware_file)
+    from app.paths import get_paths
+    from hwprobe import probe
+
+    return probe(get_paths().models_dir)
+
+
+_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_TORCH_QUANTS = {"W8A16": "int8", "W4A16": "int4", "FP8": "fp8"}
+
+
 def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None) -> Decision:
-    """Choose backend and LoadOptions for this model on this machine (flags in `settings` override)."""
-    backend = settings.backend
-    if backend == "auto":
-        backend = "llama.cpp" if spec.format == "gguf" else "torch"
-    ctx = settings.ctx or min(spec.context_length, 4096)
+    """Choose backend and LoadOptions for this model on this machine: hwprobe.plan() decides, and the flags the
+    user gave in `settings` (backend, ctx, n_gpu_layers, kv_cache_type, threads) always override it."""
+    from hwprobe import plan as make_plan
+    from hwprobe.plan_types import Prefs
+
+    report = hardware_report(hardware_file)
+    prefs = Prefs(backend=settings.backend, ctx=settings.ctx, kv_cache_type=settings.kv_cache_type,
+                  n_gpu_layers=settings.n_gpu_layers)
+    plan = make_plan(report, spec.to_shape(), prefs)
+    backend = settings.backend if settings.backend != "auto" else plan.backend
+    n_gpu_layers = -1 if plan.n_gpu_layers >= plan.n_layers else plan.n_gpu_layers
     options = LoadOptions(
-        n_ctx=ctx,
-        n_gpu_layers=settings.n_gpu_layers if settings.n_gpu_layers is not None else 0,
-        kv_cache_type=settings.kv_cache_type or "f16",
-        n_threads=settings.threads or physical_cores(),
+        n_ctx=settings.ctx or plan.ctx,
+        n_gpu_layers=settings.n_gpu_layers if settings.n_gpu_layers is not None else n_gpu_layers,
+        split_mode=plan.split_mode, tensor_split=plan.tensor_split, main_gpu=plan.main_gpu,
+        kv_cache_type=settings.kv_cache_type or plan.kv_cache_type, flash_attn=plan.flash_attn,
+        n_threads=settings.threads or physical_cores(), n_batch=plan.batch_size,
         max_num_seqs=settings.max_concurrency,
+        dtype=_TORCH_DTYPES.get(plan.quant, "auto") if backend == "torch" else "auto",
+        weight_quant=_TORCH_QUANTS.get(plan.quant, "none") if backend == "torch" else "none",
+        device=plan.device if backend == "torch" else "auto",
     )
-    return Decision(backend, options, None, (f"context {ctx} tokens (model trained on {spec.context_length})",))
+    reasons = tuple(plan.reasons)
+    if hardware_file:
+        reasons = (f"planned for the machine in {hardware_file}", *reasons)
+    return Decision(backend, options, plan, reasons)
 
 
 def open_backend(settings: Settings, *, hardware_file: str | None = None, progress: ProgressCallback | None = None,

@@ -1,0 +1,75 @@
+"""`hearth plan MODEL`: how hearth would run a model on this machine (or on a saved one), and why."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+NAME = "plan"
+HELP = "show how a model would run here: backend, quant, GPU layers, context, KV type, memory, speed"
+ORDER = 61
+DESCRIPTION = """Plan a model without loading it.  MODEL is a registered name, a GGUF file, a Hugging Face
+model folder, or a Hugging Face config.json (then the plan also picks the GGUF quant: F16 ... Q4_K_M).
+
+  hearth plan smollm2-135m-instruct
+  hearth plan ~/models/Qwen2.5-14B/config.json --hardware 4090.json --json
+  hearth plan config.json --quant Q3_K_M      (below Q4_K_M only when asked)"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", metavar="MODEL", help="name, GGUF path, HF folder or config.json "
+                   "(default: the last used model, else the starter)")
+    p.add_argument("--hardware", metavar="FILE", help="plan for the machine in this HardwareReport JSON")
+    p.add_argument("--ctx", type=int, metavar="N", help="context length in tokens (fixed)")
+    p.add_argument("--backend", "-b", choices=("auto", "llama.cpp", "torch"), default="auto")
+    p.add_argument("--kv-cache-type", dest="kv_cache_type", choices=("f16", "q8_0", "q4_0"))
+    p.add_argument("--n-gpu-layers", "--ngl", dest="n_gpu_layers", type=int, metavar="N")
+    p.add_argument("--quant", metavar="Q", help="GGUF quant to plan for a config.json (F16, Q8_0, ... Q2_K)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def _config_shape(path: Path) -> Any:
+    from backends.errors import ModelFormatError
+    from backends.modelspec import hf_config_shape
+    from hwprobe.shape import ModelShape
+
+    try:
+        values = hf_config_shape(json.loads(path.read_text(encoding="utf-8")), path.parent.name or path.stem)
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ModelFormatError(f"{path} is not a usable Hugging Face config.json: {exc!r}",
+                               "give the config.json of a transformers model") from None
+    keep = {k: v for k, v in values.items() if k in ModelShape.__dataclass_fields__}
+    if keep.get("sliding_window"):
+        n = keep["n_layers"]
+        keep["sliding_window_layers"] = n - n // 6 if str(keep["architecture"]).startswith("gemma3") else n
+    return ModelShape(**keep)
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.loading import hardware_report
+    from app.store import ModelStore
+    from hwprobe import plan as make_plan
+    from hwprobe.errors import ConfigError
+    from hwprobe.memory import QUANT_BPW
+    from hwprobe.plan_types import Prefs
+    from hwprobe.render import plan_text
+
+    if args.ctx is not None and args.ctx < 16:
+        raise ConfigError(f"--ctx must be at least 16 tokens, got {args.ctx}")
+    quant = args.quant.upper() if args.quant else None
+    if quant and quant not in QUANT_BPW:
+        raise ConfigError(f"unknown quant {args.quant!r}", f"use one of {', '.join(QUANT_BPW)}")
+    ref = args.model
+    if ref and ref.endswith(".json") and Path(ref).expanduser().is_file():
+        shape = _config_shape(Path(ref).expanduser())
+    else:
+        _, spec = ModelStore().spec(ref)
+        shape = spec.to_shape()
+    report = hardware_report(args.hardware)
+    prefs = Prefs(backend=args.backend, ctx=args.ctx, kv_cache_type=args.kv_cache_type,
+                  n_gpu_layers=args.n_gpu_layers, quant=quant)
+    p = make_plan(report, shape, prefs)
+    print(json.dumps(p.as_dict(), indent=2) if args.json else plan_text(p, shape.name))
+    return 0

@@ -1,0 +1,80 @@
+"""Prefs (what the user asked for) and Plan (what the planner decided), the planner's two seams."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Prefs:
+    """User preferences; None = let the planner decide."""
+
+    backend: str = "auto"  # "auto" | "llama.cpp" | "torch"
+    ctx: int | None = None  # context tokens (fixed: the planner will not lower it)
+    kv_cache_type: str | None = None  # "f16" | "q8_0" | "q4_0"
+    n_gpu_layers: int | None = None  # transformer layers on GPUs (-1 = all): the plan reports what it costs
+    quant: str | None = None  # GGUF quant to plan for a config.json ("Q5_K_M"); below Q4_K_M only this way
+    target_ctx: int = 8192  # a useful context: the first goal, capped by the model's training context
+    min_ctx: int = 4096  # the planner lowers the context down to this before quantizing anything
+    n_batch: int = 512  # prompt tokens per forward (llama.cpp n_batch = n_ubatch)
+    prefer_batching: bool = False  # `hearth serve`: the torch engine on CPU too, for its continuous batching
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    kind: str  # "gpu" | "cpu"
+    index: int | None  # GPU index; None for host RAM
+    name: str  # "NVIDIA GeForce RTX 3090" / the CPU model
+    weights_mib: int
+    kv_mib: int
+    compute_mib: int  # compute buffers (activations, logits, attention scratch)
+    overhead_mib: int  # CUDA context / runtime
+    budget_mib: int  # free memory minus the safety margin: what the plan may use
+
+    @property
+    def total_mib(self) -> int:
+        return self.weights_mib + self.kv_mib + self.compute_mib + self.overhead_mib
+
+    @property
+    def headroom_mib(self) -> int:
+        return self.budget_mib - self.total_mib
+
+    @property
+    def used(self) -> bool:
+        return self.total_mib > 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "index": self.index, "name": self.name, "weights_mib": self.weights_mib,
+                "kv_mib": self.kv_mib, "compute_mib": self.compute_mib, "overhead_mib": self.overhead_mib,
+                "total_mib": self.total_mib, "budget_mib": self.budget_mib, "headroom_mib": self.headroom_mib}
+
+
+@dataclass(frozen=True)
+class Plan:
+    backend: str  # "llama.cpp" | "torch"
+    quant: str  # GGUF quant ("Q4_K_M") or torch weight format ("bf16", "W8A16", "W4A16", "FP8")
+    n_gpu_layers: int  # transformer layers on GPUs, 0..n_layers
+    n_layers: int
+    split_mode: str  # "none" | "layer" | "row" | "tensor"
+    tensor_split: tuple[float, ...]  # share per GPU in index order (all GPUs of the report); () = one device
+    ctx: int  # context tokens
+    kv_cache_type: str  # "f16" | "q8_0" | "q4_0"
+    flash_attn: bool
+    batch_size: int  # prompt tokens per forward
+    devices: tuple[DeviceMemory, ...]  # every GPU in index order, then host RAM
+    expected_tokens_per_s: float  # single-stream decode, from memory bandwidth
+    reasons: tuple[str, ...]  # short sentences with the numbers; "warning: ..." for quality/memory risks
+    main_gpu: int = 0  # the GPU that holds the output head and the biggest compute buffer
+    device: str = "cpu"  # torch engine: "cpu" | "cuda" | "cuda:N"
+
+    @property
+    def fits(self) -> bool:
+        return all(d.headroom_mib >= 0 for d in self.devices)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "quant": self.quant, "n_gpu_layers": self.n_gpu_layers,
+                "n_layers": self.n_layers, "split_mode": self.split_mode, "tensor_split": list(self.tensor_split),
+                "ctx": self.ctx, "kv_cache_type": self.kv_cache_type, "flash_attn": self.flash_attn,
+                "batch_size": self.batch_size, "devices": [d.as_dict() for d in self.devices],
+                "expected_tokens_per_s": self.expected_tokens_per_s, "reasons": list(self.reasons)}

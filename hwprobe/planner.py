@@ -1,0 +1,225 @@
+"""plan(report, shape, prefs) -> Plan: a pure function, highest quality first, never more than fits.
+
+Policy (issue 3, item 4), tried in this order until something fits entirely in the GPUs' budgets (free VRAM
+minus the safety margin of hwprobe.memory):
+  1. the torch engine, on NVIDIA GPUs it supports (compute capability >= 7.5) for the architectures in
+     hwprobe.support, in its best weight format that fits: bf16/fp16, then FP8 (8.9+), W8A16, W4A16; on one GPU,
+     else tensor-parallel over GPUs joined by NVLink/P2P; a GGUF source is never re-quantized below its own bits;
+  2. llama.cpp with every layer on the GPUs: for each quant of the ladder (a GGUF file has just its own), the
+     largest context up to the target (8192, capped by the training context) with an f16 KV cache, then down
+     to 4096; then a q8_0 and a q4_0 KV cache (the largest context they allow); then the next quant, down to
+     Q4_K_M (lower ones only when asked, with a warning);
+  3. partial offload: as many layers on the GPUs as fit, the rest in host RAM, at the lowest allowed quant;
+  4. CPU only.
+One GPU is tried before several; several are tensor-split when all are P2P-joined, layer-split otherwise.
+A user-fixed value (ctx, KV type, backend, quant, n_gpu_layers) is taken as given and the plan says what it costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from hwprobe import memory as m
+from hwprobe.errors import PlanError
+from hwprobe.placement import Candidate, expected_tokens_per_s, price, shares
+from hwprobe.plan_types import Plan, Prefs
+from hwprobe.report import GpuInfo, HardwareReport
+from hwprobe.shape import ModelShape
+from hwprobe.support import BF16_MIN_CC, FP8_MIN_CC, TORCH_ENGINE_ARCHITECTURES, TORCH_ENGINE_MIN_CC
+
+KV_LADDER = ("f16", "q8_0", "q4_0")
+CTX_STEP = 256  # contexts are planned in multiples of this
+
+
+def _fits(report: HardwareReport, shape: ModelShape, c: Candidate) -> bool:
+    return all(d.headroom_mib >= 0 for d in price(report, shape, c))
+
+
+def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
+    """The largest x in [lo, hi] with ok(x), for ok monotone (true below some point); None if ok(lo) fails."""
+    if not ok(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
+
+
+def _gpu_sets(report: HardwareReport) -> Iterator[tuple[tuple[int, ...], str]]:
+    """GPU groups to try: the one with most budget alone, then all of them (tensor split if all P2P-joined)."""
+    usable = [g for g in report.gpus if m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) > 0]
+    if not usable:
+        return
+    best = max(usable, key=lambda g: (m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib), -g.index))
+    yield (best.index,), "none"
+    if len(usable) > 1:
+        ids = tuple(g.index for g in usable)
+        joined = all(j in g.p2p_peers or j in g.nvlink_peers for g in usable for j in ids if j != g.index)
+        yield ids, "tensor" if joined else "layer"
+
+
+def _ctx_range(shape: ModelShape, prefs: Prefs) -> tuple[int, int]:
+    if prefs.ctx:
+        return prefs.ctx, prefs.ctx
+    hi = min(prefs.target_ctx, shape.context_length)
+    return min(prefs.min_ctx, hi), hi
+
+
+def _best_ctx(report: HardwareReport, shape: ModelShape, make: Callable[[int], Candidate], lo: int,
+              hi: int) -> int | None:
+    """The largest context in [lo, hi] (hi itself, else a multiple of CTX_STEP) whose candidate fits."""
+    if _fits(report, shape, make(hi)):
+        return hi
+    if lo >= hi:
+        return None
+    k = _largest(-(-lo // CTX_STEP), (hi - 1) // CTX_STEP, lambda k: _fits(report, shape, make(k * CTX_STEP)))
+    return None if k is None else k * CTX_STEP
+
+
+def _torch_formats(report: HardwareReport, gpus: Iterable[GpuInfo], shape: ModelShape) -> list[str]:
+    ccs = [g.cc for g in gpus]
+    if not ccs or any(cc is None or cc < TORCH_ENGINE_MIN_CC for cc in ccs):
+        return []
+    half = "bf16" if all(cc >= BF16_MIN_CC for cc in ccs) else "fp16"  # type: ignore[operator]
+    formats = [half] + (["FP8"] if all(cc >= FP8_MIN_CC for cc in ccs) else []) + ["W8A16", "W4A16"]  # type: ignore
+    if shape.quant and shape.weight_bytes and shape.param_count:  # a GGUF source: keep at least its bits
+        source_bpw = 8 * shape.weight_bytes / shape.param_count
+        formats = [f for f in formats if m.TORCH_FORMAT_BPW[f] >= source_bpw - 0.01] or [half]
+    return formats
+
+
+def _llama_quants(shape: ModelShape, prefs: Prefs) -> list[tuple[str, m.WeightLayout]]:
+    if shape.quant:  # an existing GGUF: its own bytes
+        exact = bool(shape.layer_bytes) and shape.weight_bytes is not None
+        return [(shape.quant, m.weights(shape, None if exact else shape.quant))]
+    if prefs.quant:
+        return [(prefs.quant, m.weights(shape, prefs.quant))]
+    ladder = m.QUANT_LADDER[: m.QUANT_LADDER.index(m.LOWEST_DEFAULT_QUANT) + 1]
+    return [(q, m.weights(shape, q)) for q in ladder]
+
+
+def _try_torch(report, shape, prefs, lo, hi) -> Candidate | None:  # noqa: ANN001 - internal
+    if shape.architecture not in TORCH_ENGINE_ARCHITECTURES or prefs.kv_cache_type not in (None, "f16"):
+        return None
+    for gpus, split in _gpu_sets(report):
+        if split == "layer":  # the torch engine splits only by tensor parallelism over P2P-joined GPUs
+            continue
+        for fmt in _torch_formats(report, [g for g in report.gpus if g.index in gpus], shape):
+            layout = m.weights(shape, fmt)
+
+            def make(ctx: int, fmt: str = fmt, layout: m.WeightLayout = layout) -> Candidate:
+                return Candidate("torch", fmt, layout, ctx, "f16", True, gpus, split, shape.n_layers,
+                                 prefs.n_batch)
+
+            ctx = _best_ctx(report, shape, make, lo, hi)
+            if ctx is not None:
+                return make(ctx)
+    return None
+
+
+def _try_llama_full(report, shape, prefs, lo, hi, quants) -> Candidate | None:  # noqa: ANN001 - internal
+    kvs = (prefs.kv_cache_type,) if prefs.kv_cache_type else KV_LADDER
+    for quant, layout in quants:
+        for gpus, split in _gpu_sets(report):
+            for kv in kvs:
+                def make(ctx: int, kv: str = kv) -> Candidate:
+                    return Candidate("llama.cpp", quant, layout, ctx, kv, True, gpus, split, shape.n_layers,
+                                     prefs.n_batch)
+
+                ctx = _best_ctx(report, shape, make, lo, hi)
+                if ctx is not None:
+                    return make(ctx)
+    return None
+
+
+def _partial(report, shape, prefs, lo, quants) -> Candidate:  # noqa: ANN001 - internal
+    quant, layout = quants[-1]
+    kv = prefs.kv_cache_type or "f16"
+    best: Candidate | None = None
+    for gpus, split in _gpu_sets(report):
+        split = "layer" if len(gpus) > 1 else "none"  # a partial offload splits by layer
+
+        def make(n: int, gpus: tuple[int, ...] = gpus, split: str = split) -> Candidate:
+            return Candidate("llama.cpp", quant, layout, lo, kv, True, gpus, split, n, prefs.n_batch)
+
+        n = _largest(1, shape.n_layers - 1, lambda n: _fits(report, shape, make(n)))
+        if n is not None and (best is None or n > best.n_gpu_layers):
+            best = make(n)
+    return best or Candidate("llama.cpp", quant, layout, lo, kv, kv != "f16", (), "none", 0, prefs.n_batch)
+
+
+def _with_flags(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidate) -> Candidate:
+    """Apply a user-given n_gpu_layers (the plan then reports what it costs, fit or not)."""
+    if prefs.n_gpu_layers is None:
+        return c
+    n = shape.n_layers if prefs.n_gpu_layers < 0 else min(prefs.n_gpu_layers, shape.n_layers)
+    gpus = c.gpus or next((g for g, _ in _gpu_sets(report)), ())
+    return Candidate(c.backend, c.quant, c.layout, c.ctx, c.kv_cache_type, c.flash_attn if n else c.flash_attn,
+                     gpus if n else (), c.split_mode if n and gpus else "none", n if gpus else 0, c.n_batch)
+
+
+def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) -> Plan:
+    """The best configuration for `shape` on the machine in `report` (see the module docstring)."""
+    prefs = prefs or Prefs()
+    lo, hi = _ctx_range(shape, prefs)
+    quants = _llama_quants(shape, prefs)
+    file_format = shape.extra.get("file_format") if shape.extra else None
+    chosen: Candidate | None = None
+    if prefs.backend in ("auto", "torch") and prefs.n_gpu_layers in (None, -1, shape.n_layers):
+        chosen = _try_torch(report, shape, prefs, lo, hi)
+    if chosen is None and prefs.backend == "torch" or (chosen is None and file_format == "safetensors"):
+        chosen = _torch_cpu(report, shape, prefs, hi)
+    if chosen is None and prefs.backend == "auto" and prefs.prefer_batching and not report.gpus and \
+            shape.architecture in TORCH_ENGINE_ARCHITECTURES:
+        chosen = _torch_cpu(report, shape, prefs, hi)
+    if chosen is None:
+        chosen = _try_llama_full(report, shape, prefs, lo, hi, quants) or _partial(report, shape, prefs, lo, quants)
+        if not chosen.gpus:  # CPU only: RAM is cheap, so the best quant at the target context if it fits
+            chosen = _cpu_only(report, shape, prefs, lo, hi, quants) or chosen
+    chosen = _with_flags(report, shape, prefs, chosen)
+    devices = price(report, shape, chosen)
+    if prefs.n_gpu_layers is None and not all(d.headroom_mib >= 0 for d in devices):
+        raise _no_fit(report, shape, chosen, devices)
+    from hwprobe.explain import reasons
+
+    share = shares(report, chosen.gpus)
+    split = tuple(round(share.get(g.index, 0.0), 3) for g in report.gpus) if len(chosen.gpus) > 1 else ()
+    main = chosen.gpus[0] if chosen.split_mode == "tensor" or len(chosen.gpus) == 1 else (
+        chosen.gpus[-1] if chosen.gpus else 0)
+    device = "cpu" if not chosen.gpus else ("cuda" if len(chosen.gpus) > 1 else f"cuda:{chosen.gpus[0]}")
+    tps = expected_tokens_per_s(report, shape, chosen, devices)
+    return Plan(backend=chosen.backend, quant=chosen.quant, n_gpu_layers=chosen.n_gpu_layers,
+                n_layers=shape.n_layers, split_mode=chosen.split_mode, tensor_split=split, ctx=chosen.ctx,
+                kv_cache_type=chosen.kv_cache_type, flash_attn=chosen.flash_attn, batch_size=chosen.n_batch,
+                devices=devices, expected_tokens_per_s=tps,
+                reasons=reasons(report, shape, prefs, chosen, devices, tps, quants), main_gpu=main, device=device)
+
+
+def _cpu_only(report, shape, prefs, lo, hi, quants) -> Candidate | None:  # noqa: ANN001 - internal
+    kv = prefs.kv_cache_type or "f16"
+    for quant, layout in quants:
+        def make(ctx: int, quant: str = quant, layout: m.WeightLayout = layout) -> Candidate:
+            return Candidate("llama.cpp", quant, layout, ctx, kv, kv != "f16", (), "none", 0, prefs.n_batch)
+
+        ctx = _best_ctx(report, shape, make, lo, hi)
+        if ctx is not None:
+            return make(ctx)
+    return None
+
+
+def _torch_cpu(report, shape, prefs, hi) -> Candidate:  # noqa: ANN001 - internal
+    fmt = "bf16" if report.cpu_avx512 else "fp32"
+    ctx = prefs.ctx or hi
+    return Candidate("torch", fmt, m.weights(shape, fmt), ctx, "f16", False, (), "none", 0, prefs.n_batch)
+
+
+def _no_fit(report: HardwareReport, shape: ModelShape, c: Candidate, devices) -> PlanError:  # noqa: ANN001
+    over = [d for d in devices if d.headroom_mib < 0]
+    d = over[0]
+    where = "host RAM" if d.kind == "cpu" else f"GPU {d.index}"
+    return PlanError(
+        f"{shape.name} needs {d.total_mib / 1024:.1f} GiB in {where} (weights {d.weights_mib / 1024:.1f} + KV "
+        f"{d.kv_mib / 1024:.1f} at {c.ctx} tokens + compute {d.compute_mib / 1024:.1f}) but only "
+        f"{d.budget_mib / 1024:.1f} GiB is available there",
+        f"try a smaller --ctx, --kv-cache-type q4_0{', a smaller quant' if not shape.quant else ''}, or close "
+        "programs that hold memory")
