@@ -1,0 +1,185 @@
+"""plan() against recorded machine profiles x hand-written model shapes, with expectations worked out by hand.
+
+Hand arithmetic used below (GiB = 2**30 bytes):
+- Llama-2-7B has 6.74 B parameters: bf16 12.6 GiB, so a 24 GB card (budget ~22.6 GiB after the margin) holds it
+  whole with its 4096-token f16 KV cache (2 x 32 layers x 32 heads x 128 x 2 B x 4096 = 2.0 GiB).
+- Llama-2-13B (13.0 B): bf16 24.2 GiB does not fit a 4090; FP8 (cc 8.9) ~12.4 GiB + 3.1 GiB KV at 4096 does.
+- Qwen2.5-14B (14.7 B, 8 KV heads): FP8 ~14.4 GiB + 1.5 GiB KV at 8192 fits a 4090.
+- Llama-2-70B (69 B) needs ~39 GiB even at Q4_K_M (4.89 bpw): more than one 3090, less than two.
+- Mixtral-8x7B (46.7 B, all experts in memory) at Q4_K_M is ~26.6 GiB: partial offload on one 24 GB card.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hw_shapes import ALL, LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, LLAMA3_8B, MISTRAL_7B, MIXTRAL_8X7B, QWEN25_14B
+from hwprobe import plan
+from hwprobe.errors import PlanError
+from hwprobe.plan_types import Prefs
+from hwprobe.report import load_report
+
+FIXTURES = Path(__file__).parent / "fixtures"
+EIGHT_BIT_OR_BETTER = {"bf16", "fp16", "F16", "FP8", "W8A16", "Q8_0"}
+Q4_K_M_OR_BETTER = EIGHT_BIT_OR_BETTER | {"Q6_K", "Q5_K_M", "Q4_K_M", "W4A16"}
+
+
+def hw(name: str):
+    return load_report(FIXTURES / f"{name}.json")
+
+
+def gpu_total_mib(p) -> int:
+    return sum(d.total_mib for d in p.devices if d.kind == "gpu")
+
+
+@pytest.mark.parametrize("fixture", sorted(f.stem for f in FIXTURES.glob("*.json")))
+@pytest.mark.parametrize("shape", ALL, ids=lambda s: s.name)
+def test_every_plan_fits_its_budgets_or_says_why(fixture: str, shape) -> None:
+    try:
+        p = plan(hw(fixture), shape)
+    except PlanError as exc:
+        assert "GiB" in exc.message and exc.hint
+        return
+    assert all(d.total_mib <= d.budget_mib for d in p.devices), p.devices
+    assert 0 <= p.n_gpu_layers <= p.n_layers == shape.n_layers
+    assert min(4096, shape.context_length) <= p.ctx <= min(8192, shape.context_length)
+    assert p.reasons and p.expected_tokens_per_s > 0
+    assert [d.kind for d in p.devices] == ["gpu"] * len(hw(fixture).gpus) + ["cpu"]
+
+
+@pytest.mark.parametrize("fixture", ["rtx3090_24gb", "rtx4090_24gb"])
+@pytest.mark.parametrize("shape", [LLAMA2_7B, LLAMA3_8B, MISTRAL_7B], ids=lambda s: s.name)
+def test_24gb_card_runs_a_7b_fully_on_gpu_at_8_bit_or_better(fixture: str, shape) -> None:
+    p = plan(hw(fixture), shape)
+    assert p.n_gpu_layers == p.n_layers
+    assert p.quant in EIGHT_BIT_OR_BETTER
+    assert p.ctx == min(8192, shape.context_length)
+
+
+def test_llama2_7b_on_a_3090_is_torch_bf16_whole() -> None:
+    p = plan(hw("rtx3090_24gb"), LLAMA2_7B)
+    assert (p.backend, p.quant, p.ctx, p.kv_cache_type, p.split_mode) == ("torch", "bf16", 4096, "f16", "none")
+    gpu = p.devices[0]
+    assert 12_700 < gpu.weights_mib < 13_000  # 6.74 B x 2 B = 12.6 GiB (~12 860 MiB)
+    assert gpu.kv_mib == 2048  # 2 x 32 x 32 x 128 x 2 B x 4096
+
+
+@pytest.mark.parametrize("shape,ctx", [(LLAMA2_13B, 4096), (QWEN25_14B, 8192)], ids=lambda v: getattr(v, "name", v))
+def test_4090_runs_a_13b_at_q4_k_m_or_better_with_full_context(shape, ctx: int) -> None:
+    p = plan(hw("rtx4090_24gb"), shape)
+    assert p.quant in Q4_K_M_OR_BETTER
+    assert p.n_gpu_layers == p.n_layers
+    assert p.ctx == ctx
+    assert p.quant == "FP8"  # bf16 is > 24 GiB; FP8 is the next best and the 4090 is cc 8.9
+
+
+def test_fp8_only_from_compute_capability_8_9() -> None:
+    assert plan(hw("rtx3090_24gb"), LLAMA2_13B).quant == "W8A16"  # cc 8.6: no FP8
+
+
+def test_70b_on_two_nvlinked_3090s_uses_both_cards_tensor_split() -> None:
+    p = plan(hw("2x3090_nvlink"), LLAMA2_70B)
+    assert all(d.weights_mib > 15_000 for d in p.devices if d.kind == "gpu")
+    assert p.split_mode == "tensor"
+    assert p.n_gpu_layers == 80
+    assert len(p.tensor_split) == 2 and abs(sum(p.tensor_split) - 1) < 0.01
+
+
+def test_70b_on_two_4090s_without_p2p_splits_by_layer() -> None:
+    p = plan(hw("2x4090_no_p2p"), LLAMA2_70B)
+    assert p.backend == "llama.cpp" and p.split_mode == "layer"  # the torch engine needs P2P for TP
+    assert p.quant == "Q4_K_M" and p.n_gpu_layers == 80
+    assert all(d.weights_mib > 15_000 for d in p.devices if d.kind == "gpu")
+
+
+def test_70b_on_one_3090_offloads_part_to_ram() -> None:
+    p = plan(hw("rtx3090_24gb"), LLAMA2_70B)
+    assert p.backend == "llama.cpp" and p.quant == "Q4_K_M"
+    assert 30 < p.n_gpu_layers < 60  # ~39 GiB of weights, ~22 GiB of budget
+    assert p.devices[-1].weights_mib > 15_000
+
+
+@pytest.mark.parametrize("shape", [LLAMA2_70B, LLAMA3_8B, QWEN25_14B, MIXTRAL_8X7B], ids=lambda s: s.name)
+def test_busy_3090_gets_a_smaller_plan_than_the_idle_one(shape) -> None:
+    idle, busy = plan(hw("rtx3090_24gb"), shape), plan(hw("rtx3090_busy"), shape)
+    assert busy.devices[0].budget_mib < idle.devices[0].budget_mib - 6000
+    assert gpu_total_mib(busy) <= busy.devices[0].budget_mib < gpu_total_mib(idle)
+    assert busy.n_gpu_layers < idle.n_gpu_layers or busy.ctx < idle.ctx or busy.quant != idle.quant
+
+
+def test_busy_3090_plan_names_the_memory_other_programs_hold() -> None:
+    p = plan(hw("rtx3090_busy"), LLAMA2_7B)
+    assert any("held by other programs" in r for r in p.reasons)
+
+
+def test_mixtral_counts_all_experts_and_offloads_on_one_card() -> None:
+    p = plan(hw("rtx3090_24gb"), MIXTRAL_8X7B)
+    assert p.backend == "llama.cpp" and p.quant == "Q4_K_M" and 20 <= p.n_gpu_layers < 32
+    weights_gib = sum(d.weights_mib for d in p.devices) / 1024
+    assert 25 < weights_gib < 28  # 46.7 B x 4.89 bits = 26.6 GiB: every expert counted
+    assert any("experts" in r for r in p.reasons)
+
+
+def test_no_gpu_laptop_runs_7b_on_cpu_at_the_best_quant_that_fits_ram() -> None:
+    p = plan(hw("no_gpu_laptop"), LLAMA2_7B)
+    # F16 13.5 GB > 10.7 GiB of RAM budget (12000 MiB available - 1 GiB margin); Q8_0 7.2 GB fits.
+    assert (p.backend, p.quant, p.n_gpu_layers, p.split_mode) == ("llama.cpp", "Q8_0", 0, "none")
+
+
+def test_nothing_fits_is_a_plan_error_with_numbers() -> None:
+    with pytest.raises(PlanError, match=r"needs \d+\.\d GiB in host RAM"):
+        plan(hw("no_gpu_laptop"), LLAMA2_70B)
+
+
+def test_small_card_lowers_quant_before_offloading() -> None:
+    p = plan(hw("rtx3060_12gb"), QWEN25_14B, Prefs(backend="llama.cpp"))
+    assert p.n_gpu_layers == p.n_layers and p.quant in ("Q5_K_M", "Q4_K_M")
+    assert 4096 <= p.ctx < 8192  # the context came down before the quant
+
+
+def test_kv_quantized_before_the_next_quant_when_context_is_fixed() -> None:
+    # Llama-2-13B on a 12 GB 3060 (budget 11288 MiB), 4096 tokens fixed, llama.cpp:
+    #   Q6_K weights ~10 040 MiB on the GPU + even a q4_0 KV (900 MiB) + 450 overhead > budget;
+    #   Q5_K_M 8733 MiB + f16 KV 3200 MiB > budget, but + q8_0 KV 1700 MiB + 450 + compute 83 = 10 966 fits.
+    p = plan(hw("rtx3060_12gb"), LLAMA2_13B, Prefs(backend="llama.cpp", ctx=4096))
+    assert (p.quant, p.kv_cache_type, p.ctx, p.n_gpu_layers) == ("Q5_K_M", "q8_0", 4096, 40)
+    assert p.devices[0].kv_mib == 1700  # 2 x 40 x 5120 x 34/32 B x 4096
+
+
+def test_quant_below_q4_k_m_only_when_asked_and_with_a_warning() -> None:
+    for fixture in ("rtx4060_laptop_8gb", "rtx3060_12gb"):
+        for shape in ALL:
+            try:
+                assert plan(hw(fixture), shape).quant not in ("Q3_K_M", "Q2_K")
+            except PlanError:
+                pass
+    p = plan(hw("rtx4060_laptop_8gb"), LLAMA2_13B, Prefs(backend="llama.cpp", quant="Q3_K_M"))
+    assert p.quant == "Q3_K_M"
+    assert any(r.startswith("warning: Q3_K_M is below Q4_K_M") for r in p.reasons)
+
+
+def test_user_flags_are_taken_as_given() -> None:
+    p = plan(hw("rtx3090_24gb"), MISTRAL_7B, Prefs(backend="llama.cpp", ctx=16384, kv_cache_type="q8_0"))
+    assert (p.backend, p.ctx, p.kv_cache_type) == ("llama.cpp", 16384, "q8_0")
+    p = plan(hw("rtx3090_24gb"), LLAMA2_70B, Prefs(n_gpu_layers=70))
+    assert p.n_gpu_layers == 70
+    assert any("over its budget" in r for r in p.reasons)  # the user's choice, flagged, not silently changed
+
+
+def test_json_keys_are_the_issues() -> None:
+    d = plan(hw("2x3090_nvlink"), LLAMA2_70B).as_dict()
+    for key in ("backend", "quant", "n_gpu_layers", "n_layers", "split_mode", "tensor_split", "ctx",
+                "kv_cache_type", "devices", "expected_tokens_per_s", "reasons"):
+        assert key in d
+    assert d["split_mode"] in ("none", "layer", "row", "tensor")
+    assert [dev["kind"] for dev in d["devices"]] == ["gpu", "gpu", "cpu"]
+    for dev in d["devices"]:
+        assert dev["total_mib"] == dev["weights_mib"] + dev["kv_mib"] + dev["compute_mib"] + dev["overhead_mib"]
+        assert {"budget_mib", "headroom_mib"} <= set(dev)
+
+
+def test_more_bandwidth_means_faster_decode() -> None:
+    assert plan(hw("rtx4090_24gb"), LLAMA2_7B).expected_tokens_per_s > plan(
+        hw("rtx3060_12gb"), LLAMA2_7B).expected_tokens_per_s > plan(hw("no_gpu_laptop"), LLAMA2_7B).expected_tokens_per_s
