@@ -1,6 +1,6 @@
-"""`hearth chat` (and plain `hearth`): the chat app.
+"""`hearth chat` (and plain `hearth`): the Textual chat app.
 
-Until the Textual TUI lands this opens the interactive terminal chat of `hearth run`.
+The window paints first; the model (the last used one, else the starter) loads in a worker meanwhile.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from app.commands.common import add_model_arguments
 
 NAME = "chat"
 HELP = "open the chat (the default when `hearth` runs with no command)"
+DESCRIPTION = ("Open the chat app. Keys: Enter sends, Ctrl+J inserts a newline, Esc stops a reply, F1 lists "
+               "every key. Conversations are saved as you go.")
 ORDER = 5
 
 
@@ -19,11 +21,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.commands import run as run_cmd
+    from app.commands.common import settings_from_args
+    from app.conversations import ConversationStore
+    from app.tui.app import HearthApp
 
-    for name in ("prompt", "system_prompt", "stop", "temperature", "top_p", "top_k", "min_p", "repeat_penalty",
-                 "seed", "max_tokens"):
-        setattr(args, name, None)
-    args.raw = False
-    args.verbose = getattr(args, "verbose", False)
-    return run_cmd.run(args)
+    settings = settings_from_args(args)
+    store = ConversationStore.open()  # a refused database is a ConfigError before the screen opens
+    try:
+        HearthApp(settings, conversations=store).run()
+    finally:
+        store.close()
+    return 0

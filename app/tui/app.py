@@ -1,0 +1,431 @@
+"""HearthApp: the chat.  The first screen paints at once; the model loads in a thread worker meanwhile.
+
+Ownership: the App holds the loaded backend and the ConversationStore.  Backends are touched only inside thread
+workers (app.tui.engine), whose results come back as messages (app.tui.events); widgets only post messages.
+A "turn" is one reply being generated: it remembers its conversation, so switching conversation mid-reply
+still saves the reply where it belongs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import ProgressBar
+
+from app.conversations import ChatSettings, Conversation, ConversationStore
+from app.settings import Settings
+from app.tui import engine, events
+from app.tui.widgets.chat_log import ChatLog, MessageBox
+from app.tui.widgets.prompt import PromptBox
+from app.tui.widgets.sidebar import Sidebar
+from app.tui.widgets.status import StatusBar
+
+Loader = Callable[..., Any]  # (settings, progress=...) -> app.loading.Loaded
+
+
+@dataclass
+class Turn:
+    id: int
+    conversation_id: int
+    prompt: str  # the user's text, put back in the prompt box when the turn fails
+    box: MessageBox | None  # where the reply streams (None when its conversation is not shown)
+    worker: Any = None
+    text: str = ""
+
+
+class HearthApp(App[None]):
+    CSS_PATH = "hearth.tcss"
+    TITLE = "hearth"
+    BINDINGS = [
+        Binding("f1", "help", "help (also ? outside the prompt)", priority=True),
+        Binding("escape", "stop", "stop the reply (keeps what was generated)"),
+        Binding("ctrl+r", "regenerate", "regenerate the last reply", priority=True),
+        Binding("ctrl+g", "edit_last", "edit the last message you sent", priority=True),
+        Binding("f9", "copy_reply", "copy the last reply (OSC 52)", priority=True),
+        Binding("f10", "copy_code", "copy the last code block (OSC 52)", priority=True),
+        Binding("ctrl+n", "new", "new conversation", priority=True),
+        Binding("ctrl+b", "toggle_sidebar", "show / hide the conversations", priority=True),
+        Binding("ctrl+f", "search", "search conversations", priority=True),
+        Binding("f2", "rename", "rename the conversation", priority=True),
+        Binding("f3", "settings", "system prompt and sampling for this conversation", priority=True),
+        Binding("f4", "models", "pick a model", priority=True),
+        Binding("f5", "hardware", "hardware and plan", priority=True),
+        Binding("f6", "export", "export the conversation (Markdown + JSON)", priority=True),
+        Binding("f8", "delete", "delete the conversation", priority=True),
+        Binding("question_mark", "help", show=False),
+    ]
+
+    def __init__(self, settings: Settings | None = None, *, loader: Loader | None = None,
+                 conversations: ConversationStore | None = None) -> None:
+        super().__init__()
+        from app.store import ModelStore
+
+        self.settings = settings or Settings()
+        self.model_store = ModelStore()
+        if self.settings.model is None:  # preselect the last used model, else the starter
+            self.settings = self.settings.merged(model=self.model_store.default_model_name())
+        self.loader = loader or _default_loader
+        self.store = conversations or ConversationStore.open()
+        self.loaded: Any | None = None  # app.loading.Loaded once ready
+        self.loading = False
+        self.pending: int | None = None  # conversation id waiting for the model to answer
+        self.turn: Turn | None = None
+        self.edit_from: int | None = None  # position an edited message replaces
+        self.conv: Conversation = self._initial_conversation()
+        self._turn_ids = itertools.count(1)
+
+    # -- layout -------------------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        with Horizontal():
+            yield Sidebar(id="sidebar")
+            with Vertical(id="main"):
+                yield ChatLog(id="chat")
+                yield ProgressBar(total=1.0, show_eta=False, id="progress")
+                yield PromptBox(id="prompt")
+        yield StatusBar(id="status")
+
+    async def on_mount(self) -> None:
+        self.query_one(PromptBox).focus()
+        if self.size.width < 100:
+            self.query_one(Sidebar).display = False
+        await self.show_conversation(self.conv.id)
+        self.start_loading(self.settings)
+
+    def _initial_conversation(self) -> Conversation:
+        last = self.model_store.state().get("last_conversation")
+        conv = self.store.get(last) if isinstance(last, int) else None
+        return conv or self.store.create(self._new_chat_settings(), self.settings.model)
+
+    def _new_chat_settings(self) -> ChatSettings:
+        s = self.settings
+        return ChatSettings(s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.seed)
+
+    @property
+    def status(self) -> StatusBar:
+        return self.query_one(StatusBar)
+
+    @property
+    def prompt_box(self) -> PromptBox:
+        return self.query_one(PromptBox)
+
+    # -- model loading ------------------------------------------------------------------------------------
+    def start_loading(self, settings: Settings) -> None:
+        self.loading = True
+        self.query_one(ProgressBar).display = True
+        self.query_one(ProgressBar).update(progress=0)
+        self.status.set(model=settings.model or "model", state="loading", stats=None)
+        self._load(settings, self.loaded)
+        self.loaded = None
+
+    @work(thread=True, exclusive=True, group="load")
+    def _load(self, settings: Settings, old: Any | None) -> None:
+        if old is not None:
+            engine.close_model(old)
+        engine.load_model(self.loader, settings, self.post_message)
+
+    def on_load_progress(self, msg: events.LoadProgress) -> None:
+        self.query_one(ProgressBar).update(progress=msg.fraction)
+        self.status.set(state=f"loading {msg.fraction:.0%}: {msg.what}")
+
+    def on_model_ready(self, msg: events.ModelReady) -> None:
+        self.loaded, self.loading = msg.loaded, False
+        self.query_one(ProgressBar).display = False
+        self.status.set(model=msg.loaded.entry.name, state="ready", n_ctx=msg.describe.get("n_ctx"),
+                        memory=msg.memory)
+        if self.pending is not None:
+            conv_id, self.pending = self.pending, None
+            self.generate(conv_id)
+
+    def on_model_failed(self, msg: events.ModelFailed) -> None:
+        self.loading = False
+        self.query_one(ProgressBar).display = False
+        self.status.set(state="not loaded (F4 picks a model)")
+        self.notify(f"could not load {msg.model}: {msg.error}", severity="error", timeout=15)
+        if self.pending is not None:
+            self._restore_failed_prompt(self.pending)
+            self.pending = None
+
+    # -- conversations ------------------------------------------------------------------------------------
+    async def show_conversation(self, conversation_id: int) -> None:
+        conv = self.store.get(conversation_id)
+        if conv is None:
+            return
+        self.conv = conv
+        self.edit_from = None
+        self.model_store.update_state(last_conversation=conv.id)
+        await self.query_one(ChatLog).show([(m.role, m.content, m.position) for m in conv.messages])
+        if self.turn is not None and self.turn.conversation_id == conv.id:
+            self.turn.box = await self.query_one(ChatLog).add("assistant", self.turn.text, None)
+        await self.refresh_sidebar()
+        self.sub_title = conv.title or "new conversation"
+
+    async def refresh_sidebar(self, query: str = "") -> None:
+        items = [(c.id, c.title) for c in self.store.list(query)]
+        await self.query_one(Sidebar).show(items, self.conv.id)
+
+    async def on_sidebar_open(self, msg: Sidebar.Open) -> None:
+        await self.show_conversation(msg.conversation_id)
+        self.prompt_box.focus()
+
+    async def on_sidebar_search(self, msg: Sidebar.Search) -> None:
+        await self.refresh_sidebar(msg.query)
+
+    # -- sending ------------------------------------------------------------------------------------------
+    async def on_prompt_box_submitted(self, msg: PromptBox.Submitted) -> None:
+        if self.turn is not None:
+            self.notify("a reply is still being written: Esc stops it", severity="warning")
+            return
+        if self.edit_from is not None:
+            self.store.truncate(self.conv.id, self.edit_from)
+            self.edit_from = None
+        self.store.add_message(self.conv.id, "user", msg.text)
+        self.prompt_box.clear()
+        await self.show_conversation(self.conv.id)
+        if self.loaded is None:
+            self.pending = self.conv.id
+            if not self.loading:
+                self.start_loading(self.settings)
+            self.status.set(state="loading; your message will be sent when the model is ready")
+            return
+        self.generate(self.conv.id)
+
+    def generate(self, conversation_id: int) -> None:
+        """Start the reply to the conversation's last user message."""
+        conv = self.store.get(conversation_id)
+        assert conv is not None and self.loaded is not None and self.turn is None
+        last_user = next((m.content for m in reversed(conv.messages) if m.role == "user"), "")
+        try:
+            request = engine.build_request(self.loaded, conv, self.settings)
+        except Exception as exc:  # template or sampling settings refused: say so, restore the prompt
+            self.turn = Turn(0, conversation_id, last_user, None)
+            self.on_reply_failed(events.ReplyFailed(0, engine._one_line(exc)))
+            return
+        self.store.set_model(conversation_id, self.loaded.entry.name)
+        self.turn = Turn(next(self._turn_ids), conversation_id, last_user, None)
+        self.call_after_refresh(self._start_turn, self.turn, request)
+
+    async def _start_turn(self, turn: Turn, request: Any) -> None:
+        if turn.conversation_id == self.conv.id:
+            turn.box = await self.query_one(ChatLog).add("assistant", "", None)
+        self.status.set(state="writing (Esc stops)")
+        turn.worker = self._drain(self.loaded.backend, request, turn.id)
+        self._request_id = request.request_id
+
+    @work(thread=True, group="generate")
+    def _drain(self, backend: Any, request: Any, turn_id: int) -> None:
+        from textual.worker import get_current_worker
+
+        worker = get_current_worker()
+        engine.drain(backend, request, turn_id, self.post_message, lambda: worker.is_cancelled)
+
+    async def on_reply_chunk(self, msg: events.ReplyChunk) -> None:
+        turn = self.turn
+        if turn is None or turn.id != msg.turn_id:
+            return
+        turn.text += msg.text
+        if turn.box is not None and turn.box.is_attached:
+            await turn.box.add_text(msg.text)
+            self.query_one(ChatLog).scroll_end(animate=False)
+
+    async def on_reply_done(self, msg: events.ReplyDone) -> None:
+        turn = self.turn
+        if turn is None or turn.id != msg.turn_id:
+            return
+        self.turn = None
+        if msg.finish_reason == "error" and not turn.text:
+            self.on_reply_failed(events.ReplyFailed(turn.id, msg.error or "the backend failed"), turn)
+            return
+        stats = msg.stats.as_dict() if msg.stats is not None else None
+        self.store.add_message(turn.conversation_id, "assistant", turn.text, stats)
+        note = {"abort": "stopped", "length": "cut at max tokens", "error": f"error: {msg.error}"}.get(
+            msg.finish_reason, "")
+        if turn.box is not None and turn.box.is_attached:
+            await turn.box.finish(note)
+        if msg.finish_reason == "error":
+            self.notify(f"the backend failed mid-reply: {msg.error}", severity="error", timeout=10)
+        self.status.set(state="ready", stats=msg.stats, memory=msg.memory)
+        if turn.conversation_id == self.conv.id:
+            await self.show_conversation(self.conv.id)
+
+    def on_reply_failed(self, msg: events.ReplyFailed, turn: Turn | None = None) -> None:
+        turn = turn or self.turn
+        if turn is None or turn.id != msg.turn_id:
+            return
+        self.turn = None
+        self.notify(msg.error, title="the model could not answer", severity="error", timeout=15)
+        self.status.set(state="ready" if self.loaded else "not loaded")
+        self._restore_failed_prompt(turn.conversation_id)
+
+    def _restore_failed_prompt(self, conversation_id: int) -> None:
+        """Take the unanswered user message out of the conversation and put it back in the prompt box."""
+        conv = self.store.get(conversation_id)
+        if conv is None or not conv.messages or conv.messages[-1].role != "user":
+            return
+        last = conv.messages[-1]
+        self.store.truncate(conversation_id, last.position)
+        if conversation_id == self.conv.id:
+            self.prompt_box.load_text(last.content)
+            self.prompt_box.focus()
+            self.call_later(self.show_conversation, conversation_id)
+
+    # -- actions ------------------------------------------------------------------------------------------
+    def action_stop(self) -> None:
+        if self.turn is not None and self.turn.worker is not None:
+            self.turn.worker.cancel()  # the worker aborts the request at its next event
+            if self.loaded is not None:
+                self.loaded.backend.abort(self._request_id)  # and now, if it is still in prefill
+        elif self.pending is not None:
+            self._restore_failed_prompt(self.pending)
+            self.pending = None
+
+    async def action_regenerate(self) -> None:
+        if self.turn is not None or self.loaded is None:
+            self.notify("wait for the model (Esc stops a reply)", severity="warning")
+            return
+        msgs = self.store.get(self.conv.id).messages  # type: ignore[union-attr]
+        if not msgs:
+            return
+        if msgs[-1].role == "assistant":
+            self.store.truncate(self.conv.id, msgs[-1].position)
+        await self.show_conversation(self.conv.id)
+        self.generate(self.conv.id)
+
+    def action_edit_last(self) -> None:
+        user = [m for m in self.store.get(self.conv.id).messages if m.role == "user"]  # type: ignore[union-attr]
+        if user:
+            self.on_message_box_edit(MessageBox.Edit(user[-1].position))
+
+    def on_prompt_box_edit_last(self, msg: PromptBox.EditLast) -> None:
+        self.action_edit_last()
+
+    def on_message_box_edit(self, msg: MessageBox.Edit) -> None:
+        if self.turn is not None:
+            self.notify("stop the reply first (Esc)", severity="warning")
+            return
+        conv = self.store.get(self.conv.id)
+        m = next((m for m in conv.messages if m.position == msg.position), None)  # type: ignore[union-attr]
+        if m is None:
+            return
+        self.edit_from = m.position
+        self.prompt_box.load_text(m.content)
+        self.prompt_box.focus()
+        self.notify("editing: Enter resends from this message (later messages are replaced)")
+
+    def on_message_box_copy(self, msg: MessageBox.Copy) -> None:
+        self._copy(msg.text, "message")
+
+    def _last_reply(self) -> str:
+        msgs = self.store.get(self.conv.id).messages  # type: ignore[union-attr]
+        return next((m.content for m in reversed(msgs) if m.role == "assistant"), "")
+
+    def _copy(self, text: str, what: str) -> None:
+        if not text:
+            self.notify(f"no {what} to copy", severity="warning")
+            return
+        self.copy_to_clipboard(text)
+        self.notify(f"copied the {what} ({len(text)} characters)")
+
+    def action_copy_reply(self) -> None:
+        self._copy(self._last_reply(), "last reply")
+
+    def action_copy_code(self) -> None:
+        blocks = re.findall(r"```[^\n]*\n(.*?)```", self._last_reply(), flags=re.S)
+        self._copy(blocks[-1] if blocks else "", "code block")
+
+    async def action_new(self) -> None:
+        conv = self.store.create(self._new_chat_settings(), self.settings.model)
+        await self.show_conversation(conv.id)
+        self.prompt_box.focus()
+
+    def action_toggle_sidebar(self) -> None:
+        bar = self.query_one(Sidebar)
+        bar.display = not bar.display
+
+    def action_search(self) -> None:
+        self.query_one(Sidebar).display = True
+        self.query_one("#search").focus()
+
+    def action_help(self) -> None:
+        from app.tui.screens.help import HelpScreen
+
+        self.push_screen(HelpScreen([b for b in self.BINDINGS if isinstance(b, Binding) and b.show]))
+
+    def action_rename(self) -> None:
+        from app.tui.screens.ask import AskText
+
+        async def done(title: str | None) -> None:
+            if title and title.strip():
+                self.store.rename(self.conv.id, title)
+                await self.show_conversation(self.conv.id)
+
+        self.push_screen(AskText("Rename the conversation", self.conv.title), done)
+
+    def action_delete(self) -> None:
+        from app.tui.screens.ask import Confirm
+
+        async def done(yes: bool | None) -> None:
+            if not yes:
+                return
+            if self.turn is not None and self.turn.conversation_id == self.conv.id:
+                self.action_stop()
+            self.store.delete(self.conv.id)
+            rest = self.store.list()
+            conv = rest[0] if rest else self.store.create(self._new_chat_settings(), self.settings.model)
+            await self.show_conversation(conv.id)
+
+        self.push_screen(Confirm(f"Delete {self.conv.title or 'this conversation'!r}?"), done)
+
+    def action_settings(self) -> None:
+        from app.tui.screens.settings import SettingsScreen
+
+        async def done(s: ChatSettings | None) -> None:
+            if s is not None:
+                self.store.update_settings(self.conv.id, s)
+                await self.show_conversation(self.conv.id)
+                self.notify("settings saved for this conversation")
+
+        self.push_screen(SettingsScreen(self.conv.settings), done)
+
+    def action_models(self) -> None:
+        from app.tui.screens.models import ModelPicker
+
+        def done(name: str | None) -> None:
+            if not name or (self.loaded is not None and name == self.loaded.entry.name):
+                return
+            if self.turn is not None:
+                self.action_stop()
+            self.settings = self.settings.merged(model=name)
+            self.start_loading(self.settings)  # closes the old backend first, in the worker
+
+        self.push_screen(ModelPicker(self.settings, self.settings.model), done)
+
+    def action_hardware(self) -> None:
+        from app.tui.screens.hardware import HardwareScreen
+
+        self.push_screen(HardwareScreen(self.loaded.decision if self.loaded is not None else None))
+
+    def action_export(self) -> None:
+        out = self.store.path.parent / "exports"
+        out.mkdir(parents=True, exist_ok=True)
+        stem = out / f"conversation-{self.conv.id}"
+        stem.with_suffix(".md").write_text(self.store.export_markdown(self.conv.id), encoding="utf-8")
+        stem.with_suffix(".json").write_text(self.store.export_json(self.conv.id), encoding="utf-8")
+        self.notify(f"exported to {stem}.md and .json", timeout=10)
+
+    async def on_unmount(self) -> None:
+        if self.turn is not None and self.loaded is not None:
+            self.loaded.backend.abort(self._request_id)
+
+
+def _default_loader(settings: Settings, progress: Any = None) -> Any:
+    from app.loading import open_backend
+
+    return open_backend(settings, progress=progress)

@@ -1,0 +1,97 @@
+"""What the App's thread workers run: load a model, drain one reply's stream.  The results go back only as
+messages (app.tui.events), posted to the App; nothing here touches a widget.
+
+Replies are batched: text is posted at most every BATCH_S seconds, so a fast model (hundreds of tokens per
+second) costs the UI a few Markdown updates per second instead of one per token.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from typing import Any
+
+from app.conversations import Conversation
+from app.settings import Settings
+from app.tui import events
+from backends.api import EventKind, Request, SamplingParams
+
+BATCH_S = 0.05  # seconds between two text chunks posted to the UI
+
+Post = Callable[[Any], Any]  # App.post_message (thread-safe)
+
+
+def build_request(loaded: Any, conv: Conversation, settings: Settings) -> Request:
+    """The conversation through the model's own chat template (the same path as app.chat_session)."""
+    from backends.templates import render_for_spec
+
+    rendered = render_for_spec(loaded.spec, conv.chat_messages())
+    s = conv.settings
+    sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=settings.top_k, min_p=settings.min_p,
+                              repeat_penalty=settings.repeat_penalty, seed=s.seed, max_tokens=s.max_tokens,
+                              stop=rendered.stop)
+    return Request(prompt=rendered.text, add_special=rendered.add_special, sampling=sampling)
+
+
+def load_model(loader: Callable[..., Any], settings: Settings, post: Post) -> None:
+    def progress(fraction: float, what: str) -> None:
+        post(events.LoadProgress(fraction, what))
+
+    try:
+        loaded = loader(settings, progress=progress)
+        post(events.ModelReady(loaded, loaded.backend.describe(), _memory(loaded.backend)))
+    except Exception as exc:  # any failure keeps the app running; HearthErrors carry their hint
+        post(events.ModelFailed(settings.model, _one_line(exc)))
+
+
+def close_model(loaded: Any) -> None:
+    """Free the old model before the next one loads (close() releases the weights; gc drops the wrappers)."""
+    loaded.backend.close()
+    del loaded
+    gc.collect()
+
+
+def drain(backend: Any, request: Request, turn_id: int, post: Post, cancelled: Callable[[], bool]) -> None:
+    parts: list[str] = []
+    last = time.monotonic()
+    aborted = False
+    try:
+        for event in backend.stream(request):
+            if cancelled() and not aborted:
+                backend.abort(request.request_id)  # the stream then ends with FinishReason.ABORT
+                aborted = True
+            if event.kind is EventKind.TOKEN and event.text:
+                parts.append(event.text)
+                if time.monotonic() - last >= BATCH_S:
+                    post(events.ReplyChunk(turn_id, "".join(parts)))
+                    parts.clear()
+                    last = time.monotonic()
+            elif event.kind is EventKind.FINISHED:
+                if parts:
+                    post(events.ReplyChunk(turn_id, "".join(parts)))
+                reason = event.finish_reason.value if event.finish_reason else "stop"
+                post(events.ReplyDone(turn_id, reason, event.stats, event.error, _memory(backend)))
+                return
+    except Exception as exc:
+        backend.abort(request.request_id)
+        if parts:
+            post(events.ReplyChunk(turn_id, "".join(parts)))
+        post(events.ReplyFailed(turn_id, _one_line(exc)))
+        return
+    post(events.ReplyFailed(turn_id, "the backend ended the stream without finishing it"))
+
+
+def _memory(backend: Any) -> dict[str, int]:
+    try:
+        return dict(backend.memory_in_use())
+    except Exception:  # memory figures are informational
+        return {}
+
+
+def _one_line(exc: BaseException) -> str:
+    from hwprobe.errors import HearthError
+
+    if isinstance(exc, HearthError):
+        return exc.one_line()
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]

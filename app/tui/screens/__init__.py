@@ -1,0 +1,1 @@
+"""Screens of the chat app: help, model picker, hardware, settings, small prompts."""

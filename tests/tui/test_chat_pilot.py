@@ -1,0 +1,135 @@
+"""Pilot tests of the chat with a scripted FakeBackend."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.errors import ContextOverflowError, OutOfMemoryError
+from tests.tui.conftest import chat_text, wait_for
+
+pytestmark = pytest.mark.tui
+
+
+async def send(pilot, text: str) -> None:
+    app = pilot.app
+    app.prompt_box.load_text(text)
+    await pilot.press("enter")
+
+
+async def test_send_streams_markdown_reply_and_saves(make_app, backend) -> None:
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        assert app.focused is app.prompt_box
+        await wait_for(pilot, lambda: app.loaded is not None)
+        await send(pilot, "Hi there")
+        await wait_for(pilot, lambda: app.turn is None and len(chat_text(app)) == 2)
+        assert chat_text(app) == [("user", "Hi there"), ("assistant", "Hello **there**, this is a reply.")]
+        assert app.prompt_box.text == ""
+        conv = app.store.get(app.conv.id)
+        assert [m.role for m in conv.messages] == ["user", "assistant"]
+        assert conv.title == "Hi there"
+        assert "<|im_start|>user\nHi there<|im_end|>" in backend.requests[-1].prompt  # the model's template
+        assert "tok/s" in str(app.status.render())
+
+
+async def test_prompt_sent_before_model_ready_waits(make_app, backend) -> None:
+    backend.load_delay_s = 0.5
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await send(pilot, "early bird")
+        assert app.loaded is None and app.pending is not None
+        await wait_for(pilot, lambda: len(chat_text(app)) == 2 and app.turn is None)
+        assert chat_text(app)[1][1].startswith("Hello")
+
+
+async def test_escape_stops_and_keeps_partial_reply(make_app, backend) -> None:
+    backend.replies = ["one two three four five six seven eight"]
+    backend.token_delay_s = 0.15
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        await send(pilot, "count")
+        await wait_for(pilot, lambda: app.turn is not None and app.turn.text)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.turn is None)
+        reply = app.store.get(app.conv.id).messages[-1]
+        assert reply.role == "assistant" and reply.content and len(reply.content) < len(backend.replies[0])
+
+
+async def test_regenerate_replaces_last_reply(make_app, backend) -> None:
+    backend.replies = ["first answer", "second answer"]
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        await send(pilot, "q")
+        await wait_for(pilot, lambda: app.turn is None and len(chat_text(app)) == 2)
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app.turn is None and chat_text(app)[-1][1] == "second answer")
+        assert [m.content for m in app.store.get(app.conv.id).messages] == ["q", "second answer"]
+
+
+async def test_edit_and_resend_from_earlier_message(make_app, backend) -> None:
+    backend.replies = ["a1", "a2", "a3"]
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        for q in ("q1", "q2"):
+            await send(pilot, q)
+            await wait_for(pilot, lambda: app.turn is None and chat_text(app)[-1][0] == "assistant")
+        first = app.query("MessageBox.user").first()
+        first.focus()
+        await pilot.press("e")
+        assert app.prompt_box.text == "q1" and app.edit_from == 0
+        app.prompt_box.load_text("q1 edited")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.turn is None and chat_text(app)[-1] == ("assistant", "a3"))
+        assert [m.content for m in app.store.get(app.conv.id).messages] == ["q1 edited", "a3"]
+
+
+async def test_switch_conversation(make_app, backend) -> None:
+    backend.replies = ["r1", "r2"]
+    app = make_app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        await send(pilot, "first chat")
+        await wait_for(pilot, lambda: app.turn is None and len(chat_text(app)) == 2)
+        first_id = app.conv.id
+        await pilot.press("ctrl+n")
+        assert chat_text(app) == []
+        await send(pilot, "second chat")
+        await wait_for(pilot, lambda: app.turn is None and len(chat_text(app)) == 2)
+        from app.tui.widgets.sidebar import Sidebar
+
+        app.post_message(Sidebar.Open(first_id))
+        await wait_for(pilot, lambda: app.conv.id == first_id)
+        await pilot.pause()
+        assert chat_text(app) == [("user", "first chat"), ("assistant", "r1")]
+        assert {c.title for c in app.store.list()} == {"first chat", "second chat"}
+        assert [c.title for c in app.store.list("second")] == ["second chat"]
+
+
+@pytest.mark.parametrize("error", [ContextOverflowError("prompt is 5000 tokens, context 4096", "start a new chat"),
+                                   OutOfMemoryError("needs 9.8 GiB, 8.0 GiB free", "try --ctx 2048")])
+async def test_backend_errors_notify_and_restore_prompt(make_app, backend, error) -> None:
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        backend.fail_next = error
+        await send(pilot, "a long question")
+        await wait_for(pilot, lambda: app.turn is None and app.prompt_box.text == "a long question")
+        assert any(error.message in n.message for n in app._notifications)
+        assert app.store.get(app.conv.id).messages == ()
+        backend.replies = ["fine now"]
+        await pilot.press("enter")  # the app keeps working
+        await wait_for(pilot, lambda: app.turn is None and chat_text(app)[-1] == ("assistant", "fine now"))
+
+
+async def test_load_failure_notifies_and_keeps_running(make_app, backend) -> None:
+    backend.fail_load = OutOfMemoryError("needs 9.8 GiB, 8.0 GiB free", "try a smaller quant")
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await send(pilot, "hello?")
+        await wait_for(pilot, lambda: not app.loading and app.prompt_box.text == "hello?")
+        assert any("9.8 GiB" in n.message for n in app._notifications)
+        await pilot.press("f1")
+        assert app.screen.__class__.__name__ == "HelpScreen"
