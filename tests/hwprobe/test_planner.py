@@ -183,3 +183,15 @@ def test_json_keys_are_the_issues() -> None:
 def test_more_bandwidth_means_faster_decode() -> None:
     assert plan(hw("rtx4090_24gb"), LLAMA2_7B).expected_tokens_per_s > plan(
         hw("rtx3060_12gb"), LLAMA2_7B).expected_tokens_per_s > plan(hw("no_gpu_laptop"), LLAMA2_7B).expected_tokens_per_s
+
+
+def test_a_gguf_is_never_recut_below_its_own_bits_by_the_torch_engine() -> None:
+    from dataclasses import replace
+
+    params = LLAMA2_7B.estimated_param_count
+    gguf = replace(LLAMA2_7B, quant="Q4_K_M", weight_bytes=int(params * 4.89 / 8), param_count=params)
+    # From safetensors the 8 GB 4060 laptop runs W4A16 on the torch engine; from a Q4_K_M file (4.89 bpw) the
+    # torch engine would need W8A16 (~7 GiB + 2 GiB KV > 7.1 GiB budget), so llama.cpp runs the file whole.
+    assert plan(hw("rtx4060_laptop_8gb"), LLAMA2_7B).quant == "W4A16"
+    p = plan(hw("rtx4060_laptop_8gb"), gguf)
+    assert (p.backend, p.quant, p.n_gpu_layers) == ("llama.cpp", "Q4_K_M", 32)
