@@ -171,3 +171,39 @@ def test_close_ends_open_streams_and_is_idempotent() -> None:
     b.close()
     events = list(it)
     assert events[-1].finish_reason is FinishReason.ABORT
+
+
+def test_logits_run_on_the_engine_thread_and_check_the_context() -> None:
+    import numpy as np
+    import torch
+
+    from backends.torch_engine.backend import EngineParts
+    from torch_engine_fakes import FakeRunner, FakeTokenizer
+
+    seen_threads = []
+
+    def prompt_logits(ids):
+        seen_threads.append(threading.current_thread().name)
+        return torch.arange(len(ids) * 3, dtype=torch.float32).reshape(len(ids), 3)
+
+    def build(spec, options, progress):
+        return EngineParts(FakeRunner(16), FakeTokenizer(), 16, prompt_logits=prompt_logits)
+
+    with TorchBackend(fake_spec(), LoadOptions(n_ctx=64), build=build) as b:
+        out = b.logits([1, 2, 3, 4])
+        assert out.dtype == np.float32 and out.shape == (4, 3) and out[3, 2] == 11
+        assert seen_threads == ["hearth-torch-engine"]
+        with pytest.raises(ContextOverflowError):
+            b.logits(list(range(65)))
+
+
+def test_describe_and_memory(backend: TorchBackend) -> None:
+    d = backend.describe()
+    assert d["backend"] == "torch" and d["kv_blocks"] == 64 and d["device"] == "fake" and d["n_ctx"] == 256
+    assert backend.memory_in_use()["rss_bytes"] > 0
+    assert backend.tokenize("t5 t6") == [5, 6] and backend.detokenize([5]) == "t5 "
+
+
+def test_text_prompts_are_tokenized(backend: TorchBackend) -> None:
+    c = backend.generate(Request(prompt="t3 t4 t5", sampling=SamplingParams(max_tokens=3, **GREEDY)))
+    assert list(c.token_ids) == reference_continuation([3, 4, 5], 3) and c.stats.prompt_tokens == 3
