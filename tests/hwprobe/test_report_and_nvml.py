@@ -155,7 +155,7 @@ def test_probe_uses_nvml_and_carries_on_without_it(monkeypatch: pytest.MonkeyPat
     r = probe(tmp_path)
     assert len(r.gpus) == 2 and r.sources["driver_version"] == "nvml"
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(init_fails=True))
-    monkeypatch.setattr("hwprobe.probe.NVIDIA_DRIVER_FILE", tmp_path / "no-driver")
+    monkeypatch.setattr(sys.modules["hwprobe.probe"], "NVIDIA_DRIVER_FILE", tmp_path / "no-driver")
     r = probe(tmp_path)
     assert r.gpus == () and any("no NVIDIA driver" in n for n in r.notes)
     assert r.disk_free_mib and r.disk_free_mib > 0 and r.ram_total_mib > 0
