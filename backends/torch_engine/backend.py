@@ -66,6 +66,17 @@ class EngineParts:
     close: Callable[[], None] | None = None
 
 
+def kv_pool_blocks(spec: ModelSpec, options: LoadOptions, bytes_per_element: int) -> int:
+    """Blocks in the KV pool: LoadOptions.kv_cache_bytes when set, else enough for max_num_seqs sequences of
+    n_ctx tokens (what the plan budgets).  One block holds K and V of BLOCK_SIZE tokens in every layer."""
+    from backends.torch_engine.seams import BLOCK_SIZE
+
+    block_bytes = 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_element * BLOCK_SIZE
+    if options.kv_cache_bytes is not None:
+        return max(options.kv_cache_bytes // block_bytes, 1)
+    return options.max_num_seqs * -(-options.n_ctx // BLOCK_SIZE)
+
+
 def build_parts(spec: ModelSpec, options: LoadOptions, progress: ProgressCallback | None) -> EngineParts:
     """Load the real model (the model half: backends.torch_engine.model_runner)."""
     from backends.torch_engine.model_runner import build_engine_parts  # the model half's entry point

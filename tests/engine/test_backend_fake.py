@@ -207,3 +207,11 @@ def test_describe_and_memory(backend: TorchBackend) -> None:
 def test_text_prompts_are_tokenized(backend: TorchBackend) -> None:
     c = backend.generate(Request(prompt="t3 t4 t5", sampling=SamplingParams(max_tokens=3, **GREEDY)))
     assert list(c.token_ids) == reference_continuation([3, 4, 5], 3) and c.stats.prompt_tokens == 3
+
+
+def test_kv_pool_size_follows_the_options() -> None:
+    from backends.torch_engine.backend import kv_pool_blocks
+
+    spec = fake_spec()  # 1 layer, 1 KV head, head dim 8: a block is 2 x 8 x 2 bytes x 16 tokens = 512 bytes
+    assert kv_pool_blocks(spec, LoadOptions(n_ctx=100, max_num_seqs=4), 2) == 4 * 7
+    assert kv_pool_blocks(spec, LoadOptions(kv_cache_bytes=512 * 10 + 5), 2) == 10
