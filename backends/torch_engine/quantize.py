@@ -98,21 +98,26 @@ def quantize_model(model: nn.Module, config: QuantConfig,
     """Replace every nn.Linear (except config.skip) by a QuantLinear, in place; returns the model.
 
     calibration: {module name: (rows, in_features) inputs seen by that Linear} from `collect_calibration`;
-    when given, layers found in it get activation-aware scaling.  Layers whose in_features are not a multiple
-    of the int4 group size stay dense (their number is small, e.g. none in Llama-family models).
+    when given, layers found in it get activation-aware scaling.  int4 layers whose in_features are not a
+    multiple of the group size use the largest of 64 / 32 that divides them (SmolLM2's hidden size is 576),
+    and stay dense when neither does.
     """
     targets = [(name, mod) for name, mod in model.named_modules()
                if isinstance(mod, nn.Linear) and not _skipped(name, config)]
     for name, linear in targets:
+        layer_config = config
         if config.kind == "int4" and linear.in_features % config.group_size:
-            continue
+            fits = [g for g in (64, 32) if g < config.group_size and linear.in_features % g == 0]
+            if not fits:
+                continue
+            layer_config = QuantConfig(config.kind, fits[0], config.skip)
         weight = linear.weight.detach()
         bias = None if linear.bias is None else linear.bias.detach()
         acts = None if calibration is None else calibration.get(name)
         if acts is not None:
-            qweight, input_scale = awq_quantize(weight, acts.to(weight.device), config)
+            qweight, input_scale = awq_quantize(weight, acts.to(weight.device), layer_config)
         else:
-            qweight, input_scale = quantize_weight(weight, config), None
+            qweight, input_scale = quantize_weight(weight, layer_config), None
         _set_submodule(model, name, QuantLinear(qweight, bias, input_scale))
     return model
 
