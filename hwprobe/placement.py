@@ -15,6 +15,9 @@ from hwprobe.shape import ModelShape
 GPU_BANDWIDTH_EFFICIENCY = 0.75  # decode reaches about this share of peak bandwidth
 CPU_BANDWIDTH_EFFICIENCY = 0.6
 UNKNOWN_GPU_BANDWIDTH_GBPS = 300.0  # a GPU missing from the known-GPU table
+# Per layer and token a GPU also pays kernel launches and syncs (~10 kernels x ~2 us): small models are
+# launch-bound, not bandwidth-bound, and without this a 135 M model would "run" at thousands of tokens/s.
+GPU_SECONDS_PER_LAYER = 20e-6
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,11 @@ def expected_tokens_per_s(report: HardwareReport, shape: ModelShape, c: Candidat
         else:
             bw = (g.memory_bandwidth_gbps or UNKNOWN_GPU_BANDWIDTH_GBPS) * GPU_BANDWIDTH_EFFICIENCY
             weights = d.weights_mib * m.MIB - (c.layout.embedding_bytes if c.backend == "torch" else 0)
-        times.append((weights * read_ratio + d.kv_mib * m.MIB) / (bw * 1e9))
+        t = (weights * read_ratio + d.kv_mib * m.MIB) / (bw * 1e9)
+        if g is not None:
+            t += GPU_SECONDS_PER_LAYER * (c.n_gpu_layers / max(len(c.gpus), 1) if c.split_mode != "tensor"
+                                          else c.n_gpu_layers)
+        times.append(t)
     if not times:
         return 0.0
     t = max(times) if c.split_mode == "tensor" and len(times) > 1 else sum(times)

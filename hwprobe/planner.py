@@ -154,13 +154,14 @@ def _with_flags(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Cand
         return c
     n = shape.n_layers if prefs.n_gpu_layers < 0 else min(prefs.n_gpu_layers, shape.n_layers)
     gpus = c.gpus or next((g for g, _ in _gpu_sets(report)), ())
-    return Candidate(c.backend, c.quant, c.layout, c.ctx, c.kv_cache_type, c.flash_attn if n else c.flash_attn,
+    return Candidate(c.backend, c.quant, c.layout, c.ctx, c.kv_cache_type, c.flash_attn,
                      gpus if n else (), c.split_mode if n and gpus else "none", n if gpus else 0, c.n_batch)
 
 
 def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) -> Plan:
     """The best configuration for `shape` on the machine in `report` (see the module docstring)."""
     prefs = prefs or Prefs()
+    _check(prefs)
     lo, hi = _ctx_range(shape, prefs)
     quants = _llama_quants(shape, prefs)
     file_format = shape.extra.get("file_format") if shape.extra else None
@@ -193,6 +194,19 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
                 kv_cache_type=chosen.kv_cache_type, flash_attn=chosen.flash_attn, batch_size=chosen.n_batch,
                 devices=devices, expected_tokens_per_s=tps,
                 reasons=reasons(report, shape, prefs, chosen, devices, tps, quants), main_gpu=main, device=device)
+
+
+def _check(prefs: Prefs) -> None:
+    from hwprobe.errors import ConfigError
+
+    if prefs.backend not in ("auto", "llama.cpp", "torch"):
+        raise ConfigError(f"backend must be auto, llama.cpp or torch, got {prefs.backend!r}")
+    if prefs.quant is not None and prefs.quant not in m.QUANT_BPW:
+        raise ConfigError(f"unknown quant {prefs.quant!r}", f"use one of {', '.join(m.QUANT_LADDER)}")
+    if prefs.kv_cache_type not in (None, *KV_LADDER):
+        raise ConfigError(f"KV cache type must be f16, q8_0 or q4_0, got {prefs.kv_cache_type!r}")
+    if prefs.ctx is not None and prefs.ctx < 16:
+        raise ConfigError(f"context must be at least 16 tokens, got {prefs.ctx}")
 
 
 def _cpu_only(report, shape, prefs, lo, hi, quants) -> Candidate | None:  # noqa: ANN001 - internal

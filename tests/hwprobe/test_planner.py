@@ -195,3 +195,12 @@ def test_a_gguf_is_never_recut_below_its_own_bits_by_the_torch_engine() -> None:
     assert plan(hw("rtx4060_laptop_8gb"), LLAMA2_7B).quant == "W4A16"
     p = plan(hw("rtx4060_laptop_8gb"), gguf)
     assert (p.backend, p.quant, p.n_gpu_layers) == ("llama.cpp", "Q4_K_M", 32)
+
+
+@pytest.mark.parametrize("prefs,match", [(Prefs(backend="vllm"), "backend"), (Prefs(quant="Q9"), "unknown quant"),
+                                         (Prefs(kv_cache_type="q2"), "KV cache"), (Prefs(ctx=8), "at least 16")])
+def test_bad_preferences_are_config_errors(prefs: Prefs, match: str) -> None:
+    from hwprobe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        plan(hw("rtx3090_24gb"), LLAMA2_7B, prefs)
