@@ -72,6 +72,12 @@ class HearthApp(App[None]):
         self.model_store = ModelStore()
         if self.settings.model is None:  # preselect the last used model, else the starter
             self.settings = self.settings.merged(model=self.model_store.default_model_name())
+        if self.settings.threads is None:
+            # Leave one core to the UI: measured on 2 cores, llama.cpp on both cores while Textual renders
+            # decoded at 2 tok/s; on one core 60 tok/s (its worker threads spin-wait on each other).
+            from app.loading import physical_cores
+
+            self.settings = self.settings.merged(threads=max(1, physical_cores() - 1))
         self.loader = loader or _default_loader
         self.store = conversations or ConversationStore.open()
         self.loaded: Any | None = None  # app.loading.Loaded once ready

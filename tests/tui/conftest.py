@@ -54,3 +54,9 @@ def chat_text(app: Any) -> list[tuple[str, str]]:
     from app.tui.widgets.chat_log import MessageBox
 
     return [(b.role, b.text) for b in app.query(MessageBox)]
+
+
+def screen_text(app: Any) -> str:
+    """What the terminal shows, as plain text lines (a snapshot without colours)."""
+    strips = app.screen._compositor.render_strips()
+    return "\n".join(strip.text.rstrip() for strip in strips)

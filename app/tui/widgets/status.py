@@ -19,6 +19,8 @@ def format_status(model: str, state: str, stats: Any | None, n_ctx: int | None, 
         used = stats.prompt_tokens + stats.completion_tokens
         parts.append(f"ctx {used}/{n_ctx}" if n_ctx else f"ctx {used}")
         parts.append(f"cached {stats.cached_tokens}")
+    elif n_ctx:
+        parts.append(f"ctx limit {n_ctx}")
     if memory.get("gpu_bytes"):
         parts.append(f"GPU {_mib(memory['gpu_bytes'])}")
     if memory.get("rss_bytes"):
