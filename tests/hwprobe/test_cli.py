@@ -61,3 +61,15 @@ def test_bad_hardware_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     res = hearth("plan", "--hardware", str(f))
     assert res.returncode == 2
     assert "hearth: error: gpus[0] has no memory_total_mib" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_hwprobe_imports_nothing_of_hearth_above_it_nor_torch() -> None:
+    code = ("import sys, json; import hwprobe; from hwprobe.report import load_report; "
+            f"r = load_report({str(FIXTURES / 'rtx3090_24gb.json')!r}); from hwprobe.shape import ModelShape; "
+            "hwprobe.plan(r, ModelShape('m', 'llama', 32, 4096, 32, 8, 128, 14336, 128256, 8192)); hwprobe.probe(); "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'backends', 'app', 'textual', 'llama_cpp', 'triton'))))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    if not Path("/proc/driver/nvidia/version").exists():
+        assert json.loads(res.stdout) == []
