@@ -40,11 +40,11 @@ def plan_text(p: Plan, model_name: str) -> str:
     lines = [f"{model_name}: {p.backend}, {p.quant}, {layers}{split}, context {p.ctx}, KV {p.kv_cache_type}, "
              f"flash attention {'on' if p.flash_attn else 'off'}, batch {p.batch_size}, "
              f"~{p.expected_tokens_per_s:.0f} tokens/s",
-             f"{'device':<28}{'weights':>9}{'KV':>9}{'compute':>9}{'overhead':>9}{'total':>9}{'budget':>9}"
+             f"{'device':<36}{'weights':>9}{'KV':>9}{'compute':>9}{'overhead':>9}{'total':>9}{'budget':>9}"
              f"{'headroom':>10}   (MiB)"]
     for d in p.devices:
         name = (f"GPU {d.index} " if d.kind == "gpu" else "RAM ") + d.name
-        lines.append(f"{name[:27]:<28}{d.weights_mib:>9}{d.kv_mib:>9}{d.compute_mib:>9}{d.overhead_mib:>9}"
+        lines.append(f"{name[:35]:<36}{d.weights_mib:>9}{d.kv_mib:>9}{d.compute_mib:>9}{d.overhead_mib:>9}"
                      f"{d.total_mib:>9}{d.budget_mib:>9}{d.headroom_mib:>10}")
     lines.append("why:")
     lines += [f"  - {r}" for r in p.reasons]
