@@ -76,7 +76,8 @@ def price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[Devi
         head_here = full and (i == main or c.split_mode == "tensor")
         if head_here:
             head_share = share[i] if c.split_mode == "tensor" else 1.0
-            w += (lay.head_bytes + lay.other_bytes) * head_share
+            tied_in_torch = c.backend == "torch" and lay.tied  # one tensor serves as embedding and head
+            w += ((0 if tied_in_torch else lay.head_bytes) + lay.other_bytes) * head_share
         if c.backend == "torch":  # the torch engine keeps the embedding on the GPU too (replicated under TP)
             w += lay.embedding_bytes
         compute = m.compute_bytes(shape, c.ctx, n_ubatch=c.n_batch, flash_attn=c.flash_attn,
