@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     store = ConversationStore.open()  # a refused database is a ConfigError before the screen opens
     try:
-        HearthApp(settings, conversations=store).run()
+        HearthApp(settings, conversations=store, hardware_file=getattr(args, "hardware", None)).run()
     finally:
         store.close()
     return 0

@@ -8,6 +8,7 @@ still saves the reply where it belongs.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Callable
@@ -64,7 +65,7 @@ class HearthApp(App[None]):
     ]
 
     def __init__(self, settings: Settings | None = None, *, loader: Loader | None = None,
-                 conversations: ConversationStore | None = None) -> None:
+                 conversations: ConversationStore | None = None, hardware_file: str | None = None) -> None:
         super().__init__()
         from app.store import ModelStore
 
@@ -78,7 +79,7 @@ class HearthApp(App[None]):
             from app.loading import physical_cores
 
             self.settings = self.settings.merged(threads=max(1, physical_cores() - 1))
-        self.loader = loader or _default_loader
+        self.loader = loader or functools.partial(_default_loader, hardware_file=hardware_file)
         self.store = conversations or ConversationStore.open()
         self.loaded: Any | None = None  # app.loading.Loaded once ready
         self.loading = False
@@ -404,14 +405,17 @@ class HearthApp(App[None]):
         from app.tui.screens.models import ModelPicker
 
         def done(name: str | None) -> None:
-            if not name or (self.loaded is not None and name == self.loaded.entry.name):
-                return
-            if self.turn is not None:
-                self.action_stop()
-            self.settings = self.settings.merged(model=name)
-            self.start_loading(self.settings)  # closes the old backend first, in the worker
+            if name and not (self.loaded is not None and name == self.loaded.entry.name):
+                self.switch_model(name)
 
         self.push_screen(ModelPicker(self.settings, self.settings.model), done)
+
+    def switch_model(self, name: str) -> None:
+        """Stop any reply, close the loaded backend (freeing its memory) and load `name`."""
+        if self.turn is not None:
+            self.action_stop()
+        self.settings = self.settings.merged(model=name)
+        self.start_loading(self.settings)  # the worker closes the old backend before loading the new one
 
     def action_hardware(self) -> None:
         from app.tui.screens.hardware import HardwareScreen
@@ -431,7 +435,7 @@ class HearthApp(App[None]):
             self.loaded.backend.abort(self._request_id)
 
 
-def _default_loader(settings: Settings, progress: Any = None) -> Any:
+def _default_loader(settings: Settings, progress: Any = None, hardware_file: str | None = None) -> Any:
     from app.loading import open_backend
 
-    return open_backend(settings, progress=progress)
+    return open_backend(settings, progress=progress, hardware_file=hardware_file)

@@ -133,3 +133,37 @@ async def test_load_failure_notifies_and_keeps_running(make_app, backend) -> Non
         assert any("9.8 GiB" in n.message for n in app._notifications)
         await pilot.press("f1")
         assert app.screen.__class__.__name__ == "HelpScreen"
+
+
+async def test_switching_model_closes_the_old_one(make_app, backend) -> None:
+    from tests.fakes import FakeBackend
+    from tests.tui.conftest import fake_loader
+
+    made: list[FakeBackend] = []
+
+    def loader(settings, progress=None):
+        made.append(backend if not made else FakeBackend(replies=["from the new model"]))
+        return fake_loader(made[-1])(settings, progress)
+
+    app = make_app(loader=loader)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        app.switch_model("other-model")
+        await wait_for(pilot, lambda: app.loaded is not None and app.loaded.entry.name == "other-model")
+        assert backend.closed and not made[-1].closed
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: app.turn is None and chat_text(app)[-1] == ("assistant", "from the new model"))
+
+
+async def test_copy_last_reply_and_code_block(make_app, backend) -> None:
+    backend.replies = ["Try:\n\n```sh\nls -la\n```\n"]
+    app = make_app()
+    copied: list[str] = []
+    app.copy_to_clipboard = copied.append  # OSC 52 goes to the terminal; record it instead
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        await send(pilot, "list files")
+        await wait_for(pilot, lambda: app.turn is None and len(chat_text(app)) == 2)
+        await pilot.press("f10")
+        await pilot.press("f9")
+        assert copied == ["ls -la\n", backend.replies[0]]
