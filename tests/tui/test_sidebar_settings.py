@@ -1,0 +1,63 @@
+"""Rename, delete and search conversations; the per-conversation settings panel reaches the request."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.tui.conftest import chat_text, screen_text, wait_for
+
+pytestmark = pytest.mark.tui
+
+
+async def send(pilot, text: str) -> None:
+    pilot.app.prompt_box.load_text(text)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: pilot.app.turn is None and chat_text(pilot.app)[-1][0] == "assistant")
+
+
+async def test_rename_search_delete(make_app, backend) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        await send(pilot, "about cats")
+        await pilot.press("ctrl+n")
+        await send(pilot, "about dogs")
+        await pilot.press("f2")
+        inp = app.screen.query_one("#answer")
+        inp.value = "Dog notes"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.store.get(app.conv.id).title == "Dog notes")
+        assert "Dog notes" in screen_text(app)
+        await pilot.press("ctrl+f")
+        await pilot.press(*"cats")
+        await wait_for(pilot, lambda: len(app.query("ConversationItem")) == 1)
+        assert app.query_one("ConversationItem").conversation_id != app.conv.id  # only the cat chat matches
+        await pilot.press("f8")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: len(app.store.list()) == 1)
+        assert app.store.list()[0].title == "about cats" and chat_text(app)[0] == ("user", "about cats")
+
+
+async def test_settings_panel_changes_sampling(make_app, backend) -> None:
+    app = make_app()
+    async with app.run_test(size=(100, 40)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        await pilot.press("f3")
+        screen = app.screen
+        screen.query_one("#temperature").value = "0"
+        screen.query_one("#max_tokens").value = "3"
+        screen.query_one("#seed").value = "42"
+        screen.query_one("#system").load_text("Answer in French.")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: app.screen is not screen)
+        backend.replies = ["un deux trois quatre"]
+        await send(pilot, "count")
+        s = backend.requests[-1].sampling
+        assert (s.temperature, s.max_tokens, s.seed) == (0.0, 3, 42)
+        assert "Answer in French." in backend.requests[-1].prompt
+        assert chat_text(app)[-1][1] == "un deux trois"
+        await pilot.press("f3")
+        app.screen.query_one("#temperature").value = "-1"
+        await pilot.press("ctrl+s")
+        assert app.screen.__class__.__name__ == "SettingsScreen"  # refused with a notification
+        assert any("temperature" in n.message for n in app._notifications)
