@@ -144,6 +144,7 @@ class HearthApp(App[None]):
 
     def on_model_ready(self, msg: events.ModelReady) -> None:
         self.loaded, self.loading = msg.loaded, False
+        self.prompt_box.border_title = msg.loaded.entry.name
         self.query_one(ProgressBar).display = False
         self.status.set(model=msg.loaded.entry.name, state="ready", n_ctx=msg.describe.get("n_ctx"),
                         memory=msg.memory)
@@ -168,7 +169,8 @@ class HearthApp(App[None]):
         self.conv = conv
         self.edit_from = None
         self.model_store.update_state(last_conversation=conv.id)
-        await self.query_one(ChatLog).show([(m.role, m.content, m.position) for m in conv.messages])
+        await self.query_one(ChatLog).show([(m.role, m.content, m.position, finish_note(m.stats))
+                                            for m in conv.messages])
         if self.turn is not None and self.turn.conversation_id == conv.id:
             self.turn.box = await self.query_one(ChatLog).add("assistant", self.turn.text, None)
         await self.refresh_sidebar()
@@ -250,10 +252,9 @@ class HearthApp(App[None]):
         if msg.finish_reason == "error" and not turn.text:
             self.on_reply_failed(events.ReplyFailed(turn.id, msg.error or "the backend failed"), turn)
             return
-        stats = msg.stats.as_dict() if msg.stats is not None else None
+        stats = {**(msg.stats.as_dict() if msg.stats is not None else {}), "finish_reason": msg.finish_reason}
         self.store.add_message(turn.conversation_id, "assistant", turn.text, stats)
-        note = {"abort": "stopped", "length": "cut at max tokens", "error": f"error: {msg.error}"}.get(
-            msg.finish_reason, "")
+        note = finish_note(stats)
         if turn.box is not None and turn.box.is_attached:
             await turn.box.finish(note)
         if msg.finish_reason == "error":
@@ -433,6 +434,12 @@ class HearthApp(App[None]):
     async def on_unmount(self) -> None:
         if self.turn is not None and self.loaded is not None:
             self.loaded.backend.abort(self._request_id)
+
+
+def finish_note(stats: dict[str, Any] | None) -> str:
+    """The subtitle under a reply that did not end on its own."""
+    reason = (stats or {}).get("finish_reason")
+    return {"abort": "stopped", "length": "cut at max tokens", "error": "ended by an error"}.get(reason or "", "")
 
 
 def _default_loader(settings: Settings, progress: Any = None, hardware_file: str | None = None) -> Any:

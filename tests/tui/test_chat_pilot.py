@@ -54,6 +54,9 @@ async def test_escape_stops_and_keeps_partial_reply(make_app, backend) -> None:
         await wait_for(pilot, lambda: app.turn is None)
         reply = app.store.get(app.conv.id).messages[-1]
         assert reply.role == "assistant" and reply.content and len(reply.content) < len(backend.replies[0])
+        assert reply.stats["finish_reason"] == "abort"
+        await pilot.pause()
+        assert app.query("MessageBox").last().border_subtitle == "stopped"
 
 
 async def test_regenerate_replaces_last_reply(make_app, backend) -> None:

@@ -27,7 +27,9 @@ async def test_main_screen(make_app, backend, size) -> None:
         lines = text.splitlines()
         assert len(lines) == size[1] and all(len(line) <= size[0] for line in lines)
         assert "show me code" in text and "print('hi')" in text and "```" not in text  # rendered Markdown
-        assert "fake-model · ready" in lines[-1] and "tok/s" in lines[-1] and "ctx " in lines[-1]
+        status = lines[-1]
+        assert status.lstrip().startswith("ready") and "tok/s" in status and "ctx " in status and "RAM" in status
+        assert "fake-model" in lines[-2] or "fake-model" in lines[-4]  # the prompt box names the model
         assert ("search" in text) == (size[0] >= 100)  # the sidebar shows only where it fits
 
 

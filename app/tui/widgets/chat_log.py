@@ -57,9 +57,13 @@ class MessageBox(Markdown):
 class ChatLog(VerticalScroll):
     can_focus = False
 
-    async def show(self, messages: list[tuple[str, str, int]]) -> None:
+    async def show(self, messages: list[tuple[str, str, int, str]]) -> None:
+        """(role, text, position, note) per message; the note goes under the box ("stopped")."""
         await self.remove_children()
-        await self.mount_all([MessageBox(role, text, pos) for role, text, pos in messages])
+        boxes = [MessageBox(role, text, pos) for role, text, pos, _ in messages]
+        for box, (*_, note) in zip(boxes, messages):
+            box.border_subtitle = note
+        await self.mount_all(boxes)
         self.scroll_end(animate=False)
 
     async def add(self, role: str, text: str, position: int | None) -> MessageBox:

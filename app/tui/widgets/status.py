@@ -12,7 +12,8 @@ def _mib(n: int) -> str:
 
 
 def format_status(model: str, state: str, stats: Any | None, n_ctx: int | None, memory: dict[str, int]) -> str:
-    parts = [f"{model} · {state}"]
+    """Numbers first so they fit in 80 columns; the model name (also on the prompt box) goes last."""
+    parts = [state]
     if stats is not None:
         parts.append(f"{stats.decode_tokens_per_s:.1f} tok/s")
         parts.append(f"TTFT {stats.ttft_s * 1000:.0f} ms")
@@ -25,7 +26,7 @@ def format_status(model: str, state: str, stats: Any | None, n_ctx: int | None, 
         parts.append(f"GPU {_mib(memory['gpu_bytes'])}")
     if memory.get("rss_bytes"):
         parts.append(f"RAM {_mib(memory['rss_bytes'])}")
-    return " │ ".join(parts) + " │ F1 help"
+    return " │ ".join(parts + ["F1 help", model])
 
 
 class StatusBar(Static):
