@@ -110,21 +110,36 @@ def quantize_int8(weight: torch.Tensor, group_size: int | None = None, scale_dty
     return QuantWeight("int8", q, scales.to(scale_dtype or weight.dtype), None, g, k, n)
 
 
-def quantize_int4(weight: torch.Tensor, group_size: int = 128, scale_dtype: torch.dtype | None = None
-                  ) -> QuantWeight:
-    """Asymmetric round-to-nearest int4 per group: offset = group min, scale = (max - min) / 15."""
+def quantize_int4(weight: torch.Tensor, group_size: int = 128, scale_dtype: torch.dtype | None = None,
+                  clip_ratios: tuple[float, ...] = (1.0,)) -> QuantWeight:
+    """Asymmetric round-to-nearest int4 per group: offset = group min, scale = (max - min) / 15.
+
+    clip_ratios: shrink each group's [min, max] by these factors and keep, per group, the one with the least
+    squared weight error (outliers clipped so the other 127 values get a finer grid); (1.0,) is plain RTN.
+    """
     n, k = weight.shape
     _check_group(k, group_size)
     if group_size % 2:
         raise ValueError(f"int4 group size must be even, got {group_size}")
     sdt = scale_dtype or weight.dtype
     wf = weight.float().reshape(n, k // group_size, group_size)
-    lo, hi = wf.amin(dim=-1), wf.amax(dim=-1)
-    # Round the scale/offset to their storage dtype first so q is chosen against the values the kernel sees.
-    scales = ((hi - lo) / 15.0).clamp(min=1e-10).to(sdt).float()
-    offsets = lo.to(sdt).float()
-    q = torch.round((wf - offsets[..., None]) / scales[..., None]).clamp(0, 15).reshape(n, k)
-    return QuantWeight("int4", pack_int4(q), scales.to(sdt), offsets.to(sdt), group_size, k, n)
+    lo0, hi0 = wf.amin(dim=-1), wf.amax(dim=-1)
+    best_err = best_q = best_s = best_o = None
+    for ratio in clip_ratios:
+        # Round the scale/offset to their storage dtype first so q is chosen against what the kernel sees.
+        lo, hi = lo0 * ratio, hi0 * ratio
+        scales = ((hi - lo) / 15.0).clamp(min=1e-10).to(sdt).float()
+        offsets = lo.to(sdt).float()
+        q = torch.round((wf - offsets[..., None]) / scales[..., None]).clamp(0, 15)
+        err = (q * scales[..., None] + offsets[..., None] - wf).pow(2).sum(dim=-1)  # (N, K // G)
+        if best_err is None:
+            best_err, best_q, best_s, best_o = err, q, scales, offsets
+            continue
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_q = torch.where(better[..., None], q, best_q)
+        best_s, best_o = torch.where(better, scales, best_s), torch.where(better, offsets, best_o)
+    return QuantWeight("int4", pack_int4(best_q.reshape(n, k)), best_s.to(sdt), best_o.to(sdt), group_size, k, n)
 
 
 def quantize_fp8(weight: torch.Tensor, scale_dtype: torch.dtype | None = None) -> QuantWeight:

@@ -4,10 +4,10 @@ The forward here is a deliberately small, test-only Llama (GGUF names, interleav
 converter reorders Q/K rows) so the quantization transform can be judged on the real model before and
 independently of the engine's model runner; it is first checked against llama.cpp's own perplexity.
 Measured here (209-token English paragraph): float 16.83 (llama.cpp 16.95), W8A16 16.86, W4A16 round-to-nearest
-25.5 (+52%: the weights are already 4-bit Q4_1, requantised onto a second 4-bit grid, group 64 since 576 is not
-a multiple of 128; a 135M model is also fragile at 4 bits), W4A16 with the AWQ-style option 18.8 (+12%).
-Bounds: W8A16 within 1%, AWQ within 15% and better than RTN, RTN within 60%, and GGUF Q4_1 repacked into the
-int4 layout equal to the dequantized model (bit-exact weights).
+with the per-group clip search 22.5 (+34%; 25.5 without it: the weights are already 4-bit Q4_1, requantised
+onto a second 4-bit grid, group 64 since 576 is not a multiple of 128, and a 135M model is fragile at 4 bits),
+W4A16 with the AWQ-style option 18.8 (+12%).  Bounds: W8A16 within 1%, AWQ within 15% and better than RTN,
+RTN within 40%, and GGUF Q4_1 repacked into the int4 layout equal to the dequantized model (bit-exact weights).
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def test_quantized_perplexity_bounds(starter, starter_path) -> None:
     print(f"perplexity: float {base:.3f} (llama.cpp {ref:.3f}), W8A16 {int8:.3f}, W4A16 RTN {int4:.3f}, AWQ {awq:.3f}")
     assert int8 / base < 1.01
     assert awq / base < 1.15 and awq < int4
-    assert int4 / base < 1.60
+    assert int4 / base < 1.40
 
     # GGUF Q4_1 blocks repacked into the int4 layout: the same weights, so the same perplexity.
     repacked = _build(starter)
