@@ -2,8 +2,12 @@
 independence.  Marked slow; skipped until the model half (backends.torch_engine.model_runner) is installed.
 
 Where two token sequences differ, the test does not loosen equality: it checks that the first differing
-position is a floating-point near-tie, i.e. the torch engine's own top-2 logits there are within NEAR_TIE
-of each other (logits of this model span ~30 units; fp32 reduction order moves them by ~1e-4 per layer).
+position is a floating-point near-tie.  Within the torch engine (alone vs batch, hit vs miss) only reduction
+order differs, so its top-2 logits there must be within NEAR_TIE.  Against llama.cpp the arithmetic differs
+for real: ggml quantizes activations to 8 bits inside its quantized matmuls and keeps an f16 KV cache, which
+moves this Q4_1 model's logits by up to ~0.8 (max abs, logits spanning ~35); e.g. the first reply token to
+"What is the capital of France?" is a 0.09 tie in llama.cpp itself ("L" vs "The").  So there both backends
+must have the same two tokens on top, within CROSS_TIE of each other.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from backends.api import LoadOptions, Request, SamplingParams
 pytestmark = pytest.mark.slow
 pytest.importorskip("backends.torch_engine.model_runner", reason="the torch engine's model half is not there yet")
 
-NEAR_TIE = 0.05  # logits units
+NEAR_TIE = 0.05  # logits units, same engine, different batch / cache
+CROSS_TIE = 0.5  # logits units, torch engine vs llama.cpp
 N_TOKENS = 16
 QUESTIONS = [
     "What is the capital of France?",
@@ -52,7 +57,7 @@ def torch_backend(spec):
 def llama(spec):
     from backends.llama_cpp.backend import LlamaCppBackend
 
-    b = LlamaCppBackend(spec, LoadOptions(n_ctx=1024, n_threads=2))
+    b = LlamaCppBackend(spec, LoadOptions(n_ctx=1024, n_threads=2, logits_all=True))
     b.load()
     yield b
     b.close()
@@ -83,6 +88,19 @@ def _assert_same_or_near_tie(backend, prompt: tuple[int, ...], a: tuple[int, ...
     assert gap < NEAR_TIE, f"tokens differ at {i} ({a[i]} vs {b[i]}) but the logits gap is {gap:.4f}: a real bug"
 
 
+def _assert_same_as_llama(ours_b, llama, prompt: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> None:
+    if a == b:
+        return
+    i = next(k for k, (x, y) in enumerate(zip(a, b)) if x != y)
+    ctx = list(prompt) + list(a[:i])
+    for name, backend in (("torch", ours_b), ("llama.cpp", llama)):
+        row = backend.logits(ctx)[-1]
+        top2 = np.argsort(-row)[:2]
+        gap = float(row[top2[0]] - row[top2[1]])
+        assert set(top2.tolist()) == {a[i], b[i]} and gap < CROSS_TIE, (
+            f"tokens differ at {i} ({a[i]} vs {b[i]}); {name}'s top two are {top2.tolist()} {gap:.3f} apart")
+
+
 def test_tokenizer_matches_llama_cpp(torch_backend, llama, spec) -> None:
     text = "Hello  world!\n\tdef f(x): return x**2  # ünïcödé 🙂 <|im_start|>user 12345"
     assert torch_backend.tokenize(text) == llama.tokenize(text)
@@ -93,7 +111,7 @@ def test_greedy_replies_equal_llama_cpp(torch_backend, llama, prompts) -> None:
         ours = torch_backend.generate(Request(prompt_token_ids=p, sampling=GREEDY)).token_ids
         theirs = llama.generate(Request(prompt_token_ids=p, sampling=GREEDY)).token_ids
         assert len(ours) == len(theirs) == N_TOKENS
-        _assert_same_or_near_tie(torch_backend, p, ours, theirs)
+        _assert_same_as_llama(torch_backend, llama, p, ours, theirs)
 
 
 def test_same_tokens_alone_and_in_a_batch_of_16(torch_backend, prompts) -> None:
