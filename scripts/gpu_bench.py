@@ -15,12 +15,14 @@ What it does:
 
     python scripts/gpu_bench.py             # the real run (CUDA)
     python scripts/gpu_bench.py --dry-run   # tiny shapes on CPU: proves the script executes end to end
+    TRITON_INTERPRET=1 python scripts/gpu_bench.py --dry-run   # ... with the Triton matmul interpreted
 Target (issue 9): W4A16 batch-1 decode >= 70% of roofline and faster than the transformers baseline.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -189,7 +191,7 @@ def measure_bandwidth(device: str) -> float:
 def bench_hearth(shape: Shape, variant: str, batches: list[int], args, device: str, bw: float) -> list[str]:
     import torch
 
-    from backends.torch_engine.quantize import QuantConfig, quantize_model
+    from backends.torch_engine.quantize import QuantConfig, QuantLinear, quantize_model
 
     rows = []
     dtype = torch.float16 if device == "cuda" else torch.float32
@@ -199,6 +201,10 @@ def bench_hearth(shape: Shape, variant: str, batches: list[int], args, device: s
         model = build_decoder(shape, max_len, batch, device, dtype)
         if variant != "fp16":
             quantize_model(model, QuantConfig(variant, group_size=128, skip=("lm_head",)))
+            if device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+                for mod in model.modules():  # dry run under the interpreter: exercise the Triton launches too
+                    if isinstance(mod, QuantLinear):
+                        mod.impl = "triton"
         wbytes = weight_bytes(model)
         kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype.itemsize * (args.context + args.steps / 2)
         roof = batch * bw / (wbytes + batch * kv_bytes)
