@@ -69,3 +69,13 @@ def test_kv_write(dtype, tokens, kv_heads, head_dim) -> None:
     kv_write_reference(key, value, want_k, want_v, slots)
     kv_write_triton(key, value, k_cache, v_cache, slots.to(torch.int32))
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,ffn", [(1, 64), (17, 1536), (3, 100)])
+def test_silu_and_mul(dtype, tokens, ffn) -> None:
+    from kernels.activation import silu_and_mul_reference
+    from kernels.activation_triton import silu_and_mul_triton
+
+    x = torch.randn(tokens, 2 * ffn, dtype=dtype, device=device()) * 3
+    torch.testing.assert_close(silu_and_mul_triton(x), silu_and_mul_reference(x), atol=TOL[dtype], rtol=TOL[dtype])
