@@ -254,3 +254,27 @@ def paged_prefill_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         GROUP=num_heads // k_cache.shape[2], BLOCK_M=block_m, BLOCK_SIZE=k_cache.shape[1],
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), IEEE=q.dtype == torch.float32)
     return out
+
+
+# ---- the model's contract (kernels/attention.py's AttentionMetadata) ------------------------------------------
+
+
+def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float
+                           ) -> torch.Tensor:
+    """Same contract as kernels.attention.paged_attention_reference (a mixed batch of decodes and chunks,
+    meta: AttentionMetadata).  All-decode steps take the split decode kernel; any step with a longer chunk runs
+    the prefill kernel over every sequence (a decode is a chunk of one).
+    The int32 tables are built here from meta's host tuples (one small copy per layer); building them once per
+    step in the metadata would save that."""
+    batch = len(meta.context_lens)
+    max_blocks = max(len(t) for t in meta.block_tables)
+    table = torch.zeros(batch, max_blocks, dtype=torch.int32)
+    for s, blocks in enumerate(meta.block_tables):
+        table[s, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+    table = table.to(q.device)
+    seq_lens = torch.tensor(meta.context_lens, dtype=torch.int32, device=q.device)
+    q_lens = [b - a for a, b in zip(meta.query_start, meta.query_start[1:])]
+    if all(n == 1 for n in q_lens):
+        return paged_decode_triton(q, k_cache, v_cache, table, seq_lens, scale)
+    cu = torch.tensor(meta.query_start, dtype=torch.int32, device=q.device)
+    return paged_prefill_triton(q, k_cache, v_cache, table, seq_lens, cu, scale, max_query_len=max(q_lens))

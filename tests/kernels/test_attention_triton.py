@@ -95,3 +95,21 @@ def test_paged_attention_full_matrix_gpu(dtype, batch, max_len, heads, kv_heads,
     torch.testing.assert_close(paged_prefill_triton(qp, k_cache, v_cache, tables, seq_lens, cu, scale),
                                paged_prefill_reference(qp, k_cache, v_cache, tables, seq_lens, cu, scale),
                                atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("q_lens,prefix", [([1, 1, 1], [0, 15, 16]), ([1, 17, 1], [16, 0, 3])])
+def test_model_contract_mixed_batch(q_lens, prefix) -> None:
+    attention = pytest.importorskip("kernels.attention")
+    from kernels.attention_triton import paged_attention_triton
+
+    torch.manual_seed(3)
+    dev = device()
+    lens = [a + b for a, b in zip(q_lens, prefix)]
+    k_cache, v_cache, tables, _ = _cache(lens, 3, 64, torch.float16, dev)
+    seqs = [(p, n, tuple(int(x) for x in tables[s, : (p + n + BS - 1) // BS]))
+            for s, (n, p) in enumerate(zip(q_lens, prefix))]
+    meta = attention.build_attention_metadata(seqs, BS, dev)
+    q = torch.randn(sum(q_lens), 9, 64, dtype=torch.float16, device=dev)
+    torch.testing.assert_close(paged_attention_triton(q, k_cache, v_cache, meta, 0.125),
+                               attention.paged_attention_reference(q, k_cache, v_cache, meta, 0.125),
+                               atol=3e-3, rtol=3e-3)
