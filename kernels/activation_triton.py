@@ -24,7 +24,9 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, ffn, stride_x, stride_o, BLOCK: tl.cons
 
 
 def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
-    """x: (num_tokens, 2 * ffn) -> (num_tokens, ffn) in x's dtype."""
+    """x: (..., 2 * ffn) -> (..., ffn) in x's dtype (leading dimensions flattened to rows)."""
+    if x.dim() != 2 and x.dim() > 0:
+        return silu_and_mul_triton(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], x.shape[-1] // 2)
     if x.dim() != 2 or x.shape[1] % 2 or x.stride(-1) != 1:
         raise ValueError(f"x must be (num_tokens, 2 * ffn) with unit last stride, got {tuple(x.shape)}")
     if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):

@@ -58,7 +58,9 @@ def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None)
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Same contract as kernels.rmsnorm.rms_norm_reference, for x: (num_tokens, hidden)."""
+    """Same contract as kernels.rmsnorm.rms_norm_reference; x: (..., hidden), flattened to rows."""
+    if x.dim() != 2:
+        return rms_norm_triton(x.reshape(-1, x.shape[-1]), weight, eps).reshape(x.shape)
     _check(x, weight, None)
     out = torch.empty_like(x)
     if x.shape[0]:

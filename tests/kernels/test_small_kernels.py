@@ -79,3 +79,14 @@ def test_silu_and_mul(dtype, tokens, ffn) -> None:
 
     x = torch.randn(tokens, 2 * ffn, dtype=dtype, device=device()) * 3
     torch.testing.assert_close(silu_and_mul_triton(x), silu_and_mul_reference(x), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_dispatch_triton_set_runs_the_ops() -> None:
+    dispatch = pytest.importorskip("kernels.dispatch")
+    if "triton" not in dispatch.available():
+        pytest.skip("kernels/dispatch.py has no triton set")
+    ks, ref = dispatch.kernel_set("triton"), dispatch.kernel_set("reference")
+    x = torch.randn(2, 5, 64, device=device())  # leading dims are flattened by the Triton launchers
+    w = torch.rand(64, device=device())
+    torch.testing.assert_close(ks.rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ks.silu_and_mul(x), ref.silu_and_mul(x), atol=1e-5, rtol=1e-5)
