@@ -248,8 +248,15 @@ class TorchBackend(Backend):
     # -- the engine thread -------------------------------------------------------------------------------
     def _post(self, message: tuple[Any, ...]) -> None:
         with self._cv:
-            self._inbox.append(message)
-            self._cv.notify()
+            if not self._closing:
+                self._inbox.append(message)
+                self._cv.notify()
+                return
+        # Closing or closed: the engine thread takes no more messages, so answer here (nobody waits forever).
+        if message[0] == "add":
+            message[1].out.put(("finished", RequestStatus.FINISHED_ABORTED, None))
+        elif message[0] == "call":
+            message[2].put((False, ModelLoadError("the torch backend was closed", "load it again")))
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the engine thread between steps; re-raise what it raises."""

@@ -215,3 +215,19 @@ def test_kv_pool_size_follows_the_options() -> None:
     spec = fake_spec()  # 1 layer, 1 KV head, head dim 8: a block is 2 x 8 x 2 bytes x 16 tokens = 512 bytes
     assert kv_pool_blocks(spec, LoadOptions(n_ctx=100, max_num_seqs=4), 2) == 4 * 7
     assert kv_pool_blocks(spec, LoadOptions(kv_cache_bytes=512 * 10 + 5), 2) == 10
+
+
+def test_a_stream_racing_close_still_finishes() -> None:
+    b = TorchBackend(fake_spec(), LoadOptions(n_ctx=256), build=fake_build(64))
+    b.load()
+    engine = b._engine
+    it = None
+    with b._cv:  # close() has begun: the engine thread takes no more messages
+        b._closing = True
+        b._cv.notify_all()
+        it = b.stream(Request(prompt_token_ids=prompt(11), sampling=SamplingParams(max_tokens=5, **GREEDY)))
+    events = list(it)
+    assert [e.kind for e in events] == [EventKind.STARTED, EventKind.FINISHED]
+    assert events[-1].finish_reason is FinishReason.ABORT
+    b.close()
+    assert engine is not None and not engine.has_work
