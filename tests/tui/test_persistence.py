@@ -32,14 +32,14 @@ CHILD = textwrap.dedent("""
         app = HearthApp(Settings(model="fake-model"), loader=fake_loader(backend),
                         conversations=ConversationStore.open())
         async with app.run_test(size=(100, 30)) as pilot:
-            await wait_for(pilot, lambda: app.loaded is not None)
+            await wait_for(pilot, lambda: app.loaded is not None, 30)
             app.prompt_box.load_text("first question")
             await pilot.press("enter")
-            await wait_for(pilot, lambda: app.turn is None and len(app.store.get(app.conv.id).messages) == 2)
+            await wait_for(pilot, lambda: app.turn is None and len(app.store.get(app.conv.id).messages) == 2, 30)
             backend.token_delay_s = 0.02
             app.prompt_box.load_text("second question")
             await pilot.press("enter")
-            await wait_for(pilot, lambda: app.turn is not None and len(app.turn.text) > 20)
+            await wait_for(pilot, lambda: app.turn is not None and len(app.turn.text) > 20, 30)
             print("STREAMING", flush=True)
             await asyncio.sleep(60)
 
@@ -52,7 +52,9 @@ async def test_sigkill_mid_reply_then_restart(make_app) -> None:
                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         line = proc.stdout.readline()
-        assert line.strip() == "STREAMING", proc.stderr.read() if proc.poll() is not None else line
+        if line.strip() != "STREAMING":
+            proc.wait(timeout=30)
+            raise AssertionError(f"the child app did not get to streaming: {line!r} {proc.stderr.read()}")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
@@ -62,7 +64,7 @@ async def test_sigkill_mid_reply_then_restart(make_app) -> None:
 
     app = make_app()  # same HEARTH_HOME: the database and state.json the killed app wrote
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: len(chat_text(app)) == 3)
+        await wait_for(pilot, lambda: len(chat_text(app)) == 3, 30)
         assert chat_text(app) == [("user", "first question"), ("assistant", "the first reply"),
                                   ("user", "second question")]
         assert app.conv.title == "first question"  # the last conversation reopened
