@@ -17,14 +17,14 @@ from backends.torch_engine.scheduler import Scheduler
 from torch_engine_fakes import FakePagedKV, fake_step, reference_continuation
 
 workload = st.fixed_dictionaries({
-    "num_blocks": st.integers(3, 24),
+    "num_blocks": st.integers(3, 16),
     "budget": st.integers(1, 64),
     "max_num_seqs": st.integers(1, 6),
     "prefix": st.lists(st.integers(0, 96), min_size=0, max_size=40),
     "requests": st.lists(
         st.tuples(st.lists(st.integers(0, 96), min_size=1, max_size=30),  # own prompt tail
                   st.booleans(),  # shares the prefix
-                  st.integers(1, 12),  # max_tokens
+                  st.integers(1, 40),  # max_tokens
                   st.integers(0, 3)),  # arrives after this many steps
         min_size=1, max_size=7),
     "aborts": st.lists(st.tuples(st.integers(0, 6), st.integers(0, 30)), max_size=3),  # (request, at step)
