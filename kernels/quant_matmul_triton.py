@@ -107,14 +107,14 @@ def _check(x: torch.Tensor, w: QuantWeight) -> None:
         raise RuntimeError("FP8 weights need compute capability 8.9 or newer; use int8 on this GPU")
 
 
-def _pick_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int]:
+def _pick_blocks(m: int, n: int, k: int, device: torch.device) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K) by problem size: decode-sized M gets narrow tiles and split K."""
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
     block_n = 64 if m <= 16 else 128
     block_k = 128 if k >= 128 else max(16, triton.next_power_of_2(k))
     split_k = 1
     if m <= 16 and torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
         tiles = triton.cdiv(n, block_n)
         while tiles * split_k < sms and k // (block_k * split_k * 2) >= 4:
             split_k *= 2
@@ -129,7 +129,7 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | No
     lead = x.shape[:-1]
     x2 = x.reshape(-1, w.in_features)  # (M, K)
     m, n, k = x2.shape[0], w.out_features, w.in_features
-    block_m, block_n, block_k, split_k = blocks or _pick_blocks(m, n, k)
+    block_m, block_n, block_k, split_k = blocks or _pick_blocks(m, n, k, x.device)
     out_dtype = torch.float32 if split_k > 1 else x.dtype
     out = (torch.zeros if split_k > 1 else torch.empty)((m, n), device=x.device, dtype=out_dtype)
     if m == 0:
