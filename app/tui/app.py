@@ -335,8 +335,12 @@ class HearthApp(ScreenActions, App[None]):
         self.start_loading(self.settings)  # the worker closes the old backend before loading the new one
 
     async def on_unmount(self) -> None:
-        if self.turn is not None and self.loaded is not None:
+        """Quitting mid-reply keeps what was written, like Esc (only a killed process loses it)."""
+        turn = self.turn
+        if turn is not None and self.loaded is not None:
             self.loaded.backend.abort(self._request_id)
+            if turn.text:
+                self.store.add_message(turn.conversation_id, "assistant", turn.text, {"finish_reason": "abort"})
 
 
 def finish_note(stats: dict[str, Any] | None) -> str:

@@ -170,3 +170,16 @@ async def test_copy_last_reply_and_code_block(make_app, backend) -> None:
         await pilot.press("f10")
         await pilot.press("f9")
         assert copied == ["ls -la\n", backend.replies[0]]
+
+
+async def test_quitting_mid_reply_keeps_what_was_written(make_app, backend) -> None:
+    backend.replies = ["word " * 200]
+    backend.token_delay_s = 0.02
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        await send(pilot, "talk")
+        await wait_for(pilot, lambda: app.turn is not None and len(app.turn.text) > 10)
+        conv_id = app.conv.id
+    reply = app.store.get(conv_id).messages[-1]
+    assert reply.role == "assistant" and reply.content.startswith("word") and reply.stats["finish_reason"] == "abort"
