@@ -89,3 +89,13 @@ async def test_hardware_screen(make_app, monkeypatch) -> None:
         await wait_for(pilot, lambda: "RAM:" in screen_text(app) or "probe failed" in screen_text(app), 20)
         text = screen_text(app)
         assert "RAM:" in text and "fake plan" in text
+
+
+async def test_no_color_renders_monochrome(make_app, monkeypatch) -> None:
+    from textual.filter import Monochrome
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        assert app.no_color and any(isinstance(f, Monochrome) for f in app._filters)

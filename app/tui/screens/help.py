@@ -19,15 +19,19 @@ EXTRA = [
 ]
 
 
+NAMES = {"escape": "Esc", "question_mark": "?", "enter": "Enter", "up": "Up", "tab": "Tab"}
+
+
+def key_label(key: str) -> str:
+    """'ctrl+r' -> 'Ctrl+R', 'f10' -> 'F10', 'escape' -> 'Esc'."""
+    parts = key.strip().split("+")
+    *mods, last = parts
+    last = NAMES.get(last, last.upper() if len(last) == 1 or last[0] == "f" else last.capitalize())
+    return "+".join([m.capitalize() for m in mods] + [last])
+
+
 def binding_rows(bindings: list[Binding]) -> list[tuple[str, str]]:
-    rows = []
-    for b in bindings:
-        keys = " / ".join(k.strip().replace("ctrl+", "Ctrl+").replace("escape", "Esc").upper()
-                          if k.strip().startswith("f") and k.strip()[1:].isdigit()
-                          else k.strip().replace("ctrl+", "Ctrl+").replace("escape", "Esc")
-                          for k in b.key.split(","))
-        rows.append((keys, b.description))
-    return rows
+    return [(" / ".join(key_label(k) for k in b.key.split(",")), b.description) for b in bindings]
 
 
 class HelpScreen(ModalScreen[None]):
