@@ -295,8 +295,9 @@ class HearthApp(ScreenActions, App[None]):
             self.pending = None
 
     async def action_regenerate(self) -> None:
-        if self.turn is not None or self.loaded is None:
-            self.notify("wait for the model (Esc stops a reply)", severity="warning")
+        """Replace the last reply (or answer an unanswered last message); waits for the model if it loads."""
+        if self.turn is not None or self.pending is not None:
+            self.notify("a reply is on its way (Esc stops it)", severity="warning")
             return
         msgs = self.store.get(self.conv.id).messages  # type: ignore[union-attr]
         if not msgs:
@@ -304,6 +305,11 @@ class HearthApp(ScreenActions, App[None]):
         if msgs[-1].role == "assistant":
             self.store.truncate(self.conv.id, msgs[-1].position)
         await self.show_conversation(self.conv.id)
+        if self.loaded is None:
+            self.pending = self.conv.id
+            if not self.loading:
+                self.start_loading(self.settings)
+            return
         self.generate(self.conv.id)
 
     def action_edit_last(self) -> None:
