@@ -1,0 +1,137 @@
+"""Paged attention over a block-structured KV cache, for prefill chunks and decodes in one batch.
+
+The cache of one layer is a pool of blocks: k_cache, v_cache of shape (num_blocks, block_size, kv_heads, D).
+Sequence s owns the blocks block_tables[s]; its token at position p lives in slot
+    block_tables[s][p // block_size] * block_size + p % block_size.
+A step runs `q_len[s]` new tokens of each sequence, at positions [context_len[s] - q_len[s], context_len[s]),
+after their K/V were written to the cache (`write_kv`).  New token i of sequence s attends to cached positions
+j <= context_len[s] - q_len[s] + i: the causal mask is aligned to the lower right, which is what a chunk
+sitting on cached prefix tokens needs (SDPA's is_causal=True is aligned to the upper left: wrong here).
+
+Math, per sequence and head h (GQA: kv head h // (num_heads / kv_heads)):
+    out_i = softmax_j(scale * q_i . k_j  for allowed j) @ v
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionGroup:
+    """Sequences attended together in one SDPA call by the fast path (all with the same q_len)."""
+
+    token_index: torch.Tensor  # (num_seqs * q_len,) int64: rows of the flattened batch, sequence-major
+    block_tables: torch.Tensor  # (num_seqs, max_blocks) int64, padded with block 0 (masked out)
+    mask: torch.Tensor  # (num_seqs, 1, q_len, max_blocks * block_size) bool, True = may attend
+    q_len: int  # new tokens per sequence in this group
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything attention needs about one step, built once per step and shared by all layers."""
+
+    slot_mapping: torch.Tensor  # (num_tokens,) int64: cache slot of each new token
+    query_start: tuple[int, ...]  # (num_seqs + 1,): sequence s owns rows [query_start[s], query_start[s+1])
+    context_lens: tuple[int, ...]  # (num_seqs,): tokens of s in the cache after this step
+    block_tables: tuple[tuple[int, ...], ...]  # (num_seqs, blocks of s): the reference path reads these
+    groups: tuple[AttentionGroup, ...]  # the fast path's batching of the same sequences
+    block_size: int
+
+
+def build_attention_metadata(seqs: list[tuple[int, int, tuple[int, ...]]], block_size: int,
+                             device: torch.device | str = "cpu") -> AttentionMetadata:
+    """seqs: (start_position, q_len, block_table) per sequence, in batch order (rows are flattened in it).
+
+    The fast path batches all single-token sequences (decodes) into one group and gives every longer chunk its
+    own group: padding a 512-token prefill chunk and 15 decodes to one shape would waste 15x the work."""
+    slots: list[int] = []
+    starts = [0]
+    ctx_lens = []
+    for start, q_len, table in seqs:
+        assert len(table) * block_size >= start + q_len, "block table too short for the scheduled tokens"
+        for p in range(start, start + q_len):
+            slots.append(table[p // block_size] * block_size + p % block_size)
+        starts.append(starts[-1] + q_len)
+        ctx_lens.append(start + q_len)
+    decode_ids = [s for s, (_, q_len, _) in enumerate(seqs) if q_len == 1]
+    chunk_ids = [s for s, (_, q_len, _) in enumerate(seqs) if q_len > 1]
+    groups = []
+    for ids in ([decode_ids] if decode_ids else []) + [[s] for s in chunk_ids]:
+        groups.append(_group(ids, seqs, starts, ctx_lens, block_size, device))
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device), query_start=tuple(starts),
+        context_lens=tuple(ctx_lens), block_tables=tuple(tuple(t) for _, _, t in seqs), groups=tuple(groups),
+        block_size=block_size)
+
+
+def _group(ids: list[int], seqs: list[tuple[int, int, tuple[int, ...]]], starts: list[int], ctx_lens: list[int],
+           block_size: int, device: torch.device | str) -> AttentionGroup:
+    q_len = seqs[ids[0]][1]
+    max_blocks = max((ctx_lens[s] + block_size - 1) // block_size for s in ids)
+    tables = torch.zeros(len(ids), max_blocks, dtype=torch.int64)
+    for row, s in enumerate(ids):
+        used = seqs[s][2][:max_blocks]
+        tables[row, :len(used)] = torch.tensor(used, dtype=torch.int64)
+    ctx = torch.tensor([ctx_lens[s] for s in ids])[:, None, None]  # (n, 1, 1)
+    i = torch.arange(q_len)[None, :, None]  # query index within the chunk
+    j = torch.arange(max_blocks * block_size)[None, None, :]  # key position
+    mask = j <= (ctx - q_len + i)  # lower-right causal; also hides padding (j >= ctx)
+    token_index = torch.cat([torch.arange(starts[s], starts[s] + q_len) for s in ids])
+    return AttentionGroup(token_index.to(device), tables.to(device), mask[:, None].to(device), q_len)
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store the new tokens' K/V: k, v (num_tokens, kv_heads, D) into their slots of the caches."""
+    kv_heads, head_dim = k_cache.shape[-2:]
+    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Slow version: per sequence, gather its positions one slot at a time and do softmax by hand in float32.
+    q: (num_tokens, num_heads, D) -> (num_tokens, num_heads, D)."""
+    num_heads, head_dim = q.shape[1:]
+    kv_heads = k_cache.shape[2]
+    group = num_heads // kv_heads
+    out = torch.empty_like(q)
+    bs = meta.block_size
+    for s, table in enumerate(meta.block_tables):
+        lo, hi = meta.query_start[s], meta.query_start[s + 1]
+        ctx = meta.context_lens[s]
+        slots = [table[p // bs] * bs + p % bs for p in range(ctx)]
+        keys = k_cache.view(-1, kv_heads, head_dim)[slots].float()  # (ctx, kv_heads, D)
+        vals = v_cache.view(-1, kv_heads, head_dim)[slots].float()
+        keys = keys.repeat_interleave(group, dim=1)  # (ctx, num_heads, D)
+        vals = vals.repeat_interleave(group, dim=1)
+        qs = q[lo:hi].float()  # (q_len, num_heads, D)
+        scores = torch.einsum("qhd,khd->hqk", qs, keys) * scale
+        q_pos = torch.arange(ctx - (hi - lo), ctx)[:, None]
+        allowed = torch.arange(ctx)[None, :] <= q_pos  # (q_len, ctx)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[lo:hi] = torch.einsum("hqk,khd->qhd", probs, vals).to(q.dtype)
+    return out
+
+
+def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Fast plain-torch path: per group, gather the blocks (k_cache[block_tables]), one masked SDPA call."""
+    num_tokens, num_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    out = torch.empty_like(q)
+    for g in meta.groups:
+        n = g.block_tables.shape[0]
+        length = g.block_tables.shape[1] * meta.block_size
+        # (n, max_blocks, block, kv_heads, D) -> (n, kv_heads, length, D)
+        keys = k_cache[g.block_tables].view(n, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
+        vals = v_cache[g.block_tables].view(n, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
+        qs = q[g.token_index].view(n, g.q_len, num_heads, head_dim).transpose(1, 2)  # (n, H, q_len, D)
+        o = torch.nn.functional.scaled_dot_product_attention(qs, keys, vals, attn_mask=g.mask, scale=scale,
+                                                             enable_gqa=kv_heads != num_heads)
+        out[g.token_index] = o.transpose(1, 2).reshape(n * g.q_len, num_heads, head_dim)
+    return out
