@@ -91,7 +91,7 @@ class HearthApp(ScreenActions, App[None]):
 
     # -- layout -------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        with Horizontal():
+        with Horizontal(id="body"):
             yield Sidebar(id="sidebar")
             with Vertical(id="main"):
                 yield ChatLog(id="chat")

@@ -99,3 +99,17 @@ async def test_no_color_renders_monochrome(make_app, monkeypatch) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.loaded is not None)
         assert app.no_color and any(isinstance(f, Monochrome) for f in app._filters)
+
+
+async def test_markdown_list_is_compact(make_app, backend) -> None:
+    backend.replies = ["Fruits:\n\n- Apple\n- Banana\n- Oat\n"]
+    app = make_app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        app.prompt_box.load_text("fruits")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.turn is None and len(app.query("MessageBox")) == 2)
+        await pilot.pause()
+        lines = screen_text(app).splitlines()
+        rows = [i for i, line in enumerate(lines) if "• Apple" in line or "• Banana" in line or "• Oat" in line]
+        assert len(rows) == 3 and rows[2] - rows[0] == 2  # one line per item (a bare Horizontal rule broke it)
