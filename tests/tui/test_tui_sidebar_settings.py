@@ -61,3 +61,21 @@ async def test_settings_panel_changes_sampling(make_app, backend) -> None:
         await pilot.press("ctrl+s")
         assert app.screen.__class__.__name__ == "SettingsScreen"  # refused with a notification
         assert any("temperature" in n.message for n in app._notifications)
+
+
+async def test_mouse_click_switches_and_export_writes_files(make_app, backend) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        await send(pilot, "older chat")
+        first = app.conv.id
+        await pilot.press("ctrl+n")
+        await send(pilot, "newer chat")
+        items = list(app.query("ConversationItem"))
+        target = next(i for i in items if i.conversation_id == first)
+        await pilot.click(target)
+        await wait_for(pilot, lambda: app.conv.id == first)
+        await pilot.press("f6")
+        out = app.store.path.parent / "exports" / f"conversation-{first}"
+        assert "## You\n\nolder chat" in out.with_suffix(".md").read_text()
+        assert '"older chat"' in out.with_suffix(".json").read_text()
