@@ -1,0 +1,182 @@
+"""Weights of a Llama-family model (GGUF file or Hugging Face safetensors folder) into models.llama.LlamaModel.
+
+The name mapping is data: `_GGUF_NAMES` / `_HF_NAMES` map a file's tensor name (layer index as {i}) to the
+model parameter and, for merged projections, which shard it fills (Q/K/V -> qkv_proj, gate/up -> gate_up_proj).
+Per architecture (`ARCHITECTURES`): whether llama.cpp's converter reordered the Q/K rows of a GGUF for
+interleaved-pair RoPE.  The loader undoes that reorder, so the model always runs rotate-half RoPE, one layout
+for GGUF and HF checkpoints alike (same perplexity either way; see NOTES.md).
+
+GGUF tensors are read from the file's mmap (offsets from backends.gguf_reader: no slow GGUFReader open) and
+dequantized with gguf.quants.dequantize (F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1, Q2_K..Q6_K, ...).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from backends.errors import ModelFormatError, UnsupportedArchitectureError
+from backends.modelspec import ModelSpec
+from backends.torch_engine.models.llama import LlamaConfig, LlamaModel
+from kernels.dispatch import KernelSet
+from kernels.rope import rope_inv_freq
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    gguf_qk_reordered: bool  # llama.cpp's converter permuted Q/K rows (interleaved RoPE in the GGUF)
+
+
+ARCHITECTURES = {"llama": ArchInfo(gguf_qk_reordered=True), "qwen2": ArchInfo(gguf_qk_reordered=False)}
+
+# file name -> (model parameter, shard of a merged projection or None)
+_GGUF_NAMES: dict[str, tuple[str, str | None]] = {
+    "token_embd.weight": ("embed.weight", None),
+    "output_norm.weight": ("norm.weight", None),
+    "output.weight": ("lm_head.weight", None),
+    "blk.{i}.attn_norm.weight": ("layers.{i}.input_norm.weight", None),
+    "blk.{i}.attn_q.weight": ("layers.{i}.attn.qkv_proj.weight", "q"),
+    "blk.{i}.attn_k.weight": ("layers.{i}.attn.qkv_proj.weight", "k"),
+    "blk.{i}.attn_v.weight": ("layers.{i}.attn.qkv_proj.weight", "v"),
+    "blk.{i}.attn_q.bias": ("layers.{i}.attn.qkv_proj.bias", "q"),
+    "blk.{i}.attn_k.bias": ("layers.{i}.attn.qkv_proj.bias", "k"),
+    "blk.{i}.attn_v.bias": ("layers.{i}.attn.qkv_proj.bias", "v"),
+    "blk.{i}.attn_output.weight": ("layers.{i}.attn.o_proj.weight", None),
+    "blk.{i}.ffn_norm.weight": ("layers.{i}.post_norm.weight", None),
+    "blk.{i}.ffn_gate.weight": ("layers.{i}.mlp.gate_up_proj.weight", "gate"),
+    "blk.{i}.ffn_up.weight": ("layers.{i}.mlp.gate_up_proj.weight", "up"),
+    "blk.{i}.ffn_down.weight": ("layers.{i}.mlp.down_proj.weight", None),
+}
+_HF_NAMES: dict[str, tuple[str, str | None]] = {
+    "model.embed_tokens.weight": ("embed.weight", None),
+    "model.norm.weight": ("norm.weight", None),
+    "lm_head.weight": ("lm_head.weight", None),
+    "model.layers.{i}.input_layernorm.weight": ("layers.{i}.input_norm.weight", None),
+    "model.layers.{i}.self_attn.q_proj.weight": ("layers.{i}.attn.qkv_proj.weight", "q"),
+    "model.layers.{i}.self_attn.k_proj.weight": ("layers.{i}.attn.qkv_proj.weight", "k"),
+    "model.layers.{i}.self_attn.v_proj.weight": ("layers.{i}.attn.qkv_proj.weight", "v"),
+    "model.layers.{i}.self_attn.q_proj.bias": ("layers.{i}.attn.qkv_proj.bias", "q"),
+    "model.layers.{i}.self_attn.k_proj.bias": ("layers.{i}.attn.qkv_proj.bias", "k"),
+    "model.layers.{i}.self_attn.v_proj.bias": ("layers.{i}.attn.qkv_proj.bias", "v"),
+    "model.layers.{i}.self_attn.o_proj.weight": ("layers.{i}.attn.o_proj.weight", None),
+    "model.layers.{i}.post_attention_layernorm.weight": ("layers.{i}.post_norm.weight", None),
+    "model.layers.{i}.mlp.gate_proj.weight": ("layers.{i}.mlp.gate_up_proj.weight", "gate"),
+    "model.layers.{i}.mlp.up_proj.weight": ("layers.{i}.mlp.gate_up_proj.weight", "up"),
+    "model.layers.{i}.mlp.down_proj.weight": ("layers.{i}.mlp.down_proj.weight", None),
+}
+_SHARDS = {"q": 0, "k": 1, "v": 2, "gate": 0, "up": 1}  # order of shards inside a merged parameter
+_SKIP = {"rope_freqs.weight"}  # read separately (Llama 3 frequency factors)
+_LAYER = re.compile(r"\.(\d+)\.")
+
+
+def config_from_spec(spec: ModelSpec) -> LlamaConfig:
+    arch = "llama" if spec.architecture in ("mistral",) else spec.architecture
+    if arch not in ARCHITECTURES or spec.n_experts:
+        raise UnsupportedArchitectureError(
+            f"the torch engine runs {', '.join(sorted(ARCHITECTURES))} models; {spec.name} is {spec.architecture}"
+            + (f" with {spec.n_experts} experts" if spec.n_experts else ""),
+            "use --backend llama.cpp for this model")
+    names = {t.name for t in spec.tensors}
+    return LlamaConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, n_layers=spec.n_layers, n_heads=spec.n_heads,
+        n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, ffn_size=spec.ffn_size, rms_eps=spec.rms_eps,
+        rope_base=spec.rope_base, rope_scaling=dict(spec.rope_scaling),
+        qkv_bias=any(n.endswith(("attn_q.bias", "q_proj.bias")) for n in names),
+        tied_embeddings=spec.tied_embeddings)
+
+
+def _template(name: str) -> tuple[str, int | None]:
+    m = _LAYER.search(name)
+    if m is None:
+        return name, None
+    return name[:m.start()] + ".{i}." + name[m.end():], int(m.group(1))
+
+
+def _unreorder(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation: rows (head, pair i, member a) -> (head, a, i)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _gguf_tensors(spec: ModelSpec):
+    """Yield (name, float32 tensor in (out, in) order) for every tensor of a GGUF (all shards)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from backends.gguf_reader import read_model_header
+
+    _, shards = read_model_header(spec.path)
+    for header in shards:
+        raw = np.memmap(header.path, dtype=np.uint8, mode="r")
+        for t in header.tensors:
+            qtype = GGMLQuantizationType(t.ggml_type)
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            start = header.data_offset + t.offset
+            row_bytes = t.shape[0] // block * type_size
+            data = raw[start:start + t.n_bytes].reshape(-1, row_bytes)
+            try:
+                values = dequantize(data, qtype)
+            except NotImplementedError:
+                raise ModelFormatError(f"{spec.path}: tensor {t.name} has type {qtype.name}, which gguf cannot "
+                                       "dequantize", "use --backend llama.cpp, or a file in another quant") from None
+            yield t.name, torch.from_numpy(np.array(values, dtype=np.float32).reshape(tuple(reversed(t.shape))))
+
+
+def _hf_tensors(spec: ModelSpec):
+    from safetensors import safe_open
+
+    for f in spec.files:
+        with safe_open(f, framework="pt") as fh:
+            for name in fh.keys():
+                yield name, fh.get_tensor(name).float()
+
+
+def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torch.device) -> LlamaModel:
+    """Build the model and fill every parameter from the file; ModelFormatError if one is missing."""
+    cfg = config_from_spec(spec)
+    gguf = spec.format == "gguf"
+    names = _GGUF_NAMES if gguf else _HF_NAMES
+    reorder = gguf and ARCHITECTURES["llama" if spec.architecture == "mistral" else spec.architecture].gguf_qk_reordered
+    with torch.device("meta"):
+        model = LlamaModel(cfg, ops)
+    params: dict[str, torch.Tensor] = {}
+    shards: dict[str, dict[int, torch.Tensor]] = {}
+    freq_factors = None
+    for name, tensor in (_gguf_tensors(spec) if gguf else _hf_tensors(spec)):
+        if name in _SKIP:
+            freq_factors = tensor.reshape(-1)
+            continue
+        key, layer = _template(name)
+        if key not in names:
+            continue  # e.g. HF rotary inv_freq buffers
+        target, shard = names[key]
+        target = target.format(i=layer)
+        if reorder and shard in ("q", "k"):
+            tensor = _unreorder(tensor, cfg.n_heads if shard == "q" else cfg.n_kv_heads)
+        tensor = tensor.to(dtype)
+        if shard is None:
+            params[target] = tensor
+        else:
+            shards.setdefault(target, {})[_SHARDS[shard]] = tensor
+    for target, parts in shards.items():
+        params[target] = torch.cat([parts[i] for i in sorted(parts)], dim=0)
+    if cfg.tied_embeddings:
+        params.pop("lm_head.weight", None)
+    expected = {n for n, _ in model.named_parameters()}
+    missing = expected - set(params)
+    if missing:
+        raise ModelFormatError(f"{spec.path} lacks {len(missing)} weights the {spec.architecture} model needs, "
+                               f"e.g. {sorted(missing)[0]}", "the file is incomplete or not a supported model")
+    model.load_state_dict(params, strict=False, assign=True)
+    if cfg.tied_embeddings:
+        model.lm_head.weight = model.embed.weight
+    scaling = dict(cfg.rope_scaling)
+    scaling.pop("rope_freqs_tensor", None)
+    if freq_factors is not None:
+        scaling = {}
+    model.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base, scaling, freq_factors)
+    return model.to(device).eval()
+

@@ -1,0 +1,153 @@
+"""ModelRunner: owns the model and the paged KV cache pool; runs one scheduler step in one forward.
+
+`execute(SchedulerOutput)` flattens the scheduled tokens of every request (decodes and prefill chunks alike),
+builds positions and the slot mapping from the block tables, runs the model once (K/V are written into the
+cache through the slot mapping inside each layer) and returns float32 logits for the requests that need them.
+
+The pool: per layer one K and one V tensor of shape (num_blocks, BLOCK_SIZE, n_kv_heads, head_dim), sized from
+LoadOptions.kv_cache_bytes, else max_num_seqs x n_ctx tokens (backends.torch_engine.backend.kv_pool_blocks).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from backends.api import LoadOptions, ProgressCallback
+from backends.errors import ConfigError
+from backends.modelspec import ModelSpec
+from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, SchedulerOutput
+from kernels.attention import build_attention_metadata
+from kernels.dispatch import kernel_set
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_KV_DTYPES = {"f16": torch.float16, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32,
+              "f32": torch.float32}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """"auto": bf16 on GPUs that have it (else fp16); on CPU float32: see the README/report for the measurement
+    (a decode step of the starter model is memory- and overhead-bound, and bf16 weights cost perplexity)."""
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if name not in _DTYPES:
+        raise ConfigError(f"unknown dtype {name!r}; choose auto, float32, bfloat16 or float16")
+    return _DTYPES[name]
+
+
+class ModelRunner:
+    """ModelRunner(spec, options, kernels=None): loads the weights and allocates the KV pool.
+
+    Attributes: model, device, dtype, kv_dtype, num_blocks, block_size, vocab_size, kv_caches."""
+
+    def __init__(self, spec: ModelSpec, options: LoadOptions, kernels: str | None = None) -> None:
+        from backends.torch_engine.backend import kv_pool_blocks
+        from backends.torch_engine.loader import load_model
+
+        self.spec, self.options = spec, options
+        self.device = resolve_device(options.device)
+        self.dtype = resolve_dtype(options.dtype, self.device)
+        if options.kv_cache_type not in _KV_DTYPES:
+            raise ConfigError(f"the torch engine's KV cache type is f16, bf16 or fp32, got {options.kv_cache_type!r}")
+        # On CPU the cache follows the compute dtype: fp16 arithmetic there is slow and converting every
+        # gathered block each layer costs more than the memory it saves.
+        self.kv_dtype = _KV_DTYPES[options.kv_cache_type] if self.device.type == "cuda" else self.dtype
+        if options.n_threads and self.device.type == "cpu":
+            torch.set_num_threads(options.n_threads)
+        self.ops = kernel_set(kernels)
+        self.model = load_model(spec, self.ops, self.dtype, self.device)
+        if options.weight_quant == "int8":
+            from backends.torch_engine.quantize import QuantConfig, quantize_model
+
+            quantize_model(self.model, QuantConfig(kind="int8"))
+        elif options.weight_quant != "none":
+            raise ConfigError(f"the torch engine's weight quantization is none or int8, got {options.weight_quant!r}")
+        self.block_size = BLOCK_SIZE
+        self.vocab_size = spec.vocab_size
+        self.num_blocks = kv_pool_blocks(spec, options, torch.empty((), dtype=self.kv_dtype).element_size())
+        shape = (self.num_blocks, BLOCK_SIZE, spec.n_kv_heads, spec.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.kv_dtype, device=self.device)) for _ in range(spec.n_layers)]
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+
+    @torch.inference_mode()
+    def forward(self, seqs: list[tuple[Sequence[int], int, Sequence[int]]], logit_rows: str = "last"
+                ) -> torch.Tensor:
+        """seqs: (token_ids, start_position, block_table) per sequence.  Returns float32 logits: "last" ->
+        (num_seqs, vocab) after each sequence's last token; "all" -> (num_tokens, vocab) after every token."""
+        ids: list[int] = []
+        positions: list[int] = []
+        for tokens, start, _ in seqs:
+            ids.extend(tokens)
+            positions.extend(range(start, start + len(tokens)))
+        meta = build_attention_metadata([(start, len(tokens), tuple(table)) for tokens, start, table in seqs],
+                                        BLOCK_SIZE, self.device)
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        hidden = self.model(input_ids, pos, self.kv_caches, meta)
+        if logit_rows == "last":
+            hidden = hidden[torch.tensor(meta.query_start[1:], device=self.device) - 1]
+        return self.model.compute_logits(hidden)
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        """All scheduled tokens in one forward; logits (float32) only for requests with needs_logits."""
+        t0 = time.perf_counter()
+        if out.is_empty:
+            return RunnerOutput((), torch.empty(0, self.vocab_size))
+        logits = self.forward([(s.token_ids, s.start_position, s.block_table) for s in out.scheduled])
+        keep = [i for i, s in enumerate(out.scheduled) if s.needs_logits]
+        ids = tuple(out.scheduled[i].request_id for i in keep)
+        rows = logits[keep] if len(keep) != len(out.scheduled) else logits
+        return RunnerOutput(ids, rows, {"forward_s": time.perf_counter() - t0})
+
+    def prompt_logits(self, token_ids: Sequence[int], block_table: Sequence[int] | None = None,
+                      chunk: int | None = None) -> torch.Tensor:
+        """(len(token_ids), vocab) float32 logits after every position (perplexity).  Runs in chunks of n_batch
+        tokens over `block_table`, default blocks 0.. of the pool: only while no request holds blocks."""
+        n = len(token_ids)
+        need = -(-n // BLOCK_SIZE)
+        table = list(block_table) if block_table is not None else list(range(need))
+        if len(table) < need:
+            raise ConfigError(f"{n} tokens need {need} KV blocks but the pool has {self.num_blocks}",
+                              "load with a larger --ctx or a bigger KV budget")
+        chunk = chunk or self.options.n_batch
+        parts = [self.forward([(token_ids[lo:lo + chunk], lo, table)], "all") for lo in range(0, n, chunk)]
+        return torch.cat(parts)
+
+    def describe(self) -> dict[str, Any]:
+        return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
+                "kv_dtype": str(self.kv_dtype).removeprefix("torch."), "kv_blocks": self.num_blocks,
+                "kv_cache_bytes": self.kv_cache_bytes, "kernels": self.ops.name,
+                "weight_quant": self.options.weight_quant}
+
+    def close(self) -> None:
+        self.kv_caches = []
+        self.model = None  # type: ignore[assignment]
+
+
+def build_engine_parts(spec: ModelSpec, options: LoadOptions, progress: ProgressCallback | None = None):
+    """The model half for TorchBackend: runner, tokenizer, pool size, prompt logits, describe, close."""
+    from backends.torch_engine.backend import EngineParts
+    from backends.torch_engine.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(spec)
+    runner = ModelRunner(spec, options)
+    if options.n_ctx > runner.num_blocks * BLOCK_SIZE:
+        raise ConfigError(f"the KV pool holds {runner.num_blocks * BLOCK_SIZE} tokens, less than the context "
+                          f"of {options.n_ctx}", "raise the KV budget or lower --ctx")
+    return EngineParts(runner=runner, tokenizer=tokenizer, num_blocks=runner.num_blocks,
+                       prompt_logits=runner.prompt_logits, describe=runner.describe, close=runner.close)

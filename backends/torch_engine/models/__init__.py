@@ -1,0 +1,1 @@
+"""Plain nn.Module model definitions; transforms (quantization, ...) are applied to them afterwards."""
