@@ -1,0 +1,125 @@
+"""The plain-torch fast path of every op against its slow reference, on awkward shapes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kernels import activation, attention, rmsnorm, rope
+from kernels.dispatch import kernel_set, use_kernels
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 33])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm(n: int, dtype: torch.dtype) -> None:
+    x = torch.randn(n, 96).to(dtype) * 3
+    w = torch.randn(96)
+    ref = rmsnorm.rms_norm_reference(x, w, 1e-5).float()
+    torch.testing.assert_close(rmsnorm.rms_norm_torch(x, w, 1e-5).float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("n", [1, 17, 33])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul(n: int, dtype: torch.dtype) -> None:
+    x = torch.randn(n, 2 * 40).to(dtype)
+    ref = activation.silu_and_mul_reference(x).float()
+    torch.testing.assert_close(activation.silu_and_mul_torch(x).float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("n", [1, 16, 17])
+def test_rope_matches_reference_and_the_formula(n: int) -> None:
+    positions = torch.randint(0, 5000, (n,))
+    inv_freq = rope.rope_inv_freq(32, 100000.0)
+    cos, sin = rope.rope_cos_sin(positions, inv_freq)
+    q, k = torch.randn(n, 6, 32), torch.randn(n, 2, 32)
+    rq, rk = rope.rope_reference(q, k, cos, sin)
+    fq, fk = rope.rope_torch(q, k, cos, sin)
+    torch.testing.assert_close(fq, rq, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fk, rk, atol=1e-5, rtol=1e-5)
+    # rotating by position p then taking the dot product with the same vector rotated by p gives |v|^2:
+    # the rotation is orthogonal; and position 0 is the identity
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1), atol=1e-4, rtol=1e-4)
+    z_cos, z_sin = rope.rope_cos_sin(torch.zeros(n, dtype=torch.int64), inv_freq)
+    torch.testing.assert_close(rope.rope_torch(q, k, z_cos, z_sin)[0], q)
+
+
+def test_llama3_rope_scaling_keeps_high_frequencies_and_divides_low_ones() -> None:
+    base = rope.rope_inv_freq(128, 500000.0)
+    scaled = rope.rope_inv_freq(128, 500000.0, {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_context_length": 8192})
+    assert torch.allclose(scaled[:8], base[:8])  # short wavelengths untouched
+    assert torch.allclose(scaled[-4:], base[-4:] / 8)  # long wavelengths divided by the factor
+    factors = torch.full((64,), 2.0)
+    assert torch.allclose(rope.rope_inv_freq(128, 500000.0, freq_factors=factors), base / 2)
+
+
+def _paged_case(seqs_spec: list[tuple[int, int]], num_heads: int, kv_heads: int, dtype: torch.dtype,
+                block_size: int = 16, head_dim: int = 32):
+    """Random caches holding each sequence's context in shuffled blocks; seqs_spec: (start, q_len)."""
+    rng = random.Random(0)
+    need = sum(-(-(s + q) // block_size) for s, q in seqs_spec)
+    num_blocks = need + 3
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    seqs = []
+    for start, q_len in seqs_spec:
+        nb = -(-(start + q_len) // block_size)
+        seqs.append((start, q_len, tuple(free.pop() for _ in range(nb))))
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
+    meta = attention.build_attention_metadata(seqs, block_size)
+    n = sum(q for _, q in seqs_spec)
+    q = torch.randn(n, num_heads, head_dim).to(dtype)
+    k_new = torch.randn(n, kv_heads, head_dim).to(dtype)
+    v_new = torch.randn(n, kv_heads, head_dim).to(dtype)
+    attention.write_kv(k_new, v_new, k_cache, v_cache, meta.slot_mapping)
+    return q, k_cache, v_cache, meta
+
+
+CASES = {
+    "decode-1": [(0, 1)],
+    "prefill-15": [(0, 15)],
+    "prefill-16": [(0, 16)],
+    "prefill-17": [(0, 17)],
+    "chunk-on-prefix": [(32, 17)],  # a chunk of 17 new tokens on two cached blocks
+    "mixed": [(40, 1), (0, 33), (15, 1), (16, 16), (100, 1)],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("ratio", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_fast_path_matches_reference(case: str, ratio: int, dtype: torch.dtype) -> None:
+    q, k_cache, v_cache, meta = _paged_case(CASES[case], 2 * ratio, 2, dtype)
+    ref = attention.paged_attention_reference(q, k_cache, v_cache, meta, 32 ** -0.5)
+    out = attention.paged_attention_torch(q, k_cache, v_cache, meta, 32 ** -0.5)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+def test_reference_attention_is_causal_on_a_cached_prefix() -> None:
+    """Token i of a chunk at start s sees exactly positions <= s + i: changing a later key changes nothing."""
+    q, k_cache, v_cache, meta = _paged_case([(20, 5)], 4, 2, torch.float32)
+    before = attention.paged_attention_reference(q, k_cache, v_cache, meta, 0.2)
+    table = meta.block_tables[0]
+    last = 24  # the chunk's last position
+    k_cache[table[last // 16], last % 16] += 5.0
+    after = attention.paged_attention_reference(q, k_cache, v_cache, meta, 0.2)
+    torch.testing.assert_close(after[:4], before[:4])
+    assert not torch.allclose(after[4], before[4])
+
+
+def test_dispatch_default_override_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HEARTH_KERNELS", raising=False)
+    assert kernel_set().name == "torch"
+    monkeypatch.setenv("HEARTH_KERNELS", "reference")
+    assert kernel_set().name == "reference"
+    with use_kernels("torch"):
+        assert kernel_set().name == "torch"
+    assert kernel_set("torch").name == "torch"
+    with pytest.raises(ValueError, match="unknown kernel"):
+        kernel_set("cuda-magic")
