@@ -46,7 +46,36 @@ def model_row(entry, spec) -> dict:
         "revision": entry.revision, "size_bytes": spec.file_size_bytes, "architecture": spec.architecture,
         "parameters": spec.param_count, "quant": spec.file_type, "quant_types": spec.tensor_types,
         "context_length": spec.context_length, "format": spec.format,
+        "size_on_disk": size_on_disk(entry, spec), "backends": runnable_backends(spec),
     }
+
+
+def size_on_disk(entry, spec) -> int:
+    """Bytes the model takes: every file hearth wrote for it (all shards), else the file or folder itself."""
+    from pathlib import Path
+
+    files = [Path(f) for f in entry.files] if entry.files else []
+    if not files:
+        p = Path(entry.path)
+        files = [f for f in p.rglob("*") if ".cache" not in f.parts] if p.is_dir() else [p]
+    return sum(f.stat().st_size for f in files if f.is_file()) or spec.file_size_bytes
+
+
+def runnable_backends(spec) -> list[str]:
+    """The installed backends whose capabilities cover this model's format and architecture."""
+    from backends.registry import BACKENDS
+    from hwprobe.support import TORCH_ENGINE_ARCHITECTURES
+
+    out = []
+    for name, info in BACKENDS.items():
+        caps = info.capabilities
+        if not (caps.gguf if spec.format == "gguf" else caps.safetensors):
+            continue
+        if name == "torch" and spec.architecture not in TORCH_ENGINE_ARCHITECTURES:
+            continue
+        if info.is_installed():
+            out.append(name)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,10 +97,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        header = ("NAME", "SIZE", "ARCH", "PARAMS", "QUANT", "CONTEXT", "SOURCE")
-        table = [header] + [(r["name"], human_bytes(r["size_bytes"]), r["architecture"],
+        header = ("NAME", "SIZE", "ARCH", "PARAMS", "QUANT", "CONTEXT", "SOURCE", "BACKENDS")
+        table = [header] + [(r["name"], human_bytes(r["size_on_disk"]), r["architecture"],
                              human_count(r["parameters"]), _quant_text(r), str(r["context_length"]),
-                             r["repo"] or r["source"]) for r in rows]
+                             f"{r['repo']}@{r['revision'][:7]}" if r["repo"] and r["revision"] else
+                             (r["repo"] or r["source"]), ",".join(r["backends"]) or "-") for r in rows]
         widths = [max(len(row[i]) for row in table) for i in range(len(header))]
         for row in table:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
