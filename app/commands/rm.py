@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     if entry is None or entry.source == "builtin":
         store.remove(args.name)  # raises the right error (unknown name / built-in starter)
         raise ModelNotFoundError(f"no model named {args.name!r}")
-    files = [f for f in owned_files(entry) if Path(f).exists()]
+    shared = {f for e in store.entries() if e.name != entry.name for f in e.files}  # e.g. one repo's config.json
+    files = [f for f in owned_files(entry) if Path(f).exists() and f not in shared]
     size = sum(Path(f).stat().st_size for f in files if Path(f).is_file())
     what = (f"delete {len(files)} file(s), {human_bytes(size)}" if files
             else f"unregister it (its file {entry.path} is kept: hearth did not download it)")
@@ -72,7 +73,9 @@ def _prune_empty(files: list[str]) -> None:
     root = get_paths().models_dir.resolve()
     for folder in {Path(f).resolve().parent for f in files}:
         while folder != root and folder.is_relative_to(root) and folder.exists():
-            rest = [p for p in folder.iterdir() if p.name != ".cache"]
+            # hf's .cache metadata and an empty .partial (no unfinished download of the repo) do not keep it
+            rest = [p for p in folder.iterdir()
+                    if not (p.name == ".cache" or (p.name == ".partial" and not any(p.iterdir())))]
             if rest:
                 break
             shutil.rmtree(folder, ignore_errors=True)

@@ -128,7 +128,9 @@ def _config_shape(listing: Listing, folder: Path) -> Any | None:
     from hwprobe.shape import ModelShape
 
     try:
-        path = _download(listing, next(f for f in listing.files if f.name == "config.json"), folder, None, 1, 1)
+        cfg = next(f for f in listing.files if f.name == "config.json")
+        path = _download(listing, cfg, folder, None, 1, 1)
+        verify(Path(path), cfg)
         values = hf_config_shape(json.loads(Path(path).read_text(encoding="utf-8")), listing.repo_id)
         return ModelShape(**{k: v for k, v in values.items() if k in ModelShape.__dataclass_fields__})
     except (KeyError, TypeError, ValueError):
@@ -261,8 +263,7 @@ def _select(listing: Listing, folder: Path, quant: str | None, file: str | None,
     if include:
         files = [f for f in files if any(fnmatch.fnmatch(f.name, p) for p in include)] or files
     choices = group_ggufs(files)
-    if choices and not (include and not any(f.name.endswith(".gguf") for f in files if
-                                            any(fnmatch.fnmatch(f.name, p) for p in include))):
+    if choices:
         if report is None:
             from app.loading import hardware_report
 
@@ -301,7 +302,8 @@ def pull(repo_id: str, quant: str | None = None, file: str | None = None, revisi
     entry_name = name or _safe_name(default)
     old = store.get(entry_name)
     replace = old is not None and old.source == "hf" and old.repo == repo_id
-    owned = sorted({str(folder / f.name) for f in files} | set(old.files if replace and old else []))
+    extra = {str(folder / "config.json")} if first and (folder / "config.json").is_file() else set()
+    owned = sorted({str(folder / f.name) for f in files} | extra | set(old.files if replace and old else []))
     entry, _ = store.add(target, entry_name, source="hf", repo=repo_id, revision=listing.revision, owned=True,
                          files=owned, replace=replace)
     return entry

@@ -198,6 +198,11 @@ def test_config_json_repo_uses_the_planner(hub, tiny_ggufs):
     entry = pull("acme/Cfg-GGUF", report=_report(16 * 1024), on_choice=said.append)
     assert "the plan for this machine recommends F16" in said[0]
     assert entry.name == "cfg-gguf:f16"
+    assert any(f.endswith("config.json") for f in entry.files)  # fetched for the plan, so `rm` deletes it too
+    from app.cli import main
+
+    assert main(["rm", entry.name, "--yes"]) == 0
+    assert not Path(entry.path).parent.exists()
 
 
 def test_sha256_of_served_files_matches_listing(hub, repo):
