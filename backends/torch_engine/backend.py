@@ -30,6 +30,7 @@ from backends.api import (
     ProgressCallback,
     Request,
     RequestStats,
+    SamplingParams,
 )
 from backends.errors import ContextOverflowError, ModelLoadError
 from backends.modelspec import ModelSpec
@@ -61,7 +62,9 @@ class EngineParts:
     runner: Runner  # execute(SchedulerOutput) -> RunnerOutput, over a KV pool of num_blocks blocks
     tokenizer: Tokenizer
     num_blocks: int  # blocks in the runner's KV pool
-    prompt_logits: Callable[[Sequence[int]], Any] | None = None  # ids -> (len(ids), vocab) float32 tensor
+    # (ids, block_table) -> (len(ids), vocab) float32 tensor: logits after every position, computed over the
+    # given blocks (the backend takes them from the block manager, so no live or cached prefix is overwritten)
+    prompt_logits: Callable[[Sequence[int], Sequence[int]], Any] | None = None
     describe: Callable[[], dict[str, Any]] | None = None  # device, dtype, KV pool bytes, ...
     close: Callable[[], None] | None = None
 
@@ -168,7 +171,22 @@ class TorchBackend(Backend):
         if self._parts.prompt_logits is None:
             raise NotImplementedError("this torch engine build does not return prompt logits")
         fn = self._parts.prompt_logits
-        result = self._call(lambda: fn(ids))
+        engine = self._engine
+        assert engine is not None
+
+        def run() -> Any:  # on the engine thread, between steps
+            bm = engine.scheduler.block_manager
+            scratch = EngineRequest("logits", tuple(ids), SamplingParams(temperature=0))
+            if not bm.allocate(scratch, len(ids)):
+                raise ContextOverflowError(
+                    f"{len(ids)} tokens need {bm.blocks_needed(len(ids))} KV blocks but only "
+                    f"{bm.num_free_blocks} are free while other requests run", "score when the backend is idle")
+            try:
+                return fn(ids, tuple(scratch.block_ids))
+            finally:
+                bm.free(scratch)  # never registered in the prefix cache: its blocks go back as plain free blocks
+
+        result = self._call(run)
         return np.asarray(result.float().cpu().numpy(), dtype=np.float32)
 
     # -- generation --------------------------------------------------------------------------------------

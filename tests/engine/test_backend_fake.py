@@ -182,7 +182,8 @@ def test_logits_run_on_the_engine_thread_and_check_the_context() -> None:
 
     seen_threads = []
 
-    def prompt_logits(ids):
+    def prompt_logits(ids, block_table):
+        assert len(block_table) * 16 >= len(ids)
         seen_threads.append(threading.current_thread().name)
         return torch.arange(len(ids) * 3, dtype=torch.float32).reshape(len(ids), 3)
 
@@ -193,6 +194,7 @@ def test_logits_run_on_the_engine_thread_and_check_the_context() -> None:
         out = b.logits([1, 2, 3, 4])
         assert out.dtype == np.float32 and out.shape == (4, 3) and out[3, 2] == 11
         assert seen_threads == ["hearth-torch-engine"]
+        assert b.describe()["kv_blocks_free"] == 16  # the scratch blocks went back
         with pytest.raises(ContextOverflowError):
             b.logits(list(range(65)))
 
