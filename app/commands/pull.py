@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
                      name=args.name, progress=bar, on_choice=lambda why: print(f"choosing {why}"))
     except KeyboardInterrupt:
         bar.close()
+        bar.current = None  # the finally below must not end the line twice
         print("hearth: pull interrupted; the partial file is kept and the same command resumes it "
               "(nothing was registered)", file=sys.stderr)
         return 130
