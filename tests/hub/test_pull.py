@@ -217,3 +217,12 @@ def test_sha256_of_served_files_matches_listing(hub, repo):
     data = repo.files["Tiny-F16.gguf"]
     assert by_name["Tiny-F16.gguf"].sha256 == hashlib.sha256(data).hexdigest()
     assert by_name["README.md"].sha256 is None and by_name["README.md"].blob_id
+
+
+def test_pulling_again_reuses_the_verified_file(repo, hub):
+    first = pull("acme/Tiny-GGUF", quant="Q8_0")
+    n_gets = len([r for r in hub.log.requests if r[0] == "GET" and "/resolve/" in r[1]])
+    again = pull("acme/Tiny-GGUF", quant="Q8_0")
+    assert again.path == first.path and again.files == first.files
+    assert len([r for r in hub.log.requests if r[0] == "GET" and "/resolve/" in r[1]]) == n_gets
+    assert [e.name for e in ModelStore().entries()].count("tiny-gguf:q8_0") == 1
