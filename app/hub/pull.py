@@ -30,7 +30,7 @@ from typing import Any
 from app.hub.select import Choice, RemoteFile, choose_gguf, group_ggufs
 from app.paths import get_paths
 from app.store import ModelEntry, ModelStore
-from hwprobe.errors import HearthError
+from hwprobe.errors import ConfigError, HearthError
 
 SAFETENSORS_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                      "special_tokens_map.json", "*.safetensors", "model.safetensors.index.json")
@@ -290,18 +290,24 @@ def pull(repo_id: str, quant: str | None = None, file: str | None = None, revisi
     listing = list_repo(repo_id, revision)
     folder = model_folder(repo_id)
     files, first, label, reason = _select(listing, folder, quant, file, include, report)
+    store = ModelStore()
+    default = repo_id.split("/")[-1].lower() + (f":{label.lower()}" if first else "")
+    entry_name = name or _safe_name(default)
+    old = store.get(entry_name)
+    replace = old is not None and old.source == "hf" and old.repo == repo_id
+    if old is not None and not replace:  # said before downloading, not after
+        raise ConfigError(f"a model named {entry_name!r} is already registered ({old.path})",
+                          "pick another with --name, or remove it first with `hearth rm`")
+    for f in files:
+        if not (folder / f.name).resolve().is_relative_to(folder.resolve()):
+            raise PullError(f"the repo lists a file outside its folder: {f.name!r}", "refusing to write it")
     if on_choice:
         on_choice(f"{label}: {reason}")
     check_disk(files, folder)
     for i, f in enumerate(files, 1):
         path = Path(_download(listing, f, folder, progress, i, len(files)))
         verify(path, f)
-    store = ModelStore()
     target = folder / first if first else folder
-    default = repo_id.split("/")[-1].lower() + (f":{label.lower()}" if first else "")
-    entry_name = name or _safe_name(default)
-    old = store.get(entry_name)
-    replace = old is not None and old.source == "hf" and old.repo == repo_id
     extra = {str(folder / "config.json")} if first and (folder / "config.json").is_file() else set()
     owned = sorted({str(folder / f.name) for f in files} | extra | set(old.files if replace and old else []))
     entry, _ = store.add(target, entry_name, source="hf", repo=repo_id, revision=listing.revision, owned=True,

@@ -226,3 +226,15 @@ def test_pulling_again_reuses_the_verified_file(repo, hub):
     assert again.path == first.path and again.files == first.files
     assert len([r for r in hub.log.requests if r[0] == "GET" and "/resolve/" in r[1]]) == n_gets
     assert [e.name for e in ModelStore().entries()].count("tiny-gguf:q8_0") == 1
+
+
+def test_a_taken_name_is_refused_before_downloading(repo, hub, tmp_path, tiny_ggufs):
+    from hwprobe.errors import ConfigError
+
+    mine = tmp_path / "mine.gguf"
+    mine.write_bytes(tiny_ggufs["Q8_0"])
+    ModelStore().add(mine, "tiny-gguf:q8_0")
+    with pytest.raises(ConfigError, match="already registered"):
+        pull("acme/Tiny-GGUF", quant="Q8_0")
+    assert not [r for r in hub.log.requests if "/resolve/" in r[1]]
+    assert ModelStore().get("tiny-gguf:q8_0").path == str(mine.resolve())
