@@ -20,7 +20,9 @@ def repo(hub, tiny_ggufs):
 
 def test_pull_show_models_rm(repo, capsys):
     assert main(["pull", "acme/Tiny-GGUF", "--quant", "Q8_0"]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "fetching Tiny-Q8_0.gguf (3.3 MiB) [1/1]" in captured.err  # not a terminal: one line per file
     assert "choosing Q8_0: --quant Q8_0 asked for it" in out and "pulled tiny-gguf:q8_0" in out
     assert main(["models", "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
