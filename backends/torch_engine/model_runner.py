@@ -35,15 +35,24 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """"auto": bf16 on GPUs that have it (else fp16); on CPU float32: see the README/report for the measurement
-    (a decode step of the starter model is memory- and overhead-bound, and bf16 weights cost perplexity)."""
+    """"auto": bf16 on GPUs that have it (else fp16).  On CPU bf16 where the CPU has bf16 matmul (AVX512-BF16 /
+    AMX), else float32.  Measured on the 2-core Zen 4 dev machine with the starter model: perplexity 14.91
+    (bf16) vs 14.93 (fp32) vs 15.01 (llama.cpp), while a decode step takes 24 ms vs ~137 ms at batch 1 and
+    63 vs ~89 ms at batch 16, and a 1922-token prefill 2.5 s vs 5.1 s."""
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
+        return torch.bfloat16 if _cpu_has_bf16() else torch.float32
     if name not in _DTYPES:
         raise ConfigError(f"unknown dtype {name!r}; choose auto, float32, bfloat16 or float16")
     return _DTYPES[name]
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch build without oneDNN
+        return False
 
 
 class ModelRunner:

@@ -1,0 +1,82 @@
+"""The real starter model (SmolLM2-135M Q4_1) in the torch engine's model half against llama.cpp: token ids,
+logits on a prompt, perplexity on ~1900 tokens of English prose (tests/data/english.txt)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from backends.api import LoadOptions
+from backends.modelspec import load_spec
+from backends.torch_engine.model_runner import ModelRunner
+from backends.torch_engine.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.slow
+TEXT = (Path(__file__).parent.parent / "data" / "english.txt").read_text()
+CORPUS = [
+    "Hello world", "", " ", "\n", "def f(x):\n    return x**2  # 12345 678\n\n\n",
+    "naïve café — 東京 🙂 ü Ωμέγα مرحبا", "   lots   of\t\tspaces\n\n \n  ", "3.14159 and 1,000,000 dollars!!!",
+    "I'm can't we'll they've DON'T", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "text<|endoftext|>more", "for (int i = 0; i < n; ++i) { a[i] += b[i]; }", "https://example.com/a?b=c&d=1",
+    TEXT[:3000],
+]
+
+
+@pytest.fixture(scope="module")
+def starter(starter_path: Path):
+    import llama_cpp
+
+    spec = load_spec(starter_path)
+    vocab = llama_cpp.Llama(str(starter_path), vocab_only=True, verbose=False)
+    yield spec, load_tokenizer(spec), vocab
+    vocab.close()
+
+
+@pytest.mark.parametrize("index", range(len(CORPUS)))
+def test_token_ids_equal_llama_cpp(starter, index: int) -> None:
+    _, tok, vocab = starter
+    text = CORPUS[index]
+    for special in (True, False):
+        assert tok.encode(text, parse_special=special) == vocab.tokenize(text.encode(), add_bos=True,
+                                                                          special=special)
+    ids = tok.encode(text)
+    assert tok.token_bytes(ids) == vocab.detokenize(ids)
+
+
+def _nll(logits: np.ndarray, ids: list[int]) -> float:
+    lp = torch.log_softmax(torch.from_numpy(logits[:-1]).double(), dim=-1)
+    return float(-lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].mean())
+
+
+@pytest.fixture(scope="module")
+def reference_logits(starter, starter_path: Path) -> tuple[list[int], np.ndarray]:
+    import llama_cpp
+
+    _, tok, _ = starter
+    ids = tok.encode(TEXT)
+    assert len(ids) > 1800
+    llm = llama_cpp.Llama(str(starter_path), logits_all=True, n_ctx=2048, n_threads=2, verbose=False)
+    llm.eval(ids)
+    ref = np.array(llm.scores[:len(ids)])
+    llm.close()
+    return ids, ref
+
+
+# measured (float32 / bfloat16): max |dlogit| 1.35 / 2.87, mean 0.143 / 0.169, top-1 agreement 0.966 / 0.959,
+# perplexity 14.926 / 14.914 vs llama.cpp's 15.006.  llama.cpp rounds activations to 8 bits for its Q4_1/Q8_0
+# dot products and keeps the KV cache in f16, which is where most of the difference comes from (tiny random
+# GGUFs in F32 agree to 1e-3: test_tiny_conformance.py).
+@pytest.mark.parametrize("dtype,max_delta", [("float32", 2.0), ("bfloat16", 4.0)])
+def test_logits_and_perplexity_match_llama_cpp(starter, reference_logits, dtype: str, max_delta: float) -> None:
+    spec = starter[0]
+    ids, ref = reference_logits
+    runner = ModelRunner(spec, LoadOptions(n_ctx=2048, max_num_seqs=1, dtype=dtype))
+    ours = runner.prompt_logits(ids).numpy()
+    assert np.abs(ours - ref).max() < max_delta
+    assert np.abs(ours - ref).mean() < 0.25
+    assert (ours.argmax(-1) == ref.argmax(-1)).mean() > 0.94
+    ppl_ours, ppl_ref = np.exp(_nll(ours, ids)), np.exp(_nll(ref, ids))
+    assert abs(ppl_ours / ppl_ref - 1) < 0.02, (ppl_ours, ppl_ref)
