@@ -1,0 +1,73 @@
+"""`hearth serve`: an OpenAI-compatible HTTP API for one local model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app.commands.common import add_model_arguments, settings_from_args
+
+NAME = "serve"
+HELP = "serve a model over an OpenAI-compatible HTTP API"
+ORDER = 30
+DESCRIPTION = """Serve one model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models),
+plus /health and /metrics (Prometheus).
+
+  hearth serve                                 the default model on http://127.0.0.1:8000/v1
+  hearth serve --api-key KEY --host 0.0.0.0    reachable from the network, Bearer KEY required
+
+Safe by default: binds 127.0.0.1; with --api-key (or HEARTH_API_KEY) every path but /health needs
+'Authorization: Bearer KEY'.  Limits: request body 1 MiB; max_tokens <= context; --max-concurrency requests
+run at once (default 16; a backend without batching, e.g. llama.cpp, runs one at a time and the rest queue);
+at most --queue-limit (default 64) wait, beyond that 429 with Retry-After.  SIGINT/SIGTERM: stop accepting,
+give running requests --shutdown-grace seconds (default 10), abort the rest, exit 0."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", metavar="ADDR", help="bind address (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, metavar="N", help="port (default 8000)")
+    p.add_argument("--api-key", dest="api_key", metavar="KEY", help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--max-concurrency", dest="max_concurrency", type=int, metavar="N",
+                   help="requests generating at once (default 16)")
+    p.add_argument("--queue-limit", dest="queue_limit", type=int, default=64, metavar="N",
+                   help="requests waiting for a slot before 429 (default 64)")
+    p.add_argument("--max-body-bytes", dest="max_body_bytes", type=int, default=1 << 20, metavar="N",
+                   help="largest request body (default 1 MiB)")
+    p.add_argument("--shutdown-grace", dest="shutdown_grace", type=float, default=10.0, metavar="S",
+                   help="seconds running requests get to finish on shutdown (default 10)")
+    add_model_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.loading import open_backend
+    from app.server.app import ServerConfig, create_app
+    from app.server.runner import Limits
+    from backends.errors import ConfigError
+
+    if args.queue_limit < 0 or args.max_body_bytes < 1 or args.shutdown_grace < 0:
+        raise ConfigError("--queue-limit must be >= 0, --max-body-bytes >= 1 and --shutdown-grace >= 0")
+    settings = settings_from_args(args)
+    loaded = open_backend(settings, hardware_file=args.hardware)
+    backend = loaded.backend
+    try:
+        err = sys.stderr
+        for reason in loaded.decision.reasons:
+            print(f"plan: {reason}", file=err)
+        print("loaded: " + ", ".join(f"{k}={v}" for k, v in backend.describe().items()), file=err)
+        limits = Limits(max_concurrency=settings.max_concurrency, queue_limit=args.queue_limit,
+                        max_body_bytes=args.max_body_bytes, shutdown_grace_s=args.shutdown_grace)
+        config = ServerConfig(model_name=loaded.entry.name, api_key=settings.api_key or None, limits=limits)
+        app = create_app(backend, config)
+        mode = "batched" if backend.capabilities.concurrent_requests else "one at a time (others queue)"
+        print(f"serving {config.model_name!r} on http://{settings.host}:{settings.port}/v1 "
+              f"({mode}; auth {'on' if config.api_key else 'off'})", file=err, flush=True)
+        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                               timeout_graceful_shutdown=max(int(args.shutdown_grace), 1)))
+        server.run()
+        for request_id in list(app.state.runner.active):  # past the grace period: abort what still runs
+            backend.abort(request_id)
+        return 0
+    finally:
+        backend.close()

@@ -1,0 +1,281 @@
+"""The FastAPI app: routes of the OpenAI API subset, auth, body limits, error bodies, metrics.
+
+Bodies are parsed by hand (size check, JSON, pydantic) so that every bad input gets an OpenAI-style error body
+and a 4xx.  With an API key, every path but /health needs `Authorization: Bearer KEY` (/health stays open so a
+supervisor can probe liveness without the key; it reveals nothing but "ok" and the model name).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from app.server.errors import APIError
+from app.server.metrics import ServerMetrics
+from app.server.runner import Generation, Limits, Runner
+from app.server.schemas import ChatCompletionRequest, CompletionRequest
+from backends.api import Backend, EventKind, Request, SamplingParams
+from backends.errors import HearthError
+
+
+@dataclass
+class ServerConfig:
+    model_name: str  # the id /v1/models lists; requests must name it
+    api_key: str | None = None  # Bearer key required on every path but /health; None = open
+    limits: Limits = field(default_factory=Limits)
+    default_max_tokens: int = 512  # when a request gives none (bounded by the context)
+    system_prompt: str | None = None  # not injected: OpenAI clients send their own system message
+
+
+class _Guard:
+    """Pure ASGI middleware (streams and disconnects pass through untouched): API key, Content-Length limit,
+    and the requests-by-status counter."""
+
+    def __init__(self, app: Any, config: ServerConfig, metrics: ServerMetrics) -> None:
+        self.app, self.config, self.metrics = app, config, metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        error = None
+        if self.config.api_key and path != "/health":
+            given = headers.get("authorization", "")
+            expected = f"Bearer {self.config.api_key}"
+            if not hmac.compare_digest(given.encode(), expected.encode()):
+                error = APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                                 type="authentication_error", code="invalid_api_key")
+        if error is None and headers.get("content-length", "").isdigit():
+            if int(headers["content-length"]) > self.config.limits.max_body_bytes:
+                error = _too_large(self.config.limits.max_body_bytes)
+        status_seen: list[int] = []
+
+        async def counting_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status_seen.append(message["status"])
+            await send(message)
+
+        label = path if path in _KNOWN_PATHS else "other"
+        try:
+            if error is not None:
+                await _json_error(error)(scope, receive, counting_send)
+            else:
+                await self.app(scope, receive, counting_send)
+        finally:
+            self.metrics.requests.labels(label, str(status_seen[0] if status_seen else 499)).inc()
+
+
+_KNOWN_PATHS = {"/v1/models", "/v1/chat/completions", "/v1/completions", "/health", "/metrics"}
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"request body is larger than {limit} bytes", code="body_too_large")
+
+
+def _json_error(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
+    """An app serving `backend` (already loaded).  The caller owns the backend and closes it."""
+    metrics = ServerMetrics()
+    runner = Runner(backend, config.limits, metrics)
+    app = FastAPI(title="hearth", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.runner = runner
+    app.state.metrics = metrics
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: HTTPRequest, exc: APIError) -> JSONResponse:
+        return _json_error(exc)
+
+    @app.exception_handler(404)
+    async def _not_found(request: HTTPRequest, _: Exception) -> JSONResponse:
+        return _json_error(APIError(404, f"no such endpoint: {request.url.path}", code="not_found"))
+
+    @app.exception_handler(405)
+    async def _bad_method(request: HTTPRequest, _: Exception) -> JSONResponse:
+        return _json_error(APIError(405, f"{request.method} is not allowed on {request.url.path}"))
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": config.model_name}
+
+    @app.get("/metrics")
+    async def prom() -> Response:
+        return Response(metrics.render(backend.describe()), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [_model_card(config.model_name)]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> dict:
+        if name != config.model_name:
+            raise _unknown_model(name, config.model_name)
+        return _model_card(name)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: HTTPRequest) -> Response:
+        body = await _parse(request, ChatCompletionRequest, config)
+        from backends.templates import render_for_spec
+
+        messages = [m.model_dump() for m in body.messages]
+        try:
+            rendered = render_for_spec(backend.spec, messages)
+        except HearthError as exc:
+            raise APIError(400, str(exc), param="messages") from None
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        req = _backend_request(body, rendered.text, rendered.add_special, tuple(rendered.stop), max_tokens,
+                               backend, config)
+        return await _respond(runner, req, body, chat=True, model_name=config.model_name)
+
+    @app.post("/v1/completions")
+    async def completions(request: HTTPRequest) -> Response:
+        body = await _parse(request, CompletionRequest, config)
+        req = _backend_request(body, body.prompt, True, (), body.max_tokens, backend, config)
+        return await _respond(runner, req, body, chat=False, model_name=config.model_name)
+
+    app.add_middleware(_Guard, config=config, metrics=metrics)
+    return app
+
+
+_UNION_TAGS = {"float", "int", "str", "bool", "list"}
+
+
+def _model_card(name: str) -> dict:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "hearth"}
+
+
+def _unknown_model(name: str, served: str) -> APIError:
+    return APIError(404, f"model {name!r} is not served here; this server serves {served!r}", param="model",
+                    code="model_not_found")
+
+
+async def _parse(request: HTTPRequest, schema: type[BaseModel], config: ServerConfig) -> Any:
+    limit = config.limits.max_body_bytes
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    try:
+        data = json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"the body must be a JSON object, got {type(data).__name__}")
+    try:
+        body = schema.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        # union members add their type to the location ("temperature.float"): drop those tags
+        loc = [str(p) for p in first.get("loc", ()) if str(p) not in _UNION_TAGS and "[" not in str(p)]
+        param = ".".join(loc) or None
+        raise APIError(400, f"{param or 'body'}: {first.get('msg')}", param=param) from None
+    if body.model != config.model_name:
+        raise _unknown_model(body.model, config.model_name)
+    if body.n != 1:
+        raise APIError(400, f"n must be 1 (one reply per request), got {body.n}", param="n")
+    return body
+
+
+def _backend_request(body: Any, prompt: str, add_special: bool, extra_stop: tuple[str, ...],
+                     max_tokens: int | None, backend: Backend, config: ServerConfig) -> Request:
+    n_ctx = backend.n_ctx
+    if max_tokens is not None and not 1 <= max_tokens <= n_ctx:
+        raise APIError(400, f"max_tokens must be between 1 and the context length {n_ctx}, got {max_tokens}",
+                       param="max_tokens")
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    if any(not s for s in stop):
+        raise APIError(400, "stop strings must not be empty", param="stop")
+    # OpenAI semantics: temperature/top_p as given (defaults 1); no top_k/min_p truncation the client did not ask
+    sampling = SamplingParams(
+        temperature=float(body.temperature) if body.temperature is not None else 1.0,
+        top_p=float(body.top_p) if body.top_p is not None else 1.0, top_k=0, min_p=0.0, seed=body.seed,
+        max_tokens=max_tokens if max_tokens is not None else min(config.default_max_tokens, n_ctx),
+        stop=stop + tuple(s for s in extra_stop if s not in stop))
+    return Request(prompt=prompt, sampling=sampling, request_id=f"req-{uuid.uuid4().hex[:16]}",
+                   add_special=add_special)
+
+
+def _usage(gen: Generation) -> dict:
+    stats = gen.finished.stats if gen.finished and gen.finished.stats else gen.started.stats
+    p = stats.prompt_tokens if stats else 0
+    c = stats.completion_tokens if stats else 0
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def _finish(gen: Generation) -> str:
+    reason = gen.finished.finish_reason.value if gen.finished else "abort"
+    return reason if reason in ("stop", "length") else "stop"
+
+
+async def _respond(runner: Runner, req: Request, body: Any, *, chat: bool, model_name: str) -> Response:
+    gen = await runner.open(req)
+    created = int(time.time())
+    rid = ("chatcmpl-" if chat else "cmpl-") + req.request_id[4:]
+    obj = "chat.completion" if chat else "text_completion"
+    if not body.stream:
+        parts = []
+        async for event in gen.events():
+            if event.kind is EventKind.TOKEN:
+                parts.append(event.text)
+        if gen.finished and gen.finished.finish_reason.value == "error":
+            raise APIError(500, f"generation failed: {gen.finished.error}", type="server_error")
+        text = "".join(parts)
+        choice: dict = {"index": 0, "finish_reason": _finish(gen), "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return JSONResponse({"id": rid, "object": obj, "created": created, "model": model_name,
+                             "choices": [choice], "usage": _usage(gen)})
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def sse(choices: list, usage: dict | None = None) -> bytes:
+        payload: dict = {"id": rid, "object": chunk_obj, "created": created, "model": model_name,
+                         "choices": choices}
+        if include_usage:
+            payload["usage"] = usage
+        return f"data: {json.dumps(payload)}\n\n".encode()
+
+    def choice(text: str | None, finish: str | None, first: bool = False) -> dict:
+        if chat:
+            delta: dict = {"role": "assistant", "content": ""} if first else {}
+            if text:
+                delta["content"] = text
+            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+
+    async def stream():
+        try:
+            if chat:
+                yield sse([choice(None, None, first=True)])
+            async for event in gen.events():
+                if event.kind is EventKind.TOKEN and event.text:
+                    yield sse([choice(event.text, None)])
+                elif event.kind is EventKind.FINISHED:
+                    if event.finish_reason.value == "error":
+                        err = APIError(500, f"generation failed: {event.error}", type="server_error")
+                        yield f"data: {json.dumps(err.body())}\n\n".encode()
+                    yield sse([choice(None, _finish(gen))])
+            if include_usage:
+                yield sse([], _usage(gen))
+            yield b"data: [DONE]\n\n"
+        finally:
+            if gen.finished is None:
+                gen.abort()
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,0 +1,41 @@
+"""Prometheus metrics of one server (own CollectorRegistry, so several apps in one process never clash)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.5)
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("hearth_http_requests", "HTTP requests answered, by path and status",
+                                ("path", "status"), registry=r)
+        self.prompt_tokens = Counter("hearth_prompt_tokens", "prompt tokens processed", registry=r)
+        self.generated_tokens = Counter("hearth_generation_tokens", "tokens generated", registry=r)
+        self.finished = Counter("hearth_requests_finished", "generations finished, by reason", ("reason",),
+                                registry=r)
+        self.ttft = Histogram("hearth_time_to_first_token_seconds", "request arrival -> first token",
+                              buckets=_TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("hearth_time_per_output_token_seconds", "time between tokens of one stream",
+                              buckets=_TPOT_BUCKETS, registry=r)
+        self.running = Gauge("hearth_requests_running", "generations running now", registry=r)
+        self.queued = Gauge("hearth_queue_depth", "generations waiting for a slot", registry=r)
+        self.kv_used = Gauge("hearth_kv_blocks_used", "KV cache blocks in use (backends that report them)",
+                             registry=r)
+        self.kv_free = Gauge("hearth_kv_blocks_free", "KV cache blocks free (backends that report them)",
+                             registry=r)
+
+    def render(self, backend_facts: dict[str, Any]) -> bytes:
+        """Prometheus text; KV gauges come from Backend.describe() (the torch engine reports kv_blocks and
+        kv_blocks_free; llama.cpp reports none, and the gauges then stay at 0)."""
+        total, free = backend_facts.get("kv_blocks"), backend_facts.get("kv_blocks_free")
+        if isinstance(total, int) and isinstance(free, int):
+            self.kv_used.set(total - free)
+            self.kv_free.set(free)
+        return generate_latest(self.registry)
