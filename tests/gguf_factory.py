@@ -43,6 +43,7 @@ def write_tiny_llama(
     tied: bool = True,
     seed: int = 0,
     extra_metadata: dict[str, Any] | None = None,
+    qkv_bias: bool = False,  # write attn_q/k/v biases (Qwen2)
 ) -> Path:
     import gguf
     from gguf.constants import GGMLQuantizationType as T
@@ -115,6 +116,9 @@ def write_tiny_llama(
         add(p + "attn_q.weight", (n_heads * head_dim, hidden))
         add(p + "attn_k.weight", (n_kv_heads * head_dim, hidden))
         add(p + "attn_v.weight", (n_kv_heads * head_dim, hidden))
+        if qkv_bias:
+            for part, rows in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
+                add(p + f"attn_{part}.bias", (rows * head_dim,), scale=0.5)
         add(p + "attn_output.weight", (hidden, n_heads * head_dim))
         add(p + "ffn_norm.weight", (hidden,))
         add(p + "ffn_gate.weight", (ffn, hidden))

@@ -39,10 +39,13 @@ def _runner(path: Path, kernels: str | None = None) -> tuple[ModelRunner, list[i
     return runner, load_tokenizer(spec).encode(PROMPT)
 
 
-@pytest.mark.parametrize("weight_type,tied", [("F32", True), ("F32", False), ("Q8_0", True), ("Q4_0", False)])
-def test_tiny_gguf_logits_match_llama_cpp(tmp_path: Path, weight_type: str, tied: bool) -> None:
+@pytest.mark.parametrize("weight_type,tied,arch", [
+    ("F32", True, "llama"), ("F32", False, "llama"), ("Q8_0", True, "llama"), ("Q4_0", False, "llama"),
+    ("F32", True, "qwen2"),  # rotate-half RoPE, no Q/K reorder, QKV biases
+])
+def test_tiny_gguf_logits_match_llama_cpp(tmp_path: Path, weight_type: str, tied: bool, arch: str) -> None:
     path = write_tiny_llama(tmp_path / "tiny.gguf", weight_type=weight_type, tied=tied, n_heads=6, n_kv_heads=2,
-                            hidden=96)
+                            hidden=96, architecture=arch, qkv_bias=arch == "qwen2")
     runner, ids = _runner(path)
     ref = _llama_cpp_logits(path, ids)
     ours = runner.prompt_logits(ids).numpy()
