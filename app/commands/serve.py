@@ -41,6 +41,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    class _GracefulServer(uvicorn.Server):
+        """uvicorn re-raises a captured SIGTERM/SIGINT after its graceful shutdown, so the process would die by
+        the signal (exit -15); here a signal is the ordinary way to stop, so shutdown ends with exit 0."""
+
+        def handle_exit(self, sig: int, frame: object) -> None:
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
+
     from app.loading import open_backend
     from app.server.app import ServerConfig, create_app
     from app.server.runner import Limits
@@ -63,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         mode = "batched" if backend.capabilities.concurrent_requests else "one at a time (others queue)"
         print(f"serving {config.model_name!r} on http://{settings.host}:{settings.port}/v1 "
               f"({mode}; auth {'on' if config.api_key else 'off'})", file=err, flush=True)
-        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+        server = _GracefulServer(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                                timeout_graceful_shutdown=max(int(args.shutdown_grace), 1)))
         server.run()
         for request_id in list(app.state.runner.active):  # past the grace period: abort what still runs
