@@ -24,7 +24,8 @@ class LiveServer:
 
         limits = Limits(**config.pop("limits", {}))
         self.backend = backend
-        self.app = create_app(backend, ServerConfig(model_name="fake-model", limits=limits, **config))
+        name = config.pop("model_name", "fake-model")
+        self.app = create_app(backend, ServerConfig(model_name=name, limits=limits, **config))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
