@@ -153,8 +153,14 @@ def build_engine_parts(spec: ModelSpec, options: LoadOptions, progress: Progress
     from backends.torch_engine.backend import EngineParts
     from backends.torch_engine.tokenizer import load_tokenizer
 
+    if progress is not None:
+        progress(0.0, "reading the tokenizer")
     tokenizer = load_tokenizer(spec)
+    if progress is not None:
+        progress(0.1, "loading and dequantizing the weights")
     runner = ModelRunner(spec, options)
+    if progress is not None:
+        progress(1.0, f"weights in {runner.describe()['dtype']} on {runner.device}")
     if options.n_ctx > runner.num_blocks * BLOCK_SIZE:
         raise ConfigError(f"the KV pool holds {runner.num_blocks * BLOCK_SIZE} tokens, less than the context "
                           f"of {options.n_ctx}", "raise the KV budget or lower --ctx")
