@@ -71,8 +71,11 @@ class Runner:
         gen = Generation(self, request, arrived)
         try:
             await gen.start()
-        except BaseException:
+        except APIError:  # the stream ended before STARTED (prompt too long ...): nothing runs
             gen.release()
+            raise
+        except BaseException:  # cancelled (client gone) while waiting for STARTED: stop the backend request
+            gen.abort()
             raise
         return gen
 
