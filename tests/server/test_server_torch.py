@@ -78,6 +78,12 @@ def test_16_parallel_streams_equal_alone_and_throughput(live, torch_backend) -> 
         t.join(120)
     http_s = time.perf_counter() - t0
     assert all(r is not None for r in batched)
+    import httpx
+
+    metrics = httpx.get(s.url + "/metrics").text
+    assert "hearth_requests_running 0.0" in metrics and "hearth_queue_depth 0.0" in metrics
+    free = float(metrics.split("\nhearth_kv_blocks_free ")[1].split()[0])
+    assert free > 0 and "hearth_kv_blocks_used 0.0" in metrics  # every finished stream gave its blocks back
 
     # The same work in-process: 16 threads on backend.generate, tokens counted by the engine.
     from backends.templates import render_for_spec
