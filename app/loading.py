@@ -86,10 +86,15 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
 
 
 def open_backend(settings: Settings, *, hardware_file: str | None = None, progress: ProgressCallback | None = None,
-                 store: ModelStore | None = None, load: bool = True) -> Loaded:
+                 store: ModelStore | None = None, load: bool = True, logits_all: bool = False) -> Loaded:
+    """`logits_all` keeps the logits of every prompt position (only `hearth ppl` needs it: it costs memory)."""
     store = store or ModelStore()
     entry, spec = store.spec(settings.model)
     decision = decide(spec, settings, hardware_file)
+    if logits_all:
+        import dataclasses
+
+        decision.options = dataclasses.replace(decision.options, logits_all=True)
     cls = get_backend_info(decision.backend).load_class()
     backend = cls(spec, decision.options)
     if load:

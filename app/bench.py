@@ -1,0 +1,207 @@
+"""`hearth bench` workload: a fixed-seed synthetic prompt set run on one backend per fresh subprocess.
+
+The parent (`run_bench`) starts `python -m app.bench WORKLOAD_JSON` once per backend, so load time is a cold
+start and peak memory belongs to that backend alone.  The worker prints one JSON object per line on stdout:
+{"progress": done, "total": n} while it runs, then {"result": {...}} per concurrency, or {"error": "..."}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+FIGURES = ("load_s", "ttft_ms_p50", "ttft_ms_p95", "prefill_tokens_per_s", "decode_tokens_per_s",
+           "aggregate_tokens_per_s", "peak_rss_mib", "peak_gpu_mib")
+
+
+@dataclass
+class Workload:
+    model: str | None  # registered name or path; None = the default model
+    backend: str  # registry name
+    concurrency: list[int]  # threads submitting requests at once, one measurement each
+    prompt_tokens: int = 128  # exact prompt length in tokens
+    gen_tokens: int = 128  # exact generated tokens per request (ignore_eos)
+    requests: int = 16  # requests per concurrency level
+    seed: int = 0  # prompt ids and sampling seed
+    threads: int | None = None  # CPU threads for the backend
+    extra: dict[str, Any] = field(default_factory=dict)  # reserved for backend-specific settings
+
+
+def synthetic_prompts(vocab: int, specials: set[int], n: int, length: int, seed: int) -> list[tuple[int, ...]]:
+    """`n` deterministic prompts of exactly `length` ids, drawn from the vocabulary minus special tokens."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        ids: list[int] = []
+        while len(ids) < length:
+            t = rng.randrange(vocab)
+            if t not in specials:
+                ids.append(t)
+        out.append(tuple(ids))
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of a non-empty list."""
+    v = sorted(values)
+    k = (len(v) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+class _PeakSampler:
+    """Samples this process's RSS every 20 ms in a thread; `peak` is the highest seen (bytes)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._proc = psutil.Process(os.getpid())
+        self.peak = self._proc.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._proc.memory_info().rss)
+        return self.peak
+
+
+def _gpu_peak_mib() -> float | None:
+    """Peak GPU memory of this process: torch's allocator when torch was used with CUDA, else None."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return None
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def worker(w: Workload) -> None:
+    """Run the workload in this process (a fresh one) and print JSON lines (see the module docstring)."""
+    from app.loading import open_backend
+    from app.settings import load_settings
+    from backends.api import Request, SamplingParams
+
+    sampler = _PeakSampler()
+    t0 = time.perf_counter()
+    try:
+        settings = load_settings(model=w.model, backend=w.backend, threads=w.threads,
+                                 ctx=max(512, w.prompt_tokens + w.gen_tokens + 16),
+                                 max_concurrency=max(w.concurrency))
+        loaded = open_backend(settings)
+    except Exception as e:  # any load failure becomes one line in the table, not a dead run
+        _emit({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
+        return
+    load_s = time.perf_counter() - t0
+    backend = loaded.backend
+    specials = set(loaded.spec.eos_token_ids)
+    if loaded.spec.bos_token_id is not None:
+        specials.add(loaded.spec.bos_token_id)
+    vocab = loaded.spec.vocab_size
+    prompts = synthetic_prompts(vocab, specials, w.requests, w.prompt_tokens, w.seed)
+    total = len(w.concurrency) * w.requests
+    done = 0
+    lock = threading.Lock()
+    try:
+        for conc in w.concurrency:
+            def one(i: int) -> Any:
+                nonlocal done
+                params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=w.seed + i)
+                c = backend.generate(Request(prompt_token_ids=prompts[i], sampling=params))
+                with lock:
+                    done += 1
+                    _emit({"progress": done, "total": total})
+                return c
+
+            start = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=conc) as pool:
+                comps = list(pool.map(one, range(w.requests)))
+            wall = time.perf_counter() - start
+            errors = [c.error for c in comps if c.error]
+            short = [len(c.token_ids) for c in comps if len(c.token_ids) != w.gen_tokens]
+            if errors or short:
+                _emit({"result": {"backend": w.backend, "concurrency": conc,
+                                  "error": errors[0] if errors else f"generated {short[0]} tokens, "
+                                                                    f"not {w.gen_tokens}"}})
+                continue
+            ttft = [c.stats.ttft_s * 1000 for c in comps]
+            gpu = _gpu_peak_mib()
+            _emit({"result": {
+                "backend": w.backend, "concurrency": conc, "load_s": load_s,
+                "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p95": percentile(ttft, 95),
+                "prefill_tokens_per_s": statistics.mean(c.stats.prefill_tokens_per_s for c in comps),
+                "decode_tokens_per_s": statistics.mean(c.stats.decode_tokens_per_s for c in comps),
+                "aggregate_tokens_per_s": sum(len(c.token_ids) for c in comps) / wall,
+                "peak_rss_mib": max(sampler.peak, sampler._proc.memory_info().rss) / 2**20,
+                "peak_gpu_mib": gpu, "wall_s": wall, "requests": w.requests,
+                "prompt_tokens": w.prompt_tokens, "gen_tokens": w.gen_tokens}})
+    finally:
+        sampler.stop()
+        backend.close()
+
+
+def run_bench(workload: Workload, backends: list[str],
+              progress: Callable[[str, int, int], None] | None = None) -> list[dict[str, Any]]:
+    """Run `workload` on each backend in its own fresh subprocess; results in backend, concurrency order,
+    each with ratios to the first backend's figures at the same concurrency (`ratio_<figure>`)."""
+    results: list[dict[str, Any]] = []
+    for name in backends:
+        w = Workload(**{**asdict(workload), "backend": name})
+        proc = subprocess.Popen([sys.executable, "-m", "app.bench", json.dumps(asdict(w))],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        got: list[dict[str, Any]] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue  # a library printed to stdout
+            if "progress" in msg and progress:
+                progress(name, msg["progress"], msg["total"])
+            elif "result" in msg:
+                got.append(msg["result"])
+            elif "error" in msg:
+                got = [{"backend": name, "concurrency": c, "error": msg["error"]} for c in w.concurrency]
+        stderr = proc.stderr.read() if proc.stderr else ""
+        if proc.wait() != 0 and not got:
+            last = (stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            got = [{"backend": name, "concurrency": c, "error": last} for c in w.concurrency]
+        results.extend(got)
+    add_ratios(results)
+    return results
+
+
+def add_ratios(results: list[dict[str, Any]]) -> None:
+    """Set `ratio_<figure>` = figure / the first backend's figure at the same concurrency (None when either
+    is missing or zero)."""
+    first: dict[int, dict[str, Any]] = {}
+    for r in results:
+        first.setdefault(r["concurrency"], r)
+    for r in results:
+        base = first[r["concurrency"]]
+        for f in FIGURES:
+            a, b = r.get(f), base.get(f)
+            r[f"ratio_{f}"] = a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+
+if __name__ == "__main__":
+    worker(Workload(**json.loads(sys.argv[1])))

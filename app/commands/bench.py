@@ -1,0 +1,107 @@
+"""`hearth bench`: the same fixed-seed workload on each backend, side by side (speed, latency, memory)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+NAME = "bench"
+HELP = "benchmark backends side by side: load time, TTFT, prefill/decode tok/s, memory"
+ORDER = 60
+DESCRIPTION = """Run the same fixed-seed synthetic workload on each backend, each in a fresh process.
+
+  hearth bench                                           starter model, llama.cpp and torch, concurrency 1,4,16
+  hearth bench --backends llama.cpp --concurrency 1,16 --gen-tokens 128 --requests 16 --json
+
+Every request has exactly --prompt-tokens prompt tokens and generates exactly --gen-tokens tokens.
+A backend that cannot batch serves concurrent requests one after another (the honest baseline)."""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", metavar="NAME|PATH", help="model (default: last used, else the starter)")
+    p.add_argument("--backends", default="llama.cpp,torch", metavar="B1,B2",
+                   help="backends in order; ratios are to the first (default llama.cpp,torch)")
+    p.add_argument("--concurrency", type=_int_list, default=[1, 4, 16], metavar="1,4,16",
+                   help="requests in flight at once (default 1,4,16)")
+    p.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, default=128, metavar="N")
+    p.add_argument("--gen-tokens", dest="gen_tokens", type=int, default=128, metavar="N")
+    p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per concurrency level")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: physical cores)")
+    p.add_argument("--json", action="store_true", help="print {\"results\": [...]} instead of a table")
+
+
+def format_table(results: list[dict]) -> str:
+    cols = [("backend", "backend", "{}"), ("conc", "concurrency", "{}"), ("load s", "load_s", "{:.2f}"),
+            ("TTFT p50 ms", "ttft_ms_p50", "{:.1f}"), ("TTFT p95 ms", "ttft_ms_p95", "{:.1f}"),
+            ("prefill tok/s", "prefill_tokens_per_s", "{:.0f}"), ("decode tok/s", "decode_tokens_per_s", "{:.1f}"),
+            ("aggr tok/s", "aggregate_tokens_per_s", "{:.1f}"), ("RSS MiB", "peak_rss_mib", "{:.0f}"),
+            ("GPU MiB", "peak_gpu_mib", "{:.0f}")]
+    rows = [[h for h, _, _ in cols]]
+    for r in results:
+        if r.get("error"):
+            rows.append([r["backend"], str(r["concurrency"]), f"error: {r['error']}"])
+            continue
+        row = []
+        for _, key, fmt in cols:
+            v = r.get(key)
+            cell = "-" if v is None else fmt.format(v)
+            ratio = r.get(f"ratio_{key}")
+            if ratio is not None and key not in ("backend", "concurrency") and r is not results[0] \
+                    and abs(ratio - 1) > 1e-9:
+                cell += f" ({ratio:.2f}x)"
+            row.append(cell)
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows if len(row) == len(cols) and i < len(row)) for i in range(len(cols))]
+    lines = []
+    for row in rows:
+        if len(row) != len(cols):
+            lines.append("  ".join([row[0].ljust(widths[0]), row[1].rjust(widths[1]), row[2]]))
+        else:
+            lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row)))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.bench import Workload, run_bench
+    from backends.errors import InvalidRequestError
+
+    if min(args.prompt_tokens, args.gen_tokens, args.requests) < 1:
+        raise InvalidRequestError("--prompt-tokens, --gen-tokens and --requests must be at least 1",
+                                  "e.g. --prompt-tokens 128 --gen-tokens 128 --requests 16")
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    workload = Workload(model=args.model, backend=backends[0], concurrency=args.concurrency,
+                        prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, requests=args.requests,
+                        seed=args.seed, threads=args.threads)
+    tty = sys.stderr.isatty()
+
+    def progress(name: str, done: int, total: int) -> None:
+        if not tty:
+            return
+        bar = "#" * (30 * done // total)
+        sys.stderr.write(f"\r  {name:10s} [{bar:30s}] {done}/{total} requests")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    if tty:
+        sys.stderr.write("  loading ...\r")
+    results = run_bench(workload, backends, progress)
+    if args.json:
+        print(json.dumps({"workload": {k: getattr(workload, k) for k in ("model", "concurrency", "prompt_tokens",
+                                                                         "gen_tokens", "requests", "seed")},
+                          "results": results}, indent=2))
+    else:
+        print(format_table(results))
+    return 0
