@@ -105,6 +105,7 @@ class ModelSpec:
             embedding_bytes=embed.n_bytes if embed else None,
             output_bytes=(out.n_bytes if out else 0), tied_embeddings=self.tied_embeddings,
             param_count=self.param_count,
+            tokenizer="hf" if self.format != "gguf" else f"{self.tokenizer_model}/{self.tokenizer_pre}",
             extra={"rope_scaling": self.rope_scaling, "file_format": self.format},
         )
 

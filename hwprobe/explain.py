@@ -7,7 +7,7 @@ from hwprobe.placement import Candidate
 from hwprobe.plan_types import DeviceMemory, Prefs
 from hwprobe.report import HardwareReport
 from hwprobe.shape import ModelShape
-from hwprobe.support import TORCH_ENGINE_ARCHITECTURES
+from hwprobe.support import torch_engine_refusal
 
 
 def _gib(mib_value: float) -> str:
@@ -27,13 +27,13 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
     used = [d for d in devices if d.kind == "gpu" and d.used]
     if c.backend == "torch":
         where = "CPU" if not c.gpus else ", ".join(f"GPU {i}" for i in c.gpus)
-        why = "the torch engine supports" if shape.architecture in TORCH_ENGINE_ARCHITECTURES else "asked for"
+        why = "the torch engine supports" if torch_engine_refusal(shape) is None else "asked for"
         out.append(f"backend torch: {why} {shape.architecture} and the {c.quant} weights fit entirely on {where}"
                    if c.gpus else f"backend torch on CPU ({c.quant}): "
                    + ("asked for" if prefs.backend == "torch" else "safetensors weights or batching for serve"))
     else:
-        if shape.architecture not in TORCH_ENGINE_ARCHITECTURES and report.gpus:
-            out.append(f"backend llama.cpp: the torch engine does not implement {shape.architecture}")
+        if torch_engine_refusal(shape) and report.gpus:
+            out.append(f"backend llama.cpp: {torch_engine_refusal(shape)}")
         elif report.gpus and prefs.backend == "auto":
             out.append("backend llama.cpp: the torch engine's formats do not fit entirely in VRAM"
                        " (or the GPU is too old / of unknown compute capability)")

@@ -25,7 +25,7 @@ from hwprobe.placement import Candidate, expected_tokens_per_s, price, shares
 from hwprobe.plan_types import Plan, Prefs
 from hwprobe.report import GpuInfo, HardwareReport
 from hwprobe.shape import ModelShape
-from hwprobe.support import BF16_MIN_CC, FP8_MIN_CC, TORCH_ENGINE_ARCHITECTURES, TORCH_ENGINE_MIN_CC
+from hwprobe.support import BF16_MIN_CC, FP8_MIN_CC, TORCH_ENGINE_MIN_CC, torch_engine_refusal
 
 KV_LADDER = ("f16", "q8_0", "q4_0")
 CTX_STEP = 256  # contexts are planned in multiples of this
@@ -99,7 +99,7 @@ def _llama_quants(shape: ModelShape, prefs: Prefs) -> list[tuple[str, m.WeightLa
 
 
 def _try_torch(report, shape, prefs, lo, hi) -> Candidate | None:  # noqa: ANN001 - internal
-    if shape.architecture not in TORCH_ENGINE_ARCHITECTURES or prefs.kv_cache_type not in (None, "f16"):
+    if torch_engine_refusal(shape) or prefs.kv_cache_type not in (None, "f16"):
         return None
     for gpus, split in _gpu_sets(report):
         if split == "layer":  # the torch engine splits only by tensor parallelism over P2P-joined GPUs
@@ -171,7 +171,7 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     if chosen is None and prefs.backend == "torch" or (chosen is None and file_format == "safetensors"):
         chosen = _torch_cpu(report, shape, prefs, hi)
     if chosen is None and prefs.backend == "auto" and prefs.prefer_batching and not report.gpus and \
-            shape.architecture in TORCH_ENGINE_ARCHITECTURES:
+            torch_engine_refusal(shape) is None:
         chosen = _torch_cpu(report, shape, prefs, hi)
     if chosen is None:
         chosen = _try_llama_full(report, shape, prefs, lo, hi, quants) or _partial(report, shape, prefs, lo, quants)

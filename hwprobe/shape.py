@@ -33,6 +33,7 @@ class ModelShape:
     output_bytes: int | None = None  # output head bytes when a file exists (0 when tied to the embedding)
     tied_embeddings: bool = False  # the output head reuses the token embedding
     param_count: int | None = None  # parameters; estimated from the shape when None
+    tokenizer: str = ""  # "model/pre" of a GGUF ("gpt2/smollm", "llama/default"), "hf", or "" when unknown
     extra: dict[str, Any] = field(default_factory=dict)  # anything else worth showing (rope scaling, ...)
 
     def as_dict(self) -> dict[str, Any]:

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-# Architectures (GGUF general.architecture names) the torch engine implements.
-TORCH_ENGINE_ARCHITECTURES = ("llama", "mistral", "qwen2")
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hwprobe.shape import ModelShape
+
+# Architectures (GGUF general.architecture names) the torch engine implements.  Mistral 7B is "llama" in GGUF
+# and MistralForCausalLM maps to "llama" for HF folders (backends.modelspec), so it needs no entry of its own.
+TORCH_ENGINE_ARCHITECTURES = ("llama", "qwen2")
+
+# GGUF tokenizers the torch engine builds: byte-level BPE ("gpt2") with these pre-tokenizers
+# (backends/torch_engine/tokenizer.py implements each).  SentencePiece GGUFs (Llama 2, Gemma) go to llama.cpp.
+TORCH_ENGINE_GGUF_PRE_TOKENIZERS = ("smollm", "llama-bpe", "llama3", "qwen2", "gpt2", "default")
 
 # The torch engine needs a CUDA build that targets the card: PyTorch's current wheels start at Turing (sm_75).
 TORCH_ENGINE_MIN_CC = (7, 5)
@@ -13,3 +23,15 @@ FP8_MIN_CC = (8, 9)
 
 # bfloat16 arithmetic is native from Ampere (8.0) on; older cards get float16.
 BF16_MIN_CC = (8, 0)
+
+
+def torch_engine_refusal(shape: "ModelShape") -> str | None:
+    """Why the torch engine cannot run this model, or None when it can (architecture, experts, tokenizer)."""
+    if shape.architecture not in TORCH_ENGINE_ARCHITECTURES:
+        return f"the torch engine does not implement {shape.architecture}"
+    if shape.n_experts:
+        return f"the torch engine does not run mixture-of-experts models ({shape.n_experts} experts)"
+    model, _, pre = shape.tokenizer.partition("/")
+    if model and model != "hf" and (model != "gpt2" or pre not in TORCH_ENGINE_GGUF_PRE_TOKENIZERS):
+        return f"the torch engine does not build the {shape.tokenizer} tokenizer"
+    return None

@@ -64,14 +64,14 @@ def size_on_disk(entry, spec) -> int:
 def runnable_backends(spec) -> list[str]:
     """The installed backends whose capabilities cover this model's format and architecture."""
     from backends.registry import BACKENDS
-    from hwprobe.support import TORCH_ENGINE_ARCHITECTURES
+    from hwprobe.support import torch_engine_refusal
 
     out = []
     for name, info in BACKENDS.items():
         caps = info.capabilities
         if not (caps.gguf if spec.format == "gguf" else caps.safetensors):
             continue
-        if name == "torch" and spec.architecture not in TORCH_ENGINE_ARCHITECTURES:
+        if name == "torch" and torch_engine_refusal(spec.to_shape()):
             continue
         if info.is_installed():
             out.append(name)

@@ -84,7 +84,7 @@ def _from_gguf(spec: ModelSpec) -> HearthTokenizer:
     keys = ["tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"]
     md = read_header(spec.path, keep_arrays=keys).metadata
     model, pre = md.get("tokenizer.ggml.model"), md.get("tokenizer.ggml.pre", "default")
-    if model != "gpt2" or pre not in _PRE:
+    if model != "gpt2" or pre not in _PRE:  # _PRE's keys are hwprobe.support.TORCH_ENGINE_GGUF_PRE_TOKENIZERS
         raise UnsupportedArchitectureError(
             f"the torch engine's tokenizer handles byte-level BPE GGUFs with pre-tokenizer "
             f"{', '.join(sorted(_PRE))}; {spec.name} has tokenizer {model!r} / {pre!r}",

@@ -204,3 +204,24 @@ def test_bad_preferences_are_config_errors(prefs: Prefs, match: str) -> None:
 
     with pytest.raises(ConfigError, match=match):
         plan(hw("rtx3090_24gb"), LLAMA2_7B, prefs)
+
+
+def test_models_the_torch_engine_cannot_run_go_to_llama_cpp_even_when_they_fit() -> None:
+    import dataclasses
+
+    from hwprobe.support import torch_engine_refusal
+
+    spm = dataclasses.replace(LLAMA2_7B, tokenizer="llama/default")  # a SentencePiece GGUF
+    p = plan(hw("rtx3090_24gb"), spm, Prefs())
+    assert p.backend == "llama.cpp" and p.n_gpu_layers == p.n_layers
+    assert any("tokenizer" in r for r in p.reasons)
+    assert torch_engine_refusal(dataclasses.replace(LLAMA2_7B, tokenizer="gpt2/smollm")) is None
+    assert "experts" in torch_engine_refusal(MIXTRAL_8X7B.__class__(**{**MIXTRAL_8X7B.__dict__,
+                                                                      "architecture": "llama"}))
+
+
+def test_torch_tokenizer_list_matches_the_engine() -> None:
+    from backends.torch_engine.tokenizer import _PRE
+    from hwprobe.support import TORCH_ENGINE_GGUF_PRE_TOKENIZERS
+
+    assert set(_PRE) == set(TORCH_ENGINE_GGUF_PRE_TOKENIZERS)
