@@ -25,7 +25,8 @@ from hwprobe.placement import Candidate, expected_tokens_per_s, price, shares
 from hwprobe.plan_types import Plan, Prefs
 from hwprobe.report import GpuInfo, HardwareReport
 from hwprobe.shape import ModelShape
-from hwprobe.support import BF16_MIN_CC, FP8_MIN_CC, TORCH_ENGINE_MIN_CC, torch_engine_refusal
+from hwprobe.support import (BF16_MIN_CC, FP8_MIN_CC, TORCH_ENGINE_MAX_GPUS, TORCH_ENGINE_MIN_CC,
+                             TORCH_ENGINE_RUNNABLE_FORMATS, torch_engine_refusal)
 
 KV_LADDER = ("f16", "q8_0", "q4_0")
 CTX_STEP = 256  # contexts are planned in multiples of this
@@ -85,7 +86,7 @@ def _torch_formats(report: HardwareReport, gpus: Iterable[GpuInfo], shape: Model
     if shape.quant and shape.weight_bytes and shape.param_count:  # a GGUF source: keep at least its bits
         source_bpw = 8 * shape.weight_bytes / shape.param_count
         formats = [f for f in formats if m.TORCH_FORMAT_BPW[f] >= source_bpw - 0.01] or [half]
-    return formats
+    return [f for f in formats if f in TORCH_ENGINE_RUNNABLE_FORMATS]
 
 
 def _llama_quants(shape: ModelShape, prefs: Prefs) -> list[tuple[str, m.WeightLayout]]:
@@ -102,7 +103,7 @@ def _try_torch(report, shape, prefs, lo, hi) -> Candidate | None:  # noqa: ANN00
     if torch_engine_refusal(shape) or prefs.kv_cache_type not in (None, "f16"):
         return None
     for gpus, split in _gpu_sets(report):
-        if split == "layer":  # the torch engine splits only by tensor parallelism over P2P-joined GPUs
+        if split == "layer" or len(gpus) > TORCH_ENGINE_MAX_GPUS:  # no layer split; tensor parallel not yet
             continue
         for fmt in _torch_formats(report, [g for g in report.gpus if g.index in gpus], shape):
             layout = m.weights(shape, fmt)
