@@ -1,0 +1,57 @@
+"""hearth bench: a tiny workload on the starter model for each installed backend; its JSON has every figure."""
+
+import json
+
+import pytest
+
+from app.bench import FIGURES, add_ratios, percentile, synthetic_prompts
+from backends.registry import get_backend_info
+
+
+def _installed():
+    out = []
+    for name in ("llama.cpp", "torch"):
+        try:
+            if get_backend_info(name).is_installed():
+                out.append(name)
+        except Exception:  # noqa: BLE001 - a missing backend is simply not benchmarked
+            pass
+    return out
+
+
+def test_synthetic_prompts_are_deterministic_exact_length_and_avoid_specials():
+    a = synthetic_prompts(100, {0, 1, 2}, 3, 16, seed=7)
+    assert a == synthetic_prompts(100, {0, 1, 2}, 3, 16, seed=7)
+    assert a != synthetic_prompts(100, {0, 1, 2}, 3, 16, seed=8)
+    assert all(len(p) == 16 and not {0, 1, 2} & set(p) for p in a)
+
+
+def test_percentile_and_ratios():
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
+    assert percentile([1.0, 2.0], 95) == pytest.approx(1.95)
+    rows = [{"backend": "a", "concurrency": 1, "load_s": 2.0}, {"backend": "b", "concurrency": 1, "load_s": 5.0},
+            {"backend": "b", "concurrency": 2, "error": "x"}]
+    add_ratios(rows)
+    assert rows[1]["ratio_load_s"] == 2.5 and rows[2]["ratio_load_s"] is None
+
+
+@pytest.mark.slow
+def test_bench_json_has_every_figure_for_each_installed_backend(capsys):
+    from app.cli import main
+
+    backends = _installed()
+    assert "llama.cpp" in backends
+    assert main(["bench", "--backends", ",".join([*backends, "nope"]), "--concurrency", "1,2",
+                 "--prompt-tokens", "16", "--gen-tokens", "8", "--requests", "2", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    good = [r for r in results if r["backend"] != "nope"]
+    assert [(r["backend"], r["concurrency"]) for r in good] == [(b, c) for b in backends for c in (1, 2)]
+    for r in good:
+        assert "error" not in r, r
+        for f in FIGURES:
+            assert f in r
+            if f != "peak_gpu_mib":
+                assert r[f] > 0, (f, r)
+        assert r["gen_tokens"] == 8
+    bad = [r for r in results if r["backend"] == "nope"]
+    assert len(bad) == 2 and all(r["error"] for r in bad)
