@@ -86,9 +86,9 @@ async def test_hardware_screen(make_app, monkeypatch) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: app.loaded is not None)
         await pilot.press("f5")
-        await wait_for(pilot, lambda: "RAM:" in screen_text(app) or "probe failed" in screen_text(app), 20)
+        await wait_for(pilot, lambda: "MiB available of" in screen_text(app) or "probe failed" in screen_text(app), 20)
         text = screen_text(app)
-        assert "RAM:" in text and "fake plan" in text
+        assert "RAM   " in text and "MiB available of" in text and "fake plan" in text
 
 
 async def test_no_color_renders_monochrome(make_app, monkeypatch) -> None:

@@ -13,26 +13,6 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 
-def format_report(report: Any) -> str:
-    lines = [f"CPU: {report.cpu_model}, {report.cpu_cores} cores / {report.cpu_threads} threads"
-             f"{', AVX2' if report.cpu_avx2 else ''}{', AVX-512' if report.cpu_avx512 else ''}",
-             f"RAM: {report.ram_available_mib} MiB available of {report.ram_total_mib} MiB"]
-    if report.disk_free_mib is not None:
-        lines.append(f"Disk: {report.disk_free_mib} MiB free at {report.disk_path}")
-    if not report.gpus:
-        lines.append("GPUs: none found")
-    for g in report.gpus:
-        link = f", PCIe gen {g.pcie_generation} x{g.pcie_width}" if g.pcie_generation else ""
-        lines.append(f"GPU {g.index}: {g.name}, {g.memory_free_mib} MiB free of {g.memory_total_mib} MiB, "
-                     f"compute {g.compute_capability or '?'}{link}")
-    if report.driver_version:
-        lines.append(f"Driver {report.driver_version}, CUDA {report.cuda_version or '?'}")
-    if report.sources:
-        lines.append("Sources: " + ", ".join(f"{k} from {v}" for k, v in sorted(report.sources.items())))
-    lines += [f"Note: {n}" for n in report.notes]
-    return "\n".join(lines)
-
-
 def format_plan(decision: Any | None) -> str:
     if decision is None:
         return "No model loaded yet."
@@ -66,8 +46,9 @@ class HardwareScreen(ModalScreen[None]):
     def probe(self) -> None:
         try:
             from hwprobe.probe import probe
+            from hwprobe.render import report_text
 
-            text = format_report(probe())
+            text = report_text(probe())  # the same text as `hearth probe`
         except Exception as exc:  # the screen says what failed instead of crashing the app
             text = f"probe failed: {exc}"
         self.app.call_from_thread(self.query_one("#report", Static).update, text)
