@@ -73,6 +73,26 @@ def paged_prefill_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 
 @triton.jit
+def _online_softmax_step(q, k, v, allowed, scale, m, l, acc, IEEE: tl.constexpr):
+    """One key/value block of the streaming softmax shared by decode and prefill: scores q.k^T (masked where not
+    `allowed`), then the running max `m`, sum `l` and unnormalised output `acc` updated for this block."""
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(allowed, s * scale, float("-inf"))  # (rows, BLOCK_SIZE)
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m - m_new)
+    l = l * alpha + tl.sum(p, axis=1)
+    if IEEE:
+        pv = tl.dot(p, v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, acc_ptr, ml_ptr, scale, head_dim,
                    s_qb, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_bt, s_ab, s_ah, s_as, s_mb, s_mh, s_ms,
                    GROUP: tl.constexpr, BLOCKS_PER_SPLIT: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -100,21 +120,8 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, acc_ptr, ml_ptr, sca
             kv_mask = (tok < seq_len)[:, None] & d_mask[None, :]
             k = tl.load(kc_ptr + phys * s_kb + t[:, None] * s_ks + kvh * s_kh + d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(vc_ptr + phys * s_vb + t[:, None] * s_vs + kvh * s_vh + d[None, :], mask=kv_mask, other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = tl.where((tok < seq_len)[None, :], s * scale, float("-inf"))  # (BLOCK_G, BLOCK_SIZE)
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m - m_new)
-            l = l * alpha + tl.sum(p, axis=1)
-            if IEEE:
-                pv = tl.dot(p, v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m = m_new
+            allowed = (tok < seq_len)[None, :]  # (1, BLOCK_SIZE)
+            m, l, acc = _online_softmax_step(q, k, v, allowed, scale, m, l, acc, IEEE)
     out_mask = g_mask[:, None] & d_mask[None, :]
     tl.store(acc_ptr + b * s_ab + heads[:, None] * s_ah + split * s_as + d[None, :], acc, mask=out_mask)
     tl.store(ml_ptr + b * s_mb + heads * s_mh + split * s_ms, m, mask=g_mask)
@@ -208,22 +215,8 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, cu_ptr, out_ptr, sc
             kv_mask = (tok < seq_len)[:, None] & d_mask[None, :]
             k = tl.load(kc_ptr + phys * s_kb + t[:, None] * s_ks + kvh * s_kh + d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(vc_ptr + phys * s_vb + t[:, None] * s_vs + kvh * s_vh + d[None, :], mask=kv_mask, other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            allowed = (tok[None, :] <= q_pos[:, None]) & (tok < seq_len)[None, :]
-            s = tl.where(allowed, s * scale, float("-inf"))  # (BLOCK_M, BLOCK_SIZE)
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m - m_new)
-            l = l * alpha + tl.sum(p, axis=1)
-            if IEEE:
-                pv = tl.dot(p, v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m = m_new
+            allowed = (tok[None, :] <= q_pos[:, None]) & (tok < seq_len)[None, :]  # (BLOCK_M, BLOCK_SIZE)
+            m, l, acc = _online_softmax_step(q, k, v, allowed, scale, m, l, acc, IEEE)
         out = acc / l[:, None]
         tl.store(out_ptr + (q_start + rows)[:, None] * s_ot + h * s_oh + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
