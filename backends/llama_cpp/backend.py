@@ -189,7 +189,7 @@ class LlamaCppBackend(Backend):
         return self._run(llm, request, ids, submitted)
 
     def _run(self, llm: Any, request: Request, ids: list[int], submitted: float) -> Iterator[GenerationEvent]:
-        rid, sp = request.request_id, request.sampling
+        rid = request.request_id
         stats = RequestStats(prompt_tokens=len(ids))
         with self._serial:
             self._running = rid
@@ -228,10 +228,7 @@ class LlamaCppBackend(Backend):
                     reason = FinishReason.STOP
                     break
                 out, stopped = text.push([token])
-                if out or stopped:
-                    yield GenerationEvent(EventKind.TOKEN, rid, text=out, token_ids=(token,))
-                else:
-                    yield GenerationEvent(EventKind.TOKEN, rid, text="", token_ids=(token,))
+                yield GenerationEvent(EventKind.TOKEN, rid, text=out, token_ids=(token,))
                 if stopped:
                     reason = FinishReason.STOP
                     break
