@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 NAME = "models"
 HELP = "list local models, or register one with `hearth models add PATH`"
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     rows, problems = [], []
     for entry in store.entries():
         try:
-            rows.append(model_row(entry, store.spec_for_path(__import__("pathlib").Path(entry.path))))
+            rows.append(model_row(entry, store.spec_for_path(Path(entry.path))))
         except HearthError as exc:
             problems.append(f"{entry.name}: {exc.message}")
     if args.json:
@@ -108,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         if not rows:
             print("(no models: `hearth models add PATH` or `hearth pull REPO_ID`)")
     for p in problems:
-        print(f"hearth: warning: {p}", file=__import__("sys").stderr)
+        print(f"hearth: warning: {p}", file=sys.stderr)
     return 0
 
 
