@@ -76,7 +76,7 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         n_threads=settings.threads or physical_cores(), n_batch=plan.batch_size,
         max_num_seqs=settings.max_concurrency,
         dtype=_TORCH_DTYPES.get(plan.quant, "auto") if backend == "torch" else "auto",
-        weight_quant=_TORCH_QUANTS.get(plan.quant, "none") if backend == "torch" else "none",
+        weight_quant=_TORCH_QUANTS.get(plan.quant, "auto") if backend == "torch" else "auto",
         device=plan.device if backend == "torch" else "auto",
     )
     reasons = tuple(plan.reasons)

@@ -215,7 +215,9 @@ class LoadOptions:
     max_num_seqs: int = 16  # torch engine: most sequences in one batch
     kv_cache_bytes: int | None = None  # torch engine: KV pool size; None = enough for max_num_seqs x n_ctx
     dtype: str = "auto"  # torch engine weights: "auto" | "float32" | "bfloat16" | "float16"
-    weight_quant: str = "none"  # torch engine: "none" | "int8" | "int4" | "fp8"
+    # torch engine weights: "auto" (CPU + bf16 + GGUF -> "gguf", else "none") | "none" (dense in `dtype`) |
+    # "gguf" (keep a GGUF's Q4_0/Q4_1/Q4_K projection blocks as int4) | "int8" | "int4" | "fp8" (round-to-nearest)
+    weight_quant: str = "auto"
     device: str = "auto"  # torch engine: "auto" | "cpu" | "cuda" | "cuda:N"
     seed: int = 0  # backend-level seed for anything not seeded per request
     logits_all: bool = False  # keep logits of every prompt position (perplexity); llama.cpp then holds

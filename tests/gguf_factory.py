@@ -36,7 +36,7 @@ def write_tiny_llama(
     ffn: int = 128,
     context_length: int = 256,
     rope_base: float = 10000.0,
-    weight_type: str = "F32",  # "F32" | "F16" | "Q8_0" | "Q4_0" (quantized via gguf.quants)
+    weight_type: str = "F32",  # "F32" | "F16" | "Q8_0" | "Q4_0" | "Q4_1" (quantized via gguf.quants)
     architecture: str = "llama",
     name: str = "tiny-llama",
     chat_template: str | None = "starter",  # "starter" copies SmolLM2's; None writes no template
@@ -61,7 +61,7 @@ def write_tiny_llama(
     w.add_rope_freq_base(rope_base)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(hidden // n_heads)
-    ftype = {"F32": 0, "F16": 1, "Q8_0": 7, "Q4_0": 2}[weight_type]
+    ftype = {"F32": 0, "F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3}[weight_type]
     w.add_file_type(ftype)
 
     md = _starter_tokenizer()
@@ -104,12 +104,12 @@ def write_tiny_llama(
         elif weight_type == "F16":
             w.add_tensor(name, data.astype(np.float16))
         else:
-            qtype = {"Q8_0": T.Q8_0, "Q4_0": T.Q4_0}[weight_type]
+            qtype = {"Q8_0": T.Q8_0, "Q4_0": T.Q4_0, "Q4_1": T.Q4_1}[weight_type]
             q = gguf.quants.quantize(data, qtype)
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
 
     # numpy shapes are (out_features, in_features); GGUF stores them reversed.
-    add("token_embd.weight", (vocab, hidden), quantize=weight_type != "Q4_0")
+    add("token_embd.weight", (vocab, hidden), quantize=weight_type not in ("Q4_0", "Q4_1"))
     for i in range(n_layers):
         p = f"blk.{i}."
         add(p + "attn_norm.weight", (hidden,))

@@ -115,16 +115,39 @@ class TorchBackend(Backend):
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def load(self, progress: ProgressCallback | None = None) -> None:
+        """Start the engine thread, which loads the model and then serves; returns once it is ready and
+        re-raises what loading raised.  `progress` is called from the engine thread.
+
+        Why the engine thread loads the model itself: torch's CPU ops run on an OpenMP team that belongs to
+        the thread that calls them.  Once a second thread has run a parallel op, the process has more OpenMP
+        threads than cores and libgomp stops spinning between ops; on the 2-core dev machine that made a
+        starter-model decode step 2.5x slower (13 ms -> 33 ms).  So every torch op of this backend runs on
+        its one thread, weights included (see also `logits`)."""
         if self._engine is not None:
             return
+        ready: queue.SimpleQueue = queue.SimpleQueue()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, args=(progress, ready), name="hearth-torch-engine",
+                                        daemon=True)
+        self._thread.start()
+        ok, error = ready.get()
+        if not ok:
+            self._thread.join()
+            self._thread = None
+            raise error
+
+    def _run(self, progress: ProgressCallback | None, ready: queue.SimpleQueue) -> None:
         o = self.options
-        parts = self._build(self.spec, o, progress)
-        scheduler = Scheduler(BlockManager(parts.num_blocks), o.max_num_seqs, o.n_batch, o.n_ctx)
+        try:
+            parts = self._build(self.spec, o, progress)
+            scheduler = Scheduler(BlockManager(parts.num_blocks), o.max_num_seqs, o.n_batch, o.n_ctx)
+        except BaseException as exc:  # noqa: BLE001 - handed to load() in the caller's thread
+            ready.put((False, exc))
+            return
         self._parts = parts
         self._engine = Engine(parts.runner, scheduler, Sampler(o.seed))
-        self._closing = False
-        self._thread = threading.Thread(target=self._loop, name="hearth-torch-engine", daemon=True)
-        self._thread.start()
+        ready.put((True, None))
+        self._loop()
 
     def close(self) -> None:
         thread, parts = self._thread, self._parts
@@ -182,12 +205,12 @@ class TorchBackend(Backend):
                     f"{len(ids)} tokens need {bm.blocks_needed(len(ids))} KV blocks but only "
                     f"{bm.num_free_blocks} are free while other requests run", "score when the backend is idle")
             try:
-                return fn(ids, tuple(scratch.block_ids))
+                result = fn(ids, tuple(scratch.block_ids))
+                return np.array(result.float().cpu().numpy(), dtype=np.float32)  # torch ops stay on this thread
             finally:
                 bm.free(scratch)  # never registered in the prefix cache: its blocks go back as plain free blocks
 
-        result = self._call(run)
-        return np.asarray(result.float().cpu().numpy(), dtype=np.float32)
+        return self._call(run)
 
     # -- generation --------------------------------------------------------------------------------------
     def stream(self, request: Request) -> Iterator[GenerationEvent]:

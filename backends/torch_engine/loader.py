@@ -8,11 +8,19 @@ for GGUF and HF checkpoints alike (same perplexity either way; see NOTES.md).
 
 GGUF tensors are read from the file's mmap (offsets from backends.gguf_reader: no slow GGUFReader open) and
 dequantized with gguf.quants.dequantize (F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1, Q2_K..Q6_K, ...).
+
+With `keep_gguf_quant`, projection weights stored as Q4_0 / Q4_1 / Q4_K are not dequantized: their blocks are
+repacked (backends.torch_engine.quantize.repack_gguf, integer ops only) into hearth's int4 layout with group
+size 32 and the projection becomes a QuantLinear.  That keeps exactly the weights llama.cpp runs, at 4.5-5 bits
+each instead of 16.  A merged projection (Q/K/V, gate/up) stays quantized only when all its parts are in
+repackable types; otherwise (e.g. Q4_K_M's Q6_K attn_v) that projection is dequantized like the rest.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +30,7 @@ from backends.errors import ModelFormatError, UnsupportedArchitectureError
 from backends.modelspec import ModelSpec
 from backends.torch_engine.models.llama import LlamaConfig, LlamaModel
 from kernels.dispatch import KernelSet
+from kernels.quant_matmul import QuantWeight, dequantize
 from kernels.rope import rope_inv_freq
 
 
@@ -101,12 +110,37 @@ def _unreorder(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _gguf_tensors(spec: ModelSpec):
-    """Yield (name, float32 tensor in (out, in) order) for every tensor of a GGUF (all shards)."""
+def _unreorder_any(w: torch.Tensor | QuantWeight, n_heads: int) -> torch.Tensor | QuantWeight:
+    """_unreorder for a dense weight, or for the rows of a quantized one (groups run along the inputs)."""
+    if isinstance(w, torch.Tensor):
+        return _unreorder(w, n_heads)
+    return dataclasses.replace(w, qweight=_unreorder(w.qweight, n_heads), scales=_unreorder(w.scales, n_heads),
+                               offsets=None if w.offsets is None else _unreorder(w.offsets, n_heads))
+
+
+def _merge(parts: list[torch.Tensor | QuantWeight], dtype: torch.dtype) -> torch.Tensor | QuantWeight:
+    """Concatenate the shards of a merged projection along the outputs: quantized when every shard is the same
+    kind and group size, else dense in `dtype` (quantized shards dequantized)."""
+    first = parts[0]
+    if all(isinstance(p, QuantWeight) for p in parts) and all(
+            p.kind == first.kind and p.group_size == first.group_size for p in parts):
+        cat = (lambda field: torch.cat([getattr(p, field) for p in parts], dim=0))
+        return QuantWeight(first.kind, cat("qweight"), cat("scales"),
+                           None if first.offsets is None else cat("offsets"), first.group_size,
+                           first.in_features, sum(p.out_features for p in parts))
+    dense = [p if isinstance(p, torch.Tensor) else dequantize(p).to(dtype) for p in parts]
+    return torch.cat(dense, dim=0)
+
+
+def _gguf_tensors(spec: ModelSpec, keep: Callable[[str, str], bool] = lambda name, qtype: False,
+                  scale_dtype: torch.dtype = torch.float32):
+    """Yield (name, float32 tensor in (out, in) order) for every tensor of a GGUF (all shards); a tensor for
+    which keep(name, type name) is true comes as a QuantWeight of its repacked blocks instead."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
     from backends.gguf_reader import read_model_header
+    from backends.torch_engine.quantize import GGUF_BLOCKS, repack_gguf
 
     _, shards = read_model_header(spec.path)
     for header in shards:
@@ -117,6 +151,10 @@ def _gguf_tensors(spec: ModelSpec):
             start = header.data_offset + t.offset
             row_bytes = t.shape[0] // block * type_size
             data = raw[start:start + t.n_bytes].reshape(-1, row_bytes)
+            if len(t.shape) == 2 and qtype.name in GGUF_BLOCKS and keep(t.name, qtype.name):
+                blocks = torch.from_numpy(np.array(data, dtype=np.uint8))
+                yield t.name, repack_gguf(blocks, qtype.name, int(t.shape[1]), int(t.shape[0]), scale_dtype)
+                continue
             try:
                 values = dequantize(data, qtype)
             except NotImplementedError:
@@ -134,18 +172,28 @@ def _hf_tensors(spec: ModelSpec):
                 yield name, fh.get_tensor(name).float()
 
 
-def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torch.device) -> LlamaModel:
-    """Build the model and fill every parameter from the file; ModelFormatError if one is missing."""
+def _is_projection(key: str) -> bool:
+    """File names (templated) of the weights that are nn.Linear projections inside the blocks."""
+    target = _GGUF_NAMES.get(key, ("", None))[0]
+    return target.startswith("layers.") and target.endswith("proj.weight")
+
+
+def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torch.device,
+               keep_gguf_quant: bool = False) -> LlamaModel:
+    """Build the model and fill every parameter from the file; ModelFormatError if one is missing.
+    keep_gguf_quant: projections stored in Q4_0 / Q4_1 / Q4_K stay 4-bit QuantLinears (module docstring)."""
     cfg = config_from_spec(spec)
     gguf = spec.format == "gguf"
     names = _GGUF_NAMES if gguf else _HF_NAMES
     reorder = gguf and ARCHITECTURES["llama" if spec.architecture == "mistral" else spec.architecture].gguf_qk_reordered
     with torch.device("meta"):
         model = LlamaModel(cfg, ops)
-    params: dict[str, torch.Tensor] = {}
-    shards: dict[str, dict[int, torch.Tensor]] = {}
+    params: dict[str, torch.Tensor | QuantWeight] = {}
+    shards: dict[str, dict[int, torch.Tensor | QuantWeight]] = {}
     freq_factors = None
-    for name, tensor in (_gguf_tensors(spec) if gguf else _hf_tensors(spec)):
+    scale_dtype = torch.float32 if device.type == "cpu" else dtype  # CPU packing rounds the scales once itself
+    keep = (lambda name, qtype: keep_gguf_quant and _is_projection(_template(name)[0]))
+    for name, tensor in (_gguf_tensors(spec, keep, scale_dtype) if gguf else _hf_tensors(spec)):
         if name in _SKIP:
             freq_factors = tensor.reshape(-1)
             continue
@@ -155,14 +203,15 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
         target, shard = names[key]
         target = target.format(i=layer)
         if reorder and shard in ("q", "k"):
-            tensor = _unreorder(tensor, cfg.n_heads if shard == "q" else cfg.n_kv_heads)
-        tensor = tensor.to(dtype)
+            tensor = _unreorder_any(tensor, cfg.n_heads if shard == "q" else cfg.n_kv_heads)
+        if isinstance(tensor, torch.Tensor):
+            tensor = tensor.to(dtype)
         if shard is None:
             params[target] = tensor
         else:
             shards.setdefault(target, {})[_SHARDS[shard]] = tensor
     for target, parts in shards.items():
-        params[target] = torch.cat([parts[i] for i in sorted(parts)], dim=0)
+        params[target] = _merge([parts[i] for i in sorted(parts)], dtype)
     if cfg.tied_embeddings:
         params.pop("lm_head.weight", None)
     expected = {n for n, _ in model.named_parameters()}
@@ -170,7 +219,15 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
     if missing:
         raise ModelFormatError(f"{spec.path} lacks {len(missing)} weights the {spec.architecture} model needs, "
                                f"e.g. {sorted(missing)[0]}", "the file is incomplete or not a supported model")
-    model.load_state_dict(params, strict=False, assign=True)
+    quantized = {k: v for k, v in params.items() if isinstance(v, QuantWeight)}
+    model.load_state_dict({k: v for k, v in params.items() if k not in quantized}, strict=False, assign=True)
+    if quantized:
+        from backends.torch_engine.quantize import QuantLinear, set_submodule
+
+        for target, qw in quantized.items():
+            module = target.removesuffix(".weight")
+            bias = params.get(module + ".bias")
+            set_submodule(model, module, QuantLinear(qw, bias if isinstance(bias, torch.Tensor) else None))
     if cfg.tied_embeddings:
         model.lm_head.weight = model.embed.weight
     scaling = dict(cfg.rope_scaling)

@@ -55,6 +55,23 @@ def _cpu_has_bf16() -> bool:
         return False
 
 
+WEIGHT_QUANTS = ("auto", "none", "gguf", "int8", "int4", "fp8")
+
+
+def resolve_weight_quant(name: str, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> str:
+    """"auto": on CPU with bf16 compute, a GGUF keeps its 4-bit projection blocks ("gguf"): the same weights
+    llama.cpp runs, read at 4.5-5 bits instead of 16 through torch's packed int4 kernel (a starter-model decode
+    step at batch 1 went from ~33 ms to ~16 ms; see kernels/quant_matmul_cpu.py).  Anywhere else dense
+    weights ("none"): the plan picks int8/int4/fp8 for GPUs explicitly, and without bf16 the CPU kernels
+    are slower than a dense fp32 matmul."""
+    if name not in WEIGHT_QUANTS:
+        raise ConfigError(f"the torch engine's weight quantization is one of {', '.join(WEIGHT_QUANTS)}, "
+                          f"got {name!r}")
+    if name != "auto":
+        return name
+    return "gguf" if device.type == "cpu" and dtype == torch.bfloat16 and spec.format == "gguf" else "none"
+
+
 class ModelRunner:
     """ModelRunner(spec, options, kernels=None): loads the weights and allocates the KV pool.
 
@@ -75,19 +92,38 @@ class ModelRunner:
         if options.n_threads and self.device.type == "cpu":
             torch.set_num_threads(options.n_threads)
         self.ops = kernel_set(kernels)
-        self.model = load_model(spec, self.ops, self.dtype, self.device)
-        if options.weight_quant == "int8":
+        self.weight_quant = resolve_weight_quant(options.weight_quant, spec, self.device, self.dtype)
+        self.model = load_model(spec, self.ops, self.dtype, self.device,
+                                keep_gguf_quant=self.weight_quant == "gguf")
+        if self.weight_quant in ("int8", "int4", "fp8"):
             from backends.torch_engine.quantize import QuantConfig, quantize_model
 
-            quantize_model(self.model, QuantConfig(kind="int8"))
-        elif options.weight_quant != "none":
-            raise ConfigError(f"the torch engine's weight quantization is none or int8, got {options.weight_quant!r}")
+            quantize_model(self.model, QuantConfig(kind=self.weight_quant))
+        self.cpu_packed_layers = 0
+        if self.device.type == "cpu":
+            from backends.torch_engine.quantize import pack_model_for_cpu
+
+            self.cpu_packed_layers = pack_model_for_cpu(self.model, self.dtype)
         self.block_size = BLOCK_SIZE
         self.vocab_size = spec.vocab_size
         self.num_blocks = kv_pool_blocks(spec, options, torch.empty((), dtype=self.kv_dtype).element_size())
         shape = (self.num_blocks, BLOCK_SIZE, spec.n_kv_heads, spec.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
                            torch.zeros(shape, dtype=self.kv_dtype, device=self.device)) for _ in range(spec.n_layers)]
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the model's weights as held (quantized layers at their packed size; a tied embedding once)."""
+        from backends.torch_engine.quantize import QuantLinear
+
+        seen: set[int] = set()
+        total = 0
+        for t in list(self.model.parameters()) + [b for b in self.model.buffers() if b is not None]:
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+        return total + sum(m._cpu.nbytes for m in self.model.modules()
+                           if isinstance(m, QuantLinear) and m._cpu is not None)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -141,7 +177,8 @@ class ModelRunner:
         return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "kv_dtype": str(self.kv_dtype).removeprefix("torch."), "kv_blocks": self.num_blocks,
                 "kv_cache_bytes": self.kv_cache_bytes, "kernels": self.ops.name,
-                "weight_quant": self.options.weight_quant}
+                "weight_quant": self.weight_quant, "weight_bytes": self.weight_bytes,
+                "cpu_packed_layers": self.cpu_packed_layers}
 
     def close(self) -> None:
         self.kv_caches = []

@@ -24,6 +24,7 @@ from torch import nn
 
 from kernels.quant_matmul import (QuantWeight, dequantize, pack_int4, quant_matmul_torch, quantize_fp8, quantize_int4,
                                   quantize_int8)
+from kernels.quant_matmul_cpu import CpuPackedWeight
 
 KINDS = ("int8", "int4", "fp8")
 AWQ_GRID = 11  # exponents 0, 0.1, ..., 1.0 tried per layer
@@ -61,15 +62,41 @@ class QuantLinear(nn.Module):
         self.register_buffer("offsets", weight.offsets)
         self.register_buffer("bias", bias)
         self.register_buffer("input_scale", input_scale)
+        self._cpu: CpuPackedWeight | None = None  # set by pack_for_cpu
 
     @property
     def weight(self) -> QuantWeight:
+        if self._cpu is not None:
+            raise RuntimeError("this layer was re-laid for the CPU kernels; its generic layout is gone")
         return QuantWeight(self.kind, self.qweight, self.scales, self.offsets, self.group_size,
                            self.in_features, self.out_features)
+
+    @property
+    def nbytes(self) -> int:
+        return self._cpu.nbytes if self._cpu is not None else self.weight.nbytes
+
+    def pack_for_cpu(self, dtype: torch.dtype) -> bool:
+        """Re-lay the weight for torch's packed CPU kernels (kernels/quant_matmul_cpu.py) when they take this
+        kind, group size and activation dtype; the generic buffers are dropped (keeping both would double the
+        weight memory).  Returns whether it packed.  A packed layer runs on CPU only."""
+        from kernels.quant_matmul_cpu import cpu_supported, pack_for_cpu
+
+        if self._cpu is not None:
+            return True
+        w = self.weight
+        if w.qweight.is_cuda or not cpu_supported(w, dtype):
+            return False
+        self._cpu = pack_for_cpu(w, dtype)
+        self.qweight = self.scales = self.offsets = None
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_scale is not None:
             x = x * self.input_scale.to(x.dtype)
+        if self._cpu is not None:
+            from kernels.quant_matmul_cpu import FAST_DTYPE, quant_matmul_cpu
+
+            return quant_matmul_cpu(x.to(FAST_DTYPE), self._cpu, self.bias).to(x.dtype)
         use_triton = self.impl == "triton" or (self.impl == "auto" and x.is_cuda)
         if use_triton:
             from kernels.quant_matmul_triton import quant_matmul_triton
@@ -78,7 +105,13 @@ class QuantLinear(nn.Module):
         return quant_matmul_torch(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"{self.in_features}->{self.out_features}, {self.kind}, group_size={self.group_size}"
+        packed = ", cpu-packed" if self._cpu is not None else ""
+        return f"{self.in_features}->{self.out_features}, {self.kind}, group_size={self.group_size}{packed}"
+
+
+def pack_model_for_cpu(model: nn.Module, dtype: torch.dtype) -> int:
+    """pack_for_cpu on every QuantLinear of `model`; returns how many took the fast CPU kernels."""
+    return sum(m.pack_for_cpu(dtype) for m in model.modules() if isinstance(m, QuantLinear))
 
 
 def quantize_weight(weight: torch.Tensor, config: QuantConfig, scale_dtype: torch.dtype | None = None
@@ -120,11 +153,11 @@ def quantize_model(model: nn.Module, config: QuantConfig,
             qweight, input_scale = awq_quantize(weight, acts.to(weight.device), layer_config)
         else:
             qweight, input_scale = quantize_weight(weight, layer_config), None
-        _set_submodule(model, name, QuantLinear(qweight, bias, input_scale))
+        set_submodule(model, name, QuantLinear(qweight, bias, input_scale))
     return model
 
 
-def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, module)

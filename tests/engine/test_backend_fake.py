@@ -199,6 +199,37 @@ def test_logits_run_on_the_engine_thread_and_check_the_context() -> None:
             b.logits(list(range(65)))
 
 
+def test_the_engine_thread_loads_the_model_and_load_reraises_its_errors() -> None:
+    """Weights are built on the engine thread (torch's OpenMP team is per thread: see TorchBackend.load)."""
+    from backends.errors import ModelLoadError
+
+    built_on = []
+
+    def build(spec, options, progress):
+        built_on.append(threading.current_thread().name)
+        if progress is not None:
+            progress(1.0, "built")
+        return fake_build(16)(spec, options, progress)
+
+    seen = []
+    with TorchBackend(fake_spec(), LoadOptions(n_ctx=64), build=build) as b:
+        pass
+    b = TorchBackend(fake_spec(), LoadOptions(n_ctx=64), build=build)
+    b.load(lambda fraction, what: seen.append((fraction, what, threading.current_thread().name)))
+    b.close()
+    assert built_on == ["hearth-torch-engine"] * 2
+    assert seen == [(1.0, "built", "hearth-torch-engine")]
+
+    def broken(spec, options, progress):
+        raise ModelLoadError("the weights are corrupt", "download them again")
+
+    b = TorchBackend(fake_spec(), LoadOptions(n_ctx=64), build=broken)
+    with pytest.raises(ModelLoadError, match="corrupt"):
+        b.load()
+    assert not any(t.name == "hearth-torch-engine" for t in threading.enumerate())
+    b.close()  # nothing to close: no error
+
+
 def test_describe_and_memory(backend: TorchBackend) -> None:
     d = backend.describe()
     assert d["backend"] == "torch" and d["kv_blocks"] == 64 and d["device"] == "fake" and d["n_ctx"] == 256

@@ -92,3 +92,34 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path: Path) -> None:
     path = write_tiny_llama(tmp_path / "tiny.gguf", architecture="falcon")
     with pytest.raises(UnsupportedArchitectureError, match="llama.cpp"):
         ModelRunner(load_spec(path), LoadOptions(n_ctx=64, max_num_seqs=1))
+
+
+@pytest.mark.parametrize("weight_type,arch", [("Q4_0", "llama"), ("Q4_1", "llama"), ("Q4_1", "qwen2")])
+def test_gguf_4bit_blocks_kept_quantized_give_llama_cpp_logits(tmp_path: Path, weight_type: str, arch: str) -> None:
+    """weight_quant="gguf": the projections stay the file's 4-bit blocks (repacked, Q/K rows un-reordered for
+    llama) and still give llama.cpp's logits: exactly through the float32 reference matmul, and through torch's
+    packed int4 CPU kernel in bf16 within bf16's rounding."""
+    from backends.torch_engine.quantize import QuantLinear
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf", weight_type=weight_type, tied=False, n_heads=6, n_kv_heads=2,
+                            hidden=96, architecture=arch, qkv_bias=arch == "qwen2")
+    spec = load_spec(path)
+    from backends.torch_engine.tokenizer import load_tokenizer
+
+    ids = load_tokenizer(spec).encode(PROMPT)
+    ref = _llama_cpp_logits(path, ids)
+    scale = max(1.0, np.abs(ref).max())
+    exact = ModelRunner(spec, LoadOptions(n_ctx=128, max_num_seqs=2, dtype="float32", weight_quant="gguf"))
+    projections = [m for m in exact.model.modules() if isinstance(m, QuantLinear)]
+    assert len(projections) == 4 * spec.n_layers  # qkv, o, gate_up, down per layer; the lm head stays dense
+    assert all(m.kind == "int4" and m.group_size == 32 for m in projections)
+    assert exact.cpu_packed_layers == 0  # fp32 activations: the reference path
+    assert np.abs(exact.prompt_logits(ids).numpy() - ref).max() < 1e-2 * scale
+    fast = ModelRunner(spec, LoadOptions(n_ctx=128, max_num_seqs=2, dtype="bfloat16"))  # auto -> gguf on CPU
+    assert fast.weight_quant == "gguf" and fast.cpu_packed_layers == 4 * spec.n_layers
+    dense = ModelRunner(spec, LoadOptions(n_ctx=128, max_num_seqs=2, dtype="bfloat16", weight_quant="none"))
+    assert fast.weight_bytes < dense.weight_bytes
+    ours, theirs = fast.prompt_logits(ids).numpy(), dense.prompt_logits(ids).numpy()
+    # measured: max |fast - ref| 0.009-0.013 of the logit range, the same as the dense bf16 model's own error
+    assert np.abs(ours - ref).max() < 5e-2 * scale
+    assert np.abs(ours - ref).max() < 2 * np.abs(theirs - ref).max() + 1e-2 * scale

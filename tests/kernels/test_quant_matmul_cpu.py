@@ -1,0 +1,74 @@
+"""torch's packed CPU kernels behind kernels/quant_matmul_cpu.py against the float32 reference matmul."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends.torch_engine.quantize import QuantLinear
+from kernels.quant_matmul import quant_matmul_reference, quantize_int4, quantize_int8
+from kernels.quant_matmul_cpu import cpu_supported, pack_for_cpu, quant_matmul_cpu
+
+# bf16 activations and outputs: the error is bf16 rounding of x and of the result, relative to |out|
+TOL = 2e-2
+
+
+def _check(x: torch.Tensor, w, bias=None) -> None:
+    ref = quant_matmul_reference(x.float(), w, None if bias is None else bias.float())
+    out = quant_matmul_cpu(x, pack_for_cpu(w), bias)
+    assert out.dtype == torch.bfloat16 and out.shape == ref.shape
+    assert (out.float() - ref).abs().max() <= TOL * ref.abs().max()
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (13, 96, 384), (16, 256, 128)])
+def test_int4_matches_reference(m: int, n: int, k: int, group_size: int) -> None:
+    if k % group_size:
+        pytest.skip("k is not a multiple of the group size")
+    g = torch.Generator().manual_seed(m * n + k)
+    w = quantize_int4(torch.randn(n, k, generator=g), group_size, torch.float32)
+    _check(torch.randn(m, k, generator=g).bfloat16(), w)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 64, 96), (13, 200, 576), (3, 8, 32)])
+def test_int8_per_channel_matches_reference(m: int, n: int, k: int) -> None:
+    g = torch.Generator().manual_seed(m + n + k)
+    w = quantize_int8(torch.randn(n, k, generator=g), None, torch.float32)
+    bias = torch.randn(n, generator=g).bfloat16()
+    _check(torch.randn(m, k, generator=g).bfloat16(), w, bias)
+
+
+def test_leading_dimensions_are_kept() -> None:
+    w = quantize_int4(torch.randn(64, 128), 32, torch.float32)
+    x = torch.randn(2, 3, 128).bfloat16()
+    assert quant_matmul_cpu(x, pack_for_cpu(w)).shape == (2, 3, 64)
+
+
+def test_what_the_fast_kernels_refuse() -> None:
+    w4 = quantize_int4(torch.randn(64, 128), 32, torch.float32)
+    assert cpu_supported(w4, torch.bfloat16)
+    assert not cpu_supported(w4, torch.float32)  # torch's fp32/fp16 variants are 10-100x slower
+    assert not cpu_supported(w4, torch.float16)
+    assert not cpu_supported(quantize_int4(torch.randn(64, 96), 48, torch.float32), torch.bfloat16)
+    assert not cpu_supported(quantize_int8(torch.randn(64, 128), 32, torch.float32), torch.bfloat16)  # grouped
+    with pytest.raises(ValueError, match="no fast CPU kernel"):
+        pack_for_cpu(w4, torch.float32)
+    with pytest.raises(ValueError, match="bfloat16 activations"):
+        quant_matmul_cpu(torch.randn(1, 128), pack_for_cpu(w4))
+
+
+def test_quant_linear_packs_in_place_and_keeps_its_output() -> None:
+    w = quantize_int4(torch.randn(96, 192), 32, torch.float32)
+    bias = torch.randn(96)
+    layer = QuantLinear(w, bias.bfloat16())
+    x = torch.randn(5, 192).bfloat16()
+    before = layer(x).float()
+    dense_bytes = w.nbytes
+    assert layer.pack_for_cpu(torch.bfloat16)
+    assert layer.qweight is None and "cpu-packed" in repr(layer)
+    assert layer.nbytes <= dense_bytes
+    after = layer(x).float()
+    assert (after - before).abs().max() <= TOL * before.abs().max()
+    with pytest.raises(RuntimeError, match="re-laid"):
+        _ = layer.weight
+    assert not QuantLinear(quantize_int8(torch.randn(8, 64), 32)).pack_for_cpu(torch.bfloat16)
