@@ -7,6 +7,8 @@ q8_0/q4_0 KV type turns flash attention on, and `describe()` says so.
 
 One llama.cpp context serves one sequence, so requests are served one after another behind a lock (they queue
 in arrival order); its own prefix reuse keeps the shared start of a multi-turn chat, reported as cached_tokens.
+Every call into llama.cpp that computes (load, eval, each generated token, close) runs on one thread of the
+backend's own (backends/llama_cpp/one_thread.py explains the 2x it saves).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from backends.errors import (
     UnsupportedArchitectureError,
 )
 from backends.modelspec import ModelSpec
+from backends.llama_cpp.one_thread import OneThread
 from backends.textstream import TextStream
 
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
@@ -69,6 +72,7 @@ class LlamaCppBackend(Backend):
         self._abort_lock = threading.Lock()
         self._notes: list[str] = []
         self._running: str | None = None  # the request holding the context
+        self._worker = OneThread("hearth-llama-cpp")
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def load(self, progress: ProgressCallback | None = None) -> None:
@@ -99,7 +103,7 @@ class LlamaCppBackend(Backend):
         if o.tensor_split:
             kwargs["tensor_split"] = list(o.tensor_split)
         try:
-            self._llm = llama_cpp.Llama(self.spec.path, **kwargs)
+            self._llm = self._worker.call(lambda: llama_cpp.Llama(self.spec.path, **kwargs))
         except MemoryError as exc:
             raise OutOfMemoryError(f"out of memory loading {self.spec.name} with n_ctx={o.n_ctx}, "
                                    f"n_gpu_layers={o.n_gpu_layers}: {exc}", "try a smaller --ctx or fewer "
@@ -120,7 +124,8 @@ class LlamaCppBackend(Backend):
             if self._running is not None:
                 self.abort(self._running)
             with self._serial:  # the running generation stops at its next token, then the context is freed
-                llm.close()
+                self._worker.call(llm.close)
+        self._worker.stop()
 
     @property
     def n_ctx(self) -> int:
@@ -155,12 +160,15 @@ class LlamaCppBackend(Backend):
         if len(ids) > self.n_ctx:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}",
                                        "use a smaller window (--ctx) or load a larger context")
-        with self._serial:
+        def run() -> Any:
             llm.reset()
             llm.eval(ids)
             out = np.array(llm.scores[: len(ids)], dtype=np.float32, copy=True)
             llm.reset()
-        return out
+            return out
+
+        with self._serial:
+            return self._worker.call(run)
 
     # -- generation --------------------------------------------------------------------------------------
     def abort(self, request_id: str) -> None:
@@ -219,8 +227,9 @@ class LlamaCppBackend(Backend):
         gen = llm.generate(ids, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,
                            repeat_penalty=sp.repeat_penalty, reset=True)
         reason = FinishReason.LENGTH
+        end = object()
         try:
-            for token in gen:
+            while (token := self._worker.call(next, gen, end)) is not end:
                 if stats.completion_tokens == 0:
                     stats.ttft_s = time.perf_counter() - submitted
                 stats.completion_tokens += 1
@@ -243,7 +252,7 @@ class LlamaCppBackend(Backend):
         except (RuntimeError, ValueError) as exc:  # llama_decode failures surface as RuntimeError
             return FinishReason.ERROR, f"llama.cpp failed while generating: {exc}"
         finally:
-            gen.close()
+            self._worker.call(gen.close)
         tail = text.flush()
         if tail:
             yield GenerationEvent(EventKind.TOKEN, rid, text=tail)
