@@ -14,7 +14,7 @@ Math, per sequence and head h (GQA: kv head h // (num_heads / kv_heads)):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,6 +27,7 @@ class AttentionGroup:
     block_tables: torch.Tensor  # (num_seqs, max_blocks) int64, padded with block 0 (masked out)
     mask: torch.Tensor  # (num_seqs, 1, q_len, max_blocks * block_size) bool, True = may attend
     q_len: int  # new tokens per sequence in this group
+    head_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # head-major gather rows, per kv_heads
 
 
 @dataclass
@@ -83,12 +84,33 @@ def _group(ids: list[int], seqs: list[tuple[int, int, tuple[int, ...]]], starts:
     return AttentionGroup(token_index.to(device), tables.to(device), mask[:, None].to(device), q_len)
 
 
+def allocate_kv_cache(num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                      device: torch.device | str, head_major: bool = False) -> torch.Tensor:
+    """One layer's K (or V) cache, always indexed (num_blocks, block_size, kv_heads, D).
+
+    head_major: the memory holds (num_blocks, kv_heads, block_size, D) and the tensor is a permuted view of it.
+    Then one gather of blocks per kv head yields (n, kv_heads, length, D) contiguous, which is what the decode
+    matmuls read; the token-major layout needs a transposing copy of every gathered K and V per layer on top
+    (on the 2-core CPU ~5 of 37 ms of a batch-16 decode step).  Everything here works on either layout."""
+    if head_major:
+        return torch.zeros(num_blocks, kv_heads, block_size, head_dim, dtype=dtype, device=device).permute(0, 2, 1, 3)
+    return torch.zeros(num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
+
+
+def is_head_major(cache: torch.Tensor) -> bool:
+    return not cache.is_contiguous() and cache.permute(0, 2, 1, 3).is_contiguous()
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Store the new tokens' K/V: k, v (num_tokens, kv_heads, D) into their slots of the caches."""
-    kv_heads, head_dim = k_cache.shape[-2:]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    for new, cache in ((k, k_cache), (v, v_cache)):
+        kv_heads, head_dim = cache.shape[-2:]
+        if cache.is_contiguous():
+            cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, new.to(cache.dtype))
+        else:
+            bs = cache.shape[1]
+            cache[slot_mapping // bs, slot_mapping % bs] = new.to(cache.dtype)
 
 
 def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -103,9 +125,10 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     for s, table in enumerate(meta.block_tables):
         lo, hi = meta.query_start[s], meta.query_start[s + 1]
         ctx = meta.context_lens[s]
-        slots = [table[p // bs] * bs + p % bs for p in range(ctx)]
-        keys = k_cache.view(-1, kv_heads, head_dim)[slots].float()  # (ctx, kv_heads, D)
-        vals = v_cache.view(-1, kv_heads, head_dim)[slots].float()
+        blocks = torch.tensor([table[p // bs] for p in range(ctx)], dtype=torch.long, device=q.device)
+        offsets = torch.arange(ctx, device=q.device) % bs
+        keys = k_cache[blocks, offsets].float()  # (ctx, kv_heads, D), whatever the cache's strides
+        vals = v_cache[blocks, offsets].float()
         keys = keys.repeat_interleave(group, dim=1)  # (ctx, num_heads, D)
         vals = vals.repeat_interleave(group, dim=1)
         qs = q[lo:hi].float()  # (q_len, num_heads, D)
@@ -124,13 +147,24 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     num_tokens, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     out = torch.empty_like(q)
+    head_major = is_head_major(k_cache)
     for g in meta.groups:
         n = g.block_tables.shape[0]
         length = g.block_tables.shape[1] * meta.block_size
-        # (n, max_blocks, block, kv_heads, D) -> (n, kv_heads, length, D)
-        keys = k_cache[g.block_tables].view(n, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
-        vals = v_cache[g.block_tables].view(n, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
+        if head_major:  # rows (block, head) of the (num_blocks * kv_heads, block, D) memory, gathered in order
+            rows = g.head_rows.get(kv_heads)
+            if rows is None:  # built by the first layer, reused by the others: (n, kv_heads, max_blocks)
+                rows = g.block_tables[:, None, :] * kv_heads + torch.arange(kv_heads, device=q.device)[None, :, None]
+                g.head_rows[kv_heads] = rows
+            keys = _rows(k_cache, kv_heads)[rows].view(n, kv_heads, length, head_dim).to(q.dtype)
+            vals = _rows(v_cache, kv_heads)[rows].view(n, kv_heads, length, head_dim).to(q.dtype)
+        else:  # (n, max_blocks, block, kv_heads, D) -> (n, kv_heads, length, D)
+            keys = k_cache[g.block_tables].view(n, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
+            vals = v_cache[g.block_tables].view(n, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
         if g.q_len == 1:
+            if g.token_index.shape[0] == num_tokens:  # a decode-only step: every row, in order, no scatter
+                out = _decode_attention(q, keys, vals, g.mask, scale)
+                continue
             out[g.token_index] = _decode_attention(q[g.token_index], keys, vals, g.mask, scale)
             continue
         qs = q[g.token_index].view(n, g.q_len, num_heads, head_dim).transpose(1, 2)  # (n, H, q_len, D)
@@ -138,6 +172,12 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                                                              enable_gqa=kv_heads != num_heads)
         out[g.token_index] = o.transpose(1, 2).reshape(n * g.q_len, num_heads, head_dim)
     return out
+
+
+def _rows(cache: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """A head-major cache's memory as (num_blocks * kv_heads, block_size, D)."""
+    nb, bs, _, d = cache.shape
+    return cache.permute(0, 2, 1, 3).view(nb * kv_heads, bs, d)
 
 
 def _decode_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor,

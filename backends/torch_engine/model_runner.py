@@ -20,7 +20,7 @@ from backends.api import LoadOptions, ProgressCallback
 from backends.errors import ConfigError
 from backends.modelspec import ModelSpec
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, SchedulerOutput
-from kernels.attention import build_attention_metadata
+from kernels.attention import allocate_kv_cache, build_attention_metadata
 from kernels.dispatch import kernel_set
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -107,9 +107,15 @@ class ModelRunner:
         self.block_size = BLOCK_SIZE
         self.vocab_size = spec.vocab_size
         self.num_blocks = kv_pool_blocks(spec, options, torch.empty((), dtype=self.kv_dtype).element_size())
-        shape = (self.num_blocks, BLOCK_SIZE, spec.n_kv_heads, spec.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.kv_dtype, device=self.device)) for _ in range(spec.n_layers)]
+        # Head-major memory on CPU (kernels.attention.allocate_kv_cache says why); CUDA keeps the token-major
+        # layout the Triton kernels were written and tuned for.
+        head_major = self.device.type == "cpu"
+
+        def cache() -> torch.Tensor:
+            return allocate_kv_cache(self.num_blocks, BLOCK_SIZE, spec.n_kv_heads, spec.head_dim, self.kv_dtype,
+                                     self.device, head_major)
+
+        self.kv_caches = [(cache(), cache()) for _ in range(spec.n_layers)]
 
     @property
     def weight_bytes(self) -> int:

@@ -101,6 +101,25 @@ def test_paged_attention_fast_path_matches_reference(case: str, ratio: int, dtyp
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("case", ["decode-1", "chunk-on-prefix", "mixed"])
+def test_head_major_cache_gives_the_same_cache_and_attention(case: str) -> None:
+    """The CPU runner's head-major KV memory (allocate_kv_cache(head_major=True)) is indexed like the
+    token-major one: write_kv fills the same slots, and both attention paths give the same result."""
+    q, k_cache, v_cache, meta = _paged_case(CASES[case], 6, 2, torch.float32)
+    hk = attention.allocate_kv_cache(*k_cache.shape, torch.float32, "cpu", head_major=True)
+    hv = attention.allocate_kv_cache(*v_cache.shape, torch.float32, "cpu", head_major=True)
+    assert attention.is_head_major(hk) and not attention.is_head_major(k_cache) and hk.shape == k_cache.shape
+    hk.copy_(k_cache)
+    hv.copy_(v_cache)
+    k_new, v_new = torch.randn(len(meta.slot_mapping), 2, 32), torch.randn(len(meta.slot_mapping), 2, 32)
+    attention.write_kv(k_new, v_new, k_cache, v_cache, meta.slot_mapping)
+    attention.write_kv(k_new, v_new, hk, hv, meta.slot_mapping)
+    assert torch.equal(hk, k_cache) and torch.equal(hv, v_cache)
+    ref = attention.paged_attention_reference(q, k_cache, v_cache, meta, 0.2)
+    for fn in (attention.paged_attention_reference, attention.paged_attention_torch):
+        torch.testing.assert_close(fn(q, hk, hv, meta, 0.2), ref, atol=1e-5, rtol=1e-5)
+
+
 def test_reference_attention_is_causal_on_a_cached_prefix() -> None:
     """Token i of a chunk at start s sees exactly positions <= s + i: changing a later key changes nothing."""
     q, k_cache, v_cache, meta = _paged_case([(20, 5)], 4, 2, torch.float32)
