@@ -117,12 +117,15 @@ def worker(w: Workload) -> None:
     if loaded.spec.bos_token_id is not None:
         specials.add(loaded.spec.bos_token_id)
     vocab = loaded.spec.vocab_size
-    prompts = synthetic_prompts(vocab, specials, w.requests, w.prompt_tokens, w.seed)
     total = len(w.concurrency) * w.requests
     done = 0
     lock = threading.Lock()
     try:
-        for conc in w.concurrency:
+        for level, conc in enumerate(w.concurrency):
+            # Fresh prompts per level: a backend with a prefix cache must not get the previous level's
+            # prompts for free (the same seed gives the same prompts on every backend).
+            prompts = synthetic_prompts(vocab, specials, w.requests, w.prompt_tokens, w.seed + 7919 * level)
+
             def one(i: int) -> Any:
                 nonlocal done
                 params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=w.seed + i)

@@ -55,3 +55,24 @@ def test_bench_json_has_every_figure_for_each_installed_backend(capsys):
         assert r["gen_tokens"] == 8
     bad = [r for r in results if r["backend"] == "nope"]
     assert len(bad) == 2 and all(r["error"] for r in bad)
+
+
+def test_each_concurrency_level_gets_fresh_prompts(monkeypatch, capsys):
+    """A prefix-caching backend must not see the previous level's prompts again (it would skip their prefill)."""
+    import app.loading
+    from app.bench import Workload, worker
+    from tests.fakes import FakeBackend, fake_spec
+
+    backend = FakeBackend(replies=["a b c"])
+    backend.load()
+
+    class Loaded:
+        spec = fake_spec()
+
+    Loaded.backend = backend
+    monkeypatch.setattr(app.loading, "open_backend", lambda *a, **k: Loaded)
+    worker(Workload(model=None, backend="torch", concurrency=[1, 2], prompt_tokens=8, gen_tokens=3, requests=3))
+    prompts = [r.prompt_token_ids for r in backend.requests]
+    assert len(prompts) == 6 and all(len(p) == 8 for p in prompts)
+    assert set(prompts[:3]).isdisjoint(prompts[3:])
+    assert '"concurrency": 2' in capsys.readouterr().out
