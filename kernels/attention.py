@@ -27,7 +27,7 @@ class AttentionGroup:
     block_tables: torch.Tensor  # (num_seqs, max_blocks) int64, padded with block 0 (masked out)
     mask: torch.Tensor  # (num_seqs, 1, q_len, max_blocks * block_size) bool, True = may attend
     q_len: int  # new tokens per sequence in this group
-    head_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # head-major gather rows, per kv_heads
+    memo: dict[object, torch.Tensor] = field(default_factory=dict)  # per-step tensors the first layer builds
 
 
 @dataclass
@@ -104,13 +104,24 @@ def is_head_major(cache: torch.Tensor) -> bool:
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Store the new tokens' K/V: k, v (num_tokens, kv_heads, D) into their slots of the caches."""
-    for new, cache in ((k, k_cache), (v, v_cache)):
-        kv_heads, head_dim = cache.shape[-2:]
-        if cache.is_contiguous():
-            cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, new.to(cache.dtype))
-        else:
-            bs = cache.shape[1]
-            cache[slot_mapping // bs, slot_mapping % bs] = new.to(cache.dtype)
+    if k_cache.is_contiguous() and v_cache.is_contiguous():
+        kv_heads, head_dim = k_cache.shape[-2:]
+        k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+        v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        return
+    if is_head_major(k_cache) and is_head_major(v_cache):
+        nb, bs, kv_heads, head_dim = k_cache.shape
+        # memory row of (token, head): (block * kv_heads + head) * block_size + offset
+        base = (slot_mapping // bs) * (kv_heads * bs) + slot_mapping % bs
+        rows = (base[:, None] + torch.arange(kv_heads, device=base.device)[None, :] * bs).reshape(-1)
+        for new, cache in ((k, k_cache), (v, v_cache)):
+            memory = cache.permute(0, 2, 1, 3).view(nb * kv_heads * bs, head_dim)
+            memory.index_copy_(0, rows, new.reshape(-1, head_dim).to(cache.dtype))
+        return
+    bs = k_cache.shape[1]
+    blocks, offsets = slot_mapping // bs, slot_mapping % bs
+    k_cache[blocks, offsets] = k.to(k_cache.dtype)
+    v_cache[blocks, offsets] = v.to(v_cache.dtype)
 
 
 def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -152,26 +163,34 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         n = g.block_tables.shape[0]
         length = g.block_tables.shape[1] * meta.block_size
         if head_major:  # rows (block, head) of the (num_blocks * kv_heads, block, D) memory, gathered in order
-            rows = g.head_rows.get(kv_heads)
+            rows = g.memo.get(("rows", kv_heads))
             if rows is None:  # built by the first layer, reused by the others: (n, kv_heads, max_blocks)
                 rows = g.block_tables[:, None, :] * kv_heads + torch.arange(kv_heads, device=q.device)[None, :, None]
-                g.head_rows[kv_heads] = rows
-            keys = _rows(k_cache, kv_heads)[rows].view(n, kv_heads, length, head_dim).to(q.dtype)
-            vals = _rows(v_cache, kv_heads)[rows].view(n, kv_heads, length, head_dim).to(q.dtype)
+                g.memo[("rows", kv_heads)] = rows
+            keys = _gather(_rows(k_cache, kv_heads), rows).view(n, kv_heads, length, head_dim).to(q.dtype)
+            vals = _gather(_rows(v_cache, kv_heads), rows).view(n, kv_heads, length, head_dim).to(q.dtype)
         else:  # (n, max_blocks, block, kv_heads, D) -> (n, kv_heads, length, D)
-            keys = k_cache[g.block_tables].view(n, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
-            vals = v_cache[g.block_tables].view(n, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
+            keys = _gather(k_cache, g.block_tables).view(n, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
+            vals = _gather(v_cache, g.block_tables).view(n, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
         if g.q_len == 1:
             if g.token_index.shape[0] == num_tokens:  # a decode-only step: every row, in order, no scatter
-                out = _decode_attention(q, keys, vals, g.mask, scale)
+                out = _decode_attention(q, keys, vals, _hidden(g), scale)
                 continue
-            out[g.token_index] = _decode_attention(q[g.token_index], keys, vals, g.mask, scale)
+            out.index_copy_(0, g.token_index, _decode_attention(q.index_select(0, g.token_index), keys, vals,
+                                                                _hidden(g), scale))
             continue
-        qs = q[g.token_index].view(n, g.q_len, num_heads, head_dim).transpose(1, 2)  # (n, H, q_len, D)
+        qs = q.index_select(0, g.token_index).view(n, g.q_len, num_heads, head_dim).transpose(1, 2)  # (n, H, q, D)
         o = torch.nn.functional.scaled_dot_product_attention(qs, keys, vals, attn_mask=g.mask, scale=scale,
                                                              enable_gqa=kv_heads != num_heads)
-        out[g.token_index] = o.transpose(1, 2).reshape(n * g.q_len, num_heads, head_dim)
+        out.index_copy_(0, g.token_index, o.transpose(1, 2).reshape(n * g.q_len, num_heads, head_dim))
     return out
+
+
+def _gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """table[index] for a contiguous table, as one index_select over its first dimension: on CPU 8x faster
+    than advanced indexing for KV blocks (21 vs 169 us for 624 blocks of 1024 bf16 values)."""
+    flat = table.view(table.shape[0], -1)
+    return torch.index_select(flat, 0, index.reshape(-1)).view(*index.shape, *table.shape[1:])
 
 
 def _rows(cache: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -180,10 +199,18 @@ def _rows(cache: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return cache.permute(0, 2, 1, 3).view(nb * kv_heads, bs, d)
 
 
-def _decode_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor,
+def _hidden(g: AttentionGroup) -> torch.Tensor:
+    """~g.mask, computed once per step (not once per layer)."""
+    hidden = g.memo.get("hidden")
+    if hidden is None:
+        hidden = g.memo["hidden"] = ~g.mask
+    return hidden
+
+
+def _decode_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, hidden: torch.Tensor,
                       scale: float) -> torch.Tensor:
     """One new token per sequence, as two batched matmuls with the GQA group folded into the rows.
-    q (n, H, D); keys/vals (n, kv_heads, L, D); mask (n, 1, 1, L) -> (n, H, D).
+    q (n, H, D); keys/vals (n, kv_heads, L, D); hidden (n, 1, 1, L), True = may not attend -> (n, H, D).
 
     Why not SDPA here: on CPU its flash kernel spends ~0.8 ms per layer on a batch of 16 single-token queries
     (half of a starter-model decode step); these two matmuls take a fraction of that."""
@@ -191,6 +218,6 @@ def _decode_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, m
     kv_heads = keys.shape[1]
     qs = q.view(n, kv_heads, num_heads // kv_heads, head_dim)  # head h reads kv head h // group
     scores = torch.matmul(qs, keys.transpose(-1, -2)).float() * scale  # (n, kv_heads, group, L)
-    scores = scores.masked_fill(~mask, float("-inf"))
+    scores = scores.masked_fill_(hidden, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(vals.dtype)
     return torch.matmul(probs, vals).view(n, num_heads, head_dim)

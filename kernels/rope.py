@@ -76,11 +76,11 @@ def rope_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
 
 def rope_torch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fast path, same contract as `rope_reference`; math in float32."""
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        xf = x.float()
-        a, b = xf[..., :half], xf[..., half:]
-        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).to(x.dtype)
-
-    return rotate(q), rotate(k)
+    """Fast path, same contract as `rope_reference`; math in float32.  Q and K heads are rotated in one go
+    (one set of ~10 small ops per layer instead of two: at batch 1 on CPU the op count is what costs)."""
+    heads = q.shape[1]
+    x = torch.cat([q, k], dim=1).float()  # (num_tokens, num_heads + num_kv_heads, head_dim)
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    out = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).to(q.dtype)
+    return out[:, :heads], out[:, heads:]

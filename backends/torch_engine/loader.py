@@ -205,7 +205,9 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
         if reorder and shard in ("q", "k"):
             tensor = _unreorder_any(tensor, cfg.n_heads if shard == "q" else cfg.n_kv_heads)
         if isinstance(tensor, torch.Tensor):
-            tensor = tensor.to(dtype)
+            # RMSNorm weights stay float32: the norm runs in float32 anyway (as llama.cpp's does), and a bf16
+            # weight would be converted again in every layer of every step
+            tensor = tensor.float() if target.endswith("norm.weight") else tensor.to(dtype)
         if shard is None:
             params[target] = tensor
         else:

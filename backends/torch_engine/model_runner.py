@@ -151,7 +151,7 @@ class ModelRunner:
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
         hidden = self.model(input_ids, pos, self.kv_caches, meta)
         if logit_rows == "last":
-            hidden = hidden[torch.tensor(meta.query_start[1:], device=self.device) - 1]
+            hidden = hidden.index_select(0, torch.tensor(meta.query_start[1:], device=self.device) - 1)
         return self.model.compute_logits(hidden)
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
