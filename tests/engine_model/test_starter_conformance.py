@@ -84,3 +84,23 @@ def test_logits_and_perplexity_match_llama_cpp(starter, reference_logits, dtype:
     assert (ours.argmax(-1) == ref.argmax(-1)).mean() > 0.94
     ppl_ours, ppl_ref = np.exp(_nll(ours, ids)), np.exp(_nll(ref, ids))
     assert abs(ppl_ours / ppl_ref - 1) < 0.02, (ppl_ours, ppl_ref)
+
+
+def test_cpu_default_keeps_the_q8_0_head_and_its_decode_logits_match_the_dense_head(starter) -> None:
+    """The starter's tied Q8_0 head runs as two int4 halves for 1-3 rows (decode) and through the dense
+    embedding for more; both give the same logits up to bf16 rounding."""
+    from backends.torch_engine.quantize import QuantLinear
+
+    spec, tok, _ = starter
+    runner = ModelRunner(spec, LoadOptions(n_ctx=256, max_num_seqs=2, dtype="bfloat16"))
+    head = runner.model.lm_head
+    assert isinstance(head, QuantLinear) and head._cpu.kind == "int8-split"
+    assert head._dense is runner.model.embed.weight  # the tie costs no second dense copy
+    ids = tok.encode("The capital of France is")
+    hidden = torch.randn(1, spec.hidden_size).bfloat16()
+    split = head(hidden).float()
+    dense = torch.nn.functional.linear(hidden, runner.model.embed.weight).float()
+    assert (split - dense).abs().max() < 0.02 * dense.abs().max()
+    decode = runner.forward([(ids, 0, list(range(2)))])  # one row per sequence: the split head
+    full = runner.forward([(ids, 0, list(range(2)))], "all")[-1:]  # every row: the dense head
+    assert decode.argmax() == full.argmax() and (decode - full).abs().max() < 0.5

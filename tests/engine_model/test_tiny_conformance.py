@@ -111,12 +111,13 @@ def test_gguf_4bit_blocks_kept_quantized_give_llama_cpp_logits(tmp_path: Path, w
     scale = max(1.0, np.abs(ref).max())
     exact = ModelRunner(spec, LoadOptions(n_ctx=128, max_num_seqs=2, dtype="float32", weight_quant="gguf"))
     projections = [m for m in exact.model.modules() if isinstance(m, QuantLinear)]
-    assert len(projections) == 4 * spec.n_layers  # qkv, o, gate_up, down per layer; the lm head stays dense
+    assert len(projections) == 4 * spec.n_layers + 1  # qkv, o, gate_up, down per layer, and the (Q4) lm head
+    assert isinstance(exact.model.lm_head, QuantLinear)
     assert all(m.kind == "int4" and m.group_size == 32 for m in projections)
     assert exact.cpu_packed_layers == 0  # fp32 activations: the reference path
     assert np.abs(exact.prompt_logits(ids).numpy() - ref).max() < 1e-2 * scale
     fast = ModelRunner(spec, LoadOptions(n_ctx=128, max_num_seqs=2, dtype="bfloat16"))  # auto -> gguf on CPU
-    assert fast.weight_quant == "gguf" and fast.cpu_packed_layers == 4 * spec.n_layers
+    assert fast.weight_quant == "gguf" and fast.cpu_packed_layers == 4 * spec.n_layers + 1
     dense = ModelRunner(spec, LoadOptions(n_ctx=128, max_num_seqs=2, dtype="bfloat16", weight_quant="none"))
     assert fast.weight_bytes < dense.weight_bytes
     ours, theirs = fast.prompt_logits(ids).numpy(), dense.prompt_logits(ids).numpy()

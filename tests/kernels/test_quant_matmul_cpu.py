@@ -50,7 +50,7 @@ def test_what_the_fast_kernels_refuse() -> None:
     assert not cpu_supported(w4, torch.float32)  # torch's fp32/fp16 variants are 10-100x slower
     assert not cpu_supported(w4, torch.float16)
     assert not cpu_supported(quantize_int4(torch.randn(64, 96), 48, torch.float32), torch.bfloat16)
-    assert not cpu_supported(quantize_int8(torch.randn(64, 128), 32, torch.float32), torch.bfloat16)  # grouped
+    assert not cpu_supported(quantize_int8(torch.randn(64, 96), 48, torch.float32), torch.bfloat16)  # odd group
     with pytest.raises(ValueError, match="no fast CPU kernel"):
         pack_for_cpu(w4, torch.float32)
     with pytest.raises(ValueError, match="bfloat16 activations"):
@@ -71,4 +71,26 @@ def test_quant_linear_packs_in_place_and_keeps_its_output() -> None:
     assert (after - before).abs().max() <= TOL * before.abs().max()
     with pytest.raises(RuntimeError, match="re-laid"):
         _ = layer.weight
-    assert not QuantLinear(quantize_int8(torch.randn(8, 64), 32)).pack_for_cpu(torch.bfloat16)
+    assert not QuantLinear(quantize_int8(torch.randn(8, 96), 48)).pack_for_cpu(torch.bfloat16)
+
+
+@pytest.mark.parametrize("m", [1, 4, 13])
+def test_group_wise_int8_runs_exactly_as_two_int4_halves(m: int) -> None:
+    """GGUF Q8_0 (int8, group 32) has no CPU int8 kernel of its own: hi and lo nibbles of q + 128 through the
+    int4 kernel reproduce d * q."""
+    from backends.torch_engine.quantize import repack_gguf
+
+    g = torch.Generator().manual_seed(m)
+    n, k = 48, 96
+    d = (torch.rand(n * k // 32, generator=g) * 0.05 + 0.01).half()
+    q = torch.randint(-128, 128, (n * k // 32, 32), generator=g, dtype=torch.int8)
+    raw = torch.cat([d.view(torch.uint8).reshape(-1, 2), q.view(torch.uint8)], dim=1)  # Q8_0 blocks
+    w = repack_gguf(raw, "Q8_0", n, k, torch.float32)
+    assert cpu_supported(w, torch.bfloat16) and pack_for_cpu(w).kind == "int8-split"
+    x = torch.randn(m, k, generator=g).bfloat16()
+    _check(x, w)
+    # no worse than the dense bf16 matmul of the same weights (what the engine did before)
+    ref = quant_matmul_reference(x.float(), w)
+    dense = torch.nn.functional.linear(x, (q.float() * d.float()[:, None]).reshape(n, k).bfloat16()).float()
+    split = quant_matmul_cpu(x, pack_for_cpu(w)).float()
+    assert (split - ref).abs().max() <= 3 * (dense - ref).abs().max() + 1e-3
