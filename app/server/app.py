@@ -189,9 +189,14 @@ async def _parse(request: HTTPRequest, schema: type[BaseModel], config: ServerCo
     return body
 
 
-def _backend_request(body: Any, prompt: str, add_special: bool, extra_stop: tuple[str, ...],
+def _backend_request(body: Any, prompt: str | list[int], add_special: bool, extra_stop: tuple[str, ...],
                      max_tokens: int | None, backend: Backend, config: ServerConfig) -> Request:
+    """prompt: text, or token ids (sent to the model as they are: no BOS is added)."""
     n_ctx = backend.n_ctx
+    vocab = backend.spec.vocab_size
+    if isinstance(prompt, list) and any(not 0 <= t < vocab for t in prompt):
+        bad = next(t for t in prompt if not 0 <= t < vocab)
+        raise APIError(400, f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
     if max_tokens is not None and not 1 <= max_tokens <= n_ctx:
         raise APIError(400, f"max_tokens must be between 1 and the context length {n_ctx}, got {max_tokens}",
                        param="max_tokens")
@@ -203,9 +208,11 @@ def _backend_request(body: Any, prompt: str, add_special: bool, extra_stop: tupl
         temperature=float(body.temperature) if body.temperature is not None else 1.0,
         top_p=float(body.top_p) if body.top_p is not None else 1.0, top_k=0, min_p=0.0, seed=body.seed,
         max_tokens=max_tokens if max_tokens is not None else min(config.default_max_tokens, n_ctx),
-        stop=stop + tuple(s for s in extra_stop if s not in stop))
-    return Request(prompt=prompt, sampling=sampling, request_id=f"req-{uuid.uuid4().hex[:16]}",
-                   add_special=add_special)
+        stop=stop + tuple(s for s in extra_stop if s not in stop), ignore_eos=body.ignore_eos)
+    rid = f"req-{uuid.uuid4().hex[:16]}"
+    if isinstance(prompt, list):
+        return Request(prompt_token_ids=tuple(prompt), sampling=sampling, request_id=rid)
+    return Request(prompt=prompt, sampling=sampling, request_id=rid, add_special=add_special)
 
 
 def _usage(gen: Generation) -> dict:

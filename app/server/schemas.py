@@ -29,6 +29,7 @@ class _Common(BaseModel):
     n: StrictInt = 1  # only 1 is served
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
+    ignore_eos: StrictBool = False  # vLLM's extension: generate exactly max_tokens (benchmarks)
 
 
 class ChatCompletionRequest(_Common):
@@ -37,4 +38,5 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: StrictStr = Field(min_length=1)  # a single string (lists of prompts would need n > 1 replies)
+    # one prompt: a string, or token ids as OpenAI's API allows (lists of prompts would need n > 1 replies)
+    prompt: StrictStr | list[StrictInt] = Field(min_length=1)

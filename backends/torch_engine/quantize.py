@@ -14,6 +14,7 @@ The layouts and the matmul live in kernels/quant_matmul.py (references) and kern
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import fnmatch
 from collections.abc import Callable
@@ -25,6 +26,12 @@ from torch import nn
 from kernels.quant_matmul import (QuantWeight, dequantize, pack_int4, quant_matmul_torch, quantize_fp8, quantize_int4,
                                   quantize_int8)
 from kernels.quant_matmul_cpu import CpuPackedWeight
+
+# Set by the model runner for one forward: the first N rows of every QuantLinear input take the quantized
+# kernel and the rest the dense copy (when the layer has one).  N is the step's decode rows, which the runner
+# puts first, so a decode row always runs the same kernel whatever else is in the batch (alone or among 16,
+# prefix-cache hit or miss: the same tokens, and seeds that reproduce); prompt rows always take the dense copy.
+QUANTIZED_ROWS: contextvars.ContextVar[int | None] = contextvars.ContextVar("hearth_quantized_rows", default=None)
 
 KINDS = ("int8", "int4", "fp8")
 DENSE_MIN_ROWS = 32  # inputs with this many rows use a QuantLinear's dense copy when it has one
@@ -97,8 +104,8 @@ class QuantLinear(nn.Module):
         return True
 
     def keep_dense_copy(self, dtype: torch.dtype) -> int:
-        """Also hold the dequantized weight in `dtype`, used when an input has DENSE_MIN_ROWS rows or more
-        (prefill chunks).  Why: torch's CPU int4 kernel dequantizes inside every call and costs the same per
+        """Also hold the dequantized weight in `dtype`, used for prompt rows inside a runner step (see
+        QUANTIZED_ROWS) and otherwise for inputs of `dense_min_rows` rows or more.  Why: torch's CPU int4 kernel dequantizes inside every call and costs the same per
         row at any batch (~23 us per token and layer for the starter), while a dense bf16 matmul is 2.7x
         cheaper per row at 512 rows; from 16 rows on, reading the weight is no longer what bounds the step.
         Returns the bytes it added."""
@@ -109,9 +116,24 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_scale is not None:
             x = x * self.input_scale.to(x.dtype)
-        if self._dense is not None and x.numel() >= self.dense_min_rows * self.in_features:
-            return torch.nn.functional.linear(x, self._dense.to(x.dtype),
-                                              None if self.bias is None else self.bias.to(x.dtype))
+        if self._dense is not None:
+            rows = x.numel() // self.in_features
+            quantized = QUANTIZED_ROWS.get()
+            if quantized is None:  # no runner step around: choose by speed
+                quantized = rows if rows < self.dense_min_rows else 0
+            if quantized < rows:
+                if quantized <= 0:
+                    return self._dense_linear(x)
+                flat = x.reshape(rows, self.in_features)
+                return torch.cat([self._quantized(flat[:quantized]), self._dense_linear(flat[quantized:])]
+                                 ).reshape(*x.shape[:-1], self.out_features)
+        return self._quantized(x)
+
+    def _dense_linear(self, x: torch.Tensor) -> torch.Tensor:
+        assert self._dense is not None
+        return torch.nn.functional.linear(x, self._dense.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+
+    def _quantized(self, x: torch.Tensor) -> torch.Tensor:
         if self._cpu is not None:
             from kernels.quant_matmul_cpu import FAST_DTYPE, quant_matmul_cpu
 

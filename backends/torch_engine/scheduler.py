@@ -159,7 +159,8 @@ class Scheduler:
         start = request.num_computed_tokens
         end = start + num_new
         return ScheduledRequest(request.request_id, tuple(request.token_ids[start:end]), start,
-                                tuple(request.block_ids), needs_logits=end == request.num_tokens)
+                                tuple(request.block_ids), needs_logits=end == request.num_tokens,
+                                is_decode=num_new == 1 and start >= request.num_prompt_tokens)
 
     def _stop_status(self, request: EngineRequest, token: int) -> RequestStatus | None:
         if token in request.eos_token_ids and not request.sampling.ignore_eos:

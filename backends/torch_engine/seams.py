@@ -22,6 +22,9 @@ class ScheduledRequest:
     start_position: int  # position of token_ids[0]: tokens of this request already in the KV cache
     block_table: tuple[int, ...]  # physical block ids covering positions [0, start_position + len(token_ids))
     needs_logits: bool  # True when the step reaches the end of the known tokens: sample a token after it
+    # True when token_ids is the one token sampled last step (not prompt, not recompute after preemption).
+    # The runner gives decode rows and prompt rows fixed kernels, so a row's numerics never depend on the batch.
+    is_decode: bool = False
 
     @property
     def num_tokens(self) -> int:

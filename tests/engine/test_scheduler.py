@@ -50,10 +50,23 @@ def test_long_prompt_is_chunked_and_running_decodes_go_first() -> None:
     assert [x.request_id for x in out.scheduled] == ["a", "long"]
     assert out.num_scheduled_tokens == {"a": 1, "long": 31}  # budget 32: the decode first, then a chunk
     assert not out.scheduled[1].needs_logits
+    assert out.scheduled[0].is_decode and not out.scheduled[1].is_decode  # the runner's kernel choice
     for _ in range(3):
         out, _ = fake_step(s, kv)
         assert out.num_scheduled_tokens["a"] == 1  # a keeps streaming while the prompt is prefilled
     assert out.scheduled[1].needs_logits  # 31 + 3 * 31 >= 100: the last chunk samples a token
+
+
+def test_a_one_token_prompt_remainder_is_not_a_decode() -> None:
+    """A 17-token prompt in chunks of 16 leaves one prompt token: it runs as a prompt row, not a decode."""
+    bm, s, kv = make(budget=16)
+    s.add_request(req("p", list(range(1, 18))))
+    first, _ = fake_step(s, kv)
+    second, _ = fake_step(s, kv)
+    third, _ = fake_step(s, kv)
+    assert first.scheduled[0].num_tokens == 16 and not first.scheduled[0].is_decode
+    assert second.scheduled[0].num_tokens == 1 and not second.scheduled[0].is_decode
+    assert third.scheduled[0].is_decode  # the first sampled token
 
 
 def test_fcfs_and_max_num_seqs() -> None:

@@ -94,3 +94,29 @@ def test_group_wise_int8_runs_exactly_as_two_int4_halves(m: int) -> None:
     dense = torch.nn.functional.linear(x, (q.float() * d.float()[:, None]).reshape(n, k).bfloat16()).float()
     split = quant_matmul_cpu(x, pack_for_cpu(w)).float()
     assert (split - ref).abs().max() <= 3 * (dense - ref).abs().max() + 1e-3
+
+
+def test_rows_take_a_fixed_kernel_inside_a_runner_step() -> None:
+    """Under QUANTIZED_ROWS = n the first n rows take the packed kernel and the rest the dense copy, each row
+    exactly as it would alone: a decode row's numerics do not depend on what else is in the batch."""
+    from backends.torch_engine.quantize import QUANTIZED_ROWS
+
+    layer = QuantLinear(quantize_int4(torch.randn(64, 128), 32, torch.float32))
+    layer.keep_dense_copy(torch.bfloat16)
+    layer.pack_for_cpu(torch.bfloat16)
+    x = torch.randn(40, 128).bfloat16()
+    quantized_alone = torch.cat([layer(x[i:i + 1]) for i in range(3)])  # 1 row < 32: the packed kernel
+    dense_alone = layer(x[3:])  # 37 rows: the dense copy
+    assert not torch.equal(quantized_alone, torch.nn.functional.linear(x[:3], layer._dense))
+    token = QUANTIZED_ROWS.set(3)
+    try:
+        mixed = layer(x)
+        assert torch.equal(layer(x[:1]), quantized_alone[:1])  # a lone decode row: still the packed kernel
+    finally:
+        QUANTIZED_ROWS.reset(token)
+    assert torch.equal(mixed[:3], quantized_alone) and torch.equal(mixed[3:], dense_alone)
+    token = QUANTIZED_ROWS.set(0)
+    try:
+        assert torch.equal(layer(x[:2]), torch.nn.functional.linear(x[:2], layer._dense))  # prompt rows
+    finally:
+        QUANTIZED_ROWS.reset(token)

@@ -120,3 +120,20 @@ def test_disconnect_mid_stream_aborts(live) -> None:
     assert 'hearth_requests_finished_total{reason="abort"} 1.0' in metrics
     assert aborted == [backend.requests[0].request_id]
     assert not s.app.state.runner.active
+
+
+def test_completion_prompt_as_token_ids_and_ignore_eos(live) -> None:
+    """OpenAI's /v1/completions also takes the prompt as token ids; `ignore_eos` is vLLM's extension."""
+    backend = fake(replies=["one two"])
+    s = live(backend)
+    with httpx.Client(base_url=s.url) as c:
+        r = c.post("/v1/completions", json={"model": "fake-model", "prompt": [5, 6, 7], "max_tokens": 4,
+                                           "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        req = backend.requests[-1]
+        assert req.prompt_token_ids == (5, 6, 7) and req.prompt is None and req.sampling.ignore_eos
+        assert c.post("/v1/completions", json={"model": "fake-model", "prompt": "hi"}).status_code == 200
+        assert not backend.requests[-1].sampling.ignore_eos
+        for bad, param in (([], "prompt"), ([1, "x"], "prompt"), ([1, 10**9], "prompt"), ([-1], "prompt")):
+            r = c.post("/v1/completions", json={"model": "fake-model", "prompt": bad})
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, (bad, r.text)

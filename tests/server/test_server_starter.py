@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.conftest import free_port
+from app.server.background import free_port
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
