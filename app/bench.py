@@ -95,11 +95,70 @@ def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+@dataclass
+class _Sample:
+    """One request's figures, from either path."""
+
+    tokens: int
+    ttft_s: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    error: str | None = None
+
+
+def _in_process(backend: Any, w: Workload) -> Callable[[tuple[int, ...], int], _Sample]:
+    from backends.api import Request, SamplingParams
+
+    def one(prompt: tuple[int, ...], seed: int) -> _Sample:
+        params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
+        c = backend.generate(Request(prompt_token_ids=prompt, sampling=params))
+        return _Sample(len(c.token_ids), c.stats.ttft_s, c.stats.prefill_tokens_per_s,
+                       c.stats.decode_tokens_per_s, c.error)
+
+    return one
+
+
+def _over_http(url: str, w: Workload) -> Callable[[tuple[int, ...], int], _Sample]:
+    """The same request as a streaming POST /v1/completions with token ids (what an OpenAI client sends)."""
+    import httpx
+
+    local = threading.local()
+
+    def one(prompt: tuple[int, ...], seed: int) -> _Sample:
+        client = getattr(local, "client", None)
+        if client is None:
+            client = local.client = httpx.Client(base_url=url, timeout=600)
+        body = {"model": "bench", "prompt": list(prompt), "max_tokens": w.gen_tokens, "temperature": 0,
+                "seed": seed, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+        t0 = time.perf_counter()
+        first = last = None
+        tokens = 0
+        with client.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                return _Sample(0, 0.0, 0.0, 0.0, f"HTTP {r.status_code}: {r.read().decode()[:200]}")
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                    last = time.perf_counter()
+                    first = first or last
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+        if first is None or last is None:
+            return _Sample(tokens, 0.0, 0.0, 0.0, "the stream carried no text")
+        ttft = first - t0
+        decode = (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0
+        return _Sample(tokens, ttft, len(prompt) / ttft if ttft > 0 else 0.0, decode)
+
+    return one
+
+
 def worker(w: Workload) -> None:
-    """Run the workload in this process (a fresh one) and print JSON lines (see the module docstring)."""
+    """Run the workload in this process (a fresh one) and print JSON lines (see the module docstring).
+    With extra["http"], every level runs again through hearth's server on 127.0.0.1 (rows "<backend>+http")."""
     from app.loading import open_backend
     from app.settings import load_settings
-    from backends.api import Request, SamplingParams
 
     sampler = _PeakSampler()
     t0 = time.perf_counter()
@@ -117,47 +176,64 @@ def worker(w: Workload) -> None:
     if loaded.spec.bos_token_id is not None:
         specials.add(loaded.spec.bos_token_id)
     vocab = loaded.spec.vocab_size
-    total = len(w.concurrency) * w.requests
+    modes: list[tuple[str, Any]] = [(w.backend, _in_process(backend, w))]
+    server = None
+    if w.extra.get("http"):
+        from app.server.background import BackgroundServer
+
+        server = BackgroundServer(backend, "bench", limits={"max_concurrency": max(w.concurrency),
+                                                            "queue_limit": max(64, w.requests)})
+        modes.append((f"{w.backend}+http", _over_http(server.url, w)))
+    total = len(modes) * len(w.concurrency) * w.requests
     done = 0
     lock = threading.Lock()
+    in_process: dict[int, float] = {}
     try:
-        for level, conc in enumerate(w.concurrency):
-            # Fresh prompts per level: a backend with a prefix cache must not get the previous level's
-            # prompts for free (the same seed gives the same prompts on every backend).
-            prompts = synthetic_prompts(vocab, specials, w.requests, w.prompt_tokens, w.seed + 7919 * level)
+        for mode, (name, run_one) in enumerate(modes):
+            for level, conc in enumerate(w.concurrency):
+                # Fresh prompts per level and path: a backend with a prefix cache must not get earlier
+                # prompts for free (the same seed gives the same prompts on every backend).
+                prompts = synthetic_prompts(vocab, specials, w.requests, w.prompt_tokens,
+                                            w.seed + 7919 * level + 104729 * mode)
 
-            def one(i: int) -> Any:
-                nonlocal done
-                params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=w.seed + i)
-                c = backend.generate(Request(prompt_token_ids=prompts[i], sampling=params))
-                with lock:
-                    done += 1
-                    _emit({"progress": done, "total": total})
-                return c
+                def one(i: int) -> _Sample:
+                    nonlocal done
+                    sample = run_one(prompts[i], w.seed + i)
+                    with lock:
+                        done += 1
+                        _emit({"progress": done, "total": total})
+                    return sample
 
-            start = time.perf_counter()
-            with ThreadPoolExecutor(max_workers=conc) as pool:
-                comps = list(pool.map(one, range(w.requests)))
-            wall = time.perf_counter() - start
-            errors = [c.error for c in comps if c.error]
-            short = [len(c.token_ids) for c in comps if len(c.token_ids) != w.gen_tokens]
-            if errors or short:
-                _emit({"result": {"backend": w.backend, "concurrency": conc,
-                                  "error": errors[0] if errors else f"generated {short[0]} tokens, "
-                                                                    f"not {w.gen_tokens}"}})
-                continue
-            ttft = [c.stats.ttft_s * 1000 for c in comps]
-            gpu = _gpu_peak_mib()
-            _emit({"result": {
-                "backend": w.backend, "concurrency": conc, "load_s": load_s,
-                "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p95": percentile(ttft, 95),
-                "prefill_tokens_per_s": statistics.mean(c.stats.prefill_tokens_per_s for c in comps),
-                "decode_tokens_per_s": statistics.mean(c.stats.decode_tokens_per_s for c in comps),
-                "aggregate_tokens_per_s": sum(len(c.token_ids) for c in comps) / wall,
-                "peak_rss_mib": max(sampler.peak, sampler._proc.memory_info().rss) / 2**20,
-                "peak_gpu_mib": gpu, "wall_s": wall, "requests": w.requests,
-                "prompt_tokens": w.prompt_tokens, "gen_tokens": w.gen_tokens}})
+                start = time.perf_counter()
+                with ThreadPoolExecutor(max_workers=conc) as pool:
+                    samples = list(pool.map(one, range(w.requests)))
+                wall = time.perf_counter() - start
+                errors = [s.error for s in samples if s.error]
+                short = [s.tokens for s in samples if s.tokens != w.gen_tokens]
+                if errors or short:
+                    _emit({"result": {"backend": name, "concurrency": conc,
+                                      "error": errors[0] if errors else f"generated {short[0]} tokens, "
+                                                                        f"not {w.gen_tokens}"}})
+                    continue
+                ttft = [s.ttft_s * 1000 for s in samples]
+                aggregate = sum(s.tokens for s in samples) / wall
+                result = {
+                    "backend": name, "concurrency": conc, "load_s": load_s,
+                    "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p95": percentile(ttft, 95),
+                    "prefill_tokens_per_s": statistics.mean(s.prefill_tokens_per_s for s in samples),
+                    "decode_tokens_per_s": statistics.mean(s.decode_tokens_per_s for s in samples),
+                    "aggregate_tokens_per_s": aggregate,
+                    "peak_rss_mib": max(sampler.peak, sampler._proc.memory_info().rss) / 2**20,
+                    "peak_gpu_mib": _gpu_peak_mib(), "wall_s": wall, "requests": w.requests,
+                    "prompt_tokens": w.prompt_tokens, "gen_tokens": w.gen_tokens}
+                if mode == 0:
+                    in_process[conc] = aggregate
+                elif conc in in_process:
+                    result["http_vs_in_process"] = aggregate / in_process[conc]
+                _emit({"result": result})
     finally:
+        if server is not None:
+            server.stop()
         sampler.stop()
         backend.close()
 

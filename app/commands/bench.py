@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per concurrency level")
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: physical cores)")
+    p.add_argument("--http", action="store_true",
+                   help="also run every level through hearth's OpenAI server on 127.0.0.1 (streaming "
+                        "/v1/completions); rows '<backend>+http', and in --json 'http_vs_in_process'")
     p.add_argument("--json", action="store_true", help="print {\"results\": [...]} instead of a table")
 
 
@@ -83,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     workload = Workload(model=args.model, backend=backends[0], concurrency=args.concurrency,
                         prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, requests=args.requests,
-                        seed=args.seed, threads=args.threads)
+                        seed=args.seed, threads=args.threads, extra={"http": True} if args.http else {})
     tty = sys.stderr.isatty()
 
     def progress(name: str, done: int, total: int) -> None:

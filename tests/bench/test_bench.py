@@ -76,3 +76,30 @@ def test_each_concurrency_level_gets_fresh_prompts(monkeypatch, capsys):
     assert len(prompts) == 6 and all(len(p) == 8 for p in prompts)
     assert set(prompts[:3]).isdisjoint(prompts[3:])
     assert '"concurrency": 2' in capsys.readouterr().out
+
+
+def test_http_rows_go_through_the_server_with_token_id_prompts(monkeypatch, capsys):
+    import json
+
+    import app.loading
+    from app.bench import Workload, worker
+    from tests.fakes import FakeBackend, fake_spec
+
+    backend = FakeBackend(replies=["a b c"])
+    backend.load()
+
+    class Loaded:
+        spec = fake_spec()
+
+    Loaded.backend = backend
+    monkeypatch.setattr(app.loading, "open_backend", lambda *a, **k: Loaded)
+    worker(Workload(model=None, backend="torch", concurrency=[2], prompt_tokens=8, gen_tokens=3, requests=2,
+                    extra={"http": True}))
+    results = [json.loads(line)["result"] for line in capsys.readouterr().out.splitlines() if '"result"' in line]
+    assert [r["backend"] for r in results] == ["torch", "torch+http"], results
+    http = results[1]
+    assert "error" not in http, http
+    assert http["aggregate_tokens_per_s"] > 0 and http["http_vs_in_process"] > 0
+    sent = [r.prompt_token_ids for r in backend.requests[2:]]  # the server passed the ids through as they are
+    assert len(sent) == 2 and all(len(p) == 8 for p in sent)
+    assert all(r.sampling.ignore_eos and r.sampling.max_tokens == 3 for r in backend.requests[2:])
