@@ -76,7 +76,9 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         n_threads=settings.threads or physical_cores(), n_batch=plan.batch_size,
         max_num_seqs=settings.max_concurrency,
         dtype=_TORCH_DTYPES.get(plan.quant, "auto") if backend == "torch" else "auto",
-        weight_quant=_TORCH_QUANTS.get(plan.quant, "auto") if backend == "torch" else "auto",
+        # a GPU plan names its format; on CPU "auto" keeps a GGUF's 4-bit blocks (model_runner.resolve_weight_quant)
+        weight_quant=_TORCH_QUANTS.get(plan.quant, "none" if plan.device.startswith("cuda") else "auto")
+        if backend == "torch" else "auto",
         device=plan.device if backend == "torch" else "auto",
     )
     reasons = tuple(plan.reasons)

@@ -19,8 +19,10 @@ TORCH_ENGINE_RUNNABLE_FORMATS = ("bf16", "fp16")
 TORCH_ENGINE_MAX_GPUS = 1
 
 # GGUF tokenizers the torch engine builds: byte-level BPE ("gpt2") with these pre-tokenizers
-# (backends/torch_engine/tokenizer.py implements each).  SentencePiece GGUFs (Llama 2, Gemma) go to llama.cpp.
+# (backends/torch_engine/tokenizer.py implements each), and SentencePiece "llama" vocabularies (Llama 1/2,
+# Mistral: backends/torch_engine/spm_tokenizer.py).
 TORCH_ENGINE_GGUF_PRE_TOKENIZERS = ("smollm", "llama-bpe", "llama3", "qwen2", "gpt2", "default")
+TORCH_ENGINE_GGUF_SPM = "llama"
 
 # The torch engine needs a CUDA build that targets the card: PyTorch's current wheels start at Turing (sm_75).
 TORCH_ENGINE_MIN_CC = (7, 5)
@@ -39,6 +41,7 @@ def torch_engine_refusal(shape: "ModelShape") -> str | None:
     if shape.n_experts:
         return f"the torch engine does not run mixture-of-experts models ({shape.n_experts} experts)"
     model, _, pre = shape.tokenizer.partition("/")
-    if model and model != "hf" and (model != "gpt2" or pre not in TORCH_ENGINE_GGUF_PRE_TOKENIZERS):
+    if model and model not in ("hf", TORCH_ENGINE_GGUF_SPM) and (
+            model != "gpt2" or pre not in TORCH_ENGINE_GGUF_PRE_TOKENIZERS):
         return f"the torch engine does not build the {shape.tokenizer} tokenizer"
     return None

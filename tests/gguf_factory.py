@@ -26,6 +26,24 @@ def _starter_tokenizer() -> dict[str, Any]:
     return read_header(path, keep_arrays=_TOKENIZER_KEYS).metadata
 
 
+def spm_vocab(size: int = 700) -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece-style "llama" vocabulary like Llama 2's, trained here on tests/data/english.txt:
+    <unk>, <s>, </s> (unknown, control), 256 byte tokens <0x00>..<0xFF>, a user-defined <|user|>, then "▁"
+    pieces with score -rank.  Deterministic."""
+    from tokenizers import SentencePieceBPETokenizer
+
+    text = (Path(__file__).parent / "data" / "english.txt").read_text()
+    trainer = SentencePieceBPETokenizer()
+    trainer.train_from_iterator([text], vocab_size=size, min_frequency=2, special_tokens=["<unk>", "<s>", "</s>"],
+                                show_progress=False)
+    pieces = [t for t, _ in sorted(trainer.get_vocab().items(), key=lambda kv: kv[1]) if t not in
+              ("<unk>", "<s>", "</s>")]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["<|user|>"] + pieces
+    types = [2, 3, 3] + [6] * 256 + [4] + [1] * len(pieces)
+    scores = [0.0] * 260 + [-float(i) for i in range(len(pieces))]
+    return tokens, scores, types
+
+
 def write_tiny_llama(
     path: str | Path,
     *,
@@ -44,6 +62,7 @@ def write_tiny_llama(
     seed: int = 0,
     extra_metadata: dict[str, Any] | None = None,
     qkv_bias: bool = False,  # write attn_q/k/v biases (Qwen2)
+    tokenizer: str = "bpe",  # "bpe": SmolLM2's byte-level BPE; "spm": a SentencePiece "llama" vocab (spm_vocab)
 ) -> Path:
     import gguf
     from gguf.constants import GGMLQuantizationType as T
@@ -64,17 +83,28 @@ def write_tiny_llama(
     ftype = {"F32": 0, "F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3}[weight_type]
     w.add_file_type(ftype)
 
-    md = _starter_tokenizer()
-    tokens = md["tokenizer.ggml.tokens"]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_merges(md["tokenizer.ggml.merges"])
-    w.add_token_types(md["tokenizer.ggml.token_type"])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_pad_token_id(2)
-    w.add_add_bos_token(False)
+    if tokenizer == "spm":
+        tokens, scores, types = spm_vocab()
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(True)
+    else:
+        md = _starter_tokenizer()
+        tokens = md["tokenizer.ggml.tokens"]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("smollm")
+        w.add_token_list(tokens)
+        w.add_token_merges(md["tokenizer.ggml.merges"])
+        w.add_token_types(md["tokenizer.ggml.token_type"])
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_pad_token_id(2)
+        w.add_add_bos_token(False)
     vocab = len(tokens)
     if chat_template == "starter":
         from app.store import starter_model_path

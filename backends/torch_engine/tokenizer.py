@@ -1,5 +1,6 @@
 """Tokenizers whose ids equal llama.cpp's: built with the `tokenizers` library from a GGUF's own fields
-(tokens, merges, token types, tokenizer.ggml.pre), or read from a Hugging Face folder's tokenizer.json.
+(tokens, merges, token types, tokenizer.ggml.pre), or read from a Hugging Face folder's tokenizer.json;
+SentencePiece "llama" GGUF vocabularies go to spm_tokenizer.SpmTokenizer.
 
 GGUF "gpt2" (byte-level BPE) models: each `tokenizer.ggml.pre` value has its own pre-tokenizer rules, copied
 from the regexes llama.cpp's llama-vocab.cpp uses for it (`_PRE` below).  Token type 3 (control) and 4
@@ -12,6 +13,7 @@ import json
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from backends.errors import UnsupportedArchitectureError
 from backends.gguf_reader import read_header
@@ -72,7 +74,8 @@ class HearthTokenizer:
         return b"".join(self._bytes[i] for i in token_ids)
 
 
-def load_tokenizer(spec: ModelSpec) -> HearthTokenizer:
+def load_tokenizer(spec: ModelSpec) -> Any:
+    """A HearthTokenizer (byte-level BPE, HF folders) or an SpmTokenizer (GGUF "llama" vocabularies)."""
     if spec.format != "gguf":
         return _from_hf(spec)
     return _from_gguf(spec)
@@ -81,9 +84,17 @@ def load_tokenizer(spec: ModelSpec) -> HearthTokenizer:
 def _from_gguf(spec: ModelSpec) -> HearthTokenizer:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    keys = ["tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"]
+    keys = ["tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"]
     md = read_header(spec.path, keep_arrays=keys).metadata
     model, pre = md.get("tokenizer.ggml.model"), md.get("tokenizer.ggml.pre", "default")
+    if model == "llama":  # SentencePiece vocabularies (Llama 1/2, Mistral): backends/torch_engine/spm_tokenizer.py
+        from backends.torch_engine.spm_tokenizer import SpmTokenizer
+
+        return SpmTokenizer(md["tokenizer.ggml.tokens"], md.get("tokenizer.ggml.scores") or [],
+                            md.get("tokenizer.ggml.token_type") or [], spec.bos_token_id,
+                            spec.eos_token_ids[0] if spec.eos_token_ids else None,
+                            md.get("tokenizer.ggml.unknown_token_id"), spec.add_bos_token, spec.add_eos_token,
+                            bool(md.get("tokenizer.ggml.add_space_prefix", True)))
     if model != "gpt2" or pre not in _PRE:  # _PRE's keys are hwprobe.support.TORCH_ENGINE_GGUF_PRE_TOKENIZERS
         raise UnsupportedArchitectureError(
             f"the torch engine's tokenizer handles byte-level BPE GGUFs with pre-tokenizer "

@@ -230,11 +230,12 @@ def test_models_the_torch_engine_cannot_run_go_to_llama_cpp_even_when_they_fit()
 
     from hwprobe.support import torch_engine_refusal
 
-    spm = dataclasses.replace(LLAMA2_7B, tokenizer="llama/default")  # a SentencePiece GGUF
-    p = plan(hw("rtx3090_24gb"), spm, Prefs())
+    odd = dataclasses.replace(LLAMA2_7B, tokenizer="gpt2/deepseek-coder")  # a BPE pre-tokenizer hearth lacks
+    p = plan(hw("rtx3090_24gb"), odd, Prefs())
     assert p.backend == "llama.cpp" and p.n_gpu_layers == p.n_layers
     assert any("tokenizer" in r for r in p.reasons)
     assert torch_engine_refusal(dataclasses.replace(LLAMA2_7B, tokenizer="gpt2/smollm")) is None
+    assert torch_engine_refusal(dataclasses.replace(LLAMA2_7B, tokenizer="llama/default")) is None  # SentencePiece
     assert "experts" in torch_engine_refusal(MIXTRAL_8X7B.__class__(**{**MIXTRAL_8X7B.__dict__,
                                                                       "architecture": "llama"}))
 
