@@ -94,8 +94,10 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.attn(self.input_norm(x), cos, sin, k_cache, v_cache, meta)
-        return x + self.mlp(self.post_norm(x))
+        # .forward, not __call__: no hooks are used here, and nn.Module's call machinery is ~10 % of a
+        # batch-1 CPU decode step at 30 layers x 6 calls
+        x = x + self.attn.forward(self.input_norm.forward(x), cos, sin, k_cache, v_cache, meta)
+        return x + self.mlp.forward(self.post_norm.forward(x))
 
 
 class LlamaModel(nn.Module):
@@ -123,7 +125,7 @@ class LlamaModel(nn.Module):
         cos, sin = rope_cos_sin(positions, self.inv_freq)  # (num_tokens, 1, head_dim // 2) each
         x = self.embed(input_ids)  # (num_tokens, hidden)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin, k_cache, v_cache, meta)
+            x = layer.forward(x, cos, sin, k_cache, v_cache, meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
