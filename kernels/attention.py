@@ -101,23 +101,6 @@ def is_head_major(cache: torch.Tensor) -> bool:
     return not cache.is_contiguous() and cache.permute(0, 2, 1, 3).is_contiguous()
 
 
-_last_rows: list = [None, None]  # (key, rows) of the last step: every layer of a step shares its slot mapping
-
-
-def _head_major_rows(slot_mapping: torch.Tensor, kv_heads: int, bs: int) -> torch.Tensor:
-    """Memory rows of (token, head) in a head-major cache: (block * kv_heads + head) * block_size + offset.
-    Built once per step (the slot mapping is one tensor shared by all layers), not once per layer: at batch 1
-    the ~7 small ops it takes cost more than the copy itself."""
-    key = (slot_mapping, kv_heads, bs)
-    cached_key, rows = _last_rows
-    if cached_key is not None and cached_key[0] is slot_mapping and cached_key[1:] == key[1:]:
-        return rows
-    base = (slot_mapping // bs) * (kv_heads * bs) + slot_mapping % bs
-    rows = (base[:, None] + torch.arange(kv_heads, device=base.device)[None, :] * bs).reshape(-1)
-    _last_rows[:] = [key, rows]
-    return rows
-
-
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Store the new tokens' K/V: k, v (num_tokens, kv_heads, D) into their slots of the caches."""
@@ -128,7 +111,9 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         return
     if is_head_major(k_cache) and is_head_major(v_cache):
         nb, bs, kv_heads, head_dim = k_cache.shape
-        rows = _head_major_rows(slot_mapping, kv_heads, bs)
+        # memory row of (token, head): (block * kv_heads + head) * block_size + offset
+        base = (slot_mapping // bs) * (kv_heads * bs) + slot_mapping % bs
+        rows = (base[:, None] + torch.arange(kv_heads, device=base.device)[None, :] * bs).reshape(-1)
         for new, cache in ((k, k_cache), (v, v_cache)):
             memory = cache.permute(0, 2, 1, 3).view(nb * kv_heads * bs, head_dim)
             memory.index_copy_(0, rows, new.reshape(-1, head_dim).to(cache.dtype))

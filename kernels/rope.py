@@ -81,7 +81,6 @@ def rope_torch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
     heads = q.shape[1]
     x = torch.cat([q, k], dim=1).float()  # (num_tokens, num_heads + num_kv_heads, head_dim)
     half = x.shape[-1] // 2
-    # out = x * [cos, cos] + [b, a] * [-sin, sin]: one multiply-add over the whole head
-    turned = torch.cat([x[..., half:], x[..., :half]], dim=-1)
-    out = torch.addcmul(x * torch.cat([cos, cos], dim=-1), turned, torch.cat([-sin, sin], dim=-1))
-    return out[:, :heads].to(q.dtype), out[:, heads:].to(q.dtype)
+    a, b = x[..., :half], x[..., half:]
+    out = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).to(q.dtype)
+    return out[:, :heads], out[:, heads:]

@@ -194,8 +194,8 @@ def _backend_request(body: Any, prompt: str | list[int], add_special: bool, extr
     """prompt: text, or token ids (sent to the model as they are: no BOS is added)."""
     n_ctx = backend.n_ctx
     vocab = backend.spec.vocab_size
-    if isinstance(prompt, list) and any(not 0 <= t < vocab for t in prompt):
-        bad = next(t for t in prompt if not 0 <= t < vocab)
+    bad = next((t for t in prompt if not 0 <= t < vocab), None) if isinstance(prompt, list) else None
+    if bad is not None:
         raise APIError(400, f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
     if max_tokens is not None and not 1 <= max_tokens <= n_ctx:
         raise APIError(400, f"max_tokens must be between 1 and the context length {n_ctx}, got {max_tokens}",

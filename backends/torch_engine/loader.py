@@ -197,8 +197,8 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
     # token); a tied head keeps the dense embedding as its copy for many-row inputs (QuantLinear._dense).
     head_name = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
     quant_head = keep_gguf_quant and device.type == "cpu"
-    keep = (lambda name, qtype: keep_gguf_quant and _is_projection(_template(name)[0])
-            or quant_head and name == head_name)
+    keep = (lambda name, qtype: (keep_gguf_quant and _is_projection(_template(name)[0]))
+            or (quant_head and name == head_name))
     head_q: QuantWeight | None = None
     for name, tensor in (_gguf_tensors(spec, keep, scale_dtype) if gguf else _hf_tensors(spec)):
         if name in _SKIP:

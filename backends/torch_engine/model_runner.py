@@ -145,7 +145,6 @@ class ModelRunner:
         self.kv_caches = [(cache(), cache()) for _ in range(spec.n_layers)]
         _release_freed_memory()
 
-
     @property
     def weight_bytes(self) -> int:
         """Bytes of the model's weights as held (quantized layers at their packed size; a tied embedding once),

@@ -105,10 +105,10 @@ class QuantLinear(nn.Module):
 
     def keep_dense_copy(self, dtype: torch.dtype) -> int:
         """Also hold the dequantized weight in `dtype`, used for prompt rows inside a runner step (see
-        QUANTIZED_ROWS) and otherwise for inputs of `dense_min_rows` rows or more.  Why: torch's CPU int4 kernel dequantizes inside every call and costs the same per
-        row at any batch (~23 us per token and layer for the starter), while a dense bf16 matmul is 2.7x
-        cheaper per row at 512 rows; from 16 rows on, reading the weight is no longer what bounds the step.
-        Returns the bytes it added."""
+        QUANTIZED_ROWS) and otherwise for inputs of `dense_min_rows` rows or more.  Why: torch's CPU int4
+        kernel dequantizes inside every call and costs the same per row at any batch (~23 us per token and
+        layer for the starter), while a dense bf16 matmul is 2.7x cheaper per row at 512 rows; from 16 rows
+        on, reading the weight is no longer what bounds the step.  Returns the bytes it added."""
         if self._dense is None:
             self._dense = dequantize(self.weight).to(dtype)
         return self._dense.numel() * self._dense.element_size()
@@ -131,7 +131,8 @@ class QuantLinear(nn.Module):
 
     def _dense_linear(self, x: torch.Tensor) -> torch.Tensor:
         assert self._dense is not None
-        return torch.nn.functional.linear(x, self._dense.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return torch.nn.functional.linear(x, self._dense.to(x.dtype), bias)
 
     def _quantized(self, x: torch.Tensor) -> torch.Tensor:
         if self._cpu is not None:

@@ -156,4 +156,3 @@ class SpmTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         out = b"".join(self.tokens[i].encode() if self.types[i] == CONTROL else self._bytes[i] for i in token_ids)
         return out.decode("utf-8", errors="replace")
-

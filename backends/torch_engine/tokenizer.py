@@ -81,7 +81,7 @@ def load_tokenizer(spec: ModelSpec) -> Any:
     return _from_gguf(spec)
 
 
-def _from_gguf(spec: ModelSpec) -> HearthTokenizer:
+def _from_gguf(spec: ModelSpec) -> Any:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     keys = ["tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"]

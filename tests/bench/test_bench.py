@@ -57,10 +57,10 @@ def test_bench_json_has_every_figure_for_each_installed_backend(capsys):
     assert len(bad) == 2 and all(r["error"] for r in bad)
 
 
-def test_each_concurrency_level_gets_fresh_prompts(monkeypatch, capsys):
-    """A prefix-caching backend must not see the previous level's prompts again (it would skip their prefill)."""
+@pytest.fixture
+def fake_loaded(monkeypatch):
+    """The bench worker's open_backend returns a loaded FakeBackend (three-token replies)."""
     import app.loading
-    from app.bench import Workload, worker
     from tests.fakes import FakeBackend, fake_spec
 
     backend = FakeBackend(replies=["a b c"])
@@ -71,6 +71,14 @@ def test_each_concurrency_level_gets_fresh_prompts(monkeypatch, capsys):
 
     Loaded.backend = backend
     monkeypatch.setattr(app.loading, "open_backend", lambda *a, **k: Loaded)
+    return backend
+
+
+def test_each_concurrency_level_gets_fresh_prompts(fake_loaded, capsys):
+    """A prefix-caching backend must not see the previous level's prompts again (it would skip their prefill)."""
+    from app.bench import Workload, worker
+
+    backend = fake_loaded
     worker(Workload(model=None, backend="torch", concurrency=[1, 2], prompt_tokens=8, gen_tokens=3, requests=3))
     prompts = [r.prompt_token_ids for r in backend.requests]
     assert len(prompts) == 6 and all(len(p) == 8 for p in prompts)
@@ -78,21 +86,12 @@ def test_each_concurrency_level_gets_fresh_prompts(monkeypatch, capsys):
     assert '"concurrency": 2' in capsys.readouterr().out
 
 
-def test_http_rows_go_through_the_server_with_token_id_prompts(monkeypatch, capsys):
+def test_http_rows_go_through_the_server_with_token_id_prompts(fake_loaded, capsys):
     import json
 
-    import app.loading
     from app.bench import Workload, worker
-    from tests.fakes import FakeBackend, fake_spec
 
-    backend = FakeBackend(replies=["a b c"])
-    backend.load()
-
-    class Loaded:
-        spec = fake_spec()
-
-    Loaded.backend = backend
-    monkeypatch.setattr(app.loading, "open_backend", lambda *a, **k: Loaded)
+    backend = fake_loaded
     worker(Workload(model=None, backend="torch", concurrency=[2], prompt_tokens=8, gen_tokens=3, requests=2,
                     extra={"http": True}))
     results = [json.loads(line)["result"] for line in capsys.readouterr().out.splitlines() if '"result"' in line]
