@@ -1,6 +1,7 @@
 """Weight-only quantized matmul on CPU through torch's own packed kernels (the ones gpt-fast and torchao use on
 CPU): `aten._weight_int4pack_mm_for_cpu` (W4A16, group-wise) and `aten._weight_int8pack_mm` (W8A16, per output
-channel); group-wise int8 (GGUF Q8_0) runs exactly as two int4 halves (`pack_for_cpu`).  The weights stay 4 or 8 bits in memory and are never expanded to a dense copy.
+channel); group-wise int8 (GGUF Q8_0) runs exactly as two int4 halves (`pack_for_cpu`).  The weights stay 4 or
+8 bits in memory and are never expanded to a dense copy.
 
 Measured on the 2-core Zen 4 dev machine, 30 layers of SmolLM2-135M's matmul shapes with the weights out of
 cache (torch 2.13): one decode step at batch 1 takes 9.6 ms dense bf16, 4.2 ms int8, 2.7 ms int4; at batch 16
