@@ -40,6 +40,7 @@ class AttentionMetadata:
     block_tables: tuple[tuple[int, ...], ...]  # (num_seqs, blocks of s): the reference path reads these
     groups: tuple[AttentionGroup, ...]  # the fast path's batching of the same sequences
     block_size: int
+    memo: dict[object, torch.Tensor] = field(default_factory=dict)  # per-step tensors the first layer builds
 
 
 def build_attention_metadata(seqs: list[tuple[int, int, tuple[int, ...]]], block_size: int,
@@ -102,8 +103,10 @@ def is_head_major(cache: torch.Tensor) -> bool:
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Store the new tokens' K/V: k, v (num_tokens, kv_heads, D) into their slots of the caches."""
+             slot_mapping: torch.Tensor, memo: dict[object, torch.Tensor] | None = None) -> None:
+    """Store the new tokens' K/V: k, v (num_tokens, kv_heads, D) into their slots of the caches.
+    memo: the step's AttentionMetadata.memo; a head-major cache's memory rows are computed once per step
+    there instead of once per layer (~10 small ops a layer, ~0.5 ms of a 30-layer batch-1 CPU step)."""
     if k_cache.is_contiguous() and v_cache.is_contiguous():
         kv_heads, head_dim = k_cache.shape[-2:]
         k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
@@ -111,9 +114,13 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         return
     if is_head_major(k_cache) and is_head_major(v_cache):
         nb, bs, kv_heads, head_dim = k_cache.shape
-        # memory row of (token, head): (block * kv_heads + head) * block_size + offset
-        base = (slot_mapping // bs) * (kv_heads * bs) + slot_mapping % bs
-        rows = (base[:, None] + torch.arange(kv_heads, device=base.device)[None, :] * bs).reshape(-1)
+        key = ("write_rows", bs, kv_heads)
+        rows = None if memo is None else memo.get(key)
+        if rows is None:  # memory row of (token, head): (block * kv_heads + head) * block_size + offset
+            base = (slot_mapping // bs) * (kv_heads * bs) + slot_mapping % bs
+            rows = (base[:, None] + torch.arange(kv_heads, device=base.device)[None, :] * bs).reshape(-1)
+            if memo is not None:
+                memo[key] = rows
         for new, cache in ((k, k_cache), (v, v_cache)):
             memory = cache.permute(0, 2, 1, 3).view(nb * kv_heads * bs, head_dim)
             memory.index_copy_(0, rows, new.reshape(-1, head_dim).to(cache.dtype))

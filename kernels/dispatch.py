@@ -30,7 +30,7 @@ class KernelSet:
     rms_norm: Callable[..., Any]  # rmsnorm.rms_norm_reference(x, weight, eps)
     rope: Callable[..., Any]  # rope.rope_reference(q, k, cos, sin) -> (q, k)
     silu_and_mul: Callable[..., Any]  # activation.silu_and_mul_reference(x)
-    write_kv: Callable[..., Any]  # attention.write_kv(k, v, k_cache, v_cache, slot_mapping)
+    write_kv: Callable[..., Any]  # attention.write_kv(k, v, k_cache, v_cache, slot_mapping, memo=None)
     paged_attention: Callable[..., Any]  # attention.paged_attention_reference(q, k_cache, v_cache, meta, scale)
 
 

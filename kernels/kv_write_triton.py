@@ -45,9 +45,10 @@ def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, num_heads, head_dim
 
 
 def kv_write_triton(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    slot_mapping: torch.Tensor) -> None:
-    """Same contract as kv_write_reference (in place).  Slots are not bounds-checked on the GPU (that would
-    need a sync); the scheduler's block tables guarantee them, and the reference checks them on CPU."""
+                    slot_mapping: torch.Tensor, memo: dict | None = None) -> None:
+    """Same contract as kv_write_reference (in place); `memo` (attention.write_kv's per-step memo) is unused.
+    Slots are not bounds-checked on the GPU (that would need a sync); the scheduler's block tables guarantee
+    them, and the reference checks them on CPU."""
     if key.dim() != 3 or key.shape != value.shape:
         raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must both be (tokens, heads, dim)")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != tuple(key.shape[1:]):

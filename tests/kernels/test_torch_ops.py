@@ -113,8 +113,16 @@ def test_head_major_cache_gives_the_same_cache_and_attention(case: str) -> None:
     hv.copy_(v_cache)
     k_new, v_new = torch.randn(len(meta.slot_mapping), 2, 32), torch.randn(len(meta.slot_mapping), 2, 32)
     attention.write_kv(k_new, v_new, k_cache, v_cache, meta.slot_mapping)
-    attention.write_kv(k_new, v_new, hk, hv, meta.slot_mapping)
+    attention.write_kv(k_new, v_new, hk, hv, meta.slot_mapping, meta.memo)
     assert torch.equal(hk, k_cache) and torch.equal(hv, v_cache)
+    # the next layer of the step reuses the memory rows the first one computed, into its own caches
+    assert [key[0] for key in meta.memo] == ["write_rows"]
+    hk2 = attention.allocate_kv_cache(*k_cache.shape, torch.float32, "cpu", head_major=True)
+    hv2 = attention.allocate_kv_cache(*v_cache.shape, torch.float32, "cpu", head_major=True)
+    attention.write_kv(2 * k_new, 2 * v_new, hk2, hv2, meta.slot_mapping, meta.memo)
+    slots = meta.slot_mapping
+    assert torch.equal(hk2.reshape(-1, 2, 32)[slots], 2 * k_new)
+    assert torch.equal(hv2.reshape(-1, 2, 32)[slots], 2 * v_new)
     ref = attention.paged_attention_reference(q, k_cache, v_cache, meta, 0.2)
     for fn in (attention.paged_attention_reference, attention.paged_attention_torch):
         torch.testing.assert_close(fn(q, hk, hv, meta, 0.2), ref, atol=1e-5, rtol=1e-5)

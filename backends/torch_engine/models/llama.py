@@ -68,7 +68,7 @@ class Attention(nn.Module):
         k = k.view(n, self.n_kv_heads, self.head_dim)  # (num_tokens, num_kv_heads, head_dim)
         v = v.view(n, self.n_kv_heads, self.head_dim)
         q, k = self.ops.rope(q, k, cos, sin)
-        self.ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        self.ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.memo)
         out = self.ops.paged_attention(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(n, -1))
 
