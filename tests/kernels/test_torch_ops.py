@@ -21,6 +21,20 @@ def test_rms_norm(n: int, dtype: torch.dtype) -> None:
     ref = rmsnorm.rms_norm_reference(x, w, 1e-5).float()
     torch.testing.assert_close(rmsnorm.rms_norm_torch(x, w, 1e-5).float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
+def test_cpu_rms_norm_is_row_invariant_and_follows_weight_updates() -> None:
+    """The CPU path (LayerNorm of [x, -x]) gives a row the same bits alone and among 512 rows, and a weight
+    changed in place is not served from the padded copy it keeps."""
+    torch.manual_seed(3)
+    x = (torch.randn(512, 96) * 4).bfloat16()
+    w = torch.randn(96)
+    many = rmsnorm.rms_norm_torch(x, w, 1e-6)
+    assert torch.equal(rmsnorm.rms_norm_torch(x[7:8], w, 1e-6), many[7:8])
+    assert torch.equal(rmsnorm.rms_norm_torch(x[:16], w, 1e-6), many[:16])
+    w.mul_(2.0)
+    torch.testing.assert_close(rmsnorm.rms_norm_torch(x, w, 1e-6).float(),
+                               rmsnorm.rms_norm_reference(x, w, 1e-6).float(), atol=3e-2, rtol=3e-2)
+
+
 
 @pytest.mark.parametrize("n", [1, 17, 33])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
