@@ -102,6 +102,17 @@ def is_head_major(cache: torch.Tensor) -> bool:
     return not cache.is_contiguous() and cache.permute(0, 2, 1, 3).is_contiguous()
 
 
+def _head_major_memory(cache: torch.Tensor) -> torch.Tensor | None:
+    """A head-major cache's memory as (num_blocks * kv_heads * block_size, D), else None.  Kept on the tensor
+    object: a pool's caches live as long as the runner, and every layer of every step asks (four times a layer
+    the permute, view and layout checks were ~10 small ops)."""
+    memory = getattr(cache, "_hearth_memory", False)
+    if memory is False:
+        memory = cache.permute(0, 2, 1, 3).view(-1, cache.shape[-1]) if is_head_major(cache) else None
+        cache._hearth_memory = memory
+    return memory
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, memo: dict[object, torch.Tensor] | None = None) -> None:
     """Store the new tokens' K/V: k, v (num_tokens, kv_heads, D) into their slots of the caches.
@@ -112,7 +123,8 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
         v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
         return
-    if is_head_major(k_cache) and is_head_major(v_cache):
+    k_memory, v_memory = _head_major_memory(k_cache), _head_major_memory(v_cache)
+    if k_memory is not None and v_memory is not None:
         nb, bs, kv_heads, head_dim = k_cache.shape
         key = ("write_rows", bs, kv_heads)
         rows = None if memo is None else memo.get(key)
@@ -121,9 +133,8 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
             rows = (base[:, None] + torch.arange(kv_heads, device=base.device)[None, :] * bs).reshape(-1)
             if memo is not None:
                 memo[key] = rows
-        for new, cache in ((k, k_cache), (v, v_cache)):
-            memory = cache.permute(0, 2, 1, 3).view(nb * kv_heads * bs, head_dim)
-            memory.index_copy_(0, rows, new.reshape(-1, head_dim).to(cache.dtype))
+        k_memory.index_copy_(0, rows, k.reshape(-1, head_dim).to(k_memory.dtype))
+        v_memory.index_copy_(0, rows, v.reshape(-1, head_dim).to(v_memory.dtype))
         return
     bs = k_cache.shape[1]
     blocks, offsets = slot_mapping // bs, slot_mapping % bs
@@ -165,17 +176,19 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     num_tokens, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     out = torch.empty_like(q)
-    head_major = is_head_major(k_cache)
+    k_memory, v_memory = _head_major_memory(k_cache), _head_major_memory(v_cache)
     for g in meta.groups:
         n = g.block_tables.shape[0]
         length = g.block_tables.shape[1] * meta.block_size
-        if head_major:  # rows (block, head) of the (num_blocks * kv_heads, block, D) memory, gathered in order
+        if k_memory is not None and v_memory is not None:
+            # head-major: rows (block, head) of the (num_blocks * kv_heads, block, D) memory, gathered in order
             rows = g.memo.get(("rows", kv_heads))
             if rows is None:  # built by the first layer, reused by the others: (n, kv_heads, max_blocks)
                 rows = g.block_tables[:, None, :] * kv_heads + torch.arange(kv_heads, device=q.device)[None, :, None]
                 g.memo[("rows", kv_heads)] = rows
-            keys = _gather(_rows(k_cache, kv_heads), rows).view(n, kv_heads, length, head_dim).to(q.dtype)
-            vals = _gather(_rows(v_cache, kv_heads), rows).view(n, kv_heads, length, head_dim).to(q.dtype)
+            bs = meta.block_size
+            keys = _gather(k_memory.view(-1, bs, head_dim), rows).view(n, kv_heads, length, head_dim).to(q.dtype)
+            vals = _gather(v_memory.view(-1, bs, head_dim), rows).view(n, kv_heads, length, head_dim).to(q.dtype)
         else:  # (n, max_blocks, block, kv_heads, D) -> (n, kv_heads, length, D)
             keys = _gather(k_cache, g.block_tables).view(n, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
             vals = _gather(v_cache, g.block_tables).view(n, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
@@ -198,12 +211,6 @@ def _gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     than advanced indexing for KV blocks (21 vs 169 us for 624 blocks of 1024 bf16 values)."""
     flat = table.view(table.shape[0], -1)
     return torch.index_select(flat, 0, index.reshape(-1)).view(*index.shape, *table.shape[1:])
-
-
-def _rows(cache: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """A head-major cache's memory as (num_blocks * kv_heads, block_size, D)."""
-    nb, bs, _, d = cache.shape
-    return cache.permute(0, 2, 1, 3).view(nb * kv_heads, bs, d)
 
 
 def _hidden(g: AttentionGroup) -> torch.Tensor:
