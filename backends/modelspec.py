@@ -92,8 +92,13 @@ class ModelSpec:
 
     def to_shape(self) -> ModelShape:
         """The planner's view of this model."""
+        from backends.torch_engine.weight_map import repacked_params  # pure Python: no torch
+
         embed = self.tensor("token_embd.weight") or self.tensor("model.embed_tokens.weight")
         out = self.tensor("output.weight") or self.tensor("lm_head.weight")
+        extra: dict[str, Any] = {"rope_scaling": self.rope_scaling, "file_format": self.format}
+        if self.format == "gguf":  # per layer (int4, int8) weights the torch engine keeps as the file's blocks
+            extra["gguf_repacked"] = repacked_params(self.tensors, self.n_layers)
         return ModelShape(
             name=self.name, architecture=self.architecture, n_layers=self.n_layers, hidden_size=self.hidden_size,
             n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, ffn_size=self.ffn_size,
@@ -106,7 +111,7 @@ class ModelSpec:
             output_bytes=(out.n_bytes if out else 0), tied_embeddings=self.tied_embeddings,
             param_count=self.param_count,
             tokenizer="hf" if self.format != "gguf" else f"{self.tokenizer_model}/{self.tokenizer_pre}",
-            extra={"rope_scaling": self.rope_scaling, "file_format": self.format},
+            extra=extra,
         )
 
     def as_dict(self, with_tensors: bool = False) -> dict[str, Any]:

@@ -63,6 +63,7 @@ def write_tiny_llama(
     extra_metadata: dict[str, Any] | None = None,
     qkv_bias: bool = False,  # write attn_q/k/v biases (Qwen2)
     tokenizer: str = "bpe",  # "bpe": SmolLM2's byte-level BPE; "spm": a SentencePiece "llama" vocab (spm_vocab)
+    tensor_types: dict[str, str] | None = None,  # name suffix -> type overriding weight_type ("attn_v.weight": "F16")
 ) -> Path:
     import gguf
     from gguf.constants import GGMLQuantizationType as T
@@ -129,12 +130,13 @@ def write_tiny_llama(
         data = (rng.standard_normal(shape) * scale).astype(np.float32)
         if name.endswith("norm.weight"):
             data = (1.0 + rng.standard_normal(shape) * 0.1).astype(np.float32)
-        if not quantize or weight_type == "F32" or len(shape) < 2:
+        wtype = next((t for suffix, t in (tensor_types or {}).items() if name.endswith(suffix)), weight_type)
+        if not quantize or wtype == "F32" or len(shape) < 2:
             w.add_tensor(name, data)
-        elif weight_type == "F16":
+        elif wtype == "F16":
             w.add_tensor(name, data.astype(np.float16))
         else:
-            qtype = {"Q8_0": T.Q8_0, "Q4_0": T.Q4_0, "Q4_1": T.Q4_1}[weight_type]
+            qtype = {"Q8_0": T.Q8_0, "Q4_0": T.Q4_0, "Q4_1": T.Q4_1}[wtype]
             q = gguf.quants.quantize(data, qtype)
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
 

@@ -1,7 +1,7 @@
 """Weights of a Llama-family model (GGUF file or Hugging Face safetensors folder) into models.llama.LlamaModel.
 
-The name mapping is data: `_GGUF_NAMES` / `_HF_NAMES` map a file's tensor name (layer index as {i}) to the
-model parameter and, for merged projections, which shard it fills (Q/K/V -> qkv_proj, gate/up -> gate_up_proj).
+The name mapping is data (backends.torch_engine.weight_map: `GGUF_NAMES` / `HF_NAMES` map a file's tensor name
+to the model parameter and, for merged projections, which shard it fills: Q/K/V -> qkv_proj, gate/up -> gate_up_proj).
 Per architecture (`ARCHITECTURES`): whether llama.cpp's converter reordered the Q/K rows of a GGUF for
 interleaved-pair RoPE.  The loader undoes that reorder, so the model always runs rotate-half RoPE, one layout
 for GGUF and HF checkpoints alike (same perplexity either way; see NOTES.md).
@@ -9,30 +9,45 @@ for GGUF and HF checkpoints alike (same perplexity either way; see NOTES.md).
 GGUF tensors are read from the file's mmap (offsets from backends.gguf_reader: no slow GGUFReader open) and
 dequantized with gguf.quants.dequantize (F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1, Q2_K..Q6_K, ...).
 
-With `keep_gguf_quant`, projection weights stored as Q4_0 / Q4_1 / Q4_K are not dequantized: their blocks are
-repacked (backends.torch_engine.quantize.repack_gguf, integer ops only) into hearth's int4 layout with group
-size 32 and the projection becomes a QuantLinear.  That keeps exactly the weights llama.cpp runs, at 4.5-5 bits
-each instead of 16.  A merged projection (Q/K/V, gate/up) stays quantized only when all its parts are in
-repackable types; otherwise (e.g. Q4_K_M's Q6_K attn_v) that projection is dequantized like the rest.
+Weight quantization happens while loading, tensor by tensor (`load_model`'s weight_quant), so neither host nor
+device ever holds the dense model whole when the plan asked for a quantized one:
+- "gguf": projection weights stored as Q4_0 / Q4_1 / Q4_K / Q8_0 are not dequantized: their blocks are
+  repacked (backends.torch_engine.quantize.repack_gguf, integer ops only) into hearth's int4 / int8 layout with
+  group size 32 and the projection becomes a QuantLinear.  That keeps exactly the weights llama.cpp runs, at
+  5 (int4) or 8.5 (int8) bits each instead of 16.  A merged projection (Q/K/V, gate/up) stays quantized only
+  when all its parts repack to the same kind; otherwise (e.g. Q4_K_M's Q6_K attn_v) that projection is
+  dequantized like the rest (weight_map.repacked_params is the same rule for the planner's arithmetic).
+- "int8" / "int4" / "fp8": each projection weight is quantized by round-to-nearest (quantize.quantize_rows,
+  the same quantizer quantize_model uses, hence the same weights bit for bit) right after it is read and
+  converted to the compute dtype, on the device the model will run on, a few MiB of rows at a time; only the
+  quantized form is kept.  At most one dense projection is alive at any moment (a test counts them), so the
+  device's peak is the quantized model plus one chunk's scratch.  Why on the device and not on the CPU: the
+  int4 clip search runs at ~6 M weights/s on this 2-core CPU (a 13 B model would take 36 minutes), a GPU's
+  memory bandwidth should make it seconds (not measured yet: no GPU here); and the dense chunk crosses PCIe
+  once, as the dense weight would have.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
-from backends.errors import ModelFormatError, UnsupportedArchitectureError
+from backends.errors import ConfigError, ModelFormatError, UnsupportedArchitectureError
 from backends.modelspec import ModelSpec
 from backends.torch_engine.models.llama import LlamaConfig, LlamaModel
+from backends.torch_engine.weight_map import GGUF_NAMES, HF_NAMES, SHARDS, is_projection_param, template
 from kernels.dispatch import KernelSet
 from kernels.quant_matmul import QuantWeight, dequantize
 from kernels.rope import rope_inv_freq
+
+if TYPE_CHECKING:  # pragma: no cover
+    from backends.torch_engine.quantize import QuantConfig
 
 
 @dataclass(frozen=True)
@@ -42,44 +57,7 @@ class ArchInfo:
 
 ARCHITECTURES = {"llama": ArchInfo(gguf_qk_reordered=True), "qwen2": ArchInfo(gguf_qk_reordered=False)}
 
-# file name -> (model parameter, shard of a merged projection or None)
-_GGUF_NAMES: dict[str, tuple[str, str | None]] = {
-    "token_embd.weight": ("embed.weight", None),
-    "output_norm.weight": ("norm.weight", None),
-    "output.weight": ("lm_head.weight", None),
-    "blk.{i}.attn_norm.weight": ("layers.{i}.input_norm.weight", None),
-    "blk.{i}.attn_q.weight": ("layers.{i}.attn.qkv_proj.weight", "q"),
-    "blk.{i}.attn_k.weight": ("layers.{i}.attn.qkv_proj.weight", "k"),
-    "blk.{i}.attn_v.weight": ("layers.{i}.attn.qkv_proj.weight", "v"),
-    "blk.{i}.attn_q.bias": ("layers.{i}.attn.qkv_proj.bias", "q"),
-    "blk.{i}.attn_k.bias": ("layers.{i}.attn.qkv_proj.bias", "k"),
-    "blk.{i}.attn_v.bias": ("layers.{i}.attn.qkv_proj.bias", "v"),
-    "blk.{i}.attn_output.weight": ("layers.{i}.attn.o_proj.weight", None),
-    "blk.{i}.ffn_norm.weight": ("layers.{i}.post_norm.weight", None),
-    "blk.{i}.ffn_gate.weight": ("layers.{i}.mlp.gate_up_proj.weight", "gate"),
-    "blk.{i}.ffn_up.weight": ("layers.{i}.mlp.gate_up_proj.weight", "up"),
-    "blk.{i}.ffn_down.weight": ("layers.{i}.mlp.down_proj.weight", None),
-}
-_HF_NAMES: dict[str, tuple[str, str | None]] = {
-    "model.embed_tokens.weight": ("embed.weight", None),
-    "model.norm.weight": ("norm.weight", None),
-    "lm_head.weight": ("lm_head.weight", None),
-    "model.layers.{i}.input_layernorm.weight": ("layers.{i}.input_norm.weight", None),
-    "model.layers.{i}.self_attn.q_proj.weight": ("layers.{i}.attn.qkv_proj.weight", "q"),
-    "model.layers.{i}.self_attn.k_proj.weight": ("layers.{i}.attn.qkv_proj.weight", "k"),
-    "model.layers.{i}.self_attn.v_proj.weight": ("layers.{i}.attn.qkv_proj.weight", "v"),
-    "model.layers.{i}.self_attn.q_proj.bias": ("layers.{i}.attn.qkv_proj.bias", "q"),
-    "model.layers.{i}.self_attn.k_proj.bias": ("layers.{i}.attn.qkv_proj.bias", "k"),
-    "model.layers.{i}.self_attn.v_proj.bias": ("layers.{i}.attn.qkv_proj.bias", "v"),
-    "model.layers.{i}.self_attn.o_proj.weight": ("layers.{i}.attn.o_proj.weight", None),
-    "model.layers.{i}.post_attention_layernorm.weight": ("layers.{i}.post_norm.weight", None),
-    "model.layers.{i}.mlp.gate_proj.weight": ("layers.{i}.mlp.gate_up_proj.weight", "gate"),
-    "model.layers.{i}.mlp.up_proj.weight": ("layers.{i}.mlp.gate_up_proj.weight", "up"),
-    "model.layers.{i}.mlp.down_proj.weight": ("layers.{i}.mlp.down_proj.weight", None),
-}
-_SHARDS = {"q": 0, "k": 1, "v": 2, "gate": 0, "up": 1}  # order of shards inside a merged parameter
 _SKIP = {"rope_freqs.weight"}  # read separately (Llama 3 frequency factors)
-_LAYER = re.compile(r"\.(\d+)\.")
 
 
 def config_from_spec(spec: ModelSpec) -> LlamaConfig:
@@ -96,13 +74,6 @@ def config_from_spec(spec: ModelSpec) -> LlamaConfig:
         rope_base=spec.rope_base, rope_scaling=dict(spec.rope_scaling),
         qkv_bias=any(n.endswith(("attn_q.bias", "q_proj.bias")) for n in names),
         tied_embeddings=spec.tied_embeddings)
-
-
-def _template(name: str) -> tuple[str, int | None]:
-    m = _LAYER.search(name)
-    if m is None:
-        return name, None
-    return name[:m.start()] + ".{i}." + name[m.end():], int(m.group(1))
 
 
 def _unreorder(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -175,17 +146,40 @@ def _hf_tensors(spec: ModelSpec):
 
 def _is_projection(key: str) -> bool:
     """File names (templated) of the weights that are nn.Linear projections inside the blocks."""
-    target = _GGUF_NAMES.get(key, ("", None))[0]
-    return target.startswith("layers.") and target.endswith("proj.weight")
+    return is_projection_param(GGUF_NAMES.get(key, ("", None))[0])
+
+
+def _quantize_on_load(weight: torch.Tensor, config: QuantConfig, device: torch.device) -> torch.Tensor | QuantWeight:
+    """One projection (or shard of a merged one) quantized on `device`; dense when quantize.layer_config says
+    the layer stays dense (int4 with in_features not a multiple of 32)."""
+    from backends.torch_engine import quantize
+
+    layer_cfg = quantize.layer_config(config, weight.shape[1])
+    return weight if layer_cfg is None else quantize.quantize_rows(weight, layer_cfg, device)
+
+
+LOAD_QUANTS = ("none", "gguf", "int8", "int4", "fp8")
 
 
 def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torch.device,
-               keep_gguf_quant: bool = False) -> LlamaModel:
+               weight_quant: str = "none", host_layers: int = 0) -> LlamaModel:
     """Build the model and fill every parameter from the file; ModelFormatError if one is missing.
-    keep_gguf_quant: projections stored in Q4_0 / Q4_1 / Q4_K stay 4-bit QuantLinears (module docstring)."""
+    weight_quant (one of LOAD_QUANTS): "none" dense in `dtype`; "gguf" keeps a GGUF's Q4_0 / Q4_1 / Q4_K / Q8_0
+    projection blocks; "int8" / "int4" / "fp8" quantize each projection as it is read (module docstring).
+    host_layers: the first so many blocks will stream from host RAM (offload.py): their weights never stay on
+    `device`, and the model is returned on the host for offload.offload_layers to place (a model that needs
+    offload does not fit on the device whole, even for a moment)."""
+    if weight_quant not in LOAD_QUANTS:
+        raise ConfigError(f"the loader's weight quantization is one of {', '.join(LOAD_QUANTS)}, got {weight_quant!r}")
+    keep_gguf_quant = weight_quant == "gguf"
+    rtn = None
+    if weight_quant in ("int8", "int4", "fp8"):
+        from backends.torch_engine.quantize import QuantConfig
+
+        rtn = QuantConfig(kind=weight_quant)
     cfg = config_from_spec(spec)
     gguf = spec.format == "gguf"
-    names = _GGUF_NAMES if gguf else _HF_NAMES
+    names = GGUF_NAMES if gguf else HF_NAMES
     reorder = gguf and ARCHITECTURES["llama" if spec.architecture == "mistral" else spec.architecture].gguf_qk_reordered
     with torch.device("meta"):
         model = LlamaModel(cfg, ops)
@@ -197,14 +191,14 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
     # token); a tied head keeps the dense embedding as its copy for many-row inputs (QuantLinear._dense).
     head_name = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
     quant_head = keep_gguf_quant and device.type == "cpu"
-    keep = (lambda name, qtype: (keep_gguf_quant and _is_projection(_template(name)[0]))
+    keep = (lambda name, qtype: (keep_gguf_quant and _is_projection(template(name)[0]))
             or (quant_head and name == head_name))
     head_q: QuantWeight | None = None
     for name, tensor in (_gguf_tensors(spec, keep, scale_dtype) if gguf else _hf_tensors(spec)):
         if name in _SKIP:
             freq_factors = tensor.reshape(-1)
             continue
-        key, layer = _template(name)
+        key, layer = template(name)
         if key not in names:
             continue  # e.g. HF rotary inv_freq buffers
         target, shard = names[key]
@@ -217,10 +211,14 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
             # RMSNorm weights stay float32: the norm runs in float32 anyway (as llama.cpp's does), and a bf16
             # weight would be converted again in every layer of every step
             tensor = tensor.float() if target.endswith("norm.weight") else tensor.to(dtype)
+            if rtn is not None and is_projection_param(target):
+                tensor = _quantize_on_load(tensor, rtn, device)
+                if layer is not None and layer < host_layers:  # quantized on the device, kept on the host
+                    tensor = tensor.to("cpu")
         if shard is None:
             params[target] = tensor
         else:
-            shards.setdefault(target, {})[_SHARDS[shard]] = tensor
+            shards.setdefault(target, {})[SHARDS[shard]] = tensor
     for target, parts in shards.items():
         params[target] = _merge([parts[i] for i in sorted(parts)], dtype)
     if cfg.tied_embeddings:
@@ -252,5 +250,5 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
     if freq_factors is not None:
         scaling = {}
     model.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base, scaling, freq_factors)
-    return model.to(device).eval()
+    return (model if host_layers else model.to(device)).eval()
 

@@ -39,6 +39,7 @@ DENSE_MIN_ROWS = 32  # inputs with this many rows use a QuantLinear's dense copy
 # at vocab 49152: 0.9 vs 1.9 ms at 1 row, 6.2 vs 2.7 ms at 16)
 HEAD_DENSE_MIN_ROWS = 4
 AWQ_GRID = 11  # exponents 0, 0.1, ..., 1.0 tried per layer
+QUANT_CHUNK_ELEMENTS = 1 << 22  # quantize_rows: weights per chunk (16 MiB in float32)
 
 
 @dataclass(frozen=True)
@@ -180,31 +181,61 @@ def _skipped(name: str, config: QuantConfig) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in config.skip)
 
 
+def layer_config(config: QuantConfig, in_features: int) -> QuantConfig | None:
+    """The config one Linear of `in_features` inputs is quantized with: int4 layers whose in_features are not a
+    multiple of the group size use the largest of 64 / 32 that divides them (SmolLM2's hidden size is 576), and
+    stay dense (None) when neither does.  One rule for quantize_model and the loader's on-load path."""
+    if config.kind != "int4" or in_features % config.group_size == 0:
+        return config
+    fits = [g for g in (64, 32) if g < config.group_size and in_features % g == 0]
+    return dataclasses.replace(config, group_size=fits[0]) if fits else None
+
+
+def quantize_rows(weight: torch.Tensor, config: QuantConfig, device: torch.device | None = None,
+                  chunk_elements: int = QUANT_CHUNK_ELEMENTS) -> QuantWeight:
+    """quantize_weight of a dense (N, K) weight, `chunk_elements` weights (whole rows) at a time, each chunk
+    moved to `device` first (default: where the weight is): the result lives on `device`.
+
+    Every kind scales per output row (int8 / fp8 per channel, int4 per group along the row), so the chunks
+    give bit for bit what one call on the whole weight gives.  Why chunks: the int4 clip search holds about six
+    float32 temporaries of its input, so a 70 B gate projection (28672 x 8192) in one call would need ~5.6 GB
+    of scratch next to the model; a chunk of 4 M weights needs ~100 MB.
+    """
+    n, k = weight.shape
+    rows = max(1, chunk_elements // max(k, 1))
+    device = weight.device if device is None else device
+    parts = [quantize_weight(weight[lo:lo + rows].to(device), config) for lo in range(0, n, rows)]
+    if len(parts) == 1:
+        return parts[0]
+    cat = (lambda field: torch.cat([getattr(p, field) for p in parts], dim=0))
+    first = parts[0]
+    return QuantWeight(first.kind, cat("qweight"), cat("scales"), None if first.offsets is None else cat("offsets"),
+                       first.group_size, k, n)
+
+
 def quantize_model(model: nn.Module, config: QuantConfig,
                    calibration: dict[str, torch.Tensor] | None = None) -> nn.Module:
     """Replace every nn.Linear (except config.skip) by a QuantLinear, in place; returns the model.
 
     calibration: {module name: (rows, in_features) inputs seen by that Linear} from `collect_calibration`;
-    when given, layers found in it get activation-aware scaling.  int4 layers whose in_features are not a
-    multiple of the group size use the largest of 64 / 32 that divides them (SmolLM2's hidden size is 576),
-    and stay dense when neither does.
+    when given, layers found in it get activation-aware scaling.  Group sizes per layer: `layer_config`.
+    Without calibration the loader does the same while it reads the file (loader.load_model's weight_quant),
+    so the dense model is never whole in memory; this transform is for the AWQ path, which needs the dense
+    model to run the calibration text through.
     """
     targets = [(name, mod) for name, mod in model.named_modules()
                if isinstance(mod, nn.Linear) and not _skipped(name, config)]
     for name, linear in targets:
-        layer_config = config
-        if config.kind == "int4" and linear.in_features % config.group_size:
-            fits = [g for g in (64, 32) if g < config.group_size and linear.in_features % g == 0]
-            if not fits:
-                continue
-            layer_config = QuantConfig(config.kind, fits[0], config.skip, config.clip_ratios)
+        layer_cfg = layer_config(config, linear.in_features)
+        if layer_cfg is None:
+            continue
         weight = linear.weight.detach()
         bias = None if linear.bias is None else linear.bias.detach()
         acts = None if calibration is None else calibration.get(name)
         if acts is not None:
-            qweight, input_scale = awq_quantize(weight, acts.to(weight.device), layer_config)
+            qweight, input_scale = awq_quantize(weight, acts.to(weight.device), layer_cfg)
         else:
-            qweight, input_scale = quantize_weight(weight, layer_config), None
+            qweight, input_scale = quantize_weight(weight, layer_cfg), None
         set_submodule(model, name, QuantLinear(qweight, bias, input_scale))
     return model
 

@@ -99,3 +99,100 @@ def test_repack_gguf_rejects_wrong_sizes() -> None:
         repack_gguf(torch.zeros(35, dtype=torch.uint8), "Q4_0", 2, 32)
     with pytest.raises(ValueError, match="cannot repack"):
         repack_gguf(torch.zeros(10, dtype=torch.uint8), "Q6_K", 1, 256)
+
+
+# ---- on-load quantization helpers (backends/torch_engine/loader.py uses them) ---------------------------------
+
+@pytest.mark.parametrize("kind", ["int8", "int4", "fp8"])
+@pytest.mark.parametrize("chunk", [1, 384, 1000, 10**9])  # below one row, exactly 3 rows, a ragged split, whole
+def test_quantize_rows_in_chunks_is_bit_identical(kind: str, chunk: int) -> None:
+    from backends.torch_engine.quantize import quantize_rows
+
+    torch.manual_seed(0)
+    w = torch.randn(17, 128, dtype=torch.bfloat16)
+    whole = quantize_weight(w, QuantConfig(kind))
+    parts = quantize_rows(w, QuantConfig(kind), torch.device("cpu"), chunk_elements=chunk)
+    for field in ("qweight", "scales", "offsets"):
+        a, b = getattr(whole, field), getattr(parts, field)
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), field
+    assert (parts.group_size, parts.in_features, parts.out_features) == (whole.group_size, 128, 17)
+
+
+def test_layer_config_falls_back_to_smaller_groups_then_dense() -> None:
+    from backends.torch_engine.quantize import layer_config
+
+    int4 = QuantConfig("int4")
+    assert layer_config(int4, 4096).group_size == 128
+    assert layer_config(int4, 576).group_size == 64  # SmolLM2's hidden size
+    assert layer_config(int4, 96).group_size == 32
+    assert layer_config(int4, 48) is None
+    assert layer_config(QuantConfig("int8"), 48).kind == "int8"  # per channel: any width
+
+
+# ---- GGUF blocks through the Triton kernel (group size 32; Q4_K's sub-blocks) ---------------------------------
+
+def _random_q4_k(rows: int, k: int, seed: int = 0) -> np.ndarray:
+    """Random but valid Q4_K blocks (gguf cannot quantize Q4_K): fp16 d and dmin, then random 6-bit scale/min
+    bytes and nibbles.  (rows, k // 256 * 144) uint8."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * (k // 256), 144), dtype=np.uint8)
+    blocks[:, 0:2] = np.float16(rng.uniform(0.001, 0.01, rows * (k // 256))).view(np.uint8).reshape(-1, 2)
+    blocks[:, 2:4] = np.float16(rng.uniform(0.001, 0.01, rows * (k // 256))).view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def _gguf_raw(ggml_type: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    import gguf.quants
+    from gguf.constants import GGMLQuantizationType as T
+
+    if ggml_type == "Q4_K":
+        return _random_q4_k(n, k, seed)
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    return gguf.quants.quantize(w, T[ggml_type])
+
+
+def test_repack_q4_k_matches_gguf_dequantize_on_synthetic_blocks() -> None:
+    import gguf.quants
+    from gguf.constants import GGMLQuantizationType as T
+
+    raw = _random_q4_k(5, 512)
+    qw = repack_gguf(torch.from_numpy(raw), "Q4_K", 5, 512, scale_dtype=torch.float32)
+    np.testing.assert_allclose(dequantize(qw).numpy(), gguf.quants.dequantize(raw, T.Q4_K), rtol=1e-6, atol=1e-7)
+
+
+# K = 96 / 160: groups of 32 straddle the 64-wide K tiles; 288 is 9 groups; Q4_K needs multiples of 256.
+@pytest.mark.parametrize("ggml_type,m,n,k", [("Q4_0", 1, 40, 96), ("Q4_0", 17, 33, 288), ("Q4_1", 3, 64, 160),
+                                             ("Q8_0", 1, 72, 96), ("Q8_0", 16, 24, 288), ("Q4_K", 2, 20, 256),
+                                             ("Q4_K", 5, 36, 512)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])  # the interpreter does no bf16 arithmetic
+def test_triton_runs_repacked_gguf_blocks(ggml_type: str, m: int, n: int, k: int, dtype: torch.dtype) -> None:
+    """What weight_quant="gguf" hands the CUDA path: group size 32, scales (and int4 offsets) in the
+    activation dtype.  The Triton kernel must agree with the float32 reference on those weights."""
+    from kernels.quant_matmul import quant_matmul_reference
+    from kernels.quant_matmul_triton import quant_matmul_triton
+    from tests.kernels.conftest import device
+
+    qw = repack_gguf(torch.from_numpy(np.ascontiguousarray(_gguf_raw(ggml_type, n, k))), ggml_type, n, k,
+                     scale_dtype=dtype).to(device())
+    assert qw.group_size == 32 and qw.kind == ("int8" if ggml_type == "Q8_0" else "int4")
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + n)).to(dtype).to(device())
+    want = quant_matmul_reference(x, qw).float()
+    for blocks in ((16, 32, 64, 1), (16, 64, 128, 2)):  # a K tile of 2 groups, and one of 4 with split K
+        got = quant_matmul_triton(x, qw, blocks=blocks).float()
+        err = (got - want).abs().max() / want.abs().max().clamp(min=1.0)
+        assert err <= {torch.float16: 2e-2, torch.float32: 2e-4}[dtype], (blocks, float(err))
+
+
+def test_weight_map_names_the_kinds_repack_gguf_gives() -> None:
+    """The planner's rule (weight_map.REPACK_KIND) and the repacker agree on which types keep blocks, and as what."""
+    from backends.torch_engine.quantize import GGUF_BLOCKS
+    from backends.torch_engine.weight_map import REPACK_KIND
+
+    assert set(REPACK_KIND) == set(GGUF_BLOCKS)
+    for ggml_type, kind in REPACK_KIND.items():
+        k = GGUF_BLOCKS[ggml_type][1]
+        raw = np.ascontiguousarray(_gguf_raw(ggml_type, 2, k))
+        qw = repack_gguf(torch.from_numpy(raw), ggml_type, 2, k)
+        assert (qw.kind, qw.group_size) == (kind, 32)

@@ -1,0 +1,93 @@
+"""Which file tensor fills which parameter of models.llama.LlamaModel, and which projections a GGUF keeps as the
+file's own blocks under weight_quant "gguf".  Pure data and Python (no torch): ModelSpec.to_shape asks
+`repacked_params` so that the planner can price the "GGUF" torch format without importing the engine.
+
+The name maps: a file's tensor name (layer index as {i}) -> (model parameter, shard of a merged projection or
+None); Q/K/V fill qkv_proj and gate/up fill gate_up_proj, in the order of SHARDS.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Protocol
+
+GGUF_NAMES: dict[str, tuple[str, str | None]] = {
+    "token_embd.weight": ("embed.weight", None),
+    "output_norm.weight": ("norm.weight", None),
+    "output.weight": ("lm_head.weight", None),
+    "blk.{i}.attn_norm.weight": ("layers.{i}.input_norm.weight", None),
+    "blk.{i}.attn_q.weight": ("layers.{i}.attn.qkv_proj.weight", "q"),
+    "blk.{i}.attn_k.weight": ("layers.{i}.attn.qkv_proj.weight", "k"),
+    "blk.{i}.attn_v.weight": ("layers.{i}.attn.qkv_proj.weight", "v"),
+    "blk.{i}.attn_q.bias": ("layers.{i}.attn.qkv_proj.bias", "q"),
+    "blk.{i}.attn_k.bias": ("layers.{i}.attn.qkv_proj.bias", "k"),
+    "blk.{i}.attn_v.bias": ("layers.{i}.attn.qkv_proj.bias", "v"),
+    "blk.{i}.attn_output.weight": ("layers.{i}.attn.o_proj.weight", None),
+    "blk.{i}.ffn_norm.weight": ("layers.{i}.post_norm.weight", None),
+    "blk.{i}.ffn_gate.weight": ("layers.{i}.mlp.gate_up_proj.weight", "gate"),
+    "blk.{i}.ffn_up.weight": ("layers.{i}.mlp.gate_up_proj.weight", "up"),
+    "blk.{i}.ffn_down.weight": ("layers.{i}.mlp.down_proj.weight", None),
+}
+HF_NAMES: dict[str, tuple[str, str | None]] = {
+    "model.embed_tokens.weight": ("embed.weight", None),
+    "model.norm.weight": ("norm.weight", None),
+    "lm_head.weight": ("lm_head.weight", None),
+    "model.layers.{i}.input_layernorm.weight": ("layers.{i}.input_norm.weight", None),
+    "model.layers.{i}.self_attn.q_proj.weight": ("layers.{i}.attn.qkv_proj.weight", "q"),
+    "model.layers.{i}.self_attn.k_proj.weight": ("layers.{i}.attn.qkv_proj.weight", "k"),
+    "model.layers.{i}.self_attn.v_proj.weight": ("layers.{i}.attn.qkv_proj.weight", "v"),
+    "model.layers.{i}.self_attn.q_proj.bias": ("layers.{i}.attn.qkv_proj.bias", "q"),
+    "model.layers.{i}.self_attn.k_proj.bias": ("layers.{i}.attn.qkv_proj.bias", "k"),
+    "model.layers.{i}.self_attn.v_proj.bias": ("layers.{i}.attn.qkv_proj.bias", "v"),
+    "model.layers.{i}.self_attn.o_proj.weight": ("layers.{i}.attn.o_proj.weight", None),
+    "model.layers.{i}.post_attention_layernorm.weight": ("layers.{i}.post_norm.weight", None),
+    "model.layers.{i}.mlp.gate_proj.weight": ("layers.{i}.mlp.gate_up_proj.weight", "gate"),
+    "model.layers.{i}.mlp.up_proj.weight": ("layers.{i}.mlp.gate_up_proj.weight", "up"),
+    "model.layers.{i}.mlp.down_proj.weight": ("layers.{i}.mlp.down_proj.weight", None),
+}
+SHARDS = {"q": 0, "k": 1, "v": 2, "gate": 0, "up": 1}  # order of shards inside a merged parameter
+
+# GGUF block types whose projections weight_quant "gguf" keeps, and the layout kernels/quant_matmul.py gets
+# from quantize.repack_gguf (group size 32 for all; Q4_K's 256-value blocks are 8 groups of 32).
+REPACK_KIND = {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q8_0": "int8"}
+
+_LAYER = re.compile(r"\.(\d+)\.")
+
+
+class _Tensor(Protocol):  # backends.modelspec.TensorSpec (not imported: modelspec imports this module)
+    name: str
+    ggml_type: str
+    n_elements: int
+
+
+def template(name: str) -> tuple[str, int | None]:
+    """"blk.3.attn_q.weight" -> ("blk.{i}.attn_q.weight", 3); names outside the blocks -> (name, None)."""
+    m = _LAYER.search(name)
+    if m is None:
+        return name, None
+    return name[:m.start()] + ".{i}." + name[m.end():], int(m.group(1))
+
+
+def is_projection_param(target: str) -> bool:
+    """Model parameter names of the nn.Linear projections inside the blocks (quantize_model's targets but the
+    head)."""
+    return target.startswith("layers.") and target.endswith("proj.weight")
+
+
+def repacked_params(tensors: Iterable[_Tensor], n_layers: int) -> tuple[tuple[int, int], ...]:
+    """Per layer, (weights kept as int4, weights kept as int8) when a GGUF loads with weight_quant "gguf" on a
+    GPU: a projection keeps its blocks when every shard of its merged parameter is of one REPACK_KIND kind (the
+    loader's _merge rule); the others are dequantized to the compute dtype."""
+    groups: dict[tuple[int, str], list[_Tensor]] = {}
+    for t in tensors:
+        key, layer = template(t.name)
+        target = GGUF_NAMES.get(key, ("", None))[0]
+        if layer is not None and layer < n_layers and is_projection_param(target):
+            groups.setdefault((layer, target), []).append(t)
+    kept = [[0, 0] for _ in range(n_layers)]
+    for (layer, _), parts in groups.items():
+        kinds = {REPACK_KIND.get(t.ggml_type) for t in parts}
+        if len(kinds) == 1 and None not in kinds:
+            kept[layer][0 if kinds == {"int4"} else 1] += sum(t.n_elements for t in parts)
+    return tuple((a, b) for a, b in kept)

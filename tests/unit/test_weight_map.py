@@ -1,0 +1,45 @@
+"""weight_map.repacked_params: which GGUF projections the torch engine keeps as blocks (the loader's _merge rule),
+as ModelSpec.to_shape hands it to the planner; pure Python (no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backends.torch_engine.weight_map import repacked_params, template
+
+
+@dataclass(frozen=True)
+class T:  # the three TensorSpec fields repacked_params reads
+    name: str
+    ggml_type: str
+    n_elements: int
+
+
+def _layer(i: int, q: str = "Q4_K", k: str = "Q4_K", v: str = "Q4_K", o: str = "Q4_K", gate: str = "Q4_K",
+           up: str = "Q4_K", down: str = "Q4_K") -> list[T]:
+    b = f"blk.{i}."
+    return [T(b + "attn_q.weight", q, 100), T(b + "attn_k.weight", k, 20), T(b + "attn_v.weight", v, 20),
+            T(b + "attn_output.weight", o, 100), T(b + "ffn_gate.weight", gate, 300), T(b + "ffn_up.weight", up, 300),
+            T(b + "ffn_down.weight", down, 300), T(b + "attn_norm.weight", "F32", 10),
+            T(b + "attn_q.bias", "F32", 10)]
+
+
+def test_template() -> None:
+    assert template("blk.12.ffn_up.weight") == ("blk.{i}.ffn_up.weight", 12)
+    assert template("output.weight") == ("output.weight", None)
+
+
+def test_merged_parameters_keep_their_blocks_only_when_all_shards_repack_to_one_kind() -> None:
+    tensors = [
+        *_layer(0),  # all Q4_K: 1140 int4
+        *_layer(1, v="Q6_K", down="Q6_K"),  # Q4_K_M's "more bits" layer: Q/K/V and down dequantized
+        *_layer(2, q="Q4_0", k="Q4_1", v="Q4_K", gate="Q8_0", up="Q8_0", down="Q8_0"),  # int4 mixes; gate/up int8
+        *_layer(3, v="Q8_0", gate="F16"),  # int4 + int8 in one merged parameter: dense; F16 never repacks
+        *_layer(4),  # beyond n_layers (a stray tensor): ignored
+        T("token_embd.weight", "Q4_K", 5000), T("output.weight", "Q6_K", 5000),  # not projections
+    ]
+    assert repacked_params(tensors, 4) == ((1140, 0), (100 + 600, 0), (240, 900), (100 + 300, 0))
+
+
+def test_a_file_without_repackable_types_keeps_nothing() -> None:
+    assert repacked_params(_layer(0, *["Q6_K"] * 7) + _layer(1, *["F16"] * 7), 2) == ((0, 0), (0, 0))
