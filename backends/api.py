@@ -204,7 +204,9 @@ class LoadOptions:
     and say so in `Backend.describe()`; they never silently change a value they do use."""
 
     n_ctx: int = 4096  # context length in tokens for one sequence
-    n_gpu_layers: int = 0  # transformer layers on GPUs; -1 = all
+    # transformer layers on GPUs; -1 = all.  Torch engine on CUDA: 0 < n < n_layers keeps the last n resident and
+    # streams the others from pinned host RAM (backends/torch_engine/offload.py); -1 and 0 keep all resident
+    n_gpu_layers: int = 0
     split_mode: str = "none"  # "none" | "layer" | "row" | "tensor"
     tensor_split: tuple[float, ...] = ()  # share of the model per GPU, in index order
     main_gpu: int = 0
@@ -216,7 +218,8 @@ class LoadOptions:
     kv_cache_bytes: int | None = None  # torch engine: KV pool size; None = enough for max_num_seqs x n_ctx
     dtype: str = "auto"  # torch engine weights: "auto" | "float32" | "bfloat16" | "float16"
     # torch engine weights: "auto" (CPU + bf16 + GGUF -> "gguf", else "none") | "none" (dense in `dtype`) |
-    # "gguf" (keep a GGUF's Q4_0/Q4_1/Q4_K projection blocks as int4) | "int8" | "int4" | "fp8" (round-to-nearest)
+    # "gguf" (keep a GGUF's Q4_0/Q4_1/Q4_K/Q8_0 projection blocks) | "int8" | "int4" | "fp8" (round-to-nearest,
+    # applied by the loader to each projection as it is read)
     weight_quant: str = "auto"
     device: str = "auto"  # torch engine: "auto" | "cpu" | "cuda" | "cuda:N"
     seed: int = 0  # backend-level seed for anything not seeded per request

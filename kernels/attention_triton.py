@@ -4,14 +4,19 @@
 KV cache: (num_blocks, block_size, num_kv_heads, head_dim) for K and for V; block_tables (batch, max_blocks)
 int32 maps a sequence's logical block i to a physical block; seq_lens (batch,) counts the tokens of each
 sequence already in the cache *including* the ones being attended from (write K/V first, then attend).
-GQA: query head h reads KV head h // (num_heads // num_kv_heads).
+GQA: query head h reads KV head h // (num_heads // num_kv_heads).  The cache may hold another float type than
+q (read and cast to q's dtype: compute in q's precision).
 
     out[q] = softmax(scale * q . K[:p+1]^T) V[:p+1]      (p = the query token's position; float32 softmax)
 
 Decode: grid (batch, num_kv_heads, num_splits); a program takes the whole GQA group of one KV head as the
-rows of tl.dot and BLOCKS_PER_SPLIT cache blocks, keeps an online softmax and writes an unnormalised partial
-(acc, max, sum); a few torch ops merge the splits.  Long contexts get more splits, so even batch 1 fills the
-GPU.  The split count comes from block_tables.shape[1] (host-known), so there is no sync and CUDA graphs work.
+rows of tl.dot and its share of the sequence's cache blocks, keeps an online softmax and writes an unnormalised
+partial (acc, max, sum); a few torch ops merge the splits.  The split count comes from block_tables.shape[1]
+(host-known: the widest table of the step, or a CUDA graph's fixed width of a whole context), so the launch
+needs no sync and does not change between graph replays; each sequence spreads its own blocks evenly over the
+splits inside the kernel, so a short sequence in a wide graph table still uses every split (with a fixed
+number of blocks per split instead, at batch 16 and 8 KV heads a 512-token context in a 4096-token graph table
+would run on 1 of its 4 splits, where the eager launch over a 512-token table gives it all 4).
 Prefill: grid (batch, num_heads, query tiles of 16); causal mask aligned to the bottom right (query row i of
 a chunk sits at position seq_len - q_len + i).  The references below gather blocks and do it the obvious way.
 """
@@ -75,7 +80,11 @@ def paged_prefill_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 @triton.jit
 def _online_softmax_step(q, k, v, allowed, scale, m, l, acc, IEEE: tl.constexpr):
     """One key/value block of the streaming softmax shared by decode and prefill: scores q.k^T (masked where not
-    `allowed`), then the running max `m`, sum `l` and unnormalised output `acc` updated for this block."""
+    `allowed`), then the running max `m`, sum `l` and unnormalised output `acc` updated for this block.
+    K/V are cast to q's dtype first: the cache may be stored in another float type (an fp16 cache under bf16
+    compute, the CUDA default of LoadOptions.kv_cache_type "f16" with dtype "auto")."""
+    k = k.to(q.dtype)
+    v = v.to(q.dtype)
     if IEEE:
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
@@ -95,12 +104,16 @@ def _online_softmax_step(q, k, v, allowed, scale, m, l, acc, IEEE: tl.constexpr)
 @triton.jit
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, acc_ptr, ml_ptr, scale, head_dim,
                    s_qb, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_bt, s_ab, s_ah, s_as, s_mb, s_mh, s_ms,
-                   GROUP: tl.constexpr, BLOCKS_PER_SPLIT: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
+    n_blocks = tl.cdiv(seq_len, BLOCK_SIZE)
+    per_split = tl.cdiv(n_blocks, tl.num_programs(2))  # this sequence's blocks, spread over all the splits
+    first = split * per_split
+    last = tl.minimum(first + per_split, n_blocks)  # split 0 is never empty (seq_len >= 1)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     t = tl.arange(0, BLOCK_SIZE)
@@ -112,16 +125,14 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, acc_ptr, ml_ptr, sca
     m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
-    for i in range(BLOCKS_PER_SPLIT):
-        logical = split * BLOCKS_PER_SPLIT + i
-        if logical * BLOCK_SIZE < seq_len:
-            phys = tl.load(bt_ptr + b * s_bt + logical).to(tl.int64)
-            tok = logical * BLOCK_SIZE + t
-            kv_mask = (tok < seq_len)[:, None] & d_mask[None, :]
-            k = tl.load(kc_ptr + phys * s_kb + t[:, None] * s_ks + kvh * s_kh + d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(vc_ptr + phys * s_vb + t[:, None] * s_vs + kvh * s_vh + d[None, :], mask=kv_mask, other=0.0)
-            allowed = (tok < seq_len)[None, :]  # (1, BLOCK_SIZE)
-            m, l, acc = _online_softmax_step(q, k, v, allowed, scale, m, l, acc, IEEE)
+    for logical in range(first, last):  # table entries past the sequence's blocks are never read
+        phys = tl.load(bt_ptr + b * s_bt + logical).to(tl.int64)
+        tok = logical * BLOCK_SIZE + t
+        kv_mask = (tok < seq_len)[:, None] & d_mask[None, :]
+        k = tl.load(kc_ptr + phys * s_kb + t[:, None] * s_ks + kvh * s_kh + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(vc_ptr + phys * s_vb + t[:, None] * s_vs + kvh * s_vh + d[None, :], mask=kv_mask, other=0.0)
+        allowed = (tok < seq_len)[None, :]  # (1, BLOCK_SIZE)
+        m, l, acc = _online_softmax_step(q, k, v, allowed, scale, m, l, acc, IEEE)
     out_mask = g_mask[:, None] & d_mask[None, :]
     tl.store(acc_ptr + b * s_ab + heads[:, None] * s_ah + split * s_as + d[None, :], acc, mask=out_mask)
     tl.store(ml_ptr + b * s_mb + heads * s_mh + split * s_ms, m, mask=g_mask)
@@ -131,7 +142,8 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, acc_ptr, ml_ptr, sca
 def _check_common(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor) -> None:
     if q.dim() != 3 or q.stride(-1) != 1:
-        raise ValueError(f"q must be (tokens or batch, num_heads, head_dim) with unit last stride, got {tuple(q.shape)}")
+        raise ValueError(f"q must be (tokens or batch, num_heads, head_dim) with unit last stride, "
+                         f"got {tuple(q.shape)}")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[3] != q.shape[2]:
         raise ValueError(f"caches {tuple(k_cache.shape)} must be (blocks, block_size, kv_heads, {q.shape[2]})")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
@@ -142,15 +154,19 @@ def _check_common(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         raise ValueError(f"block size must be a power of two >= 16, got {k_cache.shape[1]}")
     if block_tables.dim() != 2 or block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
         raise ValueError("block_tables (batch, max_blocks) and seq_lens (batch,) must be int32")
-    if q.dtype != k_cache.dtype or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"q and caches must share one of fp16/bf16/fp32, got {q.dtype} and {k_cache.dtype}")
+    floats = (torch.float16, torch.bfloat16, torch.float32)
+    if q.dtype not in floats or k_cache.dtype not in floats or v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"q and the caches must be fp16/bf16/fp32 (both caches alike), got {q.dtype}, "
+                        f"{k_cache.dtype} and {v_cache.dtype}")
     if not (q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         raise RuntimeError("Triton paged attention runs on CUDA tensors (or under TRITON_INTERPRET=1)")
 
 
 def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float, blocks_per_split: int | None = None) -> torch.Tensor:
-    """Same contract as paged_decode_reference; every seq_len must be >= 1 and fit its block table."""
+    """Same contract as paged_decode_reference; every seq_len must be >= 1 and fit its block table.
+    blocks_per_split: the widest table is cut into splits of at most this many blocks, which sets the split
+    count (the grid); each sequence then spreads its own blocks over all of them."""
     _check_common(q, k_cache, v_cache, block_tables, seq_lens)
     batch, num_heads, head_dim = q.shape
     kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -170,7 +186,7 @@ def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         acc.stride(0), acc.stride(1), acc.stride(2), ml.stride(0), ml.stride(1), ml.stride(2),
-        GROUP=group, BLOCKS_PER_SPLIT=blocks_per_split, BLOCK_SIZE=block_size,
+        GROUP=group, BLOCK_SIZE=block_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         IEEE=q.dtype == torch.float32)
     # Merge the splits: splits past a sequence's end hold max = -inf and weigh 0.
@@ -251,23 +267,39 @@ def paged_prefill_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 # ---- the model's contract (kernels/attention.py's AttentionMetadata) ------------------------------------------
 
+# Keys of AttentionMetadata.memo holding the step's device tables, int32: block tables (batch, width) (rows
+# zero-padded; entries past a sequence's blocks are never read), sequence lengths (batch,) and cumulative query
+# lengths (batch + 1,).  Built from the host tuples by the first layer of a step; a CUDA-graph step
+# (backends/torch_engine/cuda_graphs.py) puts its fixed-shape device buffers here instead, and then only these
+# tensors and the shape of meta.query_start mean anything: its host tuples are not that step's values.
+BLOCK_TABLES = "triton.block_tables"
+SEQ_LENS = "triton.seq_lens"
+CU_QUERY_LENS = "triton.cu_query_lens"
+
+
+def step_tables(meta, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block_tables, seq_lens) of the step on `device`, kept in meta.memo: two host-to-device copies per step
+    instead of two per layer (each one a synchronous copy from pageable memory)."""
+    table = meta.memo.get(BLOCK_TABLES)
+    if table is None:
+        width = max(len(t) for t in meta.block_tables)
+        rows = [tuple(t) + (0,) * (width - len(t)) for t in meta.block_tables]
+        table = meta.memo[BLOCK_TABLES] = torch.tensor(rows, dtype=torch.int32).to(device)
+        meta.memo[SEQ_LENS] = torch.tensor(meta.context_lens, dtype=torch.int32).to(device)
+    return table, meta.memo[SEQ_LENS]
+
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float
                            ) -> torch.Tensor:
     """Same contract as kernels.attention.paged_attention_reference (a mixed batch of decodes and chunks,
     meta: AttentionMetadata).  All-decode steps take the split decode kernel; any step with a longer chunk runs
-    the prefill kernel over every sequence (a decode is a chunk of one).
-    The int32 tables are built here from meta's host tuples (one small copy per layer); building them once per
-    step in the metadata would save that."""
-    batch = len(meta.context_lens)
-    max_blocks = max(len(t) for t in meta.block_tables)
-    table = torch.zeros(batch, max_blocks, dtype=torch.int32)
-    for s, blocks in enumerate(meta.block_tables):
-        table[s, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-    table = table.to(q.device)
-    seq_lens = torch.tensor(meta.context_lens, dtype=torch.int32, device=q.device)
+    the prefill kernel over every sequence (a decode is a chunk of one).  Reads the step's tables from
+    meta.memo (step_tables) and only the shape of meta.query_start from the host."""
+    table, seq_lens = step_tables(meta, q.device)
     q_lens = [b - a for a, b in zip(meta.query_start, meta.query_start[1:])]
     if all(n == 1 for n in q_lens):
         return paged_decode_triton(q, k_cache, v_cache, table, seq_lens, scale)
-    cu = torch.tensor(meta.query_start, dtype=torch.int32, device=q.device)
+    cu = meta.memo.get(CU_QUERY_LENS)
+    if cu is None:
+        cu = meta.memo[CU_QUERY_LENS] = torch.tensor(meta.query_start, dtype=torch.int32).to(q.device)
     return paged_prefill_triton(q, k_cache, v_cache, table, seq_lens, cu, scale, max_query_len=max(q_lens))

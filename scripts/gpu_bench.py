@@ -2,8 +2,9 @@
 """Decode speed of hearth's weight-only quantized kernels vs the HBM roofline and HF transformers.
 
 Runs in one go on a GPU machine (< 5 minutes on an H100/H200-class card) with only torch, triton and
-transformers installed, plus hearth's source tree on sys.path (it imports `kernels/` and
-`backends/torch_engine/quantize.py`, nothing else of hearth; the script checks that).
+transformers installed, plus hearth's source tree on sys.path (it imports `kernels/` and, of
+`backends/torch_engine/`, quantize.py, models/llama.py and cuda_graphs.py, nothing else of hearth; the script
+checks that).
 
 What it does:
 1. measures HBM bandwidth with a device-to-device copy (bytes read + written / time);
@@ -11,7 +12,10 @@ What it does:
    for W8A16 (int8 per channel) and W4A16 (int4, group 128); decode steps are captured in a CUDA graph;
 3. prints decode tokens/s at batch 1 and 16 for fp16, W8A16, W4A16, each next to its roofline
    (batch * bandwidth / bytes read per step: every weight once plus each sequence's KV cache);
-4. runs the same shapes in transformers' LlamaForCausalLM.generate (fp16, greedy) as the baseline.
+4. runs hearth's own decoder (models/llama.py, Triton kernel set, paged KV pool) the way the engine does:
+   eager steps (AttentionMetadata built from host lists each step) vs CUDA-graph replays (cuda_graphs.py),
+   both with the greedy token brought to the host every step as the engine's sampler does;
+5. runs the same shapes in transformers' LlamaForCausalLM.generate (fp16, greedy) as the baseline.
 
     python scripts/gpu_bench.py             # the real run (CUDA)
     python scripts/gpu_bench.py --dry-run   # tiny shapes on CPU: proves the script executes end to end
@@ -58,6 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=512, help="tokens already in the KV cache (default: 512)")
     p.add_argument("--steps", type=int, default=64, help="timed decode steps per measurement (default: 64)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    p.add_argument("--no-engine", action="store_true", help="skip hearth's engine decoder (eager vs CUDA graphs)")
     return p.parse_args(argv)
 
 
@@ -219,6 +224,92 @@ def bench_hearth(shape: Shape, variant: str, batches: list[int], args, device: s
     return rows
 
 
+def build_engine_model(shape: Shape, variant: str, device: str, dtype):
+    """hearth's LlamaModel with random weights (nn.Linear's default init), the variant's quantization applied."""
+    import torch
+
+    from backends.torch_engine.models.llama import LlamaConfig, LlamaModel
+    from backends.torch_engine.quantize import QuantConfig, QuantLinear, quantize_model
+    from kernels.dispatch import kernel_set
+    from kernels.rope import rope_inv_freq
+
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    cfg = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, n_layers=shape.layers, n_heads=shape.heads,
+                      n_kv_heads=shape.kv_heads, head_dim=shape.head_dim, ffn_size=shape.ffn, rms_eps=1e-5,
+                      rope_base=10000.0)
+    with torch.device(device):
+        model = LlamaModel(cfg, kernel_set("triton" if device == "cuda" or interpreted else "torch")).to(dtype)
+    model.inv_freq = rope_inv_freq(shape.head_dim, cfg.rope_base).to(device)  # float32, as the loader sets it
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if variant != "fp16":
+        quantize_model(model, QuantConfig(variant, group_size=128, skip=("lm_head",)))
+        if device == "cpu" and interpreted:
+            for mod in model.modules():
+                if isinstance(mod, QuantLinear):
+                    mod.impl = "triton"
+    return model
+
+
+def bench_engine(shape: Shape, variant: str, batches: list[int], args, device: str) -> list[str]:
+    """Decode tokens/s of hearth's decoder: eager steps vs CUDA-graph replays of the same steps."""
+    import torch
+
+    from backends.torch_engine.cuda_graphs import DecodeGraphs
+    from kernels.attention import allocate_kv_cache, build_attention_metadata
+
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    block = 16
+    per_seq = -(-(args.context + args.steps + 8) // block)  # blocks per sequence
+    model = build_engine_model(shape, variant, device, dtype)
+    rows = []
+    for batch in batches:
+        num_blocks = 1 + batch * per_seq  # block 0 is what padded graph rows read
+        caches = [(allocate_kv_cache(num_blocks, block, shape.kv_heads, shape.head_dim, dtype, device),
+                   allocate_kv_cache(num_blocks, block, shape.kv_heads, shape.head_dim, dtype, device))
+                  for _ in range(shape.layers)]
+        tables = [tuple(range(1 + b * per_seq, 1 + (b + 1) * per_seq)) for b in range(batch)]
+
+        @torch.inference_mode()
+        def eager(tokens: list[int], pos: int) -> list[int]:  # what ModelRunner.forward does for a decode step
+            meta = build_attention_metadata([(pos, 1, t) for t in tables], block, device)
+            ids = torch.tensor(tokens, dtype=torch.int64, device=device)
+            positions = torch.full((batch,), pos, dtype=torch.int64, device=device)
+            return model.compute_logits(model(ids, positions, caches, meta)).argmax(dim=-1).tolist()
+
+        graphs = None
+        if model.ops.name == "triton":
+            graphs = DecodeGraphs(model, caches, batch, per_seq, block, device, capture=device == "cuda")
+
+        def replay(tokens: list[int], pos: int) -> list[int]:
+            return graphs.run([(tok, pos, t) for tok, t in zip(tokens, tables)]).argmax(dim=-1).tolist()
+
+        def tokens_per_s(step) -> float:
+            tokens = [1] * batch
+            for i in range(2):  # warm-up: Triton compiles, the graph is captured
+                tokens = step(tokens, args.context + i)
+            start = time.perf_counter()
+            for i in range(args.steps):
+                tokens = step(tokens, args.context + i)
+            return batch * args.steps / (time.perf_counter() - start)
+
+        e = tokens_per_s(eager)
+        row = f"hearth engine {variant:5s} batch {batch:3d}: eager {e:9.1f} tok/s  "
+        if graphs is None:
+            row += "graphs n/a (the torch kernel set; graphs need triton)"
+        else:
+            g = tokens_per_s(replay)
+            kind = "graphs" if graphs.capture else "static buffers, no graph (CPU)"
+            row += f"{kind} {g:9.1f} tok/s  ({g / e:.2f}x)"
+        rows.append(row)
+        print(row, flush=True)
+        del caches, graphs
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    del model
+    return rows
+
+
 def bench_hf(shape: Shape, batches: list[int], args, device: str) -> list[str]:
     import torch
     try:
@@ -261,7 +352,9 @@ def bench_hf(shape: Shape, batches: list[int], args, device: str) -> list[str]:
 
 def check_imports() -> str:
     """hearth modules loaded so far must be kernels/* and the quantize transform only."""
-    allowed = ("kernels", "backends", "backends.torch_engine", "backends.torch_engine.quantize")
+    allowed = ("kernels", "backends", "backends.torch_engine", "backends.torch_engine.quantize",
+               "backends.torch_engine.models", "backends.torch_engine.models.llama",
+               "backends.torch_engine.cuda_graphs")
     root = Path(__file__).resolve().parents[1]
     packages = tuple(str(root / p) + "/" for p in ("app", "backends", "hwprobe", "kernels"))
     loaded = sorted(n for n, m in list(sys.modules.items())
@@ -269,7 +362,7 @@ def check_imports() -> str:
                     and not (n in allowed or n.startswith("kernels.")))
     if loaded:
         raise SystemExit(f"gpu_bench imported hearth modules it must not need: {', '.join(loaded)}")
-    return "imports ok: only kernels/ and backends/torch_engine/quantize.py from hearth"
+    return "imports ok: only kernels/ and backends/torch_engine/{quantize,models/llama,cuda_graphs}.py from hearth"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,6 +387,11 @@ def main(argv: list[str] | None = None) -> int:
         if variant not in ("fp16", "int8", "int4"):
             raise SystemExit(f"unknown variant {variant!r}: use fp16, int8, int4")
         bench_hearth(shape, variant, batches, args, device, bw)
+    if not args.no_engine:
+        # dry run: the first variant only (the interpreted quantized matmuls took 35 of the 73 s of a full one;
+        # bench_hearth above runs them already)
+        for variant in variants[:1] if args.dry_run else variants:
+            bench_engine(shape, variant, batches, args, device)
     print(check_imports())
     if not args.no_hf:
         bench_hf(shape, batches, args, device)

@@ -19,7 +19,8 @@ import torch
 from backends.api import LoadOptions, ProgressCallback
 from backends.errors import ConfigError
 from backends.modelspec import ModelSpec
-from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, SchedulerOutput
+from backends.torch_engine.cuda_graphs import DecodeGraphs, graph_sizes, unavailable_reason
+from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
 from kernels.attention import allocate_kv_cache, build_attention_metadata
 from kernels.dispatch import kernel_set
 
@@ -100,7 +101,15 @@ def _release_freed_memory() -> None:
 class ModelRunner:
     """ModelRunner(spec, options, kernels=None): loads the weights and allocates the KV pool.
 
-    Attributes: model, device, dtype, kv_dtype, num_blocks, block_size, vocab_size, kv_caches."""
+    Attributes: model, device, dtype, kv_dtype, num_blocks, block_size, vocab_size, kv_caches, offload (the
+    offload.LayerStreamer when some blocks' weights stream from host RAM, else None).
+
+    Decode-only steps replay CUDA graphs (cuda_graphs.py) where they apply; the decision is made at the first
+    decode-only step: `decode_graphs` is then set, or `cuda_graphs_off` says why every step runs eagerly."""
+
+    decode_graphs: DecodeGraphs | None = None
+    cuda_graphs_off: str | None = None
+    _graphs_decided: bool = False
 
     def __init__(self, spec: ModelSpec, options: LoadOptions, kernels: str | None = None) -> None:
         from backends.torch_engine.backend import kv_pool_blocks
@@ -118,12 +127,11 @@ class ModelRunner:
             torch.set_num_threads(options.n_threads)
         self.ops = kernel_set(kernels)
         self.weight_quant = resolve_weight_quant(options.weight_quant, spec, self.device, self.dtype)
-        self.model = load_model(spec, self.ops, self.dtype, self.device,
-                                keep_gguf_quant=self.weight_quant == "gguf")
-        if self.weight_quant in ("int8", "int4", "fp8"):
-            from backends.torch_engine.quantize import QuantConfig, quantize_model
-
-            quantize_model(self.model, QuantConfig(kind=self.weight_quant))
+        # int8 / int4 / fp8 are quantized by the loader as it reads each projection (round-to-nearest, the
+        # same weights quantize_model gives): the dense model is never whole on the device.
+        host_layers = spec.n_layers - self._resident_layers(options.n_gpu_layers)
+        self.model = load_model(spec, self.ops, self.dtype, self.device, weight_quant=self.weight_quant,
+                                host_layers=host_layers)
         self.cpu_packed_layers = 0
         self.dense_copy_bytes = 0
         if self.device.type == "cpu":
@@ -131,6 +139,7 @@ class ModelRunner:
 
             self.dense_copy_bytes = keep_dense_copies(self.model, self.dtype, dense_copy_budget())
             self.cpu_packed_layers = pack_model_for_cpu(self.model, self.dtype)
+        self.offload = self._build_offload(options.n_gpu_layers)
         self.block_size = BLOCK_SIZE
         self.vocab_size = spec.vocab_size
         self.num_blocks = kv_pool_blocks(spec, options, torch.empty((), dtype=self.kv_dtype).element_size())
@@ -145,10 +154,32 @@ class ModelRunner:
         self.kv_caches = [(cache(), cache()) for _ in range(spec.n_layers)]
         _release_freed_memory()
 
+    def _resident_layers(self, n_gpu_layers: int) -> int:
+        """Blocks whose weights live on the device.  On CUDA, 0 < n_gpu_layers < n_layers keeps that many (the
+        last ones, as llama.cpp does) and streams the others from pinned host RAM during each forward
+        (backends/torch_engine/offload.py); -1, 0 (LoadOptions' default) or >= n_layers keeps every block on
+        the GPU: the device already says where the engine computes, and streaming every block (all weights over
+        PCIe in every step) is never what a plan asks for.  On CPU every weight is in host RAM anyway."""
+        n = self.spec.n_layers
+        if self.device.type != "cuda" or n_gpu_layers <= 0:
+            return n
+        return min(n_gpu_layers, n)
+
+    def _build_offload(self, n_gpu_layers: int):
+        """The offload.LayerStreamer when some blocks stream from host RAM (see _resident_layers), else None."""
+        resident = self._resident_layers(n_gpu_layers)
+        if resident == self.spec.n_layers:
+            return None
+        from backends.torch_engine.offload import offload_layers
+
+        return offload_layers(self.model, resident, self.device)
+
     @property
     def weight_bytes(self) -> int:
         """Bytes of the model's weights as held (quantized layers at their packed size; a tied embedding once),
-        not counting the dense prefill copies (dense_copy_bytes)."""
+        not counting the dense prefill copies (dense_copy_bytes).  Offloaded blocks count at their host bytes
+        (offload_host_bytes in describe()); the GPU then holds weight_bytes - offload_host_bytes plus the
+        streaming buffers (offload_buffer_bytes)."""
         from backends.torch_engine.quantize import QuantLinear
 
         seen: set[int] = set()
@@ -198,12 +229,40 @@ class ModelRunner:
         if out.is_empty:
             return RunnerOutput((), torch.empty(0, self.vocab_size))
         scheduled = sorted(out.scheduled, key=lambda s: not s.is_decode)  # decodes first (stable)
-        logits = self.forward([(s.token_ids, s.start_position, s.block_table) for s in scheduled],
-                              num_decodes=sum(s.is_decode for s in scheduled))
+        logits = self._graph_step(scheduled)
+        extra = {} if logits is None else {"cuda_graph": True}
+        if logits is None:
+            logits = self.forward([(s.token_ids, s.start_position, s.block_table) for s in scheduled],
+                                  num_decodes=sum(s.is_decode for s in scheduled))
         keep = [i for i, s in enumerate(scheduled) if s.needs_logits]
         ids = tuple(scheduled[i].request_id for i in keep)
         rows = logits[keep] if len(keep) != len(scheduled) else logits
-        return RunnerOutput(ids, rows, {"forward_s": time.perf_counter() - t0})
+        # forward_s is host time: a graph step returns once its work is queued on the GPU
+        return RunnerOutput(ids, rows, {"forward_s": time.perf_counter() - t0, **extra})
+
+    def _graph_step(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
+        """The logits of a decode-only step replayed as a CUDA graph, or None: the step runs eagerly."""
+        graphs = self._decode_graphs()
+        if graphs is None or not graphs.accepts(scheduled):
+            return None
+        try:
+            return graphs.run([(s.token_ids[0], s.start_position, s.block_table) for s in scheduled])
+        except torch.OutOfMemoryError:  # capturing a new size and the graphs' pool could not grow: eager from now
+            self.decode_graphs, self.cuda_graphs_off = None, "off (a graph capture ran out of GPU memory)"
+            torch.cuda.empty_cache()
+            return None
+
+    def _decode_graphs(self) -> DecodeGraphs | None:
+        """The CUDA graphs for decode-only steps, set up (buffers only; graphs are captured per batch size as
+        steps need them) at the first call, or None when they do not apply (cuda_graphs_off says why)."""
+        if not self._graphs_decided:
+            self._graphs_decided = True
+            self.cuda_graphs_off = unavailable_reason(self.device, self.ops.name, self.model)
+            if self.cuda_graphs_off is None:
+                max_blocks = min(self.num_blocks, -(-self.options.n_ctx // BLOCK_SIZE))
+                self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, self.options.max_num_seqs,
+                                                  max_blocks, BLOCK_SIZE, self.device)
+        return self.decode_graphs
 
     def prompt_logits(self, token_ids: Sequence[int], block_table: Sequence[int] | None = None,
                       chunk: int | None = None) -> torch.Tensor:
@@ -225,9 +284,30 @@ class ModelRunner:
                 "kv_dtype": str(self.kv_dtype).removeprefix("torch."), "kv_blocks": self.num_blocks,
                 "kv_cache_bytes": self.kv_cache_bytes, "kernels": self.ops.name,
                 "weight_quant": self.weight_quant, "weight_bytes": self.weight_bytes,
-                "cpu_packed_layers": self.cpu_packed_layers, "dense_copy_bytes": self.dense_copy_bytes}
+                "cpu_packed_layers": self.cpu_packed_layers, "dense_copy_bytes": self.dense_copy_bytes,
+                **self._describe_offload(), **self._describe_graphs()}
+
+    def _describe_graphs(self) -> dict[str, Any]:
+        """Safe from other threads: reads the decision, or predicts it without allocating anything."""
+        graphs = self.decode_graphs
+        if graphs is not None:
+            return {"cuda_graphs": "on", **graphs.describe()}
+        off = self.cuda_graphs_off if self._graphs_decided else unavailable_reason(self.device, self.ops.name,
+                                                                                   self.model)
+        if off is None:  # not set up yet: the sizes it will capture as steps need them
+            return {"cuda_graphs": "on", "cuda_graph_sizes": graph_sizes(self.options.max_num_seqs),
+                    "cuda_graphs_captured": ()}
+        return {"cuda_graphs": off}
+
+    def _describe_offload(self) -> dict[str, Any]:
+        streamer = self.offload
+        if streamer is None:
+            return {"offloaded_layers": 0, "offload_host_bytes": 0, "offload_buffer_bytes": 0}
+        return {"offloaded_layers": len(streamer.offloaded), "offload_host_bytes": streamer.host_bytes,
+                "offload_buffer_bytes": streamer.buffer_bytes}
 
     def close(self) -> None:
+        self.decode_graphs = None  # the graphs write into the KV pool: they go first
         self.kv_caches = []
         self.model = None  # type: ignore[assignment]
 

@@ -12,7 +12,7 @@ and the step's AttentionMetadata to `forward`.  Which op implementations run is 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -20,6 +20,9 @@ from torch import nn
 from kernels.attention import AttentionMetadata
 from kernels.dispatch import KernelSet
 from kernels.rope import rope_cos_sin
+
+if TYPE_CHECKING:
+    from backends.torch_engine.offload import LayerStreamer
 
 
 @dataclass(frozen=True)
@@ -119,13 +122,20 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.embed.weight
         # (head_dim // 2,) float32; the loader overwrites it when the file carries frequency factors
         self.register_buffer("inv_freq", torch.ones(cfg.head_dim // 2), persistent=False)
+        # set by backends.torch_engine.offload.offload_layers when some blocks' weights live in host memory
+        self.offload: LayerStreamer | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         cos, sin = rope_cos_sin(positions, self.inv_freq)  # (num_tokens, 1, head_dim // 2) each
         x = self.embed(input_ids)  # (num_tokens, hidden)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        streamer = self.offload
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            if streamer is not None:  # its weights may still be crossing the bus: wait for them, prefetch the next
+                streamer.before_layer(i)
             x = layer.forward(x, cos, sin, k_cache, v_cache, meta)
+            if streamer is not None:
+                streamer.after_layer(i)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
