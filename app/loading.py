@@ -53,7 +53,23 @@ def hardware_report(hardware_file: str | None = None) -> Any:
 
 
 _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-_TORCH_QUANTS = {"W8A16": "int8", "W4A16": "int4", "FP8": "fp8"}
+# plan.quant -> LoadOptions.weight_quant; "GGUF" is the file's own Q4_0/Q4_1/Q4_K/Q8_0 blocks, repacked
+_TORCH_QUANTS = {"W8A16": "int8", "W4A16": "int4", "FP8": "fp8", "GGUF": "gguf"}
+
+
+def _torch_dtype(plan: Any, report: Any) -> str:
+    """The compute dtype of a torch plan: its own for bf16/fp16/fp32; for a quantized format on a GPU the half
+    precision the planner priced it in (bf16 from compute capability 8.0, else fp16: torch.cuda's "auto" would
+    take bf16 on a Turing card, where it is emulated); "auto" on CPU."""
+    if plan.quant in _TORCH_DTYPES:
+        return _TORCH_DTYPES[plan.quant]
+    from hwprobe.support import BF16_MIN_CC
+
+    used = {d.index for d in plan.devices if d.kind == "gpu" and d.used}
+    ccs = [g.cc for g in report.gpus if g.index in used] if plan.device.startswith("cuda") else []
+    if not ccs or any(cc is None for cc in ccs):
+        return "auto"
+    return "bfloat16" if all(cc >= BF16_MIN_CC for cc in ccs) else "float16"
 
 
 def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None) -> Decision:
@@ -75,7 +91,7 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         kv_cache_type=settings.kv_cache_type or plan.kv_cache_type, flash_attn=plan.flash_attn,
         n_threads=settings.threads or physical_cores(), n_batch=plan.batch_size,
         max_num_seqs=settings.max_concurrency,
-        dtype=_TORCH_DTYPES.get(plan.quant, "auto") if backend == "torch" else "auto",
+        dtype=_torch_dtype(plan, report) if backend == "torch" else "auto",
         # a GPU plan names its format; on CPU "auto" keeps a GGUF's 4-bit blocks (model_runner.resolve_weight_quant)
         weight_quant=_TORCH_QUANTS.get(plan.quant, "none" if plan.device.startswith("cuda") else "auto")
         if backend == "torch" else "auto",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from hwprobe import memory as m
-from hwprobe.placement import Candidate
+from hwprobe.placement import (CPU_BANDWIDTH_EFFICIENCY, TORCH_OFFLOAD_BUFFERS, Candidate, is_torch_offload,
+                                pcie_gbps, pcie_link)
 from hwprobe.plan_types import DeviceMemory, Prefs
 from hwprobe.report import HardwareReport
 from hwprobe.shape import ModelShape
@@ -14,9 +15,74 @@ def _gib(mib_value: float) -> str:
     return f"{mib_value / 1024:.1f} GiB"
 
 
+# What each torch-engine weight format is, for the reasons (quality first: see hwprobe.planner._torch_formats).
+_TORCH_FORMAT_WHAT = {
+    "bf16": "bf16, the file's weights at full quality", "fp16": "fp16, the file's weights at full quality",
+    "W8A16": "W8A16 (int8 per output channel, quantized while loading; +0.2 % perplexity on the starter)",
+    "FP8": "FP8 (e4m3 per output channel, quantized while loading)",
+    "W4A16": "W4A16 (int4 in groups of 128, round-to-nearest while loading: expect a clear quality loss)",
+}
+
+
+def _torch_weights(shape: ModelShape, c: Candidate, tried: tuple[str, ...]) -> str:
+    """One sentence: the torch format chosen, what it is, and which better ones did not fit."""
+    if c.quant == m.TORCH_GGUF:
+        int4, int8 = m.gguf_repacked_shares(shape)
+        kept = " and ".join(f"{100 * share:.0f} % as {kind}" for share, kind in
+                            ((int4, "int4 (5.0 bits)"), (int8, "int8 (8.5 bits)")) if share)
+        dense = "" if int4 + int8 > 0.999 else ", the rest dequantized to 16 bits (types that do not repack)"
+        what = (f"GGUF, the file's own {shape.quant} blocks repacked for the engine's kernels (the weights llama.cpp "
+                f"runs): projections {kept}{dense}")
+    else:
+        what = _TORCH_FORMAT_WHAT.get(c.quant, c.quant)
+    sizes = ", ".join(f"{f} {m.weights(shape, f).total_bytes / 2**30:.1f} GiB" for f in tried)
+    return f"weights {what}" + (f"; better formats do not fit ({sizes})" if tried else "")
+
+
+def _link(report: HardwareReport, c: Candidate) -> tuple[str, float, bool]:
+    """The link a torch offload candidate's copies cross ("PCIe 4.0 x16"), the GB/s they get (the link's, or host
+    RAM's if slower: placement.torch_offload_tokens_per_s) and whether host RAM is what limits them."""
+    gpu = next((g for g in report.gpus if g.index == c.gpus[0]), None)
+    gen, width = pcie_link(gpu)
+    return (f"PCIe {gen}.0 x{width}", min(pcie_gbps(gpu), report.ram_bandwidth_gbps),
+            report.ram_bandwidth_gbps < pcie_gbps(gpu))
+
+
+def _streamed_bytes(shape: ModelShape, c: Candidate) -> int:
+    """Weight bytes a torch offload candidate copies per token: its streamed blocks, unless the buffers hold them."""
+    streamed = shape.n_layers - c.n_gpu_layers
+    return sum(c.layout.layer_bytes[:streamed]) if streamed > TORCH_OFFLOAD_BUFFERS else 0
+
+
+def _offload_race(report: HardwareReport, shape: ModelShape, c: Candidate, tps: float,
+                  rival: tuple[Candidate, float]) -> str:
+    """One sentence: both partial offloads' estimates, and what made the winner faster (bytes per token and the
+    rate each moves them at: the PCIe link for the torch engine, host RAM read by the CPU for llama.cpp)."""
+    (t, t_tps), (ll, l_tps) = ((c, tps), rival) if c.backend == "torch" else (rival, (c, tps))
+    link, link_gbps, ram_bound = _link(report, t)
+    n = shape.n_layers
+    limited = ", host RAM being slower than the link" if ram_bound else ""
+    torch_part = (f"the torch engine streaming {n - t.n_gpu_layers} of {n} layers ({t.quant}) over {link} "
+                  f"(~{link_gbps:.0f} GB/s{limited}) gives ~{t_tps:.1f} tokens/s")
+    cpu_layers = n - ll.n_gpu_layers if ll.gpus else n
+    cpu_gbps = report.ram_bandwidth_gbps * CPU_BANDWIDTH_EFFICIENCY
+    cpu_bytes = sum(ll.layout.layer_bytes[:cpu_layers])
+    llama_part = (f"llama.cpp computing {cpu_layers} of them on the CPU ({ll.quant}, host RAM read at "
+                  f"~{cpu_gbps:.0f} GB/s) ~{l_tps:.1f} tokens/s")
+    moved = (f"{_streamed_bytes(shape, t) / 2**30:.1f} GiB of weights a token over the link against "
+             f"{cpu_bytes / 2**30:.1f} GiB read by the CPU")
+    winner = "the torch engine" if c.backend == "torch" else "llama.cpp"
+    return f"partial offload: {torch_part}; {llama_part}: {winner} is faster ({moved})"
+
+
 def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidate,
-            devices: tuple[DeviceMemory, ...], tps: float, quants: list[tuple[str, m.WeightLayout]]) -> tuple[str, ...]:
+            devices: tuple[DeviceMemory, ...], tps: float, quants: list[tuple[str, m.WeightLayout]],
+            torch_tried: tuple[str, ...] = (), rival: tuple[Candidate, float] | None = None) -> tuple[str, ...]:
+    """torch_tried: the torch formats better than c's that did not fit (GPU plans of the torch engine; every
+    format for one streaming blocks); rival: the partial offload of the other engine that c was faster than (or
+    c lost to nothing: None), with its tokens/s."""
     out: list[str] = []
+    offload = is_torch_offload(shape, c)
     if not report.gpus:
         out.append("no NVIDIA GPU found: the model runs from host RAM")
     for g in report.gpus:
@@ -25,12 +91,27 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
                    f"{f' ({held} MiB held by other programs)' if held > 512 else ''}; plan budget "
                    f"{m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) // m.MIB} MiB after the safety margin")
     used = [d for d in devices if d.kind == "gpu" and d.used]
-    if c.backend == "torch":
+    if offload:
+        streamed = shape.n_layers - c.n_gpu_layers
+        if prefs.n_gpu_layers is not None:
+            why = "asked for" if prefs.backend == "torch" else "safetensors weights"
+            out.append(f"backend torch ({why}): "
+                       f"{c.n_gpu_layers} blocks resident on GPU {c.gpus[0]} (--n-gpu-layers), the first "
+                       f"{streamed} streamed from pinned host RAM")
+        else:
+            sizes = ", ".join(f"{f} {m.weights(shape, f).total_bytes / 2**30:.1f} GiB" for f in torch_tried)
+            out.append(f"backend torch: the torch engine supports {shape.architecture} but none of its formats "
+                       f"fits entirely on GPU {c.gpus[0]} ({sizes}), so it streams the first {streamed} layers "
+                       f"from pinned host RAM, in {c.quant}, the format that streams fastest")
+        out.append(_torch_weights(shape, c, ()))
+    elif c.backend == "torch":
         where = "CPU" if not c.gpus else ", ".join(f"GPU {i}" for i in c.gpus)
         why = "the torch engine supports" if torch_engine_refusal(shape) is None else "asked for"
         out.append(f"backend torch: {why} {shape.architecture} and the {c.quant} weights fit entirely on {where}"
                    if c.gpus else f"backend torch on CPU ({c.quant}): "
                    + ("asked for" if prefs.backend == "torch" else "safetensors weights or batching for serve"))
+        if c.gpus:
+            out.append(_torch_weights(shape, c, torch_tried))
     else:
         if torch_engine_refusal(shape) and report.gpus:
             out.append(f"backend llama.cpp: {torch_engine_refusal(shape)}")
@@ -39,6 +120,8 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
                        " (or the GPU is too old / of unknown compute capability)")
         else:
             out.append("backend llama.cpp" + (" (asked for)" if prefs.backend == "llama.cpp" else " (CPU)"))
+    if rival is not None:
+        out.append(_offload_race(report, shape, c, tps, rival))
     if not shape.quant and c.backend == "llama.cpp" and len(quants) > 1:
         better = [q for q, _ in quants[: [q for q, _ in quants].index(c.quant)]]
         out.append(f"quant {c.quant}: the best of the GGUF ladder that fits"
@@ -48,9 +131,13 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
                    "(measure it with `hearth ppl`)")
     if c.gpus:
         layers = "all" if c.n_gpu_layers >= shape.n_layers else str(c.n_gpu_layers)
+        streamed = shape.n_layers - c.n_gpu_layers
+        buffers = min(TORCH_OFFLOAD_BUFFERS, streamed)
+        rest = (f", the first {streamed} streamed from pinned host RAM through {buffers} GPU "
+                f"buffer{'s' if buffers > 1 else ''} of {m.mib(max(c.layout.layer_bytes[:streamed]))} MiB (every "
+                "layer's KV cache stays on the GPU)" if offload else f", {streamed} in host RAM (slower)")
         out.append(f"{layers} of {shape.n_layers} layers on {'GPUs ' if len(c.gpus) > 1 else 'GPU '}"
-                   f"{', '.join(map(str, c.gpus))}" + ("" if c.n_gpu_layers >= shape.n_layers else
-                                                       f", {shape.n_layers - c.n_gpu_layers} in host RAM (slower)"))
+                   f"{', '.join(map(str, c.gpus))}" + ("" if c.n_gpu_layers >= shape.n_layers else rest))
         if len(c.gpus) > 1:
             out.append(f"split {c.split_mode}: " + ("the GPUs are joined by NVLink/P2P, so each layer is split "
                                                     "across them" if c.split_mode == "tensor" else
@@ -74,6 +161,10 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
                            "of memory (from --n-gpu-layers)")
     if used or not report.gpus or c.gpus == ():
         bw = ", ".join(f"{g.memory_bandwidth_gbps or 'unknown'} GB/s" for g in report.gpus if g.index in c.gpus)
-        out.append(f"expected decode ~{tps:.0f} tokens/s from memory bandwidth"
+        if offload:
+            link, link_gbps, _ = _link(report, c)
+            bw += f"; blocks over {link}, ~{link_gbps:.0f} GB/s"
+        speed = f"{tps:.1f}" if tps < 10 else f"{tps:.0f}"  # a partial offload's 2.4 is not "2"
+        out.append(f"expected decode ~{speed} tokens/s from memory bandwidth"
                    + (f" ({bw})" if bw else f" (host RAM {report.ram_bandwidth_gbps:.0f} GB/s)"))
     return tuple(out)

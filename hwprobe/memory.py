@@ -14,6 +14,9 @@ allocates, checked against its own log on this machine (tests/hwprobe/test_estim
 - compute buffer: the larger of the logits peak, 4 x n_ubatch x (vocab + 2 x hidden) bytes, and the attention
   peak, 4 x n_ubatch x (ctx x (heads + 1) + 2 x ffn + kv_dim) without flash attention (the KQ scores and mask in
   f32) or 4 x n_ubatch x (2 x ffn + hidden) + 2 x n_ubatch x ctx with it.
+- the torch engine streaming its first blocks from host RAM: those blocks' bytes in (pinned) host RAM, and on
+  the GPU two buffers of the largest of them (offload_buffer_bytes) besides the resident blocks and every
+  layer's KV cache.
 - overhead per GPU: the CUDA context, cuBLAS workspace and llama.cpp's own small buffers; more for PyTorch
   (its caching allocator keeps freed blocks).
 - safety margin: what the planner never plans into: max(512 MiB, 3 % of the card) per GPU, 1 GiB of host RAM.
@@ -39,6 +42,14 @@ LOWEST_DEFAULT_QUANT = "Q4_K_M"  # below this only when the user asks (quality d
 # W8A16: int8 + one fp16 scale per output channel; W4A16: int4 in groups of 128 with fp16 scale and zero;
 # FP8: e4m3 + a per-channel scale, native on compute capability 8.9+.
 TORCH_FORMAT_BPW = {"fp32": 32.0, "bf16": 16.0, "fp16": 16.0, "FP8": 8.0, "W8A16": 8.0, "W4A16": 4.25}
+# "GGUF": the torch engine keeps a GGUF's own Q4_0/Q4_1/Q4_K/Q8_0 projection blocks (weight_quant "gguf"),
+# repacked into groups of 32 with scales (and int4 offsets) in the 16-bit compute dtype: int4 0.5 + 2 x 2/32
+# bytes per weight (5.0 bits: Q4_0's 4.5 gains an offset, Q4_K's 4.5 loses its 6-bit sub-block packing), int8
+# 1 + 2/32 (8.5 bits, Q8_0's own size).  Projections that do not repack, embedding and head are 16-bit; RMSNorm
+# weights float32.  Which projections repack comes from the file (shape.extra["gguf_repacked"]).
+TORCH_GGUF = "GGUF"
+GGUF_REPACKED_INT4_BYTES = 0.5 + 2 * 2 / 32
+GGUF_REPACKED_INT8_BYTES = 1 + 2 / 32
 
 KV_BYTES_PER_ELEMENT = {"f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}  # block of 32 + fp16 scale
 
@@ -89,7 +100,8 @@ def _params_per_layer(shape: ModelShape) -> int:
 
 def weights(shape: ModelShape, quant: str | None = None) -> WeightLayout:
     """Weight bytes by place.  quant=None: the file's exact bytes (needs shape.layer_bytes); a quant name: the
-    GGUF ladder's bits per weight; a torch format (TORCH_FORMAT_BPW): linear layers at it, embeddings at 16."""
+    GGUF ladder's bits per weight; a torch format (TORCH_FORMAT_BPW): linear layers at it, embeddings at 16;
+    TORCH_GGUF: the torch engine holding the file's own blocks (torch_gguf_weights)."""
     if quant is None:
         if not shape.layer_bytes or shape.weight_bytes is None:
             raise ValueError(f"{shape.name}: no file bytes; give a quant")
@@ -98,6 +110,11 @@ def weights(shape: ModelShape, quant: str | None = None) -> WeightLayout:
         stored_head = 0 if shape.tied_embeddings or not shape.output_bytes else head
         other = shape.weight_bytes - sum(shape.layer_bytes) - embed - stored_head
         return WeightLayout(tuple(shape.layer_bytes), embed, head, max(other, 0), stored_head == 0)
+    if quant == TORCH_GGUF:
+        layout = torch_gguf_weights(shape)
+        if layout is None:
+            raise ValueError(f"{shape.name}: no GGUF projections the torch engine keeps as blocks")
+        return layout
     embed_params = shape.vocab_size * shape.hidden_size
     per_layer = _params_per_layer(shape)
     if quant in TORCH_FORMAT_BPW:
@@ -107,6 +124,29 @@ def weights(shape: ModelShape, quant: str | None = None) -> WeightLayout:
     layer = int(per_layer * layer_bpw / 8)
     embed = int(embed_params * embed_bpw / 8)
     return WeightLayout((layer,) * shape.n_layers, embed, embed, shape.hidden_size * 4, shape.tied_embeddings)
+
+
+def torch_gguf_weights(shape: ModelShape) -> WeightLayout | None:
+    """What the torch engine holds on a GPU for a GGUF loaded with its own blocks (TORCH_GGUF), or None when no
+    projection of the file repacks (an F16 or Q6_K file: that would just be bf16)."""
+    kept = shape.extra.get("gguf_repacked") if shape.extra else None
+    if not kept or not any(n4 or n8 for n4, n8 in kept) or len(kept) != shape.n_layers:
+        return None
+    norms = 2 * shape.hidden_size
+    projections = _params_per_layer(shape) - norms
+    layers = tuple(int(n4 * GGUF_REPACKED_INT4_BYTES + n8 * GGUF_REPACKED_INT8_BYTES
+                       + (projections - n4 - n8) * 2 + norms * 4) for n4, n8 in kept)
+    embed = shape.vocab_size * shape.hidden_size * 2
+    return WeightLayout(layers, embed, embed, shape.hidden_size * 4, shape.tied_embeddings)
+
+
+def gguf_repacked_shares(shape: ModelShape) -> tuple[float, float]:
+    """Shares of the projection weights a TORCH_GGUF load keeps as int4 and as int8 blocks (for the reasons)."""
+    kept = shape.extra.get("gguf_repacked") if shape.extra else None
+    if not kept:
+        return 0.0, 0.0
+    projections = max((_params_per_layer(shape) - 2 * shape.hidden_size) * shape.n_layers, 1)
+    return sum(n4 for n4, _ in kept) / projections, sum(n8 for _, n8 in kept) / projections
 
 
 def kv_cells(shape: ModelShape, ctx: int, *, sliding: bool, swa_full: bool, n_ubatch: int = 512) -> int:
@@ -137,6 +177,15 @@ def compute_bytes(shape: ModelShape, ctx: int, *, n_ubatch: int = 512, flash_att
         attn = 4 * n * (ctx * (shape.n_heads + 1) + 2 * ffn + kv_dim)
     logits = 4 * n * (shape.vocab_size + 2 * shape.hidden_size) if with_logits else 4 * n * 2 * shape.hidden_size
     return max(attn, logits)
+
+
+def offload_buffer_bytes(streamed_layer_bytes: tuple[int, ...], num_buffers: int) -> int:
+    """The torch engine's device buffers for blocks streamed from host RAM (backends/torch_engine/offload.py):
+    min(num_buffers, blocks streamed) of them, each the size of the largest streamed block (any block may land
+    in any buffer).  Two buffers of a bf16 Llama-2-7B block: 2 x 405 MB = 0.75 GiB."""
+    if not streamed_layer_bytes:
+        return 0
+    return min(num_buffers, len(streamed_layer_bytes)) * max(streamed_layer_bytes)
 
 
 def output_buffer_bytes(shape: ModelShape) -> int:

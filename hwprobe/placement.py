@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from hwprobe import memory as m
 from hwprobe.plan_types import DeviceMemory
-from hwprobe.report import HardwareReport
+from hwprobe.report import GpuInfo, HardwareReport
 from hwprobe.shape import ModelShape
 
 GPU_BANDWIDTH_EFFICIENCY = 0.75  # decode reaches about this share of peak bandwidth
@@ -50,8 +50,15 @@ def _layer_counts(n: int, share: dict[int, float]) -> dict[int, int]:
     return counts
 
 
+def is_torch_offload(shape: ModelShape, c: Candidate) -> bool:
+    """c is the torch engine on a GPU with its first n_layers - n_gpu_layers blocks streamed from host RAM."""
+    return c.backend == "torch" and bool(c.gpus) and 0 < c.n_gpu_layers < shape.n_layers
+
+
 def price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[DeviceMemory, ...]:
     """Predicted memory of every GPU (index order) and of host RAM for candidate c."""
+    if is_torch_offload(shape, c):
+        return _price_torch_offload(report, shape, c)
     lay = c.layout
     kv_total = m.kv_bytes(shape, c.ctx, c.kv_cache_type,
                           swa_full=m.LLAMA_CPP_SWA_FULL if c.backend == "llama.cpp" else False, n_ubatch=c.n_batch)
@@ -107,12 +114,38 @@ def price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[Devi
     return tuple(devices)
 
 
+def _price_torch_offload(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[DeviceMemory, ...]:
+    """The torch engine streaming blocks (backends/torch_engine/offload.py) on c.gpus[0] (one GPU: no tensor
+    parallelism).  Unlike llama.cpp's partial offload, where the CPU layers' KV cache is in host RAM, every
+    layer's KV cache stays on the GPU (the streamed blocks compute there), and so do the embedding, final norm
+    and head; the streamed blocks need min(TORCH_OFFLOAD_BUFFERS, streamed) device buffers, each the size of
+    the largest of them.  Host RAM holds the streamed blocks' weights, pinned, and nothing else of the model."""
+    lay = c.layout
+    streamed = shape.n_layers - c.n_gpu_layers
+    host_blocks = lay.layer_bytes[:streamed]
+    weights = (sum(lay.layer_bytes[streamed:]) + lay.embedding_bytes + (0 if lay.tied else lay.head_bytes)
+               + lay.other_bytes + m.offload_buffer_bytes(host_blocks, TORCH_OFFLOAD_BUFFERS))
+    kv = m.kv_bytes(shape, c.ctx, c.kv_cache_type, swa_full=False, n_ubatch=c.n_batch)
+    compute = m.compute_bytes(shape, c.ctx, n_ubatch=c.n_batch, flash_attn=c.flash_attn, with_logits=True)
+    devices = []
+    for g in report.gpus:
+        here = g.index == c.gpus[0]
+        devices.append(DeviceMemory("gpu", g.index, g.name, m.mib(weights) if here else 0, m.mib(kv) if here else 0,
+                                    m.mib(compute) if here else 0, m.mib(m.TORCH_GPU_OVERHEAD_BYTES) if here else 0,
+                                    m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) // m.MIB))
+    devices.append(DeviceMemory("cpu", None, report.cpu_model, m.mib(sum(host_blocks)), 0, 0, 0,
+                                m.ram_budget_bytes(report.ram_available_mib) // m.MIB))
+    return tuple(devices)
+
+
 def expected_tokens_per_s(report: HardwareReport, shape: ModelShape, c: Candidate,
                           devices: tuple[DeviceMemory, ...]) -> float:
     """Single-stream decode speed: each token reads the weights (active experts only) and the KV cache once.
 
     Layer split and CPU offload run one device after another (times add up); tensor split runs in parallel
-    (the slowest GPU counts)."""
+    (the slowest GPU counts).  The torch engine streaming blocks over PCIe: torch_offload_tokens_per_s."""
+    if is_torch_offload(shape, c):
+        return torch_offload_tokens_per_s(report, shape, c)
     read_ratio = m.decode_bytes_per_token(c.layout, shape) / max(
         sum(c.layout.layer_bytes) + c.layout.head_bytes, 1)
     times = []
@@ -133,4 +166,67 @@ def expected_tokens_per_s(report: HardwareReport, shape: ModelShape, c: Candidat
     if not times:
         return 0.0
     t = max(times) if c.split_mode == "tensor" and len(times) > 1 else sum(times)
+    return round(1.0 / t, 1) if t > 0 else 0.0
+
+
+# ---- the torch engine streaming offloaded blocks over PCIe (backends/torch_engine/offload.py) -----------------
+
+# GB/s per lane and direction after line encoding (8b/10b up to 2.0, 128b/130b from 3.0, FLIT at 6.0)
+PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+# pinned host-to-device copies reach about this share of the link: ~25 GB/s on 4.0 x16 (31.5), ~12.6 on 3.0 x16
+PCIE_EFFICIENCY = 0.8
+DEFAULT_PCIE_GENERATION, DEFAULT_PCIE_WIDTH = 4, 16  # a report that lacks the link
+TORCH_OFFLOAD_BUFFERS = 2  # backends/torch_engine/offload.py NUM_BUFFERS: only blocks beyond this many stream
+
+
+def pcie_link(gpu: GpuInfo | None) -> tuple[int, int]:
+    """(generation, lanes) a copy to `gpu` gets: from the report, else PCIe 4.0 x16.  NVML reports the *current*
+    link, and an idle GPU drops it to generation 1 to save power (it returns to the maximum under load), so a
+    generation below 3 counts as unknown rather than as the link a copy gets: no GPU that runs these models has
+    a lower maximum.  A generation newer than PCIE_LANE_GBPS counts as the newest it knows."""
+    gen = gpu.pcie_generation if gpu is not None else None
+    if gen is None or gen < 3:
+        gen = DEFAULT_PCIE_GENERATION
+    width = (gpu.pcie_width if gpu is not None else None) or DEFAULT_PCIE_WIDTH
+    return min(gen, max(PCIE_LANE_GBPS)), width
+
+
+def pcie_gbps(gpu: GpuInfo | None) -> float:
+    """Effective host-to-device GB/s of `gpu`'s PCIe link (pcie_link): ~25 GB/s on PCIe 4.0 x16."""
+    gen, width = pcie_link(gpu)
+    return PCIE_LANE_GBPS[gen] * width * PCIE_EFFICIENCY
+
+
+def torch_offload_tokens_per_s(report: HardwareReport, shape: ModelShape, c: Candidate) -> float:
+    """Single-stream decode speed of the torch engine keeping the last c.n_gpu_layers blocks on c.gpus[0] and
+    streaming the first n_layers - c.n_gpu_layers from pinned host RAM every step.
+
+    Assumed (each block j's compute time t_c and copy time t_x):
+    - t_c as in expected_tokens_per_s: the block's weights (active experts only) and its KV cache at full
+      context read at GPU bandwidth x GPU_BANDWIDTH_EFFICIENCY, plus GPU_SECONDS_PER_LAYER of launches;
+    - t_x: the whole block (every expert: which ones are routed is known only after the router ran) at
+      pcie_gbps(gpu), or at the host's RAM bandwidth if that is lower;
+    - double buffering: block j+1 crosses while block j computes, so each pair costs max(t_x(j+1), t_c(j)); the
+      last streamed block, the resident blocks and the head run while the next step's first block crosses;
+    - no more streamed blocks than TORCH_OFFLOAD_BUFFERS: they stay in the buffers and nothing is copied.
+    The torch engine runs on one GPU, so only c.gpus[0] counts.  0.0 for a candidate without a GPU."""
+    if not c.gpus:
+        return 0.0
+    gpu = next(g for g in report.gpus if g.index == c.gpus[0])
+    lay = c.layout
+    n = shape.n_layers
+    streamed = n - max(0, min(c.n_gpu_layers, n))
+    hbm = (gpu.memory_bandwidth_gbps or UNKNOWN_GPU_BANDWIDTH_GBPS) * GPU_BANDWIDTH_EFFICIENCY * 1e9
+    link = min(pcie_gbps(gpu), report.ram_bandwidth_gbps) * 1e9
+    layers = sum(lay.layer_bytes)
+    read_ratio = (m.decode_bytes_per_token(lay, shape) - lay.head_bytes) / max(layers, 1)  # MoE: experts used
+    kv_per_layer = m.kv_bytes(shape, c.ctx, c.kv_cache_type, swa_full=False, n_ubatch=c.n_batch) / n
+    compute = [(b * read_ratio + kv_per_layer) / hbm + GPU_SECONDS_PER_LAYER for b in lay.layer_bytes]
+    head = (lay.head_bytes + lay.other_bytes) / hbm
+    if streamed <= TORCH_OFFLOAD_BUFFERS:
+        t = sum(compute) + head
+    else:
+        copy = [b / link for b in lay.layer_bytes[:streamed]]
+        t = sum(max(copy[j + 1], compute[j]) for j in range(streamed - 1))
+        t += max(copy[0], sum(compute[streamed - 1:]) + head)
     return round(1.0 / t, 1) if t > 0 else 0.0

@@ -53,7 +53,7 @@ class DeviceMemory:
 @dataclass(frozen=True)
 class Plan:
     backend: str  # "llama.cpp" | "torch"
-    quant: str  # GGUF quant ("Q4_K_M") or torch weight format ("bf16", "W8A16", "W4A16", "FP8")
+    quant: str  # GGUF quant ("Q4_K_M") or torch weight format ("bf16", "W8A16", "W4A16", "FP8", "GGUF": own blocks)
     n_gpu_layers: int  # transformer layers on GPUs, 0..n_layers
     n_layers: int
     split_mode: str  # "none" | "layer" | "row" | "tensor"

@@ -3,16 +3,25 @@
 Policy (issue 3, item 4), tried in this order until something fits entirely in the GPUs' budgets (free VRAM
 minus the safety margin of hwprobe.memory):
   1. the torch engine, on NVIDIA GPUs it supports (compute capability >= 7.5) for the architectures in
-     hwprobe.support, in its best weight format that fits: bf16/fp16, then FP8 (8.9+), W8A16, W4A16; on one GPU,
-     else tensor-parallel over GPUs joined by NVLink/P2P; a GGUF source is never re-quantized below its own bits;
+     hwprobe.support, on one GPU (no tensor parallelism yet), in its best weight format that fits (`_torch_formats`):
+     bf16/fp16; for a GGUF whose projections are Q4_0/Q4_1/Q4_K/Q8_0 then "GGUF", the file's own blocks
+     repacked (the same weights, fewer bytes); then W8A16 and FP8 (8.9+) quantized while loading, never below a
+     GGUF's own bits; W4A16 only where llama.cpp has no better 4-bit file to run (a safetensors folder, or
+     --backend torch), since round-to-nearest int4 is below Q4_K_M, the ladder's floor;
   2. llama.cpp with every layer on the GPUs: for each quant of the ladder (a GGUF file has just its own), the
      largest context up to the target (8192, capped by the training context) with an f16 KV cache, then down
      to 4096; then a q8_0 and a q4_0 KV cache (the largest context they allow); then the next quant, down to
      Q4_K_M (lower ones only when asked, with a warning);
-  3. partial offload: as many layers on the GPUs as fit, the rest in host RAM, at the lowest allowed quant;
+  3. partial offload, the faster of two by estimated tokens/s: llama.cpp with as many layers on the GPUs as fit
+     and the rest computed on the CPU from host RAM, at the lowest allowed quant; and the torch engine (where
+     step 1 could run the model) keeping as many blocks on one GPU as fit and streaming the others from pinned
+     host RAM over PCIe for every token (`_torch_offload`);
   4. CPU only.
 One GPU is tried before several; several are tensor-split when all are P2P-joined, layer-split otherwise.
-A user-fixed value (ctx, KV type, backend, quant, n_gpu_layers) is taken as given and the plan says what it costs.
+A safetensors folder (no file llama.cpp reads) or --backend torch that fits no GPU whole streams (step 3's torch
+half, no race), else runs the torch engine on the CPU.
+A user-fixed value (ctx, KV type, backend, quant, n_gpu_layers) is taken as given and the plan says what it costs;
+--backend torch with --n-gpu-layers N (0 < N < layers) is planned as that streaming, with N blocks resident.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from hwprobe import memory as m
 from hwprobe.errors import PlanError
-from hwprobe.placement import Candidate, expected_tokens_per_s, price, shares
+from hwprobe.placement import Candidate, expected_tokens_per_s, price, shares, torch_offload_tokens_per_s
 from hwprobe.plan_types import Plan, Prefs
 from hwprobe.report import GpuInfo, HardwareReport
 from hwprobe.shape import ModelShape
@@ -34,6 +43,19 @@ CTX_STEP = 256  # contexts are planned in multiples of this
 
 def _fits(report: HardwareReport, shape: ModelShape, c: Candidate) -> bool:
     return all(d.headroom_mib >= 0 for d in price(report, shape, c))
+
+
+def _fits_gpus(report: HardwareReport, shape: ModelShape, c: Candidate) -> bool:
+    """The GPUs' part of _fits: monotone in n_gpu_layers (more layers, more VRAM), so it can be bisected; host
+    RAM is the other way round (fewer layers on the GPU, more in RAM), so the whole fit is not."""
+    return all(d.headroom_mib >= 0 for d in price(report, shape, c) if d.kind == "gpu")
+
+
+def _most_layers(report: HardwareReport, shape: ModelShape, make: Callable[[int], Candidate]) -> Candidate | None:
+    """make(n) for the most layers 1 <= n < n_layers on the GPUs that fits everywhere, or None.  The most layers
+    the GPUs hold leaves the least in host RAM: if RAM does not hold that, it holds no fewer layers either."""
+    n = _largest(1, shape.n_layers - 1, lambda n: _fits_gpus(report, shape, make(n)))
+    return make(n) if n is not None and _fits(report, shape, make(n)) else None
 
 
 def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
@@ -77,15 +99,29 @@ def _best_ctx(report: HardwareReport, shape: ModelShape, make: Callable[[int], C
     return None if k is None else k * CTX_STEP
 
 
-def _torch_formats(report: HardwareReport, gpus: Iterable[GpuInfo], shape: ModelShape) -> list[str]:
+def _torch_formats(gpus: Iterable[GpuInfo], shape: ModelShape, prefs: Prefs) -> list[str]:
+    """The torch engine's weight formats for these GPUs, best quality first (the module docstring's step 1).
+
+    W8A16 before FP8: the same bytes, and int8 per channel keeps more of the weights than e4m3 (measured on the
+    starter, 1024 tokens of tests/data/english.txt: perplexity 14.76 dense, 14.72 W8A16, 14.98 FP8), and the
+    weight-only FP8 kernel reads as many bytes and widens them to 16 bits for its matmul, so it should be no
+    faster (not measured: no GPU yet)."""
     ccs = [g.cc for g in gpus]
     if not ccs or any(cc is None or cc < TORCH_ENGINE_MIN_CC for cc in ccs):
         return []
     half = "bf16" if all(cc >= BF16_MIN_CC for cc in ccs) else "fp16"  # type: ignore[operator]
-    formats = [half] + (["FP8"] if all(cc >= FP8_MIN_CC for cc in ccs) else []) + ["W8A16", "W4A16"]  # type: ignore
-    if shape.quant and shape.weight_bytes and shape.param_count:  # a GGUF source: keep at least its bits
-        source_bpw = 8 * shape.weight_bytes / shape.param_count
-        formats = [f for f in formats if m.TORCH_FORMAT_BPW[f] >= source_bpw - 0.01] or [half]
+    eight = ["W8A16"] + (["FP8"] if all(cc >= FP8_MIN_CC for cc in ccs) else [])  # type: ignore[operator]
+    # W4A16 only where llama.cpp cannot run a better 4-bit file instead (see the module docstring)
+    int4 = ["W4A16"] if prefs.backend == "torch" or (shape.extra or {}).get("file_format") == "safetensors" else []
+    if shape.quant:  # a GGUF source: its own blocks, or a format of at least its bits
+        own = [m.TORCH_GGUF] if m.torch_gguf_weights(shape) is not None else []
+        requant = eight + int4
+        if shape.weight_bytes and shape.param_count:
+            source_bpw = 8 * shape.weight_bytes / shape.param_count
+            requant = [f for f in requant if m.TORCH_FORMAT_BPW[f] >= source_bpw - 0.01]
+        formats = [half, *own, *requant]
+    else:
+        formats = [half, *eight, *int4]
     return [f for f in formats if f in TORCH_ENGINE_RUNNABLE_FORMATS]
 
 
@@ -105,7 +141,7 @@ def _try_torch(report, shape, prefs, lo, hi) -> Candidate | None:  # noqa: ANN00
     for gpus, split in _gpu_sets(report):
         if split == "layer" or len(gpus) > TORCH_ENGINE_MAX_GPUS:  # no layer split; tensor parallel not yet
             continue
-        for fmt in _torch_formats(report, [g for g in report.gpus if g.index in gpus], shape):
+        for fmt in _torch_formats([g for g in report.gpus if g.index in gpus], shape, prefs):
             layout = m.weights(shape, fmt)
 
             def make(ctx: int, fmt: str = fmt, layout: m.WeightLayout = layout) -> Candidate:
@@ -143,10 +179,57 @@ def _partial(report, shape, prefs, lo, quants) -> Candidate:  # noqa: ANN001 - i
         def make(n: int, gpus: tuple[int, ...] = gpus, split: str = split) -> Candidate:
             return Candidate("llama.cpp", quant, layout, lo, kv, True, gpus, split, n, prefs.n_batch)
 
-        n = _largest(1, shape.n_layers - 1, lambda n: _fits(report, shape, make(n)))
-        if n is not None and (best is None or n > best.n_gpu_layers):
-            best = make(n)
+        c = _most_layers(report, shape, make)
+        if c is not None and (best is None or c.n_gpu_layers > best.n_gpu_layers):
+            best = c
     return best or Candidate("llama.cpp", quant, layout, lo, kv, kv != "f16", (), "none", 0, prefs.n_batch)
+
+
+def _torch_offload(report, shape, prefs, lo, hi, n_fixed=None) -> Candidate | None:  # noqa: ANN001 - internal
+    """The torch engine on one GPU streaming its first blocks from pinned host RAM (backends/torch_engine/
+    offload.py), or None where it cannot run the model there (what _try_torch checks) or nothing fits.
+
+    Per format of `_torch_formats`, the most resident blocks that fit at context lo, the context llama.cpp's
+    partial offload is planned at, so the two race on equal terms; n_fixed (the user's --n-gpu-layers): those
+    blocks, at the largest context in [lo, hi] that fits (else lo, and the plan says what is over).  Of these the
+    fastest by torch_offload_tokens_per_s wins, quality order breaking ties, rather than the best format, as
+    _partial takes the ladder's lowest quant: every streamed block crosses the bus once a token, so bf16 decodes
+    at about half W8A16's speed for no measurable quality (starter perplexity 14.76 bf16, 14.72 W8A16)."""
+    if torch_engine_refusal(shape) or prefs.kv_cache_type not in (None, "f16") or shape.n_layers < 2:
+        return None
+    gpus = next((g for g, _ in _gpu_sets(report)), ())  # the GPU with most budget: the engine runs on one
+    best, best_key = None, None
+    for fmt in _torch_formats([g for g in report.gpus if g.index in gpus], shape, prefs):
+        layout = m.weights(shape, fmt)
+
+        def make(n: int, ctx: int = lo, fmt: str = fmt, layout: m.WeightLayout = layout) -> Candidate:
+            return Candidate("torch", fmt, layout, ctx, "f16", True, gpus, "none", n, prefs.n_batch)
+
+        if n_fixed is None:
+            c = _most_layers(report, shape, make)
+        else:
+            c = make(n_fixed, _best_ctx(report, shape, lambda ctx: make(n_fixed, ctx), lo, hi) or lo)
+        if c is None:
+            continue
+        key = (_fits(report, shape, c), torch_offload_tokens_per_s(report, shape, c))
+        if best_key is None or key > best_key:
+            best, best_key = c, key
+    return best
+
+
+def _faster(report: HardwareReport, shape: ModelShape, llama: Candidate,
+            streamed: Candidate | None) -> tuple[Candidate, tuple[Candidate, float] | None]:
+    """The faster of llama.cpp's partial offload and the torch engine streaming blocks (a candidate that does
+    not fit loses to one that does; a tie goes to llama.cpp), and the loser with its tokens/s for the reasons."""
+    if streamed is None:
+        return llama, None
+    def score(c: Candidate) -> tuple[bool, float]:
+        return _fits(report, shape, c), expected_tokens_per_s(report, shape, c, price(report, shape, c))
+
+    by_llama, by_torch = score(llama), score(streamed)
+    if by_torch > by_llama:
+        return streamed, (llama, by_llama[1])
+    return llama, (streamed, by_torch[1])
 
 
 def _with_flags(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidate) -> Candidate:
@@ -167,17 +250,26 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     quants = _llama_quants(shape, prefs)
     file_format = shape.extra.get("file_format") if shape.extra else None
     chosen: Candidate | None = None
+    rival: tuple[Candidate, float] | None = None  # the partial offload that lost the race (step 3)
     if prefs.backend in ("auto", "torch") and prefs.n_gpu_layers in (None, -1, shape.n_layers):
         chosen = _try_torch(report, shape, prefs, lo, hi)
+    fixed = prefs.n_gpu_layers if prefs.n_gpu_layers is not None and 0 < prefs.n_gpu_layers < shape.n_layers else None
+    torch_only = prefs.backend == "torch" or (prefs.backend == "auto" and file_format == "safetensors")
+    if chosen is None and torch_only and (prefs.n_gpu_layers is None or fixed is not None):
+        chosen = _torch_offload(report, shape, prefs, lo, hi, fixed)
     if chosen is None and prefs.backend == "torch" or (chosen is None and file_format == "safetensors"):
         chosen = _torch_cpu(report, shape, prefs, hi)
     if chosen is None and prefs.backend == "auto" and prefs.prefer_batching and not report.gpus and \
             torch_engine_refusal(shape) is None:
         chosen = _torch_cpu(report, shape, prefs, hi)
     if chosen is None:
-        chosen = _try_llama_full(report, shape, prefs, lo, hi, quants) or _partial(report, shape, prefs, lo, quants)
-        if not chosen.gpus:  # CPU only: RAM is cheap, so the best quant at the target context if it fits
-            chosen = _cpu_only(report, shape, prefs, lo, hi, quants) or chosen
+        chosen = _try_llama_full(report, shape, prefs, lo, hi, quants)
+        if chosen is None:
+            chosen = _partial(report, shape, prefs, lo, quants)
+            if not chosen.gpus:  # CPU only: RAM is cheap, so the best quant at the target context if it fits
+                chosen = _cpu_only(report, shape, prefs, lo, hi, quants) or chosen
+            if prefs.backend == "auto" and prefs.n_gpu_layers is None:
+                chosen, rival = _faster(report, shape, chosen, _torch_offload(report, shape, prefs, lo, hi))
     chosen = _with_flags(report, shape, prefs, chosen)
     devices = price(report, shape, chosen)
     if prefs.n_gpu_layers is None and not all(d.headroom_mib >= 0 for d in devices):
@@ -190,11 +282,24 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
         chosen.gpus[-1] if chosen.gpus else 0)
     device = "cpu" if not chosen.gpus else ("cuda" if len(chosen.gpus) > 1 else f"cuda:{chosen.gpus[0]}")
     tps = expected_tokens_per_s(report, shape, chosen, devices)
+    tried = _torch_tried(report, shape, prefs, chosen)
     return Plan(backend=chosen.backend, quant=chosen.quant, n_gpu_layers=chosen.n_gpu_layers,
                 n_layers=shape.n_layers, split_mode=chosen.split_mode, tensor_split=split, ctx=chosen.ctx,
                 kv_cache_type=chosen.kv_cache_type, flash_attn=chosen.flash_attn, batch_size=chosen.n_batch,
                 devices=devices, expected_tokens_per_s=tps,
-                reasons=reasons(report, shape, prefs, chosen, devices, tps, quants), main_gpu=main, device=device)
+                reasons=reasons(report, shape, prefs, chosen, devices, tps, quants, tried, rival), main_gpu=main,
+                device=device)
+
+
+def _torch_tried(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidate) -> tuple[str, ...]:
+    """The torch formats better than the chosen one, which did not fit (for the reasons); for a plan streaming
+    blocks, every format (none fit whole, and the chosen one is the fastest to stream, not the best)."""
+    if c.backend != "torch" or not c.gpus:
+        return ()
+    formats = _torch_formats([g for g in report.gpus if g.index in c.gpus], shape, prefs)
+    if c.n_gpu_layers < shape.n_layers:
+        return tuple(formats)
+    return tuple(formats[: formats.index(c.quant)]) if c.quant in formats else ()
 
 
 def _check(prefs: Prefs) -> None:

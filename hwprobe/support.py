@@ -11,11 +11,11 @@ if TYPE_CHECKING:  # pragma: no cover
 # and MistralForCausalLM maps to "llama" for HF folders (backends.modelspec), so it needs no entry of its own.
 TORCH_ENGINE_ARCHITECTURES = ("llama", "qwen2")
 
-# What the torch engine can run today.  It loads weights in bf16/fp16 and quantizes after loading, so a
-# W8A16/W4A16/FP8 plan would still need the full-precision bytes at load time; and it has no tensor
-# parallelism yet.  The planner offers the engine only what it can load: half precision on one GPU.  The
-# memory module keeps the quantized formats' arithmetic for when the loader quantizes layer by layer.
-TORCH_ENGINE_RUNNABLE_FORMATS = ("bf16", "fp16")
+# What the torch engine can run on a GPU.  Its loader quantizes each projection as it reads it (int8 / int4 /
+# fp8 round-to-nearest, backends/torch_engine/loader.py), or keeps a GGUF's own Q4_0/Q4_1/Q4_K/Q8_0 blocks
+# ("GGUF"), so a quantized plan never needs the full-precision bytes on the device.  No tensor parallelism yet:
+# one GPU.
+TORCH_ENGINE_RUNNABLE_FORMATS = ("bf16", "fp16", "GGUF", "W8A16", "FP8", "W4A16")
 TORCH_ENGINE_MAX_GPUS = 1
 
 # GGUF tokenizers the torch engine builds: byte-level BPE ("gpt2") with these pre-tokenizers

@@ -3,8 +3,9 @@
 Hand arithmetic used below (GiB = 2**30 bytes):
 - Llama-2-7B has 6.74 B parameters: bf16 12.6 GiB, so a 24 GB card (budget ~22.6 GiB after the margin) holds it
   whole with its 4096-token f16 KV cache (2 x 32 layers x 32 heads x 128 x 2 B x 4096 = 2.0 GiB).
-- Llama-2-13B (13.0 B): bf16 24.2 GiB does not fit a 4090; FP8 (cc 8.9) ~12.4 GiB + 3.1 GiB KV at 4096 does.
-- Qwen2.5-14B (14.7 B, 8 KV heads): FP8 ~14.4 GiB + 1.5 GiB KV at 8192 fits a 4090.
+- Llama-2-13B (13.0 B): bf16 24.2 GiB does not fit a 4090; W8A16 ~12.4 GiB + 3.1 GiB KV at 4096 does.
+- Qwen2.5-14B (14.7 B, 8 KV heads): W8A16 ~15.2 GiB (its 152k vocabulary stays 16-bit, twice) + 1.5 GiB KV at
+  8192 fits a 4090.
 - Llama-2-70B (69 B) needs ~39 GiB even at Q4_K_M (4.89 bpw): more than one 3090, less than two.
 - Mixtral-8x7B (46.7 B, all experts in memory) at Q4_K_M is ~26.6 GiB: partial offload on one 24 GB card.
 """
@@ -72,23 +73,27 @@ def test_4090_runs_a_13b_at_q4_k_m_or_better_with_full_context(shape, ctx: int) 
     assert p.quant in Q4_K_M_OR_BETTER
     assert p.n_gpu_layers == p.n_layers
     assert p.ctx == ctx
-    # bf16 is > 24 GiB, and the torch engine loads only half precision today (hwprobe.support), so llama.cpp
-    # runs the best quant that fits whole: Q8_0 (8.5 bpw, ~13-15 GiB).
-    assert (p.backend, p.quant) == ("llama.cpp", "Q8_0")
+    # bf16 is > 24 GiB; the torch engine's loader quantizes as it reads, so its int8 weights (~12-14 GiB) fit
+    # whole: W8A16 before FP8 (the same bytes, int8 keeps more of the weights; planner._torch_formats).
+    assert (p.backend, p.quant) == ("torch", "W8A16")
 
 
 def test_torch_engine_is_offered_only_what_it_can_load() -> None:
-    # Half precision on one GPU: an 8B in bf16 (~15 GiB) fits a 4090 whole.
+    from hwprobe.support import TORCH_ENGINE_RUNNABLE_FORMATS
+
+    # Half precision when it fits: an 8B in bf16 (~15 GiB) fits a 4090 whole.
     p = plan(hw("rtx4090_24gb"), LLAMA3_8B)
     assert (p.backend, p.quant, p.split_mode) == ("torch", "bf16", "none")
-    # No quantized torch formats (the loader would need the bf16 bytes first) and no tensor parallelism yet.
+    # Formats its loader produces, on one GPU (no tensor parallelism yet); W4A16 never for a model llama.cpp
+    # could run from a GGUF at Q4_K_M or better (these config-only shapes).
     for fixture in ("rtx3090_24gb", "rtx4090_24gb", "2x3090_nvlink", "2x4090_no_p2p", "rtx4060_laptop_8gb"):
         for shape in ALL:
             try:
                 q = plan(hw(fixture), shape)
             except PlanError:
                 continue  # e.g. a 70B on the 8 GB laptop: nothing fits, said with the numbers
-            assert q.backend != "torch" or (q.quant in ("bf16", "fp16") and len(q.tensor_split) <= 1), (fixture, shape)
+            assert q.backend != "torch" or (q.quant in TORCH_ENGINE_RUNNABLE_FORMATS and q.quant != "W4A16"
+                                            and len(q.tensor_split) <= 1), (fixture, shape)
 
 
 def test_70b_on_two_nvlinked_3090s_uses_both_cards_tensor_split() -> None:
@@ -114,9 +119,10 @@ def test_70b_on_one_3090_offloads_part_to_ram() -> None:
 
 
 def test_busy_3090_keeps_a_plan_that_fits_only_with_less_headroom() -> None:
-    # Qwen2.5-14B at Q8_0 (~15 GiB) fits both the idle card and the busy one (6 GB held by another program):
-    # the same plan, but the busy card's headroom shows the memory the other program holds.
-    idle, busy = plan(hw("rtx3090_24gb"), QWEN25_14B), plan(hw("rtx3090_busy"), QWEN25_14B)
+    # Llama-2-7B in bf16 (~12.6 GiB + 2 GiB KV) fits both the idle card and the busy one (6 GB held by another
+    # program): the same plan, but the busy card's headroom shows the memory the other program holds.
+    idle, busy = plan(hw("rtx3090_24gb"), LLAMA2_7B), plan(hw("rtx3090_busy"), LLAMA2_7B)
+    assert (idle.backend, idle.quant) == (busy.backend, busy.quant) == ("torch", "bf16")
     assert gpu_total_mib(busy) <= busy.devices[0].budget_mib
     assert busy.devices[0].headroom_mib < idle.devices[0].headroom_mib - 6000
 

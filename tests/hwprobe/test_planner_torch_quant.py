@@ -1,0 +1,125 @@
+"""The planner offers the torch engine its quantized formats on GPUs: the loader quantizes while it reads
+(W8A16 / FP8 / W4A16) or keeps a GGUF's own blocks ("GGUF"), so a quantized plan never needs the dense bytes.
+
+Hand arithmetic (GiB = 2**30 bytes):
+- Llama-2-13B: 40 blocks of 4 x 5120^2 + 3 x 5120 x 13824 = 317.2 M projection weights.  bf16 24.2 GiB; W8A16
+  12.69 G x 1 B = 11.8 GiB + two 16-bit 32000 x 5120 tables 0.6 GiB = 12.4 GiB; W4A16 at 4.25 bits 6.9 GiB.
+- Llama-2-7B Q4_0 kept as blocks: 32 x 202.4 M x 0.625 B (int4 + a 16-bit scale and offset per 32) = 3.77 GiB,
+  + norms + 2 x 32000 x 4096 x 2 B of embedding and head = 4.26 GiB.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from hw_shapes import LLAMA2_7B, LLAMA2_13B
+from hwprobe import memory as m
+from hwprobe import plan
+from hwprobe.plan_types import Prefs
+from hwprobe.planner import _torch_formats
+from hwprobe.report import load_report
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PROJ_7B = 4 * 4096 * 4096 + 3 * 4096 * 11008  # projection weights of one Llama-2-7B block
+O_7B, GATE_UP_7B = 4096 * 4096, 2 * 4096 * 11008
+
+
+def hw(name: str):
+    return load_report(FIXTURES / f"{name}.json")
+
+
+def safetensors(shape):
+    return dataclasses.replace(shape, tokenizer="hf", extra={"file_format": "safetensors"})
+
+
+def gguf_7b(quant: str, bpw: float, kept: tuple[tuple[int, int], ...]):
+    """Llama-2-7B as a GGUF file of `quant` whose blocks the torch engine keeps: per layer (int4, int8) weights,
+    as ModelSpec.to_shape fills extra["gguf_repacked"] from the file's tensor types."""
+    params = LLAMA2_7B.estimated_param_count
+    return dataclasses.replace(
+        LLAMA2_7B, quant=quant, weight_bytes=int(params * bpw / 8), param_count=params,
+        layer_bytes=(int(PROJ_7B * bpw / 8),) * 32, embedding_bytes=int(32000 * 4096 * bpw / 8),
+        output_bytes=int(32000 * 4096 * 6.56 / 8), tokenizer="llama/default",
+        extra={"file_format": "gguf", "gguf_repacked": kept})
+
+
+Q4_0_7B = gguf_7b("Q4_0", 4.5, ((PROJ_7B, 0),) * 32)
+Q8_0_7B = gguf_7b("Q8_0", 8.5, ((0, PROJ_7B),) * 32)
+Q6_K_7B = gguf_7b("Q6_K", 6.56, ((0, 0),) * 32)  # nothing repacks
+# llama.cpp's Q4_K_M gives attn_v and ffn_down Q6_K in 16 of 32 layers ("use_more_bits"): there Q/K/V (one
+# merged parameter) and down are dequantized; o and gate/up stay Q4_K blocks.
+_MORE_BITS = [i < 4 or i >= 28 or (i - 4) % 3 == 2 for i in range(32)]
+Q4_K_M_7B = gguf_7b("Q4_K_M", 4.89, tuple(((O_7B + GATE_UP_7B) if more else PROJ_7B, 0) for more in _MORE_BITS))
+
+
+@pytest.mark.parametrize("fixture", ["rtx3090_24gb", "rtx4090_24gb"])
+def test_13b_fp16_safetensors_on_a_24gb_card_runs_torch_int8(fixture: str) -> None:
+    p = plan(hw(fixture), safetensors(LLAMA2_13B))
+    assert (p.backend, p.quant, p.n_gpu_layers, p.ctx, p.device) == ("torch", "W8A16", 40, 4096, "cuda:0")
+    assert 12_400 < p.devices[0].weights_mib < 13_100  # 12.4 GiB, not bf16's 24.2
+    assert any("W8A16" in r and "better formats do not fit (bf16 24.2 GiB)" in r for r in p.reasons)
+
+
+def test_fp8_comes_after_int8_and_only_from_compute_capability_8_9() -> None:
+    shape = safetensors(LLAMA2_13B)
+    assert _torch_formats(hw("rtx4090_24gb").gpus, shape, Prefs()) == ["bf16", "W8A16", "FP8", "W4A16"]
+    assert _torch_formats(hw("rtx3090_24gb").gpus, shape, Prefs()) == ["bf16", "W8A16", "W4A16"]
+
+
+def test_7b_fp16_safetensors_on_a_24gb_card_stays_bf16() -> None:
+    p = plan(hw("rtx3090_24gb"), safetensors(LLAMA2_7B))
+    assert (p.backend, p.quant) == ("torch", "bf16")
+    assert any(r.startswith("weights bf16") and "do not fit" not in r for r in p.reasons)
+
+
+def test_a_4_bit_one_where_8_bit_does_not_fit() -> None:
+    # 13B on a 12 GB 3060 (budget 11288 MiB): W8A16 12.4 GiB does not fit, W4A16 ~6.9 GiB + 3.1 GiB KV does
+    p = plan(hw("rtx3060_12gb"), safetensors(LLAMA2_13B))
+    assert (p.backend, p.quant, p.n_gpu_layers) == ("torch", "W4A16", 40)
+    assert 6_800 < p.devices[0].weights_mib < 7_300
+    assert any("W4A16" in r and "bf16 24.2 GiB, W8A16 12.4 GiB" in r for r in p.reasons)
+    # With only a config.json, llama.cpp's Q5_K_M GGUF (better than int4 round-to-nearest) is the plan, unless
+    # the torch engine is asked for
+    assert plan(hw("rtx3060_12gb"), LLAMA2_13B).backend == "llama.cpp"
+    assert plan(hw("rtx3060_12gb"), LLAMA2_13B, Prefs(backend="torch")).quant == "W4A16"
+
+
+def test_a_gguf_with_repackable_blocks_runs_as_its_own_blocks_where_bf16_does_not_fit() -> None:
+    p = plan(hw("rtx3060_12gb"), Q4_0_7B)
+    assert (p.backend, p.quant, p.n_gpu_layers) == ("torch", "GGUF", 32)
+    layout = m.weights(Q4_0_7B, "GGUF")
+    want = 32 * (PROJ_7B * 0.625 + 2 * 4096 * 4) + 2 * 32000 * 4096 * 2 + 4096 * 4
+    assert layout.total_bytes == pytest.approx(want, abs=64) and abs(want / 2**30 - 4.26) < 0.01
+    assert any("the file's own Q4_0 blocks" in r and "100 % as int4" in r for r in p.reasons)
+    # where bf16 fits it wins: the same weights dequantized, through the dense kernels
+    assert plan(hw("rtx3090_24gb"), Q4_0_7B).quant == "bf16"
+
+
+def test_a_q4_k_m_gguf_dequantizes_what_does_not_repack() -> None:
+    p = plan(hw("rtx3060_12gb"), Q4_K_M_7B)
+    assert (p.backend, p.quant) == ("torch", "GGUF")
+    # 16 layers' Q/K/V and down (95.4 M weights) at 2 bytes instead of 0.625: +2.10 GB
+    extra = m.weights(Q4_K_M_7B, "GGUF").total_bytes - m.weights(Q4_0_7B, "GGUF").total_bytes
+    assert extra == pytest.approx(16 * (PROJ_7B - O_7B - GATE_UP_7B) * (2 - 0.625), abs=64)
+    assert any("the rest dequantized to 16 bits" in r for r in p.reasons)
+    assert any(r.startswith("weights GGUF") and "76 % as int4" in r for r in p.reasons)  # 16 half-kept layers
+
+
+@pytest.mark.parametrize("shape,want", [
+    (Q8_0_7B, ["bf16", "GGUF"]),  # W8A16 (8.0) would be below its 8.5 bits
+    (Q4_K_M_7B, ["bf16", "GGUF", "W8A16", "FP8"]),  # never W4A16 (4.25 < 4.89)
+    (Q6_K_7B, ["bf16", "W8A16", "FP8"]),  # no block of it repacks: no "GGUF"
+])
+def test_a_gguf_is_never_recut_below_its_own_bits(shape, want) -> None:
+    assert _torch_formats(hw("rtx4090_24gb").gpus, shape, Prefs()) == want
+    assert _torch_formats(hw("rtx4090_24gb").gpus, shape, Prefs(backend="torch")) == want
+
+
+def test_a_gguf_whose_blocks_do_not_fit_goes_to_llama_cpp() -> None:
+    # The 8 GB laptop (budget 7288 MiB): Q4_0 kept as blocks 4.3 GiB + 2 GiB KV + 0.9 GiB runtime does not fit;
+    # llama.cpp runs the file at its own 3.5 GiB
+    p = plan(hw("rtx4060_laptop_8gb"), Q4_0_7B)
+    assert (p.backend, p.quant, p.n_gpu_layers) == ("llama.cpp", "Q4_0", 32)
