@@ -28,6 +28,7 @@ class KernelSet:
 
     name: str
     rms_norm: Callable[..., Any]  # rmsnorm.rms_norm_reference(x, weight, eps)
+    add_rms_norm: Callable[..., Any]  # rmsnorm.fused_add_rms_norm_reference(x, residual, weight, eps) -> (out, x + r)
     rope: Callable[..., Any]  # rope.rope_reference(q, k, cos, sin) -> (q, k)
     silu_and_mul: Callable[..., Any]  # activation.silu_and_mul_reference(x)
     write_kv: Callable[..., Any]  # attention.write_kv(k, v, k_cache, v_cache, slot_mapping, memo=None)
@@ -37,15 +38,16 @@ class KernelSet:
 def _reference() -> KernelSet:
     from kernels import activation, attention, rmsnorm, rope
 
-    return KernelSet("reference", rmsnorm.rms_norm_reference, rope.rope_reference,
-                     activation.silu_and_mul_reference, attention.write_kv, attention.paged_attention_reference)
+    return KernelSet("reference", rmsnorm.rms_norm_reference, rmsnorm.fused_add_rms_norm_reference,
+                     rope.rope_reference, activation.silu_and_mul_reference, attention.write_kv,
+                     attention.paged_attention_reference)
 
 
 def _torch() -> KernelSet:
     from kernels import activation, attention, rmsnorm, rope
 
-    return KernelSet("torch", rmsnorm.rms_norm_torch, rope.rope_torch, activation.silu_and_mul_torch,
-                     attention.write_kv, attention.paged_attention_torch)
+    return KernelSet("torch", rmsnorm.rms_norm_torch, rmsnorm.fused_add_rms_norm_torch, rope.rope_torch,
+                     activation.silu_and_mul_torch, attention.write_kv, attention.paged_attention_torch)
 
 
 def _triton() -> KernelSet:
@@ -53,11 +55,11 @@ def _triton() -> KernelSet:
     from kernels.activation_triton import silu_and_mul_triton
     from kernels.attention_triton import paged_attention_triton
     from kernels.kv_write_triton import kv_write_triton
-    from kernels.rmsnorm_triton import rms_norm_triton
+    from kernels.rmsnorm_triton import fused_add_rms_norm_triton, rms_norm_triton
     from kernels.rope_triton import rope_triton
 
-    return KernelSet("triton", rms_norm_triton, rope_triton, silu_and_mul_triton, kv_write_triton,
-                     paged_attention_triton)
+    return KernelSet("triton", rms_norm_triton, fused_add_rms_norm_triton, rope_triton, silu_and_mul_triton,
+                     kv_write_triton, paged_attention_triton)
 
 
 def _default() -> str:

@@ -15,6 +15,22 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return (xf / torch.sqrt(variance + eps) * weight.float()).to(x.dtype)
 
 
+def fused_add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual: (num_tokens, hidden) -> (normed, x + residual), both in x's dtype: the residual stream the
+    next layer adds to, and its RMSNorm (the Triton kernel does both in one pass over the row)."""
+    summed = (x.float() + residual.float()).to(x.dtype)
+    return rms_norm_reference(summed, weight, eps), summed
+
+
+def fused_add_rms_norm_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as fused_add_rms_norm_reference: the add (one rounding to x's dtype, as a bf16 `x + r`
+    does), then rms_norm_torch."""
+    summed = x + residual
+    return rms_norm_torch(summed, weight, eps), summed
+
+
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Fast plain-torch path, computed in float32.  On CUDA torch's fused rms_norm kernel.  On CPU torch 2.13
     runs rms_norm as six separate small ops, but has a fused layer_norm kernel, and RMSNorm(x) is LayerNorm of

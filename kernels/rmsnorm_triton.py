@@ -4,7 +4,7 @@
     out = residual_out / sqrt(mean(residual_out^2) + eps) * weight   (float32 math, cast to x's dtype)
 
 Without a residual it is plain RMSNorm.  The references are `rms_norm_reference` (kernels/rmsnorm.py) and
-`fused_add_rms_norm_reference` below; one program normalises one row.
+`fused_add_rms_norm_reference` (both in kernels/rmsnorm.py); one program normalises one row.
 """
 
 from __future__ import annotations
@@ -15,14 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.rmsnorm import rms_norm_reference
-
-
-def fused_add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x, residual: (num_tokens, hidden) -> (normed, x + residual), both in x's dtype."""
-    summed = (x.float() + residual.float()).to(x.dtype)
-    return rms_norm_reference(summed, weight, eps), summed
+from kernels.rmsnorm import fused_add_rms_norm_reference, rms_norm_reference  # noqa: F401 - re-exported
 
 
 @triton.jit

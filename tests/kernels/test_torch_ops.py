@@ -21,6 +21,17 @@ def test_rms_norm(n: int, dtype: torch.dtype) -> None:
     ref = rmsnorm.rms_norm_reference(x, w, 1e-5).float()
     torch.testing.assert_close(rmsnorm.rms_norm_torch(x, w, 1e-5).float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_add_rms_norm_torch_matches_the_reference(dtype: torch.dtype) -> None:
+    """The residual stream is the same bits as the reference's (one rounding of x + r), the norm within TOL."""
+    x, r = (torch.randn(17, 96) * 3).to(dtype), torch.randn(17, 96).to(dtype)
+    w = torch.randn(96)
+    out, summed = rmsnorm.fused_add_rms_norm_torch(x, r, w, 1e-5)
+    want_out, want_sum = rmsnorm.fused_add_rms_norm_reference(x, r, w, 1e-5)
+    assert torch.equal(summed, want_sum) and summed.dtype == dtype
+    torch.testing.assert_close(out.float(), want_out.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
 def test_cpu_rms_norm_is_row_invariant_and_follows_weight_updates() -> None:
     """The CPU path (LayerNorm of [x, -x]) gives a row the same bits alone and among 512 rows, and a weight
     changed in place is not served from the padded copy it keeps."""
