@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hw_shapes import q4_0_llama_spec
 
 from app.loading import decide
 from app.settings import Settings
@@ -47,51 +48,30 @@ def test_user_flags_override_the_plan(starter_spec) -> None:
     assert d.plan.n_gpu_layers == 5 and d.plan.ctx == 1024
 
 
-def _big_spec(fmt: str, n_layers: int, hidden: int, ffn: int, quant: str = "F16", tensors: tuple = ()):
-    """A ModelSpec of a model too big to have here (no file): Llama dimensions, 32000 tokens, untied head."""
+def _safetensors_13b_spec():
+    """Llama-2-13B as a safetensors folder's ModelSpec, too big to have here (no file): 32000 tokens, untied head."""
     import dataclasses
 
     from tests.fakes import fake_spec
 
     return dataclasses.replace(
-        fake_spec(name=f"big-{fmt}"), format=fmt, n_layers=n_layers, hidden_size=hidden, n_heads=hidden // 128,
-        n_kv_heads=hidden // 128, head_dim=128, ffn_size=ffn, vocab_size=32000, context_length=4096,
-        file_type=quant, tensors=tensors, param_count=sum(t.n_elements for t in tensors) or 13_000_000_000,
-        tied_embeddings=False, tokenizer_model="hf" if fmt == "safetensors" else "llama", tokenizer_pre="")
-
-
-def _q4_0_7b_spec():
-    """Llama-2-7B as a Q4_0 GGUF: every projection Q4_0 (18 bytes per 32 weights), a Q6_K head."""
-    from backends.modelspec import TensorSpec
-
-    def t(name: str, rows: int, cols: int, qtype: str = "Q4_0") -> TensorSpec:
-        n = rows * cols
-        return TensorSpec(name, qtype, (cols, rows), int(n * {"Q4_0": 18 / 32, "Q6_K": 210 / 256, "F32": 4}[qtype]), n)
-
-    tensors = [t("token_embd.weight", 32000, 4096), t("output.weight", 32000, 4096, "Q6_K"),
-               t("output_norm.weight", 1, 4096, "F32")]
-    for i in range(32):
-        b = f"blk.{i}."
-        tensors += [t(b + n, 4096, 4096) for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight",
-                                                    "attn_output.weight")]
-        tensors += [t(b + "ffn_gate.weight", 11008, 4096), t(b + "ffn_up.weight", 11008, 4096),
-                    t(b + "ffn_down.weight", 4096, 11008), t(b + "attn_norm.weight", 1, 4096, "F32"),
-                    t(b + "ffn_norm.weight", 1, 4096, "F32")]
-    return _big_spec("gguf", 32, 4096, 11008, "Q4_0", tuple(tensors))
+        fake_spec(name="big-safetensors"), format="safetensors", n_layers=40, hidden_size=5120, n_heads=40,
+        n_kv_heads=40, head_dim=128, ffn_size=13824, vocab_size=32000, context_length=4096, file_type="F16",
+        tensors=(), param_count=13_000_000_000, tied_embeddings=False, tokenizer_model="hf", tokenizer_pre="")
 
 
 @pytest.mark.parametrize("fixture,quant,weight_quant", [("rtx3090_24gb", "W8A16", "int8"),
                                                           ("rtx3060_12gb", "W4A16", "int4")])
 def test_a_quantized_torch_plan_loads_quantized(fixture: str, quant: str, weight_quant: str) -> None:
     """13B fp16 safetensors: int8 on a 24 GB card, int4 on a 12 GB one, computed in bf16 (Ampere)."""
-    d = decide(_big_spec("safetensors", 40, 5120, 13824), Settings(), str(FIXTURES / f"{fixture}.json"))
+    d = decide(_safetensors_13b_spec(), Settings(), str(FIXTURES / f"{fixture}.json"))
     assert (d.backend, d.plan.quant) == ("torch", quant)
     o = d.options
     assert (o.dtype, o.weight_quant, o.device, o.n_gpu_layers) == ("bfloat16", weight_quant, "cuda:0", -1)
 
 
 def test_a_gguf_plan_keeps_the_file_blocks() -> None:
-    d = decide(_q4_0_7b_spec(), Settings(), str(FIXTURES / "rtx3060_12gb.json"))
+    d = decide(q4_0_llama_spec("Llama-2-7B-Q4_0", 32, 4096, 11008), Settings(), str(FIXTURES / "rtx3060_12gb.json"))
     assert (d.backend, d.plan.quant) == ("torch", "GGUF")
     assert (d.options.weight_quant, d.options.dtype, d.options.device) == ("gguf", "bfloat16", "cuda:0")
     assert any("the file's own Q4_0 blocks" in r for r in d.reasons)
@@ -103,5 +83,5 @@ def test_a_quantized_plan_on_a_turing_card_computes_in_fp16(tmp_path: Path) -> N
     report = json.loads((FIXTURES / "rtx3090_24gb.json").read_text())
     report["gpus"][0] |= {"name": "NVIDIA GeForce RTX 2080 Ti", "compute_capability": "7.5"}
     (tmp_path / "turing.json").write_text(json.dumps(report))
-    d = decide(_big_spec("safetensors", 40, 5120, 13824), Settings(), str(tmp_path / "turing.json"))
+    d = decide(_safetensors_13b_spec(), Settings(), str(tmp_path / "turing.json"))
     assert (d.plan.quant, d.options.weight_quant, d.options.dtype) == ("W8A16", "int8", "float16")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from hw_shapes import LLAMA2_13B, LLAMA2_70B, MIXTRAL_8X7B
+from hw_shapes import LLAMA2_13B, LLAMA2_70B, MIXTRAL_8X7B, q4_0_llama_spec
 from hwprobe import memory as m
 from hwprobe import plan
 from hwprobe.placement import (TORCH_OFFLOAD_BUFFERS, Candidate, expected_tokens_per_s, price,
@@ -177,31 +177,6 @@ def test_a_safetensors_model_too_big_for_the_card_streams_rather_than_running_on
 
 # ---- app.loading.decide: a streaming plan becomes LoadOptions ---------------------------------------------------
 
-def _q4_0_13b_spec():
-    """Llama-2-13B as a Q4_0 GGUF ModelSpec (no file): every projection Q4_0, a Q6_K head."""
-    from backends.modelspec import TensorSpec
-    from tests.fakes import fake_spec
-
-    def t(name: str, rows: int, cols: int, qtype: str = "Q4_0") -> TensorSpec:
-        n = rows * cols
-        return TensorSpec(name, qtype, (cols, rows), int(n * {"Q4_0": 18 / 32, "Q6_K": 210 / 256, "F32": 4}[qtype]), n)
-
-    tensors = [t("token_embd.weight", 32000, 5120), t("output.weight", 32000, 5120, "Q6_K"),
-               t("output_norm.weight", 1, 5120, "F32")]
-    for i in range(40):
-        b = f"blk.{i}."
-        tensors += [t(b + n, 5120, 5120) for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight",
-                                                    "attn_output.weight")]
-        tensors += [t(b + "ffn_gate.weight", 13824, 5120), t(b + "ffn_up.weight", 13824, 5120),
-                    t(b + "ffn_down.weight", 5120, 13824), t(b + "attn_norm.weight", 1, 5120, "F32"),
-                    t(b + "ffn_norm.weight", 1, 5120, "F32")]
-    return dataclasses.replace(
-        fake_spec(name="Llama-2-13B-Q4_0"), n_layers=40, hidden_size=5120, n_heads=40, n_kv_heads=40, head_dim=128,
-        ffn_size=13824, vocab_size=32000, context_length=4096, file_type="Q4_0", tensors=tuple(tensors),
-        param_count=sum(x.n_elements for x in tensors), tied_embeddings=False, tokenizer_model="llama",
-        tokenizer_pre="")
-
-
 def _hardware_file(tmp_path: Path, pcie_gen: int, ram_gbps: float) -> str:
     report = {"gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 4060 Laptop GPU", "memory_total_mib": 8192,
                         "memory_free_mib": 7892, "compute_capability": "8.9", "pcie_generation": pcie_gen,
@@ -216,7 +191,7 @@ def test_decide_loads_a_streaming_plan_on_the_gpu_with_the_resident_count(tmp_pa
     from app.loading import decide
     from app.settings import Settings
 
-    spec = _q4_0_13b_spec()
+    spec = q4_0_llama_spec("Llama-2-13B-Q4_0", 40, 5120, 13824)
     d = decide(spec, Settings(), _hardware_file(tmp_path, 4, 20.0))
     assert (d.backend, d.plan.quant, d.plan.n_gpu_layers) == ("torch", "GGUF", 11)
     o = d.options
@@ -232,7 +207,8 @@ def test_decide_with_backend_torch_and_n_gpu_layers_streams_the_rest(tmp_path: P
     from app.loading import decide
     from app.settings import Settings
 
-    d = decide(_q4_0_13b_spec(), Settings(backend="torch", n_gpu_layers=8), _hardware_file(tmp_path, 3, 30.0))
+    spec = q4_0_llama_spec("Llama-2-13B-Q4_0", 40, 5120, 13824)
+    d = decide(spec, Settings(backend="torch", n_gpu_layers=8), _hardware_file(tmp_path, 3, 30.0))
     o = d.options
     assert (d.backend, d.plan.quant, o.device, o.n_gpu_layers, o.weight_quant) == ("torch", "GGUF", "cuda:0", 8,
                                                                                     "gguf")
