@@ -50,6 +50,20 @@ class QuantWeight:
 
 # ---- packing -------------------------------------------------------------------------------------------------
 
+def concat_rows(parts: list[QuantWeight]) -> QuantWeight:
+    """QuantWeights of the same kind and group size stacked along the outputs (every layout here keeps its
+    scales per output row, so row blocks concatenate as they are): merged projections, chunked quantization."""
+    first = parts[0]
+    assert all(p.kind == first.kind and p.group_size == first.group_size and p.in_features == first.in_features
+               for p in parts), "concat_rows needs one kind, group size and input width"
+
+    def cat(field: str) -> torch.Tensor:
+        return torch.cat([getattr(p, field) for p in parts], dim=0)
+
+    return QuantWeight(first.kind, cat("qweight"), cat("scales"), None if first.offsets is None else cat("offsets"),
+                       first.group_size, first.in_features, sum(p.out_features for p in parts))
+
+
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """(N, K) integers in 0..15 -> (N, K // 2) uint8, k = 2j low nibble, k = 2j + 1 high nibble."""
     assert q.shape[-1] % 2 == 0

@@ -43,7 +43,7 @@ from backends.modelspec import ModelSpec
 from backends.torch_engine.models.llama import LlamaConfig, LlamaModel
 from backends.torch_engine.weight_map import GGUF_NAMES, HF_NAMES, SHARDS, is_projection_param, template
 from kernels.dispatch import KernelSet
-from kernels.quant_matmul import QuantWeight, dequantize
+from kernels.quant_matmul import QuantWeight, concat_rows, dequantize
 from kernels.rope import rope_inv_freq
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -96,10 +96,7 @@ def _merge(parts: list[torch.Tensor | QuantWeight], dtype: torch.dtype) -> torch
     first = parts[0]
     if all(isinstance(p, QuantWeight) for p in parts) and all(
             p.kind == first.kind and p.group_size == first.group_size for p in parts):
-        cat = (lambda field: torch.cat([getattr(p, field) for p in parts], dim=0))
-        return QuantWeight(first.kind, cat("qweight"), cat("scales"),
-                           None if first.offsets is None else cat("offsets"), first.group_size,
-                           first.in_features, sum(p.out_features for p in parts))
+        return concat_rows(parts)  # type: ignore[arg-type]
     dense = [p if isinstance(p, torch.Tensor) else dequantize(p).to(dtype) for p in parts]
     return torch.cat(dense, dim=0)
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.quant_matmul import (QuantWeight, dequantize, pack_int4, quant_matmul_torch, quantize_fp8, quantize_int4,
-                                  quantize_int8)
-from kernels.quant_matmul_cpu import CpuPackedWeight
+from kernels.quant_matmul import (QuantWeight, concat_rows, dequantize, pack_int4, quant_matmul_torch, quantize_fp8,
+                                  quantize_int4, quantize_int8)
+from kernels.quant_matmul_cpu import FAST_DTYPE, CpuPackedWeight, cpu_supported, pack_for_cpu, quant_matmul_cpu
 
 # Set by the model runner for one forward: the first N rows of every QuantLinear input take the quantized
 # kernel and the rest the dense copy (when the layer has one).  N is the step's decode rows, which the runner
@@ -93,8 +93,6 @@ class QuantLinear(nn.Module):
         """Re-lay the weight for torch's packed CPU kernels (kernels/quant_matmul_cpu.py) when they take this
         kind, group size and activation dtype; the generic buffers are dropped (keeping both would double the
         weight memory).  Returns whether it packed.  A packed layer runs on CPU only."""
-        from kernels.quant_matmul_cpu import cpu_supported, pack_for_cpu
-
         if self._cpu is not None:
             return True
         w = self.weight
@@ -137,8 +135,6 @@ class QuantLinear(nn.Module):
 
     def _quantized(self, x: torch.Tensor) -> torch.Tensor:
         if self._cpu is not None:
-            from kernels.quant_matmul_cpu import FAST_DTYPE, quant_matmul_cpu
-
             return quant_matmul_cpu(x.to(FAST_DTYPE), self._cpu, self.bias).to(x.dtype)
         use_triton = self.impl == "triton" or (self.impl == "auto" and x.is_cuda)
         if use_triton:
@@ -205,12 +201,7 @@ def quantize_rows(weight: torch.Tensor, config: QuantConfig, device: torch.devic
     rows = max(1, chunk_elements // max(k, 1))
     device = weight.device if device is None else device
     parts = [quantize_weight(weight[lo:lo + rows].to(device), config) for lo in range(0, n, rows)]
-    if len(parts) == 1:
-        return parts[0]
-    cat = (lambda field: torch.cat([getattr(p, field) for p in parts], dim=0))
-    first = parts[0]
-    return QuantWeight(first.kind, cat("qweight"), cat("scales"), None if first.offsets is None else cat("offsets"),
-                       first.group_size, k, n)
+    return parts[0] if len(parts) == 1 else concat_rows(parts)
 
 
 def quantize_model(model: nn.Module, config: QuantConfig,
