@@ -36,8 +36,9 @@ QUANTIZED_ROWS: contextvars.ContextVar[int | None] = contextvars.ContextVar("hea
 
 KINDS = ("int8", "int4", "fp8")
 DENSE_MIN_ROWS = 32  # inputs with this many rows use a QuantLinear's dense copy when it has one
-# the lm head as two int4 halves (a Q8_0 head) costs twice an int4 matmul: dense wins from ~4 rows (measured
-# at vocab 49152: 0.9 vs 1.9 ms at 1 row, 6.2 vs 2.7 ms at 16)
+# an untied Q8_0 lm head as two int4 halves costs twice an int4 matmul: outside a runner step (which keeps
+# decode rows on the quantized kernel) dense wins from ~4 rows (vocab 49152: 0.97 vs 1.71 ms at 1 row, 5.9 vs
+# 2.6 ms at 16); a tied head is always the dense embedding (loader.load_model)
 HEAD_DENSE_MIN_ROWS = 4
 AWQ_GRID = 11  # exponents 0, 0.1, ..., 1.0 tried per layer
 QUANT_CHUNK_ELEMENTS = 1 << 22  # quantize_rows: weights per chunk (16 MiB in float32)
