@@ -15,7 +15,6 @@ Math, per sequence and head h (GQA: kv head h // (num_heads / kv_heads)):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -28,7 +27,7 @@ class AttentionGroup:
     block_tables: torch.Tensor  # (num_seqs, max_blocks) int64, padded with block 0 (masked out)
     mask: torch.Tensor  # (num_seqs, 1, q_len, max_blocks * block_size) bool, True = may attend
     q_len: int  # new tokens per sequence in this group
-    memo: dict[object, Any] = field(default_factory=dict)  # per-step values the first layer builds
+    memo: dict[object, torch.Tensor] = field(default_factory=dict)  # per-step tensors the first layer builds
 
 
 @dataclass
@@ -195,10 +194,7 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
             vals = _gather(v_cache, g.block_tables).view(n, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
         if g.q_len == 1:
             rows_q = q if g.token_index.shape[0] == num_tokens else q.index_select(0, g.token_index)
-            if n == 1:
-                o = _single_decode_attention(rows_q, keys, vals, _visible(g), scale)
-            else:
-                o = _decode_attention(rows_q, keys, vals, _mask_bias(g), scale)
+            o = _decode_attention(rows_q, keys, vals, _mask_bias(g), scale)
             if rows_q is q:  # a decode-only step: every row, in order, no scatter
                 out = o
             else:
@@ -218,14 +214,6 @@ def _gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.index_select(flat, 0, index.reshape(-1)).view(*index.shape, *table.shape[1:])
 
 
-def _visible(g: AttentionGroup) -> int:
-    """Positions the group's one decode may attend to (its context length), counted once per step."""
-    visible = g.memo.get("visible")
-    if visible is None:
-        visible = g.memo["visible"] = int(g.mask[0, 0, -1].sum())
-    return visible
-
-
 def _mask_bias(g: AttentionGroup) -> torch.Tensor:
     """g.mask as an additive float32 bias (0 where it may attend, -inf where not), built once per step."""
     bias = g.memo.get("bias")
@@ -235,32 +223,24 @@ def _mask_bias(g: AttentionGroup) -> torch.Tensor:
     return bias
 
 
-def _single_decode_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, visible: int,
-                             scale: float) -> torch.Tensor:
-    """_decode_attention for one sequence (batch-1 decoding): one SDPA call over exactly its cached positions,
-    the GQA group folded into the query rows, no mask.  On the 2-core CPU 31 vs ~75 us a layer (~1.1 ms of a
-    starter-model step); torch's flash kernel also keeps the scores in float32 where the two bf16 matmuls
-    round them to bf16.  Batches keep the matmuls, which beat a masked SDPA there (225 vs 290 us at 16).
-    visible: the sequence's cached positions (its context length)."""
-    _, num_heads, head_dim = q.shape
-    kv_heads = keys.shape[1]
-    qs = q.view(1, kv_heads, num_heads // kv_heads, head_dim)
-    return torch.nn.functional.scaled_dot_product_attention(qs, keys[:, :, :visible], vals[:, :, :visible],
-                                                            scale=scale).view(1, num_heads, head_dim)
-
-
 def _decode_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, bias: torch.Tensor,
                       scale: float) -> torch.Tensor:
-    """One new token per sequence, as two batched matmuls with the GQA group folded into the rows.
-    q (n, H, D); keys/vals (n, kv_heads, L, D); bias (n, 1, 1, L) float32, 0 or -inf (_mask_bias) -> (n, H, D).
+    """One new token per sequence: q (n, H, D); keys/vals (n, kv_heads, L, D) padded to whole blocks; bias
+    (n, 1, 1, L) float32, 0 or -inf (_mask_bias) -> (n, H, D).  One SDPA call with the GQA group folded into
+    the query rows (q viewed (n, kv_heads, group, D): no K/V repeat, no enable_gqa).
 
-    Why not SDPA here: on CPU its flash kernel spends ~0.8 ms per layer on a batch of 16 single-token queries
-    (half of a starter-model decode step); these two matmuls take a fraction of that.  The scale, the float32
-    conversion and the mask are one op (bias + scale * scores): 8 vs 61 us a layer at batch 16 for a
-    masked_fill_ and a multiply, with the same bits."""
+    Measured on the 2-core CPU: one sequence 41 us a layer against ~75 for two bf16 matmuls and a softmax, and
+    at 16 sequences the same step time; torch's flash kernel keeps the scores in float32 (the matmuls rounded
+    them to bf16).  A sequence gets the same bits alone and in any batch: a masked tail changes nothing in the
+    kernel's online softmax and padding is to whole blocks (tests/kernels/test_torch_ops.py checks it).  An
+    unmasked call over exactly the context (31 us) would not: it rounds differently from the padded batch."""
     n, num_heads, head_dim = q.shape
     kv_heads = keys.shape[1]
     qs = q.view(n, kv_heads, num_heads // kv_heads, head_dim)  # head h reads kv head h // group
-    scores = torch.add(bias, torch.matmul(qs, keys.transpose(-1, -2)), alpha=scale)  # (n, kv_heads, group, L)
-    probs = torch.softmax(scores, dim=-1).to(vals.dtype)
-    return torch.matmul(probs, vals).view(n, num_heads, head_dim)
+    if keys.dtype == torch.float32:
+        # float32 (CPUs without bf16): torch's flash kernel rounds differently at different padded lengths
+        # here, so two float32 matmuls, which do not (and lose nothing: their scores are float32 already)
+        scores = torch.add(bias, torch.matmul(qs, keys.transpose(-1, -2)), alpha=scale)
+        return torch.matmul(torch.softmax(scores, dim=-1), vals).view(n, num_heads, head_dim)
+    return torch.nn.functional.scaled_dot_product_attention(qs, keys, vals, attn_mask=bias, scale=scale
+                                                            ).view(n, num_heads, head_dim)

@@ -155,6 +155,29 @@ def test_head_major_cache_gives_the_same_cache_and_attention(case: str) -> None:
         torch.testing.assert_close(fn(q, hk, hv, meta, 0.2), ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_decode_attention_gives_a_sequence_the_same_bits_alone_and_in_a_batch(dtype: torch.dtype) -> None:
+    """What keeps a request's greedy tokens and seeded samples independent of the batch: its decode row is
+    computed bit for bit the same alone as among longer and shorter sequences (padded to the longest)."""
+    torch.manual_seed(0)
+    kv_heads, num_heads, head_dim, bs = 3, 9, 64, 16
+    lens = [41, 200, 17, 96]  # context after this step; sequence 0 is the one compared
+    tables, nxt = [], 0
+    for n in lens:
+        blocks = -(-n // bs)
+        tables.append(tuple(range(nxt, nxt + blocks)))
+        nxt += blocks
+    k_cache = attention.allocate_kv_cache(nxt, bs, kv_heads, head_dim, dtype, "cpu", head_major=True)
+    v_cache = attention.allocate_kv_cache(nxt, bs, kv_heads, head_dim, dtype, "cpu", head_major=True)
+    k_cache.copy_(torch.randn(k_cache.shape))
+    v_cache.copy_(torch.randn(v_cache.shape))
+    q = torch.randn(len(lens), num_heads, head_dim).to(dtype)
+    batch = attention.build_attention_metadata([(n - 1, 1, t) for n, t in zip(lens, tables)], bs)
+    alone = attention.build_attention_metadata([(lens[0] - 1, 1, tables[0])], bs)
+    together = attention.paged_attention_torch(q, k_cache, v_cache, batch, 0.125)
+    assert torch.equal(attention.paged_attention_torch(q[:1], k_cache, v_cache, alone, 0.125), together[:1])
+
+
 def test_reference_attention_is_causal_on_a_cached_prefix() -> None:
     """Token i of a chunk at start s sees exactly positions <= s + i: changing a later key changes nothing."""
     q, k_cache, v_cache, meta = _paged_case([(20, 5)], 4, 2, torch.float32)
