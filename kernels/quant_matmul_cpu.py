@@ -17,7 +17,7 @@ then rounded once to bf16).  The int8 kernel takes the (N, K) int8 weight as it 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +38,7 @@ class CpuPackedWeight:
     group_size: int
     in_features: int
     out_features: int
+    rows_kernel: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, repr=False, compare=False)
 
     @property
     def nbytes(self) -> int:
@@ -90,9 +91,16 @@ def _scale_zero(scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype) -
 
 
 def cpu_rows_kernel(w: CpuPackedWeight) -> Callable[[torch.Tensor], torch.Tensor]:
-    """quant_matmul_cpu for `w` without bias, bound once: a function of contiguous (rows, K) bf16 activations
-    that makes no checks (the caller's), for the decode path, where the checks and reshapes cost ~40 % of a
-    small layer's call."""
+    """quant_matmul_cpu for `w` without bias or checks: a function of contiguous (rows, K) bf16 activations,
+    bound once and kept on `w`.  The decode path calls it directly: there the checks and reshapes cost ~40 % of
+    a small layer's call."""
+    kernel = w.rows_kernel
+    if kernel is None:
+        kernel = w.rows_kernel = _bind(w)
+    return kernel
+
+
+def _bind(w: CpuPackedWeight) -> Callable[[torch.Tensor], torch.Tensor]:
     mm = torch.ops.aten._weight_int4pack_mm_for_cpu
     packed, scales, group = w.packed, w.scales, w.group_size
     if w.kind == "int4":
@@ -110,14 +118,7 @@ def quant_matmul_cpu(x: torch.Tensor, w: CpuPackedWeight, bias: torch.Tensor | N
         raise ValueError(f"quant_matmul_cpu takes (..., {w.in_features}) {FAST_DTYPE} activations, got "
                          f"{tuple(x.shape)} {x.dtype}")
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, w.in_features).contiguous()
-    if w.kind == "int4":
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, w.packed, w.group_size, w.scales)
-    elif w.kind == "int8-split":
-        mm = torch.ops.aten._weight_int4pack_mm_for_cpu
-        out = mm(x2, w.packed[0], w.group_size, w.scales[0]) + mm(x2, w.packed[1], w.group_size, w.scales[1])
-    else:
-        out = torch.ops.aten._weight_int8pack_mm(x2, w.packed, w.scales)
+    out = cpu_rows_kernel(w)(x.reshape(-1, w.in_features).contiguous())
     if bias is not None:
         out = out + bias.to(out.dtype)
     return out.reshape(*lead, w.out_features)

@@ -122,19 +122,13 @@ class QuantLinear(nn.Module):
         if fast is not None and x.dtype == FAST_DTYPE and x.dim() == 2:
             # A decode step's rows on CPU: straight to the packed kernel.  This path is ~120 calls of a
             # starter-model step, where the general one below cost ~9 us a call over the kernel's own time.
-            if self._dense is None:
-                return fast(x.contiguous())
-            quantized = QUANTIZED_ROWS.get()
-            rows = x.shape[0]
-            if (rows < self.dense_min_rows) if quantized is None else quantized >= rows:
+            if self._dense is None or self._quantized_rows(x.shape[0]) >= x.shape[0]:
                 return fast(x.contiguous())
         if self.input_scale is not None:
             x = x * self.input_scale.to(x.dtype)
         if self._dense is not None:
             rows = x.numel() // self.in_features
-            quantized = QUANTIZED_ROWS.get()
-            if quantized is None:  # no runner step around: choose by speed
-                quantized = rows if rows < self.dense_min_rows else 0
+            quantized = self._quantized_rows(rows)
             if quantized < rows:
                 if quantized <= 0:
                     return self._dense_linear(x)
@@ -142,6 +136,14 @@ class QuantLinear(nn.Module):
                 return torch.cat([self._quantized(flat[:quantized]), self._dense_linear(flat[quantized:])]
                                  ).reshape(*x.shape[:-1], self.out_features)
         return self._quantized(x)
+
+    def _quantized_rows(self, rows: int) -> int:
+        """How many of `rows` input rows take the quantized kernel (the rest the dense copy): the runner step's
+        decode rows (QUANTIZED_ROWS), or with no step around, all of them below dense_min_rows, else none."""
+        quantized = QUANTIZED_ROWS.get()
+        if quantized is None:  # no runner step around: choose by speed
+            return rows if rows < self.dense_min_rows else 0
+        return quantized
 
     def _dense_linear(self, x: torch.Tensor) -> torch.Tensor:
         assert self._dense is not None

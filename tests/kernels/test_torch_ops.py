@@ -107,8 +107,8 @@ def _paged_case(seqs_spec: list[tuple[int, int]], num_heads: int, kv_heads: int,
 
 CASES = {
     "decode-1": [(0, 1)],
-    "decode-1-on-blocks": [(40, 1)],  # one sequence decoding: the SDPA path, over exactly 41 positions
-    "one-decode-and-a-chunk": [(40, 1), (0, 33)],  # the same path, its row scattered among a chunk's
+    "decode-1-on-blocks": [(40, 1)],  # one sequence decoding over 41 positions, padded to 3 blocks
+    "one-decode-and-a-chunk": [(40, 1), (0, 33)],  # the same, its row scattered among a chunk's
     "prefill-15": [(0, 15)],
     "prefill-16": [(0, 16)],
     "prefill-17": [(0, 17)],
