@@ -187,6 +187,24 @@ class Completion:
 
 
 @dataclass(frozen=True)
+class EngineStats:
+    """One snapshot of a loaded engine's state, published by the backend: /metrics and the TUI read this and
+    nothing else.  Counters a backend does not have stay 0 (llama.cpp has no paged KV pool)."""
+
+    running: int = 0  # requests generating now
+    waiting: int = 0  # requests queued inside the backend
+    kv_blocks: int = 0  # KV pool size in blocks (torch engine); 0 = no paged pool
+    kv_blocks_free: int = 0  # free blocks in that pool
+    kv_block_size: int = 0  # tokens per block
+    prefix_cached_blocks: int = 0  # blocks that hold a reusable prompt prefix
+    prefix_hit_tokens: int = 0  # prompt tokens served from the prefix cache since load
+    preemptions: int = 0  # requests preempted for KV space since load
+    generated_tokens: int = 0  # tokens generated since load
+    rss_bytes: int = 0  # resident memory of the process that holds the model
+    gpu_bytes: int = 0  # GPU memory that process holds (0 without a GPU)
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """What a backend can do, readable without importing it (see backends.registry)."""
 
@@ -321,6 +339,11 @@ class Backend(ABC):
     def describe(self) -> dict[str, Any]:
         """What was loaded, for --verbose and the TUI: backend, device, context, layers on GPU, ..."""
         return {"backend": self.name, "model": self.spec.name, "n_ctx": self.n_ctx}
+
+    def stats(self) -> EngineStats:
+        """The engine's current state (see EngineStats); the base class knows only memory."""
+        memory = self.memory_in_use()
+        return EngineStats(rss_bytes=memory.get("rss_bytes", 0), gpu_bytes=memory.get("gpu_bytes", 0))
 
     def memory_in_use(self) -> dict[str, int]:
         """Bytes held: {'rss_bytes': ..., 'gpu_bytes': ...} (gpu_bytes 0 without a GPU)."""
