@@ -1,12 +1,13 @@
 """From Settings to a loaded Backend: resolve the model, decide placement, load lazily.
 
 This is the one path every command (run, chat, serve, bench, ppl) and the TUI use, so a model behaves the same
-wherever it is opened.  `decide()` is where the hardware plan (hwprobe.plan) turns into LoadOptions; flags the
+wherever it is opened.  The engine itself runs in a runner process (backends/runner), unless HEARTH_IN_PROCESS=1.  `decide()` is where the hardware plan (hwprobe.plan) turns into LoadOptions; flags the
 user gave always win over the plan.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +104,66 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
     return Decision(backend, options, plan, reasons)
 
 
+def in_process() -> bool:
+    """HEARTH_IN_PROCESS=1: load the engine in hearth's own process (debugging, profiling, unit tests with
+    fakes); otherwise every model runs in a runner process (backends/runner)."""
+    return os.environ.get("HEARTH_IN_PROCESS", "") not in ("", "0")
+
+
+def _runs_model(backend: str, spec: ModelSpec) -> bool:
+    """Whether `backend` is installed and can run this model at all (the ladder's last rung asks)."""
+    info = get_backend_info(backend)
+    if not info.is_installed():
+        return False
+    if backend == "llama.cpp":
+        return spec.format == "gguf"
+    from hwprobe.support import torch_engine_refusal
+
+    return torch_engine_refusal(spec.to_shape()) is None
+
+
+def _fallback(spec: ModelSpec, settings: Settings, hardware_file: str | None, logits_all: bool) -> Any:
+    """LoadOptions of another backend for this model, or None where it cannot run it."""
+    def options_for(backend: str) -> LoadOptions | None:
+        if backend not in ("llama.cpp", "torch") or not _runs_model(backend, spec):
+            return None
+        from hwprobe.errors import HearthError
+
+        try:
+            options = decide(spec, settings.merged(backend=backend), hardware_file).options
+        except HearthError:
+            return None
+        return dataclasses.replace(options, logits_all=logits_all)
+
+    return options_for
+
+
+def _machine_key(decision: Decision) -> str:
+    from backends.runner.memory import machine_key
+
+    devices = getattr(decision.plan, "devices", ()) or ()
+    return machine_key(tuple(d.name for d in devices if d.kind == "gpu"))
+
+
+def make_backend(spec: ModelSpec, decision: Decision, settings: Settings, *, hardware_file: str | None = None,
+                 logits_all: bool = False) -> Backend:
+    """The Backend for a decision: in a runner process (the default), or in this process (HEARTH_IN_PROCESS=1).
+    HEARTH_BACKEND_CLASS=module:Class loads that Backend class instead of the planned one (tests, plugins)."""
+    name = os.environ.get("HEARTH_BACKEND_CLASS") or decision.backend
+    if in_process():
+        from backends.runner.child import backend_class
+
+        return backend_class(name)(spec, decision.options)
+    from app.paths import get_paths
+    from backends.runner.client import RunnerBackend
+    from backends.runner.memory import ConfigMemory
+
+    paths = get_paths()
+    memory = ConfigMemory(paths.cache_dir / "runner-configs.json", _machine_key(decision))
+    return RunnerBackend(spec, decision.options, backend=name, memory=memory, log_dir=paths.log_dir / "runners",
+                         fallback=_fallback(spec, settings, hardware_file, logits_all))
+
+
 def open_backend(settings: Settings, *, hardware_file: str | None = None, progress: ProgressCallback | None = None,
                  store: ModelStore | None = None, load: bool = True, logits_all: bool = False) -> Loaded:
     """`logits_all` keeps the logits of every prompt position (only `hearth ppl` needs it: it costs memory)."""
@@ -110,11 +171,8 @@ def open_backend(settings: Settings, *, hardware_file: str | None = None, progre
     entry, spec = store.spec(settings.model)
     decision = decide(spec, settings, hardware_file)
     if logits_all:
-        import dataclasses
-
         decision.options = dataclasses.replace(decision.options, logits_all=True)
-    cls = get_backend_info(decision.backend).load_class()
-    backend = cls(spec, decision.options)
+    backend = make_backend(spec, decision, settings, hardware_file=hardware_file, logits_all=logits_all)
     if load:
         backend.load(progress)
         if entry.source != "path":

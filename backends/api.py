@@ -172,6 +172,9 @@ class GenerationEvent:
     finish_reason: FinishReason | None = None  # FINISHED only
     stats: RequestStats | None = None  # STARTED (partial) and FINISHED (final)
     error: str | None = None  # FINISHED with FinishReason.ERROR: one-line message
+    # FINISHED with FinishReason.ERROR: what kind of failure, for front ends that map it (HTTP status, TUI notice):
+    # "runner_crashed" (the runner process died or stopped answering), None for the backend's own errors
+    error_code: str | None = None
 
 
 @dataclass
@@ -214,6 +217,7 @@ class Capabilities:
     gguf: bool = True  # loads GGUF files
     safetensors: bool = False  # loads Hugging Face safetensors folders
     logits: bool = True  # implements logits() for perplexity and KL
+    extra_bufts: bool = False  # honours LoadOptions.extra_bufts (llama.cpp's repacked weight buffers)
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,9 @@ class LoadOptions:
     logits_all: bool = False  # keep logits of every prompt position (perplexity); llama.cpp then holds
     #                           n_ctx x vocab x 4 bytes of scores, so only `hearth ppl` asks for it
     verbose: bool = False  # let the library print its own logs to stderr
+    # llama.cpp: extra weight-buffer types (the CPU repack / AMX paths).  None = the machine's default: on, but off
+    # on CPUs with AMX, where some builds crash in the AMX repack path (llama.cpp #20824) until a check passes
+    extra_bufts: bool | None = None
 
     def __post_init__(self) -> None:
         from backends.errors import ConfigError

@@ -23,6 +23,8 @@ __all__ = [
     "OutOfMemoryError",
     "ModelLoadError",
     "TemplateError",
+    "RunnerError",
+    "RunnerCrashedError",
 ]
 
 
@@ -64,3 +66,16 @@ class ModelLoadError(HearthError):
 
 class TemplateError(HearthError):
     """A chat template that fails to render, or tries to escape the sandbox."""
+
+
+class RunnerError(HearthError):
+    """The runner process that holds a model failed in a way no other error names."""
+
+    exit_code = 3
+
+
+class RunnerCrashedError(RunnerError):
+    """The runner process died (a signal, an exit) or stopped answering; the message names the signal and the
+    backend call it was in."""
+
+    exit_code = 4

@@ -1,0 +1,155 @@
+"""The runner process: holds one loaded Backend and serves hearth's messages (backends/runner/protocol.py).
+
+Started by RunnerBackend as `python -m backends.runner.child --fd N`, with the socket on fd N and stdout/stderr
+in the runner log.  Threads: the main thread reads messages; each stream and each call runs on a thread of its
+own (a backend that serialises queues them itself, as in one process); a heartbeat thread says "alive" every
+HEARTBEAT_S, so hearth can tell a frozen runner from a busy one.  When hearth's end of the socket closes (hearth
+exited or was killed), the runner exits at once: it never outlives the app.  (Not PR_SET_PDEATHSIG: it
+fires when the *thread* that started the runner ends, and runners are started from worker threads.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import importlib
+import os
+import socket
+import sys
+import threading
+from typing import Any
+
+from backends.runner import protocol as p
+
+HEARTBEAT_S = 0.5
+
+
+def backend_class(name: str) -> Any:
+    """A registry name, or "module:Class" for a backend outside the registry (tests, plugins)."""
+    if ":" in name:
+        module, cls = name.split(":", 1)
+        return getattr(importlib.import_module(module), cls)
+    from backends.registry import get_backend_info
+
+    return get_backend_info(name).load_class()
+
+
+class RunnerServer:
+    def __init__(self, channel: p.Channel) -> None:
+        self.channel = channel
+        self.backend: Any = None
+        self._send_lock = threading.Lock()
+        self._closing = threading.Event()
+
+    def send(self, message: Any) -> None:
+        with self._send_lock:
+            try:
+                self.channel.send(message)
+            except OSError:  # hearth is gone: nothing left to tell
+                os._exit(0)
+
+    def serve(self) -> None:
+        threading.Thread(target=self._heartbeat, name="runner-heartbeat", daemon=True).start()
+        while True:
+            try:
+                message = self.channel.recv()
+            except (OSError, p.ProtocolError):
+                message = None
+            if message is None:  # hearth closed the socket or died: do not outlive it
+                os._exit(0)
+            self.handle(message)
+
+    def _heartbeat(self) -> None:
+        pid = os.getpid()
+        while not self._closing.wait(HEARTBEAT_S):
+            self.send(p.Heartbeat(pid))
+
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        threading.Thread(target=fn, args=args, daemon=True).start()
+
+    def handle(self, m: Any) -> None:
+        if isinstance(m, p.Load):
+            self._spawn(self._load, m)
+        elif isinstance(m, p.Stream):
+            self._spawn(self._stream, m.request)
+        elif isinstance(m, p.Abort):
+            if self.backend is not None:
+                self.backend.abort(m.request_id)
+        elif isinstance(m, p.Close):
+            self._close()
+        else:
+            self._spawn(self._call, m)
+
+    def _load(self, m: p.Load) -> None:
+        try:
+            cls = backend_class(m.backend)
+            backend = cls(m.spec, m.options)
+            backend.load(lambda fraction, what: self.send(p.Progress(float(fraction), str(what))))
+            self.backend = backend
+            self.send(p.Loaded(backend.n_ctx, backend.describe()))
+        except Exception as exc:  # noqa: BLE001 - every load failure goes back to hearth, typed
+            self.send(p.LoadFailed(p.error_info(exc)))
+
+    def _stream(self, request: Any) -> None:
+        from backends.api import EventKind, FinishReason, GenerationEvent, RequestStats
+
+        started = False
+        try:
+            for event in self.backend.stream(request):
+                started = True
+                self.send(p.Event(event))
+        except Exception as exc:  # noqa: BLE001
+            if not started:
+                self.send(p.StreamFailed(request.request_id, p.error_info(exc)))
+            else:  # a backend broke the contract (exception after STARTED): end the stream as an error
+                self.send(p.Event(GenerationEvent(EventKind.FINISHED, request.request_id,
+                                                  finish_reason=FinishReason.ERROR, stats=RequestStats(),
+                                                  error=p.error_info(exc).message)))
+
+    def _call(self, m: Any) -> None:
+        b = self.backend
+        try:
+            if isinstance(m, p.Tokenize):
+                reply: Any = p.TokensReply(m.call_id, b.tokenize(m.text, m.add_special, m.parse_special))
+            elif isinstance(m, p.Detokenize):
+                reply = p.TextReply(m.call_id, b.detokenize(m.token_ids))
+            elif isinstance(m, p.Logits):
+                import numpy as np
+
+                array = np.ascontiguousarray(b.logits(m.token_ids), dtype=np.float32)
+                reply = p.ArrayReply(m.call_id, list(array.shape), array.tobytes())
+            elif isinstance(m, p.Describe):
+                reply = p.DescribeReply(m.call_id, b.describe())
+            elif isinstance(m, p.Stats):
+                reply = p.StatsReply(m.call_id, b.stats())
+            else:
+                raise TypeError(f"unknown message {type(m).__name__}")
+        except Exception as exc:  # noqa: BLE001
+            reply = p.CallFailed(m.call_id, p.error_info(exc))
+        self.send(reply)
+
+    def _close(self) -> None:
+        self._closing.set()
+        if self.backend is not None:
+            try:
+                self.backend.close()
+            except Exception as exc:  # noqa: BLE001 - the process exits anyway, freeing everything
+                print(f"runner: close failed: {exc}", file=sys.stderr)
+        self.send(p.Closed())
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hearth-runner")
+    parser.add_argument("--fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    faulthandler.enable()  # a native crash leaves the Python stacks of every thread in the runner log
+    sock = socket.socket(fileno=args.fd)
+    RunnerServer(p.Channel(sock, p.ToRunner)).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,584 @@
+"""RunnerBackend: a Backend whose engine runs in a child process (a runner), supervised.
+
+hearth's side of the runner: it speaks the Backend contract to the app (TUI, CLI, server, bench, ppl) and typed
+messages (backends/runner/protocol.py) to the runner, which holds the real backend.  A native crash, a hang or
+an out-of-memory kill there costs the requests in flight, never the app.
+
+Supervision, when a runner dies (any signal, an exit) or stops answering for `hang_timeout_s` (no heartbeat):
+- every request in flight that had already streamed text ends with FinishReason.ERROR and a message that names
+  the signal and what the runner was doing (error_code "runner_crashed"); a request that had streamed nothing
+  yet is sent once more to the new runner, so it costs its caller only time;
+- a new runner starts at once.  If the configuration that crashed never finished a reply, or crashed twice in a
+  row, the next one is the next rung of the safer-configuration ladder (backends/runner/ladder.py); otherwise the
+  same one (a crash after good replies is more likely the request's than the configuration's);
+- a configuration the ladder found that then finished a reply is remembered (backends/runner/memory.py);
+- after MAX_CRASHES_IN_A_ROW crashes without a finished reply in between, it gives up: every later call raises
+  RunnerCrashedError.  While loading, a crash with no rung left ends load() with RunnerCrashedError at once (a
+  crash at load repeats), and a refusal (bad file, unknown architecture) is raised as it is, never retried.
+
+Notices ("the runner crashed ..., restarting it ...") go to `on_notice` (the TUI shows them) and to `notices`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from backends.api import (Backend, Capabilities, EngineStats, EventKind, FinishReason, GenerationEvent,
+                          LoadOptions, ProgressCallback, Request, RequestStats)
+from backends.errors import HearthError, RunnerCrashedError
+from backends.modelspec import ModelSpec
+from backends.runner import protocol as p
+from backends.runner.ladder import Fallback, RunnerConfig, next_config
+from backends.runner.memory import ConfigMemory
+
+DEFAULT_HANG_TIMEOUT_S = 30.0  # no heartbeat for this long = frozen (HEARTH_RUNNER_TIMEOUT overrides)
+MAX_CRASHES_IN_A_ROW = 4
+CLOSE_TIMEOUT_S = 10.0  # a runner that does not exit this long after Close is killed
+_LOGS_KEPT = 20
+
+
+def hang_timeout_from_env() -> float:
+    raw = os.environ.get("HEARTH_RUNNER_TIMEOUT", "")
+    try:
+        value = float(raw) if raw else DEFAULT_HANG_TIMEOUT_S
+    except ValueError:
+        value = DEFAULT_HANG_TIMEOUT_S
+    return value if value > 0 else DEFAULT_HANG_TIMEOUT_S
+
+
+def backend_facts(name: str) -> tuple[str, Capabilities]:
+    """(name, capabilities) of a registry backend or a "module:Class" one, without importing a registry one."""
+    if ":" in name:
+        from backends.runner.child import backend_class
+
+        cls = backend_class(name)
+        return cls.name, cls.capabilities
+    from backends.registry import get_backend_info
+
+    info = get_backend_info(name)
+    return info.name, info.capabilities
+
+
+@dataclass
+class _Crash:
+    message: str  # one line: what died, how, during what, and what happens next
+
+
+@dataclass
+class _StreamState:
+    request: Request
+    runner: "_Runner"
+    queue: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    started: bool = False  # STARTED was yielded to the caller
+    tokens: int = 0  # TOKEN events yielded
+    replays: int = 0  # times sent again to a new runner
+    aborted: bool = False
+
+
+class _Runner:
+    """One runner process: its socket, its reader thread and its watchdog."""
+
+    def __init__(self, owner: "RunnerBackend", config: RunnerConfig) -> None:
+        self.owner = owner
+        self.config = config
+        self.outcome: queue.SimpleQueue = queue.SimpleQueue()  # Loaded | LoadFailed | _Crash
+        self.calls: dict[int, Future] = {}
+        self.loaded = False
+        self.dead = False  # set (under the owner's lock) as soon as its socket ended
+        self.hung = False
+        self.closing = False
+        self.closed = threading.Event()
+        self.last_seen = time.monotonic()
+        self.last_sent = "start"
+        self._send_lock = threading.Lock()
+        parent, child = socket.socketpair()
+        self.log_path = owner.new_log_path()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(x for x in sys.path if x and os.path.isdir(x))
+        log = None if owner.options.verbose else open(self.log_path, "ab")
+        try:
+            # A session of its own: Ctrl-C in the terminal reaches hearth, which aborts or closes the runner;
+            # the runner never sees a SIGINT meant for the app.
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "backends.runner.child", "--fd", str(child.fileno())],
+                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log or sys.stderr,
+                stderr=log or sys.stderr, env=env, start_new_session=True)
+        finally:
+            child.close()
+            if log is not None:
+                log.close()
+        self.pid = self.proc.pid
+        self.channel = p.Channel(parent, p.FromRunner)
+        threading.Thread(target=self._read, name=f"runner-{self.pid}-reader", daemon=True).start()
+        threading.Thread(target=self._watch, name=f"runner-{self.pid}-watchdog", daemon=True).start()
+
+    def send(self, message: Any, what: str) -> None:
+        with self._send_lock:
+            self.last_sent = what
+            try:
+                self.channel.send(message)
+            except OSError:
+                pass  # the runner is gone: the reader sees the end of the socket and reports it
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self.channel.recv()
+            except (OSError, p.ProtocolError):
+                message = None
+            if message is None:
+                break
+            self.last_seen = time.monotonic()
+            self.owner.on_message(self, message)
+        self.owner.on_death(self)
+
+    def _watch(self) -> None:
+        timeout = self.owner.hang_timeout_s
+        while self.proc.poll() is None and not self.closed.is_set():
+            time.sleep(min(0.25, timeout / 4))
+            if time.monotonic() - self.last_seen > timeout and self.proc.poll() is None:
+                self.hung = True
+                self.kill()
+                return
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        try:
+            self.channel.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def exit_cause(self) -> str:
+        try:
+            rc = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            rc = self.proc.wait()
+        if self.hung:
+            return f"stopped answering for {self.owner.hang_timeout_s:g} s and was killed"
+        if rc < 0:
+            try:
+                sig = signal.Signals(-rc)
+                return f"was killed by {sig.name} ({signal.strsignal(sig) or sig.name})"
+            except ValueError:
+                return f"was killed by signal {-rc}"
+        return f"exited with status {rc}" if rc else "exited"
+
+    def activity(self, streams: list[_StreamState]) -> str:
+        if not self.loaded:
+            return "while loading the model"
+        if streams:
+            first = streams[0]
+            others = len(streams) - 1
+            more = f" and {others} other request{'s' if others > 1 else ''}" if others else ""
+            return f"while generating {first.request.request_id} ({first.tokens} tokens in){more}"
+        if self.calls:
+            return f"in {self.last_sent}"
+        return f"while idle (last call: {self.last_sent})"
+
+
+class RunnerBackend(Backend):
+    """A Backend in a runner process.  `backend` is the registry name (or "module:Class") the runner loads;
+    `fallback(name)` gives LoadOptions for another backend where it runs this model (the ladder's last rung);
+    `memory` remembers what worked."""
+
+    def __init__(self, spec: ModelSpec, options: LoadOptions | None = None, *, backend: str,
+                 fallback: Fallback | None = None, memory: ConfigMemory | None = None,
+                 log_dir: str | os.PathLike[str] | None = None, hang_timeout_s: float | None = None) -> None:
+        super().__init__(spec, options)
+        self.config = RunnerConfig(backend, self.options)
+        self.name, self.capabilities = backend_facts(backend)
+        self.fallback = fallback
+        self.memory = memory
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.gettempdir()) / "hearth-runners"
+        self.hang_timeout_s = hang_timeout_s or hang_timeout_from_env()
+        self.on_notice: Callable[[str], None] | None = None
+        self.notices: list[str] = []
+        self._lock = threading.RLock()
+        self._runner: _Runner | None = None  # the loaded runner; None while (re)starting
+        self._ready = threading.Condition(self._lock)
+        self._gave_up: RunnerCrashedError | None = None
+        self._closed = False
+        self._streams: dict[str, _StreamState] = {}
+        self._call_ids = itertools.count(1)
+        self._n_ctx = self.options.n_ctx
+        self._describe: dict[str, Any] = {}
+        self._proven = False  # the current configuration finished a reply
+        self._crashes_in_row = 0
+        self._tried_backends: set[str] = set()
+        self._log_ids = itertools.count()
+        self._progress: ProgressCallback | None = None
+        if memory is not None:
+            self._apply_memory(memory)
+
+    # -- what worked before -------------------------------------------------------------------------------
+    def _apply_memory(self, memory: ConfigMemory) -> None:
+        entry = memory.recall(self.spec)
+        if not entry:
+            return
+        backend = entry.get("backend", self.config.backend)
+        options = self.options
+        if backend != self.config.backend:
+            alt = self.fallback(backend) if self.fallback else None
+            if alt is None:
+                return
+            options = alt
+        changes: dict[str, Any] = {}
+        if entry.get("extra_bufts") is False:
+            changes["extra_bufts"] = False
+        if isinstance(entry.get("n_gpu_layers"), int) and options.n_gpu_layers != 0:
+            changes["n_gpu_layers"] = entry["n_gpu_layers"]
+        why = f"remembered from {entry.get('when', 'an earlier run')}: {entry.get('why', 'a safer configuration')}"
+        self.config = RunnerConfig(backend, replace(options, **changes), why)
+        self.name, self.capabilities = backend_facts(backend)
+        self._notice(f"starting {self.spec.name} {why}")
+
+    def new_log_path(self) -> Path:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        logs = sorted(self.log_dir.glob("runner-*.log"), key=lambda q: q.stat().st_mtime)
+        for old in logs[:-_LOGS_KEPT]:
+            try:
+                old.unlink()
+            except OSError:
+                pass
+        return self.log_dir / f"runner-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}-{next(self._log_ids)}.log"
+
+    def _notice(self, text: str) -> None:
+        self.notices.append(text)
+        if self.on_notice is not None:
+            try:
+                self.on_notice(text)
+            except Exception:  # noqa: BLE001 - a notice must never break supervision
+                pass
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def load(self, progress: ProgressCallback | None = None) -> None:
+        with self._lock:
+            if self._runner is not None:
+                return
+        runner, config = self._bring_up(self.config, progress)
+        with self._lock:
+            self._install(runner, config)
+
+    def _bring_up(self, config: RunnerConfig, progress: ProgressCallback | None) -> tuple[_Runner, RunnerConfig]:
+        """Start runners down the ladder until one loads.  Raises the runner's own error for a refusal (bad file,
+        unknown architecture: no retries) and RunnerCrashedError when no rung is left."""
+        attempts = 0
+        while True:
+            if self._closed:
+                raise RunnerCrashedError("the backend was closed while its runner was starting")
+            self._tried_backends.add(config.backend)
+            self._progress = progress
+            runner = _Runner(self, config)
+            runner.send(p.Load(config.backend, self.spec, config.options), "load")
+            outcome = runner.outcome.get()
+            self._progress = None
+            if isinstance(outcome, p.Loaded):
+                runner.loaded = True
+                self._n_ctx, self._describe = outcome.n_ctx, dict(outcome.describe)
+                return runner, config
+            attempts += 1
+            if isinstance(outcome, p.LoadFailed):
+                self._stop(runner)
+                if outcome.error.type != "OutOfMemoryError":
+                    p.raise_error(outcome.error)  # bad input or a refusal: the same file fails the same way
+                failure = "oom"
+                what = f"the {backend_facts(config.backend)[0]} runner ran out of memory loading {self.spec.name}"
+            else:
+                failure, what = "crash", outcome.message
+            nxt = self._next(config, failure)
+            if nxt is None or attempts >= MAX_CRASHES_IN_A_ROW:
+                raise RunnerCrashedError(f"{what}; no safer configuration is left",
+                                         f"the runner log is {runner.log_path}")
+            self._notice(f"{what}; retrying {nxt.why}")
+            if progress:
+                progress(0.0, f"retrying {nxt.why}")
+            config = nxt
+
+    def _next(self, config: RunnerConfig, failure: str) -> RunnerConfig | None:
+        _, caps = backend_facts(config.backend)
+        return next_config(config, n_layers=self.spec.n_layers, failure=failure,
+                           honours_extra_bufts=caps.extra_bufts, tried_backends=frozenset(self._tried_backends),
+                           fallback=self.fallback)
+
+    def _install(self, runner: _Runner, config: RunnerConfig) -> None:
+        """Make `runner` the current one (lock held)."""
+        self._runner, self.config = runner, config
+        self.name, self.capabilities = backend_facts(config.backend)
+        self.options = config.options
+        self._proven = False
+        self._ready.notify_all()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            runner, self._runner = self._runner, None
+            states = list(self._streams.values())
+            self._ready.notify_all()
+        for state in states:  # close() aborts what still runs: each stream ends as aborted, with its text so far
+            state.aborted = True
+            state.queue.put(GenerationEvent(EventKind.FINISHED, state.request.request_id,
+                                            finish_reason=FinishReason.ABORT, stats=RequestStats()))
+        if runner is not None:
+            self._stop(runner)
+
+    def _stop(self, runner: _Runner) -> None:
+        """Ask the runner to close (it frees its memory by exiting), kill it if it does not."""
+        runner.closing = True
+        runner.send(p.Close(), "close")
+        try:
+            runner.proc.wait(timeout=CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            runner.kill()
+            runner.proc.wait()
+        runner.closed.set()
+        runner.kill()  # ends the reader thread
+
+    def _current(self) -> _Runner:
+        """The loaded runner, waiting while one restarts; raises once supervision gave up or after close()."""
+        with self._lock:
+            while True:
+                if self._gave_up is not None:
+                    raise self._gave_up
+                if self._closed:
+                    raise RunnerCrashedError("the backend is closed", "load the model again")
+                if self._runner is not None and not self._runner.dead:
+                    return self._runner
+                self._ready.wait()
+
+    @property
+    def pid(self) -> int | None:
+        """The current runner's process id (None while none runs)."""
+        runner = self._runner
+        return runner.pid if runner is not None else None
+
+    # -- messages from runners (reader threads) -----------------------------------------------------------
+    def on_message(self, runner: _Runner, m: Any) -> None:
+        if isinstance(m, p.Heartbeat):
+            return
+        if isinstance(m, p.Event):
+            state = self._streams.get(m.event.request_id)
+            if state is not None and state.runner is runner:
+                state.queue.put(m.event)
+        elif isinstance(m, p.StreamFailed):
+            state = self._streams.get(m.request_id)
+            if state is not None and state.runner is runner:
+                state.queue.put(m.error)
+        elif isinstance(m, p.Progress):
+            if self._progress is not None:
+                self._progress(m.fraction, m.what)
+        elif isinstance(m, (p.Loaded, p.LoadFailed)):
+            runner.outcome.put(m)
+        elif isinstance(m, p.Closed):
+            runner.closed.set()
+        else:  # a reply to a call
+            future = runner.calls.pop(m.call_id, None)
+            if future is not None:
+                future.set_result(m)
+
+    def on_death(self, runner: _Runner) -> None:
+        """The runner's socket ended: a planned close, or a crash to recover from."""
+        if runner.closing:
+            runner.proc.wait()
+            return
+        with self._lock:  # from here on nothing new is sent to this runner (see _current)
+            runner.dead = True
+            streams = [s for s in self._streams.values() if s.runner is runner]
+            activity = runner.activity(streams)
+            calls, runner.calls = runner.calls, {}
+        message = f"the {backend_facts(runner.config.backend)[0]} runner (pid {runner.pid}) {runner.exit_cause()} " \
+                  f"{activity}"
+        for future in calls.values():
+            future.set_exception(RunnerCrashedError(message, f"the runner log is {runner.log_path}"))
+        if not runner.loaded:  # load() or a restart waits for this runner: it decides what comes next
+            runner.outcome.put(_Crash(message))
+            return
+        with self._lock:
+            if self._closed or runner is not self._runner:
+                return
+            self._runner = None
+            self._crashes_in_row += 1
+            safer = None if self._proven and self._crashes_in_row < 2 else self._next(self.config, "crash")
+            nxt: RunnerConfig | None = safer or self.config
+            plan = f"restarting it {safer.why}" if safer is not None else "restarting it"
+            if self._crashes_in_row >= MAX_CRASHES_IN_A_ROW:
+                nxt = None
+                self._gave_up = RunnerCrashedError(
+                    f"{message}; it crashed {self._crashes_in_row} times in a row without finishing a reply, so "
+                    "hearth stopped restarting it", f"the runner log is {runner.log_path}")
+                self._ready.notify_all()
+            replays = []
+            for state in streams:
+                if nxt is not None and state.tokens == 0 and state.replays == 0 and not state.aborted:
+                    replays.append(state)  # nothing shown yet: it runs again on the new runner
+                else:
+                    lost = "this reply is cut off" if state.tokens else "this request failed"
+                    state.queue.put(_Crash(f"{message}: {lost}; hearth is {plan}" if nxt is not None else
+                                           self._gave_up.message if self._gave_up else message))
+        self._notice(f"{message}; hearth is {plan}" if nxt is not None else str(self._gave_up))
+        if nxt is not None:
+            threading.Thread(target=self._restart, args=(nxt, replays), name="runner-restart", daemon=True).start()
+
+    def _restart(self, config: RunnerConfig, replays: list[_StreamState]) -> None:
+        try:
+            runner, config = self._bring_up(config, None)
+        except HearthError as exc:
+            with self._lock:
+                self._gave_up = exc if isinstance(exc, RunnerCrashedError) else RunnerCrashedError(exc.message,
+                                                                                                   exc.hint)
+                self._ready.notify_all()
+            for state in replays:
+                state.queue.put(_Crash(self._gave_up.message))
+            self._notice(f"could not restart the runner: {exc.one_line()}")
+            return
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._install(runner, config)
+        if closed:
+            self._stop(runner)
+            return
+        with self._lock:
+            for state in replays:
+                if state.aborted:
+                    state.queue.put(GenerationEvent(EventKind.FINISHED, state.request.request_id,
+                                                    finish_reason=FinishReason.ABORT, stats=RequestStats()))
+                    continue
+                state.replays += 1
+                state.runner = runner
+                runner.send(p.Stream(state.request), f"stream({state.request.request_id})")
+        self._notice(f"a new {config.backend} runner (pid {runner.pid}) is ready"
+                     + (f", {config.why}" if config.why else ""))
+
+    def _finished_ok(self) -> None:
+        with self._lock:
+            self._crashes_in_row = 0
+            if self._proven:
+                return
+            self._proven = True
+            config = self.config
+        if self.memory is not None and config.why and not config.why.startswith("remembered"):
+            self.memory.remember(self.spec, config.changes(), config.why)
+
+    # -- generation ---------------------------------------------------------------------------------------
+    def stream(self, request: Request) -> Iterator[GenerationEvent]:
+        rid = request.request_id
+        with self._lock:
+            runner = self._current()
+            state = _StreamState(request, runner)
+            self._streams[rid] = state
+            runner.send(p.Stream(request), f"stream({rid})")
+        done = False
+        try:
+            while True:
+                item = state.queue.get()
+                if isinstance(item, GenerationEvent):
+                    if item.kind is EventKind.STARTED:
+                        if state.started:
+                            continue  # the STARTED of a request sent again after a crash
+                        state.started = True
+                    elif item.kind is EventKind.TOKEN:
+                        state.tokens += 1
+                    elif item.kind is EventKind.FINISHED:
+                        done = True
+                        if item.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+                            self._finished_ok()
+                    yield item
+                    if done:
+                        return
+                elif isinstance(item, p.ErrorInfo):  # stream() raised in the runner before STARTED
+                    done = True
+                    if not state.started:
+                        p.raise_error(item)
+                    yield self._error_event(rid, item.message, None)
+                    return
+                else:  # _Crash
+                    done = True
+                    if not state.started:
+                        raise RunnerCrashedError(item.message)
+                    yield self._error_event(rid, item.message, "runner_crashed")
+                    return
+        finally:
+            with self._lock:
+                self._streams.pop(rid, None)
+            if not done:  # the caller stopped reading: stop the request in the runner
+                state.aborted = True
+                state.runner.send(p.Abort(rid), f"abort({rid})")
+
+    @staticmethod
+    def _error_event(rid: str, message: str, code: str | None) -> GenerationEvent:
+        return GenerationEvent(EventKind.FINISHED, rid, finish_reason=FinishReason.ERROR, stats=RequestStats(),
+                               error=message, error_code=code)
+
+    def abort(self, request_id: str) -> None:
+        state = self._streams.get(request_id)
+        if state is not None:
+            state.aborted = True
+            state.runner.send(p.Abort(request_id), f"abort({request_id})")
+
+    # -- calls --------------------------------------------------------------------------------------------
+    def _call(self, make: Callable[[int], Any], what: str) -> Any:
+        call_id = next(self._call_ids)
+        future: Future = Future()
+        with self._lock:  # registered before the runner can be marked dead, so on_death fails it if it dies
+            runner = self._current()
+            runner.calls[call_id] = future
+        runner.send(make(call_id), what)
+        reply = future.result()
+        if isinstance(reply, p.CallFailed):
+            p.raise_error(reply.error)
+        return reply
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self._call(lambda i: p.Tokenize(i, text, add_special, parse_special), "tokenize()").token_ids
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self._call(lambda i: p.Detokenize(i, [int(t) for t in token_ids]), "detokenize()").text
+
+    def logits(self, token_ids: Sequence[int]) -> Any:
+        import numpy as np
+
+        ids = [int(t) for t in token_ids]
+        reply = self._call(lambda i: p.Logits(i, ids), f"logits({len(ids)} tokens)")
+        return np.frombuffer(reply.data, dtype=np.float32).reshape(reply.shape)
+
+    def describe(self) -> dict[str, Any]:
+        try:
+            info = dict(self._call(lambda i: p.Describe(i), "describe()").describe)
+        except HearthError:
+            info = dict(self._describe)
+        runner = self._runner
+        info["runner_pid"] = runner.pid if runner is not None else None
+        if self.config.why:
+            info["runner_config"] = self.config.why
+        return info
+
+    def stats(self) -> EngineStats:
+        return self._call(lambda i: p.Stats(i), "stats()").stats
+
+    def memory_in_use(self) -> dict[str, int]:
+        s = self.stats()
+        return {"rss_bytes": s.rss_bytes, "gpu_bytes": s.gpu_bytes}
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx

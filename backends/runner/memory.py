@@ -1,0 +1,101 @@
+"""What worked, remembered per machine and model, so the next start does not crash first.
+
+One small JSON file (in hearth's cache dir) maps "machine | model" to the configuration that served a reply
+after the plan's own crashed: {"backend": ..., "extra_bufts": ..., "n_gpu_layers": ..., "why": ..., "when": ...}.
+The machine is its CPU (model and flags), its GPUs and the versions of the engines' libraries, so a new
+llama-cpp-python build (which may fix the crash) starts from the plan again.  The model is its path, size and
+modification time.  A damaged file is treated as empty and rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from backends.modelspec import ModelSpec
+
+_LIBRARIES = ("llama-cpp-python", "torch")
+_lock = threading.Lock()
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "-"
+
+
+def cpu_identity(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
+    """(model name, flags) of this CPU; ("unknown", {}) where /proc/cpuinfo cannot be read."""
+    from hwprobe.probe import read_cpuinfo
+
+    try:
+        model, flags = read_cpuinfo(Path(cpuinfo).read_text(errors="replace"))
+    except OSError:
+        return "unknown", frozenset()
+    return model or "unknown", frozenset(flags)
+
+
+def has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    return any(f.startswith("amx") for f in cpu_identity(cpuinfo)[1])
+
+
+def machine_key(gpu_names: tuple[str, ...] = ()) -> str:
+    model, flags = cpu_identity()
+    text = "|".join([model, ",".join(sorted(flags)), ",".join(gpu_names),
+                     *(f"{d}={_version(d)}" for d in _LIBRARIES)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def model_key(spec: ModelSpec) -> str:
+    try:
+        st = os.stat(spec.path)
+        ident = f"{os.path.realpath(spec.path)}|{st.st_size}|{int(st.st_mtime)}"
+    except OSError:
+        ident = spec.path
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+class ConfigMemory:
+    def __init__(self, path: str | os.PathLike[str], machine: str) -> None:
+        self.path = Path(path)
+        self.machine = machine
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def recall(self, spec: ModelSpec) -> dict[str, Any] | None:
+        entry = self._read().get(f"{self.machine}|{model_key(spec)}")
+        return entry if isinstance(entry, dict) else None
+
+    def remember(self, spec: ModelSpec, changes: dict[str, Any], why: str) -> None:
+        with _lock:
+            data = self._read()
+            data[f"{self.machine}|{model_key(spec)}"] = {**changes, "why": why, "model": spec.path,
+                                                         "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(data, indent=1))
+                os.replace(tmp, self.path)
+            except OSError:
+                pass  # remembering is an optimisation: a read-only cache costs one more crash next time
+
+    def forget(self, spec: ModelSpec) -> None:
+        with _lock:
+            data = self._read()
+            if data.pop(f"{self.machine}|{model_key(spec)}", None) is not None:
+                try:
+                    self.path.write_text(json.dumps(data, indent=1))
+                except OSError:
+                    pass

@@ -1,0 +1,83 @@
+"""Fake backends that misbehave inside a runner process, for the supervision tests.
+
+They are loaded in the runner by "module:Class" (RunnerBackend(backend="tests.runner_fakes:CrashingFake"), or
+HEARTH_BACKEND_CLASS for the CLI), so what they do to their process is real: a SIGSEGV kills the runner, a
+SIGSTOP freezes it.  What they do is chosen by the prompt, so one runner serves good and bad requests:
+
+- a prompt containing "CRASH" kills the runner with SIGSEGV after two tokens; "CRASH-NOW" before any token;
+- a prompt containing "HANG" freezes the runner (SIGSTOP) after two tokens;
+- HEARTH_FAKE_TOKEN_DELAY (seconds) slows every token, so requests overlap.
+
+ExtraBuftsCrashFake crashes with SIGSEGV at its first token whenever LoadOptions.extra_bufts is not False, like
+llama.cpp's AMX repack path on the machines that hit it, and works otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+from backends.api import Capabilities, EventKind, GenerationEvent, Request
+from tests.fakes import FakeBackend
+
+REPLY = "one two three four five six seven eight"
+
+
+def _die(sig: signal.Signals) -> None:
+    os.kill(os.getpid(), sig)
+    time.sleep(5)  # SIGSTOP returns only when continued; SIGSEGV never returns
+
+
+class CrashingFake(FakeBackend):
+    name = "crashing-fake"
+
+    def __init__(self, spec=None, options=None) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(spec, options, replies=[REPLY],
+                         token_delay_s=float(os.environ.get("HEARTH_FAKE_TOKEN_DELAY", "0") or 0))
+
+    def stream(self, request: Request) -> Iterator[GenerationEvent]:
+        with self._serial:  # one request at a time, like llama.cpp: the others wait in the runner, unstarted
+            yield from self._stream(request)
+
+    def _stream(self, request: Request) -> Iterator[GenerationEvent]:
+        prompt = request.prompt or ""
+        if "CRASH-NOW" in prompt:
+            _die(signal.SIGSEGV)
+        tokens = 0
+        for event in super().stream(request):
+            if event.kind is EventKind.TOKEN:
+                tokens += 1
+                if tokens == 3 and "CRASH" in prompt:
+                    _die(signal.SIGSEGV)
+                if tokens == 3 and "HANG" in prompt:
+                    _die(signal.SIGSTOP)
+            yield event
+
+
+class ExtraBuftsCrashFake(CrashingFake):
+    name = "extra-bufts-fake"
+    capabilities = Capabilities(logits=False, extra_bufts=True)
+
+    def stream(self, request: Request) -> Iterator[GenerationEvent]:
+        for event in super().stream(request):
+            if event.kind is EventKind.TOKEN and self.options.extra_bufts is not False:
+                _die(signal.SIGSEGV)
+            yield event
+
+
+class RefusingFake(CrashingFake):
+    """Refuses a prompt whose text is "anything" as too long, before STARTED, like a real backend."""
+
+    def stream(self, request: Request) -> Iterator[GenerationEvent]:
+        from backends.errors import ContextOverflowError
+
+        if request.prompt == "anything":
+            raise ContextOverflowError("the prompt is 9000 tokens but the context is 2048", "shorten it")
+        yield from super().stream(request)
+
+
+class CrashOnLoadFake(CrashingFake):
+    def load(self, progress=None) -> None:  # type: ignore[no-untyped-def]
+        _die(signal.SIGSEGV)
