@@ -86,7 +86,7 @@ class ChatSession:
                     if not raw:
                         self.messages.append({"role": "assistant", "content": reply})
                     return Completion(request.request_id, reply, tuple(ids), event.finish_reason, event.stats,
-                                      event.error)
+                                      event.error, event.error_code)
         except BaseException:
             backend.abort(request.request_id)
             if not raw and self.messages and self.messages[-1]["role"] == "user":

@@ -187,6 +187,7 @@ class Completion:
     finish_reason: FinishReason
     stats: RequestStats
     error: str | None = None
+    error_code: str | None = None  # GenerationEvent.error_code of the FINISHED event
 
 
 @dataclass(frozen=True)
@@ -316,7 +317,7 @@ class Backend(ABC):
             elif event.kind is EventKind.FINISHED:
                 assert event.finish_reason is not None and event.stats is not None
                 return Completion(request.request_id, "".join(parts), tuple(ids), event.finish_reason,
-                                  event.stats, event.error)
+                                  event.stats, event.error, event.error_code)
         raise AssertionError(f"{self.name} stream ended without a FINISHED event")  # contract violation
 
     # -- tokens and scores -------------------------------------------------------------------------------

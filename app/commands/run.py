@@ -57,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         if args.verbose:
             print_stats(result, sys.stderr)
-        return 0 if result.finish_reason.value != "error" else 1
+        if result.finish_reason.value == "error":  # never a non-zero exit without a message
+            if not args.verbose:
+                print(f"hearth: error: {result.error or 'the backend failed'}", file=sys.stderr)
+            return 4 if result.error_code == "runner_crashed" else 3
+        return 0
     finally:
         loaded.backend.close()

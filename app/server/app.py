@@ -238,7 +238,8 @@ async def _respond(runner: Runner, req: Request, body: Any, *, chat: bool, model
             if event.kind is EventKind.TOKEN:
                 parts.append(event.text)
         if gen.finished and gen.finished.finish_reason.value == "error":
-            raise APIError(500, f"generation failed: {gen.finished.error}", type="server_error")
+            raise APIError(500, f"generation failed: {gen.finished.error}", type="server_error",
+                           code=gen.finished.error_code)
         text = "".join(parts)
         choice: dict = {"index": 0, "finish_reason": _finish(gen), "logprobs": None}
         if chat:
@@ -274,7 +275,8 @@ async def _respond(runner: Runner, req: Request, body: Any, *, chat: bool, model
                     yield sse([choice(event.text, None)])
                 elif event.kind is EventKind.FINISHED:
                     if event.finish_reason.value == "error":
-                        err = APIError(500, f"generation failed: {event.error}", type="server_error")
+                        err = APIError(500, f"generation failed: {event.error}", type="server_error",
+                                       code=event.error_code)
                         yield f"data: {json.dumps(err.body())}\n\n".encode()
                     yield sse([choice(None, _finish(gen))])
             if include_usage:

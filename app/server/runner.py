@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from app.server.errors import APIError
 from app.server.metrics import ServerMetrics
 from backends.api import Backend, EventKind, GenerationEvent, Request
-from backends.errors import ContextOverflowError, HearthError, InvalidRequestError
+from backends.errors import ContextOverflowError, HearthError, InvalidRequestError, RunnerCrashedError
 
 _END = object()  # the thread's last item
 
@@ -170,6 +170,8 @@ def _as_api_error(exc: BaseException) -> APIError:
         return APIError(400, str(exc), param="messages", code="context_length_exceeded")
     if isinstance(exc, InvalidRequestError):
         return APIError(400, str(exc))
+    if isinstance(exc, RunnerCrashedError):  # the model's runner died: this request is lost, the server is not
+        return APIError(500, str(exc), type="server_error", code="runner_crashed")
     if isinstance(exc, HearthError):
         return APIError(500, str(exc), type="server_error")
     return APIError(500, f"the backend failed: {type(exc).__name__}: {exc}", type="server_error")

@@ -152,6 +152,9 @@ class HearthApp(ScreenActions, App[None]):
             conv_id, self.pending = self.pending, None
             self.generate(conv_id)
 
+    def on_runner_notice(self, msg: events.RunnerNotice) -> None:
+        self.notify(msg.text, title="model runner", severity="warning", timeout=12)
+
     def on_model_failed(self, msg: events.ModelFailed) -> None:
         self.loading = False
         self.query_one(ProgressBar).display = False
@@ -249,6 +252,14 @@ class HearthApp(ScreenActions, App[None]):
         if turn is None or turn.id != msg.turn_id:
             return
         self.turn = None
+        if msg.error_code == "runner_crashed":
+            # The model's process died mid-reply: the cut-off reply is dropped, the conversation stays as it was
+            # and the message goes back to the prompt box, to send again to the new runner.
+            if turn.box is not None and turn.box.is_attached:
+                await turn.box.remove()
+            self.on_reply_failed(events.ReplyFailed(turn.id, f"{msg.error}. Your message is back in the prompt: "
+                                                             "press Enter to send it again"), turn)
+            return
         if msg.finish_reason == "error" and not turn.text:
             self.on_reply_failed(events.ReplyFailed(turn.id, msg.error or "the backend failed"), turn)
             return

@@ -40,6 +40,8 @@ def load_model(loader: Callable[..., Any], settings: Settings, post: Post) -> No
 
     try:
         loaded = loader(settings, progress=progress)
+        if hasattr(loaded.backend, "on_notice"):  # a runner: its crashes and restarts reach the UI as messages
+            loaded.backend.on_notice = lambda text: post(events.RunnerNotice(text))
         post(events.ModelReady(loaded, loaded.backend.describe(), _memory(loaded.backend)))
     except Exception as exc:  # any failure keeps the app running; HearthErrors carry their hint
         post(events.ModelFailed(settings.model, _one_line(exc)))
@@ -71,7 +73,7 @@ def drain(backend: Any, request: Request, turn_id: int, post: Post, cancelled: C
                 if parts:
                     post(events.ReplyChunk(turn_id, "".join(parts)))
                 reason = event.finish_reason.value if event.finish_reason else "stop"
-                post(events.ReplyDone(turn_id, reason, event.stats, event.error, _memory(backend)))
+                post(events.ReplyDone(turn_id, reason, event.stats, event.error, _memory(backend), event.error_code))
                 return
     except Exception as exc:
         backend.abort(request.request_id)
@@ -83,8 +85,10 @@ def drain(backend: Any, request: Request, turn_id: int, post: Post, cancelled: C
 
 
 def _memory(backend: Any) -> dict[str, int]:
+    """Memory of the process that holds the model (the runner), from the engine's stats snapshot."""
     try:
-        return dict(backend.memory_in_use())
+        stats = backend.stats()
+        return {"rss_bytes": stats.rss_bytes, "gpu_bytes": stats.gpu_bytes}
     except Exception:  # memory figures are informational
         return {}
 

@@ -40,9 +40,15 @@ class ReplyDone(Message):
     stats: Any  # RequestStats
     error: str | None  # FinishReason.ERROR: one line
     memory: dict[str, int]  # backend.memory_in_use() after the reply
+    error_code: str | None = None  # GenerationEvent.error_code: "runner_crashed" when the model's process died
 
 
 @dataclass
 class ReplyFailed(Message):
     turn_id: int
     error: str  # one line: the request was refused (context overflow, OOM, bad settings) before any text
+
+
+@dataclass
+class RunnerNotice(Message):
+    text: str  # what the runner supervisor did: a crash, a restart, a safer configuration

@@ -13,6 +13,7 @@ backend's own (backends/llama_cpp/one_thread.py explains the 2x it saves).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
@@ -52,6 +53,47 @@ def gpu_offload_supported() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
+def extra_bufts_default() -> tuple[bool, str]:
+    """Whether llama.cpp may use its extra weight-buffer types (CPU repack, AMX) on this machine, and why.
+
+    Off on CPUs with AMX: the native build of llama-cpp-python 0.3.x segfaults at the first decode in the AMX
+    repack path there (llama.cpp #20824), while the same build with use_extra_bufts=False answers correctly.
+    HEARTH_LLAMA_EXTRA_BUFTS=1 turns them back on once a build is known to be safe (`hearth doctor` checks)."""
+    forced = os.environ.get("HEARTH_LLAMA_EXTRA_BUFTS", "")
+    if forced in ("0", "1"):
+        return forced == "1", "set by HEARTH_LLAMA_EXTRA_BUFTS"
+    from backends.runner.memory import has_amx
+
+    if has_amx():
+        return False, "off: this CPU has AMX, where llama.cpp's repack path crashes in some builds (#20824)"
+    return True, "on"
+
+
+@contextlib.contextmanager
+def _model_params(extra_bufts: bool) -> Iterator[None]:
+    """llama-cpp-python's Llama() takes no use_extra_bufts argument; it builds its llama_model_params from
+    llama_model_default_params(), so that function is wrapped while the model loads (on the one thread that
+    touches llama.cpp, in a process that holds this one model)."""
+    import llama_cpp.llama as llama_module
+
+    if extra_bufts:
+        yield
+        return
+    lib = llama_module.llama_cpp
+    original = lib.llama_model_default_params
+
+    def params() -> Any:
+        p = original()
+        p.use_extra_bufts = False
+        return p
+
+    lib.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = original
+
+
 def known_architectures() -> frozenset[str]:
     """Architectures llama.cpp can load.  The gguf package mirrors llama.cpp's list (MODEL_ARCH_NAMES), so this
     needs no model load; an architecture missing here fails fast with a clear error instead of a C++ log."""
@@ -63,7 +105,7 @@ def known_architectures() -> frozenset[str]:
 class LlamaCppBackend(Backend):
     name = "llama.cpp"
     capabilities = Capabilities(concurrent_requests=False, prefix_cache=False, gpu_offload=True, gguf=True,
-                                safetensors=False, logits=True)
+                                safetensors=False, logits=True, extra_bufts=True)
 
     def __init__(self, spec: ModelSpec, options: LoadOptions | None = None) -> None:
         super().__init__(spec, options)
@@ -73,6 +115,7 @@ class LlamaCppBackend(Backend):
         self._notes: list[str] = []
         self._running: str | None = None  # the request holding the context
         self._worker = OneThread("hearth-llama-cpp")
+        self._extra_bufts: bool | None = None  # as loaded
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def load(self, progress: ProgressCallback | None = None) -> None:
@@ -102,8 +145,19 @@ class LlamaCppBackend(Backend):
         )
         if o.tensor_split:
             kwargs["tensor_split"] = list(o.tensor_split)
+        if o.extra_bufts is None:
+            self._extra_bufts, why = extra_bufts_default()
+        else:
+            self._extra_bufts, why = o.extra_bufts, "as asked"
+        if not self._extra_bufts:
+            self._notes.append(f"extra weight-buffer types {why if why.startswith('off') else 'off: ' + why}")
+
+        def build() -> Any:
+            with _model_params(self._extra_bufts):
+                return llama_cpp.Llama(self.spec.path, **kwargs)
+
         try:
-            self._llm = self._worker.call(lambda: llama_cpp.Llama(self.spec.path, **kwargs))
+            self._llm = self._worker.call(build)
         except MemoryError as exc:
             raise OutOfMemoryError(f"out of memory loading {self.spec.name} with n_ctx={o.n_ctx}, "
                                    f"n_gpu_layers={o.n_gpu_layers}: {exc}", "try a smaller --ctx or fewer "
@@ -265,6 +319,7 @@ class LlamaCppBackend(Backend):
             "backend": self.name, "model": self.spec.name, "path": self.spec.path, "n_ctx": self.n_ctx,
             "n_gpu_layers": o.n_gpu_layers, "split_mode": o.split_mode, "kv_cache_type": o.kv_cache_type,
             "threads": o.n_threads, "gpu_offload_supported": gpu_offload_supported(),
+            "extra_bufts": self._extra_bufts,
         }
         if self._notes:
             info["notes"] = list(self._notes)
