@@ -122,7 +122,7 @@ def _runs_model(backend: str, spec: ModelSpec) -> bool:
     return torch_engine_refusal(spec.to_shape()) is None
 
 
-def _fallback(spec: ModelSpec, settings: Settings, hardware_file: str | None, logits_all: bool) -> Any:
+def _fallback(spec: ModelSpec, settings: Settings, hardware_file: str | None, logits_all: bool, memory: Any) -> Any:
     """LoadOptions of another backend for this model, or None where it cannot run it."""
     def options_for(backend: str) -> LoadOptions | None:
         if backend not in ("llama.cpp", "torch") or not _runs_model(backend, spec):
@@ -133,16 +133,9 @@ def _fallback(spec: ModelSpec, settings: Settings, hardware_file: str | None, lo
             options = decide(spec, settings.merged(backend=backend), hardware_file).options
         except HearthError:
             return None
-        return dataclasses.replace(options, logits_all=logits_all)
+        return _with_extra_bufts(backend, dataclasses.replace(options, logits_all=logits_all), memory)
 
     return options_for
-
-
-def _machine_key(decision: Decision) -> str:
-    from backends.runner.memory import machine_key
-
-    devices = getattr(decision.plan, "devices", ()) or ()
-    return machine_key(tuple(d.name for d in devices if d.kind == "gpu"))
 
 
 def make_backend(spec: ModelSpec, decision: Decision, settings: Settings, *, hardware_file: str | None = None,
@@ -156,12 +149,41 @@ def make_backend(spec: ModelSpec, decision: Decision, settings: Settings, *, har
         return backend_class(name)(spec, decision.options)
     from app.paths import get_paths
     from backends.runner.client import RunnerBackend
-    from backends.runner.memory import ConfigMemory
 
-    paths = get_paths()
-    memory = ConfigMemory(paths.cache_dir / "runner-configs.json", _machine_key(decision))
-    return RunnerBackend(spec, decision.options, backend=name, memory=memory, log_dir=paths.log_dir / "runners",
-                         fallback=_fallback(spec, settings, hardware_file, logits_all))
+    memory = config_memory()
+    return RunnerBackend(spec, _with_extra_bufts(name, decision.options, memory), backend=name, memory=memory,
+                         log_dir=get_paths().log_dir / "runners",
+                         fallback=_fallback(spec, settings, hardware_file, logits_all, memory))
+
+
+EXTRA_BUFTS_CHECK = "llama.cpp extra_bufts"
+
+
+def config_memory() -> Any:
+    """The per-machine memory of what worked (backends/runner/memory.py), in hearth's cache dir.  The machine is
+    its CPU and engine library versions (not its GPUs: a remembered configuration only ever asks for less)."""
+    from app.paths import get_paths
+    from backends.runner.memory import ConfigMemory, machine_key
+
+    return ConfigMemory(get_paths().cache_dir / "runner-configs.json", machine_key())
+
+
+def _with_extra_bufts(backend: str, options: LoadOptions, memory: Any) -> LoadOptions:
+    if backend == "llama.cpp" and options.extra_bufts is None:
+        return dataclasses.replace(options, extra_bufts=llama_extra_bufts(memory))
+    return options
+
+
+def llama_extra_bufts(memory: Any) -> bool | None:
+    """llama.cpp's extra weight-buffer types on this machine: off on CPUs with AMX (some builds crash in the AMX
+    repack path) unless `hearth doctor` found this build safe here; elsewhere the backend's default (on)."""
+    from backends.runner.memory import has_amx
+
+    if os.environ.get("HEARTH_LLAMA_EXTRA_BUFTS", "") in ("0", "1"):
+        return os.environ["HEARTH_LLAMA_EXTRA_BUFTS"] == "1"
+    if not has_amx():
+        return None
+    return bool(memory.check_passed(EXTRA_BUFTS_CHECK))
 
 
 def open_backend(settings: Settings, *, hardware_file: str | None = None, progress: ProgressCallback | None = None,

@@ -19,14 +19,16 @@ def _version(dist: str) -> str:
 
 
 def llama_cpp_offload() -> str:
-    """Ask the installed llama-cpp-python whether it was built with a GPU backend (loads the library)."""
-    try:
-        from backends.llama_cpp.backend import gpu_offload_supported
+    """Ask the registry whether the installed llama-cpp-python was built with a GPU backend (loads the library)."""
+    from backends.errors import BackendUnavailableError
+    from backends.registry import get_backend_info
 
-        return "yes (built with a GPU backend)" if gpu_offload_supported() else \
-            'no (CPU-only build: reinstall with CMAKE_ARGS="-DGGML_CUDA=on", see the README)'
-    except ImportError as exc:
+    try:
+        supported = get_backend_info("llama.cpp").gpu_offload_installed()
+    except (ImportError, OSError, BackendUnavailableError) as exc:
         return f"unknown (llama_cpp does not import: {exc})"
+    return "yes (built with a GPU backend)" if supported else \
+        'no (CPU-only build: reinstall with CMAKE_ARGS="-DGGML_CUDA=on", see the README)'
 
 
 def verbose_version() -> str:

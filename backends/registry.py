@@ -22,9 +22,22 @@ class BackendInfo:
     requires: tuple[str, ...]  # top-level modules that must be importable
     capabilities: Capabilities
     description: str
+    # "module:function" answering, at run time, whether this installation can offload to a GPU (it depends on how
+    # the library was built, not on the backend); "" = as capabilities.gpu_offload says
+    gpu_offload_check: str = ""
 
     def is_installed(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in self.requires)
+
+    def gpu_offload_installed(self) -> bool:
+        """Whether this installation can place layers on a GPU (imports the backend's library when it must ask
+        it).  Raises BackendUnavailableError when the library is not installed."""
+        if not self.is_installed():
+            raise BackendUnavailableError(f"the {self.name} backend is not installed")
+        if not self.gpu_offload_check:
+            return self.capabilities.gpu_offload
+        module, function = self.gpu_offload_check.split(":")
+        return bool(getattr(importlib.import_module(module), function)())
 
     def load_class(self) -> type[Backend]:
         if not self.is_installed():
@@ -40,8 +53,9 @@ BACKENDS: dict[str, BackendInfo] = {
     "llama.cpp": BackendInfo(
         "llama.cpp", "backends.llama_cpp.backend", "LlamaCppBackend", ("llama_cpp",),
         Capabilities(concurrent_requests=False, prefix_cache=False, gpu_offload=True, gguf=True,
-                     safetensors=False, logits=True),
-        "llama-cpp-python: any GGUF, CPU or partial/full GPU offload; serves one request at a time"),
+                     safetensors=False, logits=True, extra_bufts=True),
+        "llama-cpp-python: any GGUF, CPU or partial/full GPU offload; serves one request at a time",
+        gpu_offload_check="backends.llama_cpp.backend:gpu_offload_supported"),
     "torch": BackendInfo(
         "torch", "backends.torch_engine.backend", "TorchBackend", ("torch",),
         Capabilities(concurrent_requests=True, prefix_cache=True, gpu_offload=True, gguf=True,

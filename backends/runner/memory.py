@@ -2,7 +2,7 @@
 
 One small JSON file (in hearth's cache dir) maps "machine | model" to the configuration that served a reply
 after the plan's own crashed: {"backend": ..., "extra_bufts": ..., "n_gpu_layers": ..., "why": ..., "when": ...}.
-The machine is its CPU (model and flags), its GPUs and the versions of the engines' libraries, so a new
+The machine is its CPU (model and flags) and the versions of the engines' libraries, so a new
 llama-cpp-python build (which may fix the crash) starts from the plan again.  The model is its path, size and
 modification time.  A damaged file is treated as empty and rewritten.
 """
@@ -46,10 +46,9 @@ def has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return any(f.startswith("amx") for f in cpu_identity(cpuinfo)[1])
 
 
-def machine_key(gpu_names: tuple[str, ...] = ()) -> str:
+def machine_key() -> str:
     model, flags = cpu_identity()
-    text = "|".join([model, ",".join(sorted(flags)), ",".join(gpu_names),
-                     *(f"{d}={_version(d)}" for d in _LIBRARIES)])
+    text = "|".join([model, ",".join(sorted(flags)), *(f"{d}={_version(d)}" for d in _LIBRARIES)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -79,10 +78,22 @@ class ConfigMemory:
         return entry if isinstance(entry, dict) else None
 
     def remember(self, spec: ModelSpec, changes: dict[str, Any], why: str) -> None:
+        self._write(f"{self.machine}|{model_key(spec)}", {**changes, "why": why, "model": spec.path,
+                                                           "when": time.strftime("%Y-%m-%d %H:%M:%S")})
+
+    def record_check(self, check: str, passed: bool, detail: str) -> None:
+        """The outcome of a machine-wide check (`hearth doctor`), e.g. "llama.cpp extra_bufts"."""
+        self._write(f"{self.machine}|check:{check}", {"passed": passed, "detail": detail,
+                                                      "when": time.strftime("%Y-%m-%d %H:%M:%S")})
+
+    def check_passed(self, check: str) -> bool | None:
+        entry = self._read().get(f"{self.machine}|check:{check}")
+        return bool(entry.get("passed")) if isinstance(entry, dict) else None
+
+    def _write(self, key: str, value: dict[str, Any]) -> None:
         with _lock:
             data = self._read()
-            data[f"{self.machine}|{model_key(spec)}"] = {**changes, "why": why, "model": spec.path,
-                                                         "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+            data[key] = value
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = self.path.with_suffix(".tmp")

@@ -1,0 +1,86 @@
+"""`hearth doctor`: check that the engines really run on this machine, each in a runner of its own."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+
+NAME = "doctor"
+HELP = "check that each engine runs a model on this machine (a crash is a finding, not a crash of hearth)"
+ORDER = 62
+DESCRIPTION = """Load a model (default: the starter) on each engine in a runner process and generate a few
+tokens, so a build that crashes on this CPU or GPU is found before a chat needs it:
+
+  llama.cpp, extra buffer types on   the CPU repack / AMX weight paths (use_extra_bufts)
+  llama.cpp, extra buffer types off
+  torch engine
+
+On a CPU with AMX hearth starts llama.cpp without extra buffer types, because some llama.cpp builds crash in
+the AMX repack path (llama.cpp #20824); when the first check passes here, hearth remembers that this build is
+safe on this machine and uses them from then on (a new llama-cpp-python build is checked again).
+Exit 0 when every check passed, 1 otherwise."""
+
+TOKENS = 16
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", metavar="NAME|PATH", help="the model to check with (default: the starter)")
+
+
+def _check(spec, backend: str, options, label: str) -> tuple[bool, str]:  # type: ignore[no-untyped-def]
+    from backends.api import Request, SamplingParams
+    from backends.errors import HearthError
+    from backends.runner.client import RunnerBackend
+
+    from app.paths import get_paths
+
+    # No fallback and no memory: the check is of this configuration alone, so the ladder must not rescue it.
+    runner = RunnerBackend(spec, options, backend=backend, log_dir=get_paths().log_dir / "runners")
+    start = time.perf_counter()
+    try:
+        runner.load()
+        result = runner.generate(Request(prompt="The capital of France is",
+                                         sampling=SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)))
+        if result.finish_reason.value == "error":
+            return False, result.error or "the reply ended with an error"
+        rate = result.stats.decode_tokens_per_s
+        return True, f"{result.stats.completion_tokens} tokens, {rate:.1f} tok/s, {time.perf_counter() - start:.1f} s"
+    except HearthError as exc:
+        return False, exc.one_line()
+    finally:
+        runner.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.loading import EXTRA_BUFTS_CHECK, config_memory, decide
+    from app.settings import load_settings
+    from app.store import ModelStore
+    from backends.registry import get_backend_info
+    from backends.runner.memory import cpu_identity, has_amx
+
+    settings = load_settings(model=args.model)
+    _, spec = ModelStore().spec(settings.model)
+    memory = config_memory()
+    cpu, _ = cpu_identity()
+    print(f"hearth doctor: {spec.name} on {cpu}{' (AMX)' if has_amx() else ''}")
+    failed = 0
+    checks = []
+    if get_backend_info("llama.cpp").is_installed() and spec.format == "gguf":
+        options = decide(spec, settings.merged(backend="llama.cpp")).options
+        checks += [("llama.cpp", dataclasses.replace(options, extra_bufts=True), "llama.cpp, extra buffer types on"),
+                   ("llama.cpp", dataclasses.replace(options, extra_bufts=False), "llama.cpp, extra buffer types off")]
+    if get_backend_info("torch").is_installed():
+        from hwprobe.support import torch_engine_refusal
+
+        if torch_engine_refusal(spec.to_shape()) is None:
+            checks.append(("torch", decide(spec, settings.merged(backend="torch")).options, "torch engine"))
+    for backend, options, label in checks:
+        ok, detail = _check(spec, backend, options, label)
+        failed += not ok
+        print(f"  {'ok  ' if ok else 'FAIL'} {label}: {detail}")
+        if options.extra_bufts is True:
+            memory.record_check(EXTRA_BUFTS_CHECK, ok, detail)
+    sys.stdout.flush()
+    return 0 if failed == 0 else 1
