@@ -42,3 +42,35 @@ async def test_runner_sigsegv_mid_reply_keeps_app_conversation_and_prompt(make_a
             assert chat_text(app)[-1] == ("assistant", "one two three four five six seven eight")
     finally:
         backend.close()
+
+
+async def test_switching_models_ends_the_old_runner_and_frees_its_memory(make_app, tmp_path) -> None:
+    import psutil
+
+    from app.loading import Decision, Loaded
+    from app.store import ModelEntry
+    from backends.api import LoadOptions
+
+    made: list[RunnerBackend] = []
+
+    def loader(settings, progress=None):  # type: ignore[no-untyped-def]
+        backend = RunnerBackend(fake_spec(name=settings.model), backend="tests.runner_fakes:CrashingFake",
+                                log_dir=tmp_path)
+        made.append(backend)
+        backend.load(progress)
+        entry = ModelEntry(settings.model, backend.spec.path, source="builtin")
+        return Loaded(backend, entry, backend.spec, Decision("fake", LoadOptions(n_ctx=2048)))
+
+    app = make_app(loader=loader)
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.loaded is not None)
+            old = psutil.Process(made[0].pid)
+            assert old.memory_info().rss > 10 * 2**20  # the runner holds the model's memory, not the app
+            app.switch_model("second-model")
+            await wait_for(pilot, lambda: app.loaded is not None and len(made) == 2, timeout=20)
+            assert not old.is_running() or old.status() == psutil.STATUS_ZOMBIE  # its memory went back
+            assert psutil.Process(made[1].pid).is_running()
+    finally:
+        for backend in made:
+            backend.close()
