@@ -76,6 +76,20 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def peak_rss_bytes() -> int:
+    """The highest resident memory of this process so far (Linux VmHWM; the current RSS elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
 _request_counter = itertools.count()
 
 
@@ -205,6 +219,7 @@ class EngineStats:
     preemptions: int = 0  # requests preempted for KV space since load
     generated_tokens: int = 0  # tokens generated since load
     rss_bytes: int = 0  # resident memory of the process that holds the model
+    peak_rss_bytes: int = 0  # the highest resident memory that process has had (VmHWM): loading's peaks count
     gpu_bytes: int = 0  # GPU memory that process holds (0 without a GPU)
 
 
@@ -351,7 +366,8 @@ class Backend(ABC):
     def stats(self) -> EngineStats:
         """The engine's current state (see EngineStats); the base class knows only memory."""
         memory = self.memory_in_use()
-        return EngineStats(rss_bytes=memory.get("rss_bytes", 0), gpu_bytes=memory.get("gpu_bytes", 0))
+        return EngineStats(rss_bytes=memory.get("rss_bytes", 0), gpu_bytes=memory.get("gpu_bytes", 0),
+                           peak_rss_bytes=peak_rss_bytes())
 
     def memory_in_use(self) -> dict[str, int]:
         """Bytes held: {'rss_bytes': ..., 'gpu_bytes': ...} (gpu_bytes 0 without a GPU)."""
