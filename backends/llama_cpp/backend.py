@@ -140,7 +140,9 @@ class LlamaCppBackend(Backend):
 
     # -- tokens ------------------------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return list(self._require().tokenize(text.encode("utf-8"), add_bos=add_special, special=parse_special))
+        from backends.llama_cpp.tokens import tokenize  # linear in the text, whatever its special tokens
+
+        return tokenize(self._require(), text, add_special, parse_special)
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
         return self._require().detokenize(list(token_ids), special=True).decode("utf-8", errors="replace")
