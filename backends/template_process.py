@@ -25,12 +25,13 @@ _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "template_wor
 _START_TIMEOUT_S = 30.0  # a cold interpreter on a loaded machine; only the first render waits for it
 
 _HINTS = {
-    "syntax": "fix the template, or pass a template of your own",
-    "security": "this model file's template is unsafe: use another file or a template of your own",
-    "raise": "the template may not support this conversation (e.g. a system message)",
-    "failed": "the template may not support this conversation (e.g. a system message)",
+    "syntax": "this model file's chat template is broken: use a fixed or another model file",
+    "security": "this model file's chat template is unsafe: use another model file",
+    "raise": "the model's chat template does not accept this conversation (e.g. a system message, or roles "
+             "that do not alternate)",
+    "failed": "the model's chat template does not accept this conversation (e.g. a system message)",
 }
-_BUDGET_HINT = "the template is broken or hostile: use a fixed model file or a template of your own"
+_BUDGET_HINT = "this model file's chat template is broken or hostile: use a fixed or another model file"
 
 
 class TemplateProcess:

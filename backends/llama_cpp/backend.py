@@ -102,8 +102,14 @@ class LlamaCppBackend(Backend):
         )
         if o.tensor_split:
             kwargs["tensor_split"] = list(o.tensor_split)
+        from backends.llama_cpp.no_templates import templates_skipped
+
+        def build() -> Any:
+            with templates_skipped():  # the file's template is untrusted: only hearth's budgeted renderer runs it
+                return llama_cpp.Llama(self.spec.path, **kwargs)
+
         try:
-            self._llm = self._worker.call(lambda: llama_cpp.Llama(self.spec.path, **kwargs))
+            self._llm = self._worker.call(build)
         except MemoryError as exc:
             raise OutOfMemoryError(f"out of memory loading {self.spec.name} with n_ctx={o.n_ctx}, "
                                    f"n_gpu_layers={o.n_gpu_layers}: {exc}", "try a smaller --ctx or fewer "
