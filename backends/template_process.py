@@ -40,6 +40,7 @@ class TemplateProcess:
         self.memory_bytes = memory_bytes  # address space the worker may add to its start-up size
         self.max_chars = max_chars  # characters one render may write
         self._proc: subprocess.Popen | None = None
+        self._pid = os.getpid()  # the process that owns _proc (a forked child must not share its pipes)
         self._lock = threading.Lock()
         self.starts = 0  # workers started so far (tests read it)
 
@@ -82,6 +83,8 @@ class TemplateProcess:
                             _BUDGET_HINT)
 
     def _ensure(self) -> subprocess.Popen:
+        if self._pid != os.getpid():  # forked: the worker and its pipes are the parent's; leave them alone
+            self._proc, self._pid = None, os.getpid()
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
         self._stop()

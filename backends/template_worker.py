@@ -16,11 +16,18 @@ kills this process when a reply is late, which stops even a single C-level call 
 
 from __future__ import annotations
 
-import json
+import os
 import sys
-from datetime import datetime
-from functools import lru_cache
-from typing import Any
+
+# Run as a script, Python put this file's folder (backends/) first on sys.path: drop it, so no hearth module
+# there can shadow a standard one.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import json  # noqa: E402
+from datetime import datetime  # noqa: E402
+from functools import lru_cache  # noqa: E402
+from typing import Any  # noqa: E402
 
 MAX_LIPSUM_WORDS = 10_000  # lipsum(n, min, max) may write at most this many words
 

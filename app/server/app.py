@@ -3,8 +3,10 @@
 Bodies are parsed by hand (size check, JSON, nesting, Unicode, message count, pydantic; see body.py) so that
 every bad input gets an OpenAI-style error body and a 4xx.  A request's cost is bounded by its size: decoding
 and the chat template run on worker threads (the template itself in its budgeted process), never on the event
-loop, so /health and SIGTERM always answer; a client that disconnects, streaming or not, aborts its request.  With an API key, every path but /health needs `Authorization: Bearer KEY` (/health stays open so a
-supervisor can probe liveness without the key; it reveals nothing but "ok" and the model name).
+loop, so /health and SIGTERM always answer; a client that disconnects, streaming or not, aborts its request.
+With an API key, every path but /health needs `Authorization: Bearer KEY` (/health stays open so a supervisor
+can probe liveness without the key; it reveals nothing but "ok" and the model name); the key is compared as
+UTF-8 bytes, so non-ASCII keys work.
 """
 
 from __future__ import annotations
