@@ -11,7 +11,8 @@ KIND is "syntax" (the template does not parse), "security" (it reached for Pytho
 template's own raise_exception), "output" (it wrote more than MAX_CHARS), "memory" (it went over the
 address-space limit) or "failed" (any other error while rendering).  The wall-clock limit is the parent's: it
 kills this process when a reply is late, which stops even a single C-level call (a huge `**`, a long
-`str.format` width) that no hook inside Python could interrupt.
+`str.format` width) that no hook inside Python could interrupt.  If hearth itself dies in the middle of a
+render, a watch thread sees the parent change and exits, so no template spins on as an orphan.
 """
 
 from __future__ import annotations
@@ -134,9 +135,25 @@ def _limit_memory(extra_bytes: int) -> None:
         pass
 
 
+def _exit_with_parent() -> None:
+    """If hearth dies while a template spins here, stdin's EOF is never read: notice the new parent instead."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     global _ENV
     memory_bytes, max_chars = int(argv[1]), int(argv[2])
+    _exit_with_parent()  # before the memory limit: the thread's stack is reserved now
     _ENV = _make_env()
     _compile("{{ x }}")  # warm jinja's compiler before the limit, so its first use is not counted
     _limit_memory(memory_bytes)

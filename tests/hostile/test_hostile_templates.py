@@ -135,3 +135,34 @@ def test_renderer_is_shared_and_reused() -> None:
     for _ in range(5):
         render_chat(MSGS, template=CHATML)
     assert renderer().starts == starts
+
+
+def test_a_spinning_worker_exits_when_hearth_dies() -> None:
+    """hearth killed (SIGKILL) in the middle of a hostile render: its worker does not spin on as an orphan."""
+    script = ("import sys; from backends.template_process import TemplateProcess\n"
+              "p = TemplateProcess(time_limit_s=300, memory_bytes=2**28, max_chars=10**6)\n"
+              "p.render('{{ 1 }}', {}); print(p._proc.pid, flush=True)\n"
+              "p.render('" + HOSTILE[0][1] + "', {})\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(parent.stdout.readline())  # type: ignore[union-attr]
+        time.sleep(0.5)  # the worker is spinning in the nested loop now
+        assert _alive(worker)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(worker), "the render worker outlived hearth"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # a zombie has exited
+    except FileNotFoundError:
+        return False
