@@ -67,8 +67,7 @@ class TemplateProcess:
         deadline = time.monotonic() + self.time_limit_s
         try:
             assert proc.stdin is not None
-            proc.stdin.write(line)
-            proc.stdin.flush()
+            _write_all(proc.stdin.fileno(), line)
             answer = _read_line(proc, deadline)
         except (BrokenPipeError, OSError):
             answer = b""
@@ -112,6 +111,13 @@ class TemplateProcess:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until all of `data` is in the pipe (a signal may cut one write short)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _read_line(proc: subprocess.Popen, deadline: float) -> bytes | None:
