@@ -1,8 +1,26 @@
 """Chat templates: a conversation becomes prompt text with the model's own `tokenizer.chat_template`.
 
-The template comes from the model file, so it is untrusted input: it renders only in Jinja's
-ImmutableSandboxedEnvironment, tightened so that touching an unsafe attribute (`''.__class__.__mro__`) raises
-at once instead of quietly rendering as empty.  The same code serves every backend.
+The template comes from the model file, so it is untrusted code, run under a budget:
+
+- it renders only in Jinja's ImmutableSandboxedEnvironment, tightened so that touching an unsafe attribute
+  (`''.__class__.__mro__`) raises at once instead of quietly rendering as empty; `range` stops at 100,000
+  items (Jinja's sandbox), `lipsum` at 10,000 words;
+- it renders in a separate worker process (`backends/template_worker.py`, managed by
+  `backends/template_process.py`) with a wall-clock limit (TEMPLATE_TIME_LIMIT_S), an address-space limit
+  (TEMPLATE_MEMORY_BYTES on top of the worker's own start-up size) and an output limit (MAX_PROMPT_CHARS).
+
+Why a process and not hooks in the sandbox: hooks (call/getattr/binop interception, a byte-counting output, a
+deadline checked per loop iteration) see only what Jinja routes through them.  An empty nested loop, a `~`
+concatenation that doubles a namespace value, `'x' * 10**9`, `9 ** 9 ** 9` or a huge `str.format` width run
+as one uninterruptible C call or between hooks, and no in-process check bounds the memory they take.  A child
+process is bounded by construction: the kernel enforces the memory limit (MemoryError inside the worker) and
+the parent kills it (SIGKILL) when the time is up, whatever it was doing; the caller's thread and, under
+`hearth serve`, the event loop never run template code.  The normal case stays cheap: one worker per hearth
+process, started at the first render (~0.1 s) and reused, and a render costs one pipe round trip (a ChatML
+render of a short conversation is well under a millisecond; README "Chat templates" has the measurements).
+
+Every failure is a TemplateError (exit 2; a 400 under the server) with a one-line message that names the
+budget it broke; a template is never silently swapped for another format.
 
 A model without a template (base models such as Gemma 3 270M) gets hearth's documented fallback, the plain
 transcript format below, and `RenderedPrompt.template_source` says so, so callers show it rather than guess:
@@ -18,19 +36,17 @@ with "\nUser:" as an extra stop string so a base model does not write the user's
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
-from backends.errors import TemplateError
 
 ROLES = ("system", "user", "assistant", "tool")
 FALLBACK_NAME = "hearth-plain"  # what template_source says when the fallback format was used
 FALLBACK_STOP = ("\nUser:",)
 MAX_PROMPT_CHARS = 8_000_000  # far beyond any context; a template writing more is broken or hostile
+TEMPLATE_TIME_LIMIT_S = 2.0  # wall clock for one render (a real one of a 1 MiB conversation takes ~0.1 s)
+TEMPLATE_MEMORY_BYTES = 512 * 2**20  # memory one render may use (the worker's limit above its start-up size)
 
 
 @dataclass(frozen=True)
@@ -39,35 +55,6 @@ class RenderedPrompt:
     add_special: bool  # False when the template already wrote the BOS token itself
     template_source: str  # "gguf" (the model's own) | "hearth-plain" (fallback) | "custom"
     stop: tuple[str, ...] = ()  # extra stop strings the format needs
-
-
-def _raise(message: str) -> None:
-    raise TemplateError(f"the chat template refused the conversation: {message}")
-
-
-def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
-
-
-@lru_cache(maxsize=32)
-def _compile(source: str) -> Any:
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
-
-    class _StrictSandbox(ImmutableSandboxedEnvironment):
-        def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
-            raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__} is not allowed")
-
-    env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                         extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateSyntaxError as exc:
-        raise TemplateError(f"the model's chat template does not parse (line {exc.lineno}: {exc.message})",
-                            "pass a template of your own, or use a fixed GGUF") from None
 
 
 def check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -95,31 +82,18 @@ def render_chat(messages: Sequence[Mapping[str, Any]], *, template: str | None, 
     msgs = check_messages(messages)
     if template is None:
         return _render_fallback(msgs, add_generation_prompt)
-    from jinja2.exceptions import TemplateError as JinjaTemplateError
-    from jinja2.sandbox import SecurityError
-
-    compiled = _compile(template)
-    try:
-        chunks, size = [], 0
-        for chunk in compiled.generate(messages=msgs, add_generation_prompt=add_generation_prompt,
-                                       bos_token=bos_token, eos_token=eos_token, **dict(extra or {})):
-            size += len(chunk)
-            if size > MAX_PROMPT_CHARS:
-                raise TemplateError(f"the model's chat template produced more than {MAX_PROMPT_CHARS:,} "
-                                    "characters; refused", "this GGUF's template is broken or hostile")
-            chunks.append(chunk)
-        text = "".join(chunks)
-    except SecurityError as exc:
-        raise TemplateError(f"the model's chat template tried to reach Python internals ({exc}); refused",
-                            "this GGUF's template is unsafe: use another file or a custom template") from None
-    except TemplateError:
-        raise
-    except (JinjaTemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError,
-            RecursionError) as exc:
-        raise TemplateError(f"the model's chat template failed: {type(exc).__name__}: {exc}",
-                            "the template may not support this conversation (e.g. a system message)") from None
+    variables = {"messages": msgs, "add_generation_prompt": add_generation_prompt, "bos_token": bos_token,
+                 "eos_token": eos_token, **dict(extra or {})}
+    text = renderer().render(template, variables)
     starts_with_bos = bool(bos_token) and text.startswith(bos_token)
     return RenderedPrompt(text, add_special=not starts_with_bos, template_source="gguf")
+
+
+def renderer() -> Any:
+    """The process-wide TemplateProcess that renders every model template under the budget above."""
+    from backends.template_process import shared
+
+    return shared(TEMPLATE_TIME_LIMIT_S, TEMPLATE_MEMORY_BYTES, MAX_PROMPT_CHARS)
 
 
 def _render_fallback(msgs: list[dict[str, Any]], add_generation_prompt: bool) -> RenderedPrompt:

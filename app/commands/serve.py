@@ -17,10 +17,12 @@ plus /health and /metrics (Prometheus).
   hearth serve --api-key KEY --host 0.0.0.0    reachable from the network, Bearer KEY required
 
 Safe by default: binds 127.0.0.1; with --api-key (or HEARTH_API_KEY) every path but /health needs
-'Authorization: Bearer KEY'.  Limits: request body 1 MiB; max_tokens <= context; --max-concurrency requests
-run at once (default 16; a backend without batching, e.g. llama.cpp, runs one at a time and the rest queue);
-at most --queue-limit (default 64) wait, beyond that 429 with Retry-After.  SIGINT/SIGTERM: stop accepting,
-give running requests --shutdown-grace seconds (default 10), abort the rest, exit 0."""
+'Authorization: Bearer KEY'.  Limits: request body 1 MiB, at most 4096 messages per chat request, JSON
+nested at most 64 deep; the model's chat template renders within 2 s, 512 MiB and 8M characters (else 400);
+max_tokens <= context; --max-concurrency requests run at once (default 16; a backend without batching, e.g.
+llama.cpp, runs one at a time and the rest queue); at most --queue-limit (default 64) wait, beyond that 429
+with Retry-After.  SIGINT/SIGTERM: stop accepting, give running requests --shutdown-grace seconds (default
+10), abort the rest, exit 0."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

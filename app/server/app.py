@@ -1,26 +1,34 @@
 """The FastAPI app: routes of the OpenAI API subset, auth, body limits, error bodies, metrics.
 
-Bodies are parsed by hand (size check, JSON, pydantic) so that every bad input gets an OpenAI-style error body
-and a 4xx.  With an API key, every path but /health needs `Authorization: Bearer KEY` (/health stays open so a
-supervisor can probe liveness without the key; it reveals nothing but "ok" and the model name).
+Bodies are parsed by hand (size check, JSON, nesting, Unicode, message count, pydantic; see body.py) so that
+every bad input gets an OpenAI-style error body and a 4xx.  A request's cost is bounded by its size: decoding
+and the chat template run on worker threads (the template itself in its budgeted process), never on the event
+loop, so /health and SIGTERM always answer; a client that disconnects, streaming or not, aborts its request.
+With an API key, every path but /health needs `Authorization: Bearer KEY` (/health stays open so a supervisor
+can probe liveness without the key; it reveals nothing but "ok" and the model name); the key is compared as
+UTF-8 bytes, so non-ASCII keys work.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from app.server.errors import APIError
 from app.server.metrics import ServerMetrics
 from app.server.runner import Generation, Limits, Runner
+from app.server.body import decode_body
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
 from backends.api import Backend, EventKind, Request, SamplingParams
 from backends.errors import HearthError
@@ -33,6 +41,8 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     default_max_tokens: int = 512  # when a request gives none (bounded by the context)
     system_prompt: str | None = None  # not injected: OpenAI clients send their own system message
+    max_messages: int = 4096  # messages in one chat request (render and tokenize cost grows with them)
+    max_json_depth: int = 64  # nesting of arrays/objects in a body (OpenAI bodies nest well under 20)
 
 
 class _Guard:
@@ -46,12 +56,14 @@ class _Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        raw = {k.lower(): v for k, v in scope.get("headers", [])}
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in raw.items()}
         error = None
         if self.config.api_key and path != "/health":
-            given = headers.get("authorization", "")
-            expected = f"Bearer {self.config.api_key}"
-            if not hmac.compare_digest(given.encode(), expected.encode()):
+            # bytes against bytes: a key with non-ASCII characters is compared as the UTF-8 that clients send
+            given = raw.get(b"authorization", b"")
+            expected = f"Bearer {self.config.api_key}".encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(given, expected):
                 error = APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                                  type="authentication_error", code="invalid_api_key")
         if error is None and headers.get("content-length", "").isdigit():
@@ -126,23 +138,18 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: HTTPRequest) -> Response:
         body = await _parse(request, ChatCompletionRequest, config)
-        from backends.templates import render_for_spec
-
-        messages = [m.model_dump() for m in body.messages]
-        try:
-            rendered = render_for_spec(backend.spec, messages)
-        except HearthError as exc:
-            raise APIError(400, str(exc), param="messages") from None
+        # the template runs in its own budgeted process; this thread only waits for it
+        rendered = await run_in_threadpool(_render, backend, [m.model_dump() for m in body.messages])
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         req = _backend_request(body, rendered.text, rendered.add_special, tuple(rendered.stop), max_tokens,
                                backend, config)
-        return await _respond(runner, req, body, chat=True, model_name=config.model_name)
+        return await _respond(request, runner, req, body, chat=True, model_name=config.model_name)
 
     @app.post("/v1/completions")
     async def completions(request: HTTPRequest) -> Response:
         body = await _parse(request, CompletionRequest, config)
         req = _backend_request(body, body.prompt, True, (), body.max_tokens, backend, config)
-        return await _respond(runner, req, body, chat=False, model_name=config.model_name)
+        return await _respond(request, runner, req, body, chat=False, model_name=config.model_name)
 
     app.add_middleware(_Guard, config=config, metrics=metrics)
     return app
@@ -168,12 +175,12 @@ async def _parse(request: HTTPRequest, schema: type[BaseModel], config: ServerCo
         if size > limit:
             raise _too_large(limit)
         chunks.append(chunk)
-    try:
-        data = json.loads(b"".join(chunks))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(400, f"the body must be a JSON object, got {type(data).__name__}")
+    # decoding a 1 MiB body, walking it and validating thousands of messages is CPU work: off the event loop
+    return await run_in_threadpool(_validate, b"".join(chunks), schema, config)
+
+
+def _validate(raw: bytes, schema: type[BaseModel], config: ServerConfig) -> Any:
+    data = decode_body(raw, config.max_json_depth, config.max_messages if schema is ChatCompletionRequest else None)
     try:
         body = schema.model_validate(data)
     except ValidationError as exc:
@@ -187,6 +194,15 @@ async def _parse(request: HTTPRequest, schema: type[BaseModel], config: ServerCo
     if body.n != 1:
         raise APIError(400, f"n must be 1 (one reply per request), got {body.n}", param="n")
     return body
+
+
+def _render(backend: Backend, messages: list[dict]) -> Any:
+    from backends.templates import render_for_spec
+
+    try:
+        return render_for_spec(backend.spec, messages)
+    except HearthError as exc:  # TemplateError (a failing or over-budget template), InvalidRequestError
+        raise APIError(400, exc.one_line(), param="messages", code="template_error") from None
 
 
 def _backend_request(body: Any, prompt: str | list[int], add_special: bool, extra_stop: tuple[str, ...],
@@ -227,7 +243,47 @@ def _finish(gen: Generation) -> str:
     return reason if reason in ("stop", "length") else "stop"
 
 
-async def _respond(runner: Runner, req: Request, body: Any, *, chat: bool, model_name: str) -> Response:
+_T = TypeVar("_T")
+
+
+class _ClientGone(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+async def _wait_disconnect(request: HTTPRequest) -> None:
+    # The body is read already, so the next ASGI message can only be http.disconnect (uvicorn holds it back
+    # until the client goes away or the response is complete).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(request: HTTPRequest, work: Awaitable[_T]) -> _T:
+    """`work`, or _ClientGone once the client disconnects first: `work` is then cancelled, and cancelling a
+    Generation (Runner.open, Generation.events) aborts its backend request and frees its slot."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise _ClientGone
+    return task.result()
+
+
+async def _respond(request: HTTPRequest, runner: Runner, req: Request, body: Any, *, chat: bool,
+                   model_name: str) -> Response:
+    try:
+        return await _unless_gone(request, _answer(runner, req, body, chat=chat, model_name=model_name))
+    except _ClientGone:
+        return Response(status_code=499)  # nobody reads it; the metrics count it as "client closed request"
+
+
+async def _answer(runner: Runner, req: Request, body: Any, *, chat: bool, model_name: str) -> Response:
+    """Waits for a slot and, unless streaming, for the whole reply: both end early when the client leaves."""
     gen = await runner.open(req)
     created = int(time.time())
     rid = ("chatcmpl-" if chat else "cmpl-") + req.request_id[4:]

@@ -151,9 +151,11 @@ class LlamaCppBackend(Backend):
             self._extra_bufts, why = o.extra_bufts, "as asked"
         if not self._extra_bufts:
             self._notes.append(f"extra weight-buffer types {why if why.startswith('off') else 'off: ' + why}")
+        from backends.llama_cpp.no_templates import templates_skipped
 
         def build() -> Any:
-            with _model_params(self._extra_bufts):
+            # the file's template is untrusted: only hearth's budgeted renderer runs it
+            with templates_skipped(), _model_params(self._extra_bufts):
                 return llama_cpp.Llama(self.spec.path, **kwargs)
 
         try:
@@ -194,7 +196,9 @@ class LlamaCppBackend(Backend):
 
     # -- tokens ------------------------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return list(self._require().tokenize(text.encode("utf-8"), add_bos=add_special, special=parse_special))
+        from backends.llama_cpp.tokens import tokenize  # linear in the text, whatever its special tokens
+
+        return tokenize(self._require(), text, add_special, parse_special)
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
         return self._require().detokenize(list(token_ids), special=True).decode("utf-8", errors="replace")
