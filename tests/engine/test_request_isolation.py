@@ -13,10 +13,9 @@ import torch
 
 from backends.api import EngineStats, EventKind, FinishReason, LoadOptions, Request, SamplingParams
 from backends.errors import InvalidRequestError
-from backends.torch_engine import backend as backend_module
 from backends.torch_engine.backend import TorchBackend
 from backends.torch_engine.sampler import Sampler
-from torch_engine_fakes import fake_build, fake_spec, reference_continuation
+from torch_engine_fakes import FAILURES, bad_sampling, fake_build, fake_spec, inject_failures, reference_continuation
 
 N_TOKENS = 12
 
@@ -66,52 +65,7 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_anything_runs() -> 
 
 
 # -- failures inside the engine, while others run --------------------------------------------------------
-class _Boom(RuntimeError):
-    pass
-
-
-def _inject(b: TorchBackend, monkeypatch) -> None:
-    """Make every request whose id starts with "bad-<where>" fail at <where>; the others are untouched."""
-    engine = b._engine
-    sampler, scheduler = engine.sampler, engine.scheduler
-    prepare, sample_rows, stop_status = sampler.prepare, sampler._sample_rows, scheduler._stop_status
-
-    def bad_prepare(request_id, params):
-        if request_id.startswith("bad-prepare"):
-            raise _Boom(f"cannot prepare {request_id}")
-        return prepare(request_id, params)
-
-    def bad_sample_rows(logits, request_ids, params, histories):
-        tokens = sample_rows(logits, request_ids, params, histories)  # every row has drawn from its generator
-        if any(r.startswith("bad-sample") for r in request_ids):
-            raise _Boom("cannot sample")
-        return tokens
-
-    def bad_stop(request, token):
-        if request.request_id.startswith("bad-stop") and request.num_output_tokens == 3:
-            raise _Boom("cannot check for a stop")
-        return stop_status(request, token)
-
-    class BadTextStream(backend_module.TextStream):
-        def push(self, token_ids):
-            if "BOOM" in self._stop:
-                raise _Boom("cannot detokenize")
-            return super().push(token_ids)
-
-    monkeypatch.setattr(sampler, "prepare", bad_prepare)
-    monkeypatch.setattr(sampler, "_sample_rows", bad_sample_rows)
-    monkeypatch.setattr(scheduler, "_stop_status", bad_stop)
-    monkeypatch.setattr(backend_module, "TextStream", BadTextStream)
-
-
-BAD = {  # request id -> (sampling, what its error says)
-    "bad-prepare": (seeded(5), "the request failed: _Boom: cannot prepare bad-prepare"),
-    "bad-sample-greedy": (greedy(), "sampling failed: _Boom: cannot sample"),
-    "bad-sample-seeded": (seeded(6), "sampling failed: _Boom: cannot sample"),
-    "bad-stop": (greedy(), "the engine's update failed: _Boom: cannot check for a stop"),
-    "bad-detok": (SamplingParams(temperature=0.0, max_tokens=N_TOKENS, ignore_eos=True, stop=("BOOM",)),
-                  "detokenizing failed: _Boom: cannot detokenize"),
-}
+BAD = {rid: (bad_sampling(rid, N_TOKENS), message) for rid, message in FAILURES.items()}
 
 
 def test_failing_requests_end_alone_while_the_batch_goes_on(monkeypatch) -> None:
@@ -122,7 +76,7 @@ def test_failing_requests_end_alone_while_the_batch_goes_on(monkeypatch) -> None
     with b:
         alone = {rid: b.generate(Request(prompt_token_ids=p, sampling=sp)).token_ids
                  for rid, (p, sp) in good.items()}
-        _inject(b, monkeypatch)
+        inject_failures(b, monkeypatch)
         results: dict[str, list] = {}
         first_tokens = threading.Barrier(len(good) + 1)
 
