@@ -38,6 +38,25 @@ def bf16_ulp(x: float) -> float:
     return 2.0 ** (math.floor(math.log2(abs(x))) - BF16_MANTISSA_BITS)
 
 
+MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
+
+
+def assert_same_up_to_rounding(got, want, ulps: float = 1, what: str = "") -> None:
+    """Two tensors (..., n) computed by different GEMM blockings (a row alone vs among others): equal up to
+    `ulps` roundings of their dtype at each row's largest magnitude.  A GEMM accumulates in float32 and rounds
+    its output once, and the blocking a CPU picks by row count changes only the float32 sum's order, so a bf16
+    output element moves by at most one rounding, which is what ulps=1 states."""
+    import torch
+
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape, got.dtype, want.dtype)
+    bits = MANTISSA_BITS[str(want.dtype).removeprefix("torch.")]
+    g, w = got.float(), want.float()
+    scale = w.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+    limit = ulps * torch.exp2(torch.floor(torch.log2(scale)) - bits)
+    worst = ((g - w).abs() / limit).max().item()
+    assert worst <= 1, f"{what}: differs by {worst * ulps:.2f} {want.dtype} ulps (allowed {ulps})"
+
+
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     """The first index where a and b differ (a length difference counts at the shorter length); None if equal."""
     for i, (x, y) in enumerate(zip(a, b)):

@@ -41,3 +41,14 @@ def test_text_replies_use_the_same_rule() -> None:
     assert_text_agrees((1, 1, 1), rows(26.0, 0.25), token_bytes, "bcd")
     with pytest.raises(AssertionError, match="no near-tie"):
         assert_text_agrees((1, 1, 1), rows(26.0, 1.0), token_bytes, "bcd")
+
+
+def test_same_up_to_rounding_allows_one_rounding_and_no_more() -> None:
+    import torch
+
+    from tests.greedy_agreement import assert_same_up_to_rounding
+
+    want = torch.tensor([[20.0, -3.0, 0.5, 17.0]]).bfloat16()  # row max 20: one bf16 ulp is 0.125
+    assert_same_up_to_rounding(want + torch.tensor([[0.125, 0.125, -0.125, 0.0]]).bfloat16(), want, 1)
+    with pytest.raises(AssertionError, match="ulps"):
+        assert_same_up_to_rounding(want + torch.tensor([[0.0, 0.25, 0.0, 0.0]]).bfloat16(), want, 1)
