@@ -37,6 +37,16 @@ ProgressCallback = Callable[[float, str], None]
 """Called while loading with (fraction done in 0..1, what is happening)."""
 
 
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # a seed is any 64-bit integer, signed or unsigned (as OpenAI's API takes)
+
+
+def seed_u64(seed: int) -> int:
+    """A 64-bit seed, signed or unsigned, as the unsigned value with the same bits (-1 -> 2**64 - 1): the range
+    torch.Generator.manual_seed takes, so every seed SamplingParams accepts reaches a sampler unchanged or
+    two's-complement mapped."""
+    return seed % 2**64
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each next token.  Defaults follow llama.cpp's and Ollama's."""
@@ -46,7 +56,7 @@ class SamplingParams:
     top_k: int = 40  # keep the k most likely tokens; 0 = off
     min_p: float = 0.05  # drop tokens whose probability is below min_p x the best token's; 0 = off
     repeat_penalty: float = 1.0  # > 1 divides positive logits (multiplies negative) of tokens already seen
-    seed: int | None = None  # same seed + same prompt + same params = same reply; None = random
+    seed: int | None = None  # same seed + same prompt + same params = same reply; None = random; any 64-bit int
     max_tokens: int = 512  # most tokens to generate; the reply ends with FinishReason.LENGTH when reached
     stop: tuple[str, ...] = ()  # strings that end the reply; the stop string itself is not returned
     ignore_eos: bool = False  # keep generating past end-of-sequence tokens (benchmarks want fixed lengths)
@@ -66,6 +76,9 @@ class SamplingParams:
             (self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty}"),
             (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
             (all(isinstance(s, str) and s for s in self.stop), f"stop strings must be non-empty, got {self.stop!r}"),
+            (self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                                   and SEED_MIN <= self.seed <= SEED_MAX),
+             f"seed must be a 64-bit integer, signed or unsigned ({SEED_MIN} .. {SEED_MAX}), got {self.seed!r}"),
         ]
         for ok, message in checks:
             if not ok:

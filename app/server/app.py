@@ -31,7 +31,7 @@ from app.server.runner import Generation, Limits, Runner
 from app.server.body import decode_body
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
 from backends.api import Backend, EventKind, Request, SamplingParams
-from backends.errors import HearthError
+from backends.errors import HearthError, InvalidRequestError
 
 
 @dataclass
@@ -109,6 +109,10 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
     async def _api_error(_: HTTPRequest, exc: APIError) -> JSONResponse:
         return _json_error(exc)
 
+    @app.exception_handler(InvalidRequestError)
+    async def _invalid_request(_: HTTPRequest, exc: InvalidRequestError) -> JSONResponse:
+        return _json_error(APIError(400, str(exc)))  # SamplingParams refused a value (e.g. a seed beyond 64 bits)
+
     @app.exception_handler(404)
     async def _not_found(request: HTTPRequest, _: Exception) -> JSONResponse:
         return _json_error(APIError(404, f"no such endpoint: {request.url.path}", code="not_found"))
@@ -123,7 +127,7 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def prom() -> Response:
-        return Response(metrics.render(backend.describe()), media_type="text/plain; version=0.0.4")
+        return Response(metrics.render(backend.stats()), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from backends.api import EngineStats
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.5)
@@ -31,11 +31,10 @@ class ServerMetrics:
         self.kv_free = Gauge("hearth_kv_blocks_free", "KV cache blocks free (backends that report them)",
                              registry=r)
 
-    def render(self, backend_facts: dict[str, Any]) -> bytes:
-        """Prometheus text; KV gauges come from Backend.describe() (the torch engine reports kv_blocks and
-        kv_blocks_free; llama.cpp reports none, and the gauges then stay at 0)."""
-        total, free = backend_facts.get("kv_blocks"), backend_facts.get("kv_blocks_free")
-        if isinstance(total, int) and isinstance(free, int):
-            self.kv_used.set(total - free)
-            self.kv_free.set(free)
+    def render(self, stats: EngineStats) -> bytes:
+        """Prometheus text; KV gauges come from the backend's published snapshot (Backend.stats()): the torch
+        engine has a paged KV pool; llama.cpp reports none (kv_blocks 0), and the gauges then stay at 0."""
+        if stats.kv_blocks > 0:
+            self.kv_used.set(stats.kv_blocks - stats.kv_blocks_free)
+            self.kv_free.set(stats.kv_blocks_free)
         return generate_latest(self.registry)

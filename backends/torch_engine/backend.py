@@ -1,28 +1,38 @@
 """hearth's torch engine behind the Backend contract: one engine thread batches every stream.
 
 Threads: callers of `stream()` (any number) each get a queue; the engine thread owns the Engine (scheduler,
-block manager, sampler, runner) and is the only one touching it.  Callers talk to it through `_inbox`
-(add / finish / call messages under a condition variable); it answers through the per-request queues with
-("started", ...), ("token", ...), ("finished", ...) messages.  Detokenizing and stop strings happen in the
-caller's thread (backends.textstream), so a slow reader never slows the batch; a stop string found there
+block manager, sampler, runner) and is the only one touching it.  Callers talk to it through `_inbox` (typed
+messages `Add` / `Finish` / `Call`, backends.torch_engine.messages, under a condition variable); it answers
+through the per-request queues with `Started`, `Token` and `Finished`.  Detokenizing and stop strings happen in
+the caller's thread (backends.textstream), so a slow reader never slows the batch; a stop string found there
 finishes the request in the engine through the inbox.
 
-The model half (tokenizer, weights, ModelRunner) comes from `EngineParts`, built by `build_parts` from the
-ModelSpec and LoadOptions; tests pass their own `build` with a fake runner.
+One request's failure is that request's alone: a bad token id or seed is refused at `stream()`
+(InvalidRequestError), and a request that fails while the engine prepares or samples it, or while its caller
+detokenizes it, ends with FinishReason.ERROR and its message while the batch goes on.  Only a failure of the
+batched forward itself ends every running stream.
+
+After every step the engine thread publishes an immutable EngineStats (`stats()`), so /metrics and the TUI
+never read the scheduler's live structures from another thread.
+
+The model half (tokenizer, weights, ModelRunner) comes from `EngineParts` (backends.torch_engine.parts), built
+by `build_parts` from the ModelSpec and LoadOptions; tests pass their own `build` with a fake runner.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from backends.api import (
     Backend,
     Capabilities,
+    EngineStats,
     EventKind,
     FinishReason,
     GenerationEvent,
@@ -32,14 +42,26 @@ from backends.api import (
     RequestStats,
     SamplingParams,
 )
-from backends.errors import ContextOverflowError, ModelLoadError
+from backends.errors import ContextOverflowError, InvalidRequestError, ModelLoadError
 from backends.modelspec import ModelSpec
 from backends.textstream import TextStream
 from backends.torch_engine.block_manager import BlockManager
-from backends.torch_engine.engine import Engine, Runner
+from backends.torch_engine.engine import Engine
+from backends.torch_engine.messages import (
+    Add,
+    Call,
+    Finish,
+    Finished,
+    InboxMessage,
+    Reply,
+    Started,
+    StreamMessage,
+    Token,
+)
+from backends.torch_engine.parts import EngineParts, Runner, Tokenizer, kv_pool_blocks  # noqa: F401 - re-exported
 from backends.torch_engine.request import EngineRequest, RequestStatus
 from backends.torch_engine.sampler import Sampler
-from backends.torch_engine.scheduler import Scheduler
+from backends.torch_engine.scheduler import Scheduler, error_line
 
 _REASONS = {
     RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
@@ -47,37 +69,7 @@ _REASONS = {
     RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
     RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
 }
-
-
-class Tokenizer(Protocol):
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
-    def decode(self, token_ids: Sequence[int]) -> str: ...
-    def token_bytes(self, token_ids: Sequence[int]) -> bytes: ...  # reply text: control tokens give b""
-
-
-@dataclass
-class EngineParts:
-    """What the model half provides to the engine."""
-
-    runner: Runner  # execute(SchedulerOutput) -> RunnerOutput, over a KV pool of num_blocks blocks
-    tokenizer: Tokenizer
-    num_blocks: int  # blocks in the runner's KV pool
-    # (ids, block_table) -> (len(ids), vocab) float32 tensor: logits after every position, computed over the
-    # given blocks (the backend takes them from the block manager, so no live or cached prefix is overwritten)
-    prompt_logits: Callable[[Sequence[int], Sequence[int]], Any] | None = None
-    describe: Callable[[], dict[str, Any]] | None = None  # device, dtype, KV pool bytes, ...
-    close: Callable[[], None] | None = None
-
-
-def kv_pool_blocks(spec: ModelSpec, options: LoadOptions, bytes_per_element: int) -> int:
-    """Blocks in the KV pool: LoadOptions.kv_cache_bytes when set, else enough for max_num_seqs sequences of
-    n_ctx tokens (what the plan budgets).  One block holds K and V of BLOCK_SIZE tokens in every layer."""
-    from backends.torch_engine.seams import BLOCK_SIZE
-
-    block_bytes = 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_element * BLOCK_SIZE
-    if options.kv_cache_bytes is not None:
-        return max(options.kv_cache_bytes // block_bytes, 1)
-    return options.max_num_seqs * -(-options.n_ctx // BLOCK_SIZE)
+_CLOSED = "the torch backend was closed"
 
 
 def build_parts(spec: ModelSpec, options: LoadOptions, progress: ProgressCallback | None) -> EngineParts:
@@ -92,8 +84,8 @@ class _Channel:
     """The engine thread's view of one stream."""
 
     request: EngineRequest
-    out: queue.SimpleQueue  # messages to the caller's thread
-    announced: bool = False  # ("started", ...) was sent
+    out: queue.SimpleQueue  # StreamMessages to the caller's thread
+    announced: bool = False  # Started was sent
 
 
 class TorchBackend(Backend):
@@ -110,8 +102,10 @@ class TorchBackend(Backend):
         self._engine: Engine | None = None
         self._thread: threading.Thread | None = None
         self._cv = threading.Condition()
-        self._inbox: list[tuple[Any, ...]] = []
+        self._inbox: list[InboxMessage] = []
         self._closing = False
+        self._stats = EngineStats()  # the engine thread's last published snapshot (replaced whole, never mutated)
+        self._generated_tokens = 0  # engine thread only
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def load(self, progress: ProgressCallback | None = None) -> None:
@@ -130,11 +124,11 @@ class TorchBackend(Backend):
         self._thread = threading.Thread(target=self._run, args=(progress, ready), name="hearth-torch-engine",
                                         daemon=True)
         self._thread.start()
-        ok, error = ready.get()
-        if not ok:
+        reply: Reply = ready.get()
+        if reply.error is not None:
             self._thread.join()
             self._thread = None
-            raise error
+            raise reply.error
 
     def _run(self, progress: ProgressCallback | None, ready: queue.SimpleQueue) -> None:
         o = self.options
@@ -142,11 +136,13 @@ class TorchBackend(Backend):
             parts = self._build(self.spec, o, progress)
             scheduler = Scheduler(BlockManager(parts.num_blocks), o.max_num_seqs, o.n_batch, o.n_ctx)
         except BaseException as exc:  # noqa: BLE001 - handed to load() in the caller's thread
-            ready.put((False, exc))
+            ready.put(Reply(error=exc))
             return
         self._parts = parts
         self._engine = Engine(parts.runner, scheduler, Sampler(o.seed))
-        ready.put((True, None))
+        self._generated_tokens = 0
+        self._publish(self._engine)
+        ready.put(Reply())
         self._loop()
 
     def close(self) -> None:
@@ -191,6 +187,7 @@ class TorchBackend(Backend):
         if len(ids) > self.n_ctx:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}",
                                        "use a smaller window (--ctx) or load a larger context")
+        self._check_token_ids(ids)
         if self._parts.prompt_logits is None:
             raise NotImplementedError("this torch engine build does not return prompt logits")
         fn = self._parts.prompt_logits
@@ -212,6 +209,14 @@ class TorchBackend(Backend):
 
         return self._call(run)
 
+    def _check_token_ids(self, ids: Sequence[int]) -> None:
+        """Token ids outside the vocabulary would fail the batched forward (everyone's step): refuse them here."""
+        vocab = self.spec.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None) if vocab > 0 else None
+        if bad is not None:
+            raise InvalidRequestError(f"token id {bad} is outside the vocabulary of {vocab} tokens",
+                                      f"send token ids from 0 to {vocab - 1}")
+
     # -- generation --------------------------------------------------------------------------------------
     def stream(self, request: Request) -> Iterator[GenerationEvent]:
         engine = self._require()
@@ -219,6 +224,7 @@ class TorchBackend(Backend):
         submitted = time.perf_counter()
         if request.prompt_token_ids is not None:
             ids = list(request.prompt_token_ids)
+            self._check_token_ids(ids)
         else:
             assert request.prompt is not None
             ids = self.tokenize(request.prompt, add_special=request.add_special, parse_special=True)
@@ -233,15 +239,16 @@ class TorchBackend(Backend):
         eos = frozenset() if request.sampling.ignore_eos else self.eos_token_ids
         er = EngineRequest(request.request_id, tuple(ids), request.sampling, eos, arrival_time=submitted)
         out: queue.SimpleQueue = queue.SimpleQueue()
-        self._post(("add", _Channel(er, out)))
+        self._post(Add(er, out))
         return self._events(request, er, out)
 
     def abort(self, request_id: str) -> None:
         if self._engine is not None:
-            self._post(("finish", request_id, RequestStatus.FINISHED_ABORTED, True))
+            self._post(Finish(request_id, RequestStatus.FINISHED_ABORTED, notify=True))
 
     def _events(self, request: Request, er: EngineRequest, out: queue.SimpleQueue) -> Iterator[GenerationEvent]:
-        """The caller's side of one stream: turns engine messages into GenerationEvents."""
+        """The caller's side of one stream: turns engine messages into GenerationEvents.  Detokenizing fails
+        this stream alone: it ends with FinishReason.ERROR and the engine drops the request."""
         assert self._parts is not None
         rid, sp = request.request_id, request.sampling
         stats = RequestStats(prompt_tokens=er.num_prompt_tokens)
@@ -250,63 +257,67 @@ class TorchBackend(Backend):
         reason, error = FinishReason.ERROR, None
         try:
             while True:
-                msg = out.get()
-                if msg[0] == "started":
-                    stats.cached_tokens, stats.queue_s = msg[1], msg[2]
+                msg: StreamMessage = out.get()
+                if isinstance(msg, Started):
+                    stats.cached_tokens, stats.queue_s = msg.cached_tokens, msg.queue_s
                 if not started:
                     started = True
                     yield GenerationEvent(EventKind.STARTED, rid, stats=stats)
-                if msg[0] == "token":
-                    _, token, status, at = msg
+                if isinstance(msg, Token):
                     if stats.completion_tokens == 0:
-                        stats.ttft_s = at - er.arrival_time
+                        stats.ttft_s = msg.at - er.arrival_time
                     stats.completion_tokens += 1
-                    if status is RequestStatus.FINISHED_STOPPED and token in er.eos_token_ids:
+                    if msg.status is RequestStatus.FINISHED_STOPPED and msg.token_id in er.eos_token_ids:
                         reason = FinishReason.STOP  # the end-of-sequence token is counted, never shown
                         break
-                    piece, stopped = text.push([token])
-                    yield GenerationEvent(EventKind.TOKEN, rid, text=piece, token_ids=(token,))
+                    try:
+                        piece, stopped = text.push([msg.token_id])
+                    except Exception as exc:  # noqa: BLE001 - this stream's failure, not the batch's
+                        reason, error = FinishReason.ERROR, error_line("detokenizing failed", exc)
+                        self._post(Finish(rid, RequestStatus.FINISHED_ERROR, notify=False))
+                        break
+                    yield GenerationEvent(EventKind.TOKEN, rid, text=piece, token_ids=(msg.token_id,))
                     if stopped:
                         reason = FinishReason.STOP
-                        self._post(("finish", rid, RequestStatus.FINISHED_STOPPED, False))
+                        self._post(Finish(rid, RequestStatus.FINISHED_STOPPED, notify=False))
                         break
-                    if status is not None:
-                        reason = _REASONS[status]
+                    if msg.status is not None:
+                        reason = _REASONS[msg.status]
                         break
-                elif msg[0] == "finished":
-                    reason, error = _REASONS[msg[1]], msg[2]
+                elif isinstance(msg, Finished):
+                    reason, error = _REASONS[msg.status], msg.error
                     break
-            tail = text.flush()
-            if tail:
-                yield GenerationEvent(EventKind.TOKEN, rid, text=tail)
+            if error is None:
+                try:
+                    tail = text.flush()
+                except Exception as exc:  # noqa: BLE001 - as above
+                    tail, reason, error = "", FinishReason.ERROR, error_line("detokenizing failed", exc)
+                if tail:
+                    yield GenerationEvent(EventKind.TOKEN, rid, text=tail)
             stats.total_s = time.perf_counter() - er.arrival_time
             done = True
             yield GenerationEvent(EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error)
         finally:
             if not done:  # the caller stopped reading (closed the generator): free the request's blocks
-                self._post(("finish", rid, RequestStatus.FINISHED_ABORTED, False))
+                self._post(Finish(rid, RequestStatus.FINISHED_ABORTED, notify=False))
 
     # -- the engine thread -------------------------------------------------------------------------------
-    def _post(self, message: tuple[Any, ...]) -> None:
+    def _post(self, message: InboxMessage) -> None:
         with self._cv:
             if not self._closing:
                 self._inbox.append(message)
                 self._cv.notify()
                 return
-        # Closing or closed: the engine thread takes no more messages, so answer here (nobody waits forever).
-        if message[0] == "add":
-            message[1].out.put(("finished", RequestStatus.FINISHED_ABORTED, None))
-        elif message[0] == "call":
-            message[2].put((False, ModelLoadError("the torch backend was closed", "load it again")))
+        _refuse(message)  # closing or closed: the engine thread takes no more messages (nobody waits forever)
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the engine thread between steps; re-raise what it raises."""
-        reply: queue.SimpleQueue = queue.SimpleQueue()
-        self._post(("call", fn, reply))
-        ok, value = reply.get()
-        if not ok:
-            raise value
-        return value
+        reply_queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._post(Call(fn, reply_queue))
+        reply: Reply = reply_queue.get()
+        if reply.error is not None:
+            raise reply.error
+        return reply.value
 
     def _loop(self) -> None:
         engine = self._engine
@@ -321,82 +332,98 @@ class TorchBackend(Backend):
                 inbox, self._inbox = self._inbox, []
             for message in inbox:
                 self._handle(engine, channels, message)
-            if not engine.has_work:
-                continue
-            try:
-                updates = engine.step()
-            except Exception as exc:  # noqa: BLE001 - any failure ends the running streams, not the thread
-                self._fail_all(engine, channels, f"the torch engine failed: {type(exc).__name__}: {exc}")
-                continue
-            self._announce(channels)
-            for u in updates:
-                rid = u.request.request_id
-                channel = channels.get(rid)
-                status = u.request.status if u.finished else None
-                if channel is not None:
-                    channel.out.put(("token", u.new_token_ids[0], status, time.perf_counter()))
-                if u.finished:
-                    channels.pop(rid, None)
+            if engine.has_work:
+                self._step(engine, channels)
+            self._publish(engine)
         with self._cv:
             inbox, self._inbox = self._inbox, []
         for message in inbox:  # closing: streams still arriving end at once, calls are refused
-            if message[0] == "add":
-                message[1].out.put(("finished", RequestStatus.FINISHED_ABORTED, None))
-            elif message[0] == "call":
-                message[2].put((False, ModelLoadError("the torch backend was closed", "load it again")))
+            _refuse(message)
         for channel in channels.values():  # every open stream ends with ABORT
-            channel.out.put(("finished", RequestStatus.FINISHED_ABORTED, None))
+            channel.out.put(Finished(RequestStatus.FINISHED_ABORTED))
         engine.scheduler.abort_all()
+        self._publish(engine)
 
-    def _handle(self, engine: Engine, channels: dict[str, _Channel], message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "add":
-            channel: _Channel = message[1]
+    def _step(self, engine: Engine, channels: dict[str, _Channel]) -> None:
+        try:
+            updates = engine.step()
+        except Exception as exc:  # noqa: BLE001 - the batched forward failed: every running stream ends
+            self._fail_all(engine, channels, error_line("the torch engine failed", exc))
+            return
+        self._announce(channels)
+        now = time.perf_counter()
+        for u in updates:
+            rid = u.request.request_id
+            channel = channels.pop(rid, None) if u.finished else channels.get(rid)
+            if channel is None:
+                continue
+            if u.error is not None:  # this request failed alone (preparing, sampling or its stop check)
+                channel.out.put(Finished(RequestStatus.FINISHED_ERROR, u.error))
+                continue
+            self._generated_tokens += len(u.new_token_ids)
+            for token in u.new_token_ids:
+                channel.out.put(Token(token, u.request.status if u.finished else None, now))
+
+    def _handle(self, engine: Engine, channels: dict[str, _Channel], message: InboxMessage) -> None:
+        if isinstance(message, Add):
             try:
-                engine.add_request(channel.request)
-            except Exception as exc:  # noqa: BLE001 - stream() checked the length; anything else ends it
-                channel.out.put(("finished", RequestStatus.FINISHED_ERROR, f"{type(exc).__name__}: {exc}"))
+                engine.add_request(message.request)
+            except Exception as exc:  # noqa: BLE001 - stream() checked what it could; this request alone ends
+                message.out.put(Finished(RequestStatus.FINISHED_ERROR, error_line("the request failed", exc)))
                 return
-            channels[channel.request.request_id] = channel
-        elif kind == "finish":
-            _, rid, status, notify = message
-            channel = channels.pop(rid, None)
+            channels[message.request.request_id] = _Channel(message.request, message.out)
+        elif isinstance(message, Finish):
+            channel = channels.pop(message.request_id, None)
             if channel is None:
                 return  # unknown or already finished: ignored
-            engine.finish_request(rid, status)
-            if notify:
-                channel.out.put(("finished", status, None))
-        elif kind == "call":
-            _, fn, reply = message
+            engine.finish_request(message.request_id, message.status)
+            if message.notify:
+                channel.out.put(Finished(message.status))
+        elif isinstance(message, Call):
             try:
-                reply.put((True, fn()))
+                message.reply.put(Reply(value=message.fn()))
             except Exception as exc:  # noqa: BLE001 - handed back to the caller's thread
-                reply.put((False, exc))
+                message.reply.put(Reply(error=exc))
 
     def _announce(self, channels: dict[str, _Channel]) -> None:
         for channel in channels.values():
             r = channel.request
             if not channel.announced and r.first_scheduled_time is not None:
                 channel.announced = True
-                channel.out.put(("started", r.num_cached_tokens, r.first_scheduled_time - r.arrival_time))
+                channel.out.put(Started(r.num_cached_tokens, r.first_scheduled_time - r.arrival_time))
 
     def _fail_all(self, engine: Engine, channels: dict[str, _Channel], error: str) -> None:
         for r in engine.scheduler.abort_all(RequestStatus.FINISHED_ERROR):
             engine.sampler.forget(r.request_id)
         for channel in channels.values():
-            channel.out.put(("finished", RequestStatus.FINISHED_ERROR, error))
+            channel.out.put(Finished(RequestStatus.FINISHED_ERROR, error))
         channels.clear()
 
+    def _publish(self, engine: Engine) -> None:
+        """Swap in a new EngineStats (one reference assignment: readers see the old or the new one whole)."""
+        s, bm = engine.scheduler, engine.scheduler.block_manager
+        self._stats = EngineStats(
+            running=len(s.running), waiting=len(s.waiting), kv_blocks=bm.num_blocks,
+            kv_blocks_free=bm.num_free_blocks, kv_block_size=bm.block_size, prefix_cached_blocks=bm.num_cached_blocks,
+            prefix_hit_tokens=bm.num_hit_tokens, preemptions=s.num_preemptions,
+            generated_tokens=self._generated_tokens)
+
     # -- facts -------------------------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        """The engine thread's last snapshot (published after every step), with the process's memory now."""
+        memory = self.memory_in_use()
+        return dataclasses.replace(self._stats, rss_bytes=memory.get("rss_bytes", 0),
+                                   gpu_bytes=memory.get("gpu_bytes", 0))
+
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {"backend": self.name, "model": self.spec.name, "path": self.spec.path,
                                 "n_ctx": self.n_ctx, "max_num_seqs": self.options.max_num_seqs,
                                 "n_batch": self.options.n_batch}
         if self._engine is not None:
-            bm = self._engine.scheduler.block_manager
-            info.update(kv_blocks=bm.num_blocks, kv_block_size=bm.block_size, kv_blocks_free=bm.num_free_blocks,
-                        prefix_cached_blocks=bm.num_cached_blocks, prefix_hit_tokens=bm.num_hit_tokens,
-                        preemptions=self._engine.scheduler.num_preemptions)
+            st = self._stats  # the published snapshot, not the scheduler's live structures
+            info.update(kv_blocks=st.kv_blocks, kv_block_size=st.kv_block_size, kv_blocks_free=st.kv_blocks_free,
+                        prefix_cached_blocks=st.prefix_cached_blocks, prefix_hit_tokens=st.prefix_hit_tokens,
+                        preemptions=st.preemptions)
         if self._parts is not None and self._parts.describe is not None:
             info.update(self._parts.describe())
         return info
@@ -411,3 +438,11 @@ class TorchBackend(Backend):
         except Exception:  # noqa: BLE001 - memory figures are best effort
             pass
         return info
+
+
+def _refuse(message: InboxMessage) -> None:
+    """Answer a message the engine thread will never take (the backend is closing or closed)."""
+    if isinstance(message, Add):
+        message.out.put(Finished(RequestStatus.FINISHED_ABORTED))
+    elif isinstance(message, Call):
+        message.reply.put(Reply(error=ModelLoadError(_CLOSED, "load it again")))

@@ -3,20 +3,20 @@
 Single-threaded by design: the backend's engine thread owns the Engine; other threads talk to it through the
 backend's queues.  The runner is anything with `execute(SchedulerOutput) -> RunnerOutput` (the real
 ModelRunner, or a fake in tests); EOS, max_tokens and a full context are decided in `Scheduler.update`.
+
+One request's failure is that request's alone: a request whose sampler state cannot be set up fails at
+`add_request`; a row the sampler cannot sample, or a request whose stop check raises, is finished with
+FINISHED_ERROR and reported as an update carrying its error, while the other rows of the step go on.  A failure
+of `runner.execute` (the batched forward) is raised: it is every running request's.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
+from backends.torch_engine.parts import Runner
 from backends.torch_engine.request import EngineRequest, RequestStatus
 from backends.torch_engine.sampler import Sampler
-from backends.torch_engine.scheduler import RequestUpdate, Scheduler
-from backends.torch_engine.seams import RunnerOutput, SchedulerOutput
-
-
-class Runner(Protocol):
-    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput: ...
+from backends.torch_engine.scheduler import RequestUpdate, Scheduler, error_line
+from backends.torch_engine.seams import RunnerOutput
 
 
 class Engine:
@@ -27,7 +27,13 @@ class Engine:
         self.num_steps = 0
 
     def add_request(self, request: EngineRequest) -> None:
-        self.scheduler.add_request(request)
+        """Queue a request; raises (and queues nothing) when its sampler state or its length is refused."""
+        self.sampler.prepare(request.request_id, request.sampling)
+        try:
+            self.scheduler.add_request(request)
+        except Exception:
+            self.sampler.forget(request.request_id)
+            raise
 
     def finish_request(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
         self.scheduler.finish_request(request_id, status)
@@ -38,22 +44,31 @@ class Engine:
         return self.scheduler.has_unfinished
 
     def step(self) -> list[RequestUpdate]:
-        """Run one batch; return what happened to each request that got a token (finished ones included)."""
+        """Run one batch; return what happened to each request that got a token or failed (finished ones
+        included)."""
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
         result = self.runner.execute(out)
-        tokens = self._sample(result)
-        updates = self.scheduler.update(out, dict(zip(result.request_ids, tokens)))
+        sampled, failed = self._sample(result)
+        updates = [RequestUpdate(self.scheduler.requests[rid], (), True, error_line("sampling failed", exc))
+                   for rid, exc in failed.items()]
+        for u in updates:  # before update(), which then skips them: they are no longer running
+            self.scheduler.finish_request(u.request.request_id, RequestStatus.FINISHED_ERROR)
+        updates += self.scheduler.update(out, sampled)
         for u in updates:
             if u.finished:
                 self.sampler.forget(u.request.request_id)
         self.num_steps += 1
         return updates
 
-    def _sample(self, result: RunnerOutput) -> list[int]:
+    def _sample(self, result: RunnerOutput) -> tuple[dict[str, int], dict[str, Exception]]:
+        """(request id -> sampled token, request id -> the error its row raised)."""
         if not result.request_ids:
-            return []
+            return {}, {}
         requests = [self.scheduler.requests[r] for r in result.request_ids]
-        return self.sampler.sample(result.logits, result.request_ids, [r.sampling for r in requests],
+        rows = self.sampler.sample(result.logits, result.request_ids, [r.sampling for r in requests],
                                    [r.token_ids for r in requests])
+        sampled = {rid: t for rid, t in zip(result.request_ids, rows) if not isinstance(t, Exception)}
+        failed = {rid: t for rid, t in zip(result.request_ids, rows) if isinstance(t, Exception)}
+        return sampled, failed

@@ -5,7 +5,7 @@ builds positions and the slot mapping from the block tables, runs the model once
 cache through the slot mapping inside each layer) and returns float32 logits for the requests that need them.
 
 The pool: per layer one K and one V tensor of shape (num_blocks, BLOCK_SIZE, n_kv_heads, head_dim), sized from
-LoadOptions.kv_cache_bytes, else max_num_seqs x n_ctx tokens (backends.torch_engine.backend.kv_pool_blocks).
+LoadOptions.kv_cache_bytes, else max_num_seqs x n_ctx tokens (backends.torch_engine.parts.kv_pool_blocks).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from backends.api import LoadOptions, ProgressCallback
 from backends.errors import ConfigError
 from backends.modelspec import ModelSpec
 from backends.torch_engine.cuda_graphs import DecodeGraphs, graph_sizes, unavailable_reason
+from backends.torch_engine.parts import EngineParts, kv_pool_blocks
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
 from kernels.attention import allocate_kv_cache, build_attention_metadata
 from kernels.dispatch import kernel_set
@@ -112,7 +113,6 @@ class ModelRunner:
     _graphs_decided: bool = False
 
     def __init__(self, spec: ModelSpec, options: LoadOptions, kernels: str | None = None) -> None:
-        from backends.torch_engine.backend import kv_pool_blocks
         from backends.torch_engine.loader import load_model
 
         self.spec, self.options = spec, options
@@ -312,9 +312,9 @@ class ModelRunner:
         self.model = None  # type: ignore[assignment]
 
 
-def build_engine_parts(spec: ModelSpec, options: LoadOptions, progress: ProgressCallback | None = None):
+def build_engine_parts(spec: ModelSpec, options: LoadOptions, progress: ProgressCallback | None = None,
+                       ) -> EngineParts:
     """The model half for TorchBackend: runner, tokenizer, pool size, prompt logits, describe, close."""
-    from backends.torch_engine.backend import EngineParts
     from backends.torch_engine.tokenizer import load_tokenizer
 
     if progress is not None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from backends.api import SamplingParams
+from backends.api import SamplingParams, seed_u64
 
 REPEAT_LAST_N = 64  # tokens looked back at by the repetition penalty (llama.cpp's penalty_last_n default)
 
@@ -26,6 +26,12 @@ class Sampler:
         self._generators: dict[str, torch.Generator] = {}
         self._seed_source = random.Random(seed)  # seeds for requests that bring none
 
+    def prepare(self, request_id: str, params: SamplingParams) -> None:
+        """Set up a request's generator when it is added, so a seed the generator refuses fails that request
+        before it runs, not a batch.  Greedy requests draw nothing and get none."""
+        if not params.greedy:
+            self._generator(request_id, params)
+
     def forget(self, request_id: str) -> None:
         """Drop a finished request's generator."""
         self._generators.pop(request_id, None)
@@ -34,15 +40,43 @@ class Sampler:
         g = self._generators.get(request_id)
         if g is None:
             g = torch.Generator(device="cpu")
-            g.manual_seed(params.seed if params.seed is not None else self._seed_source.randrange(2**63))
+            # SamplingParams took any 64-bit seed, signed or unsigned; manual_seed takes [0, 2**64) unchanged
+            g.manual_seed(seed_u64(params.seed) if params.seed is not None else self._seed_source.randrange(2**63))
             self._generators[request_id] = g
         return g
 
     def sample(self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams],
-               histories: Sequence[Sequence[int]]) -> list[int]:
-        """One token per row.  logits: (num_rows, vocab); histories: each row's tokens so far (prompt and
-        output), for the repetition penalty."""
+               histories: Sequence[Sequence[int]]) -> list[int | Exception]:
+        """One token per row, or the exception that row raised: one request's failure is that request's alone.
+        logits: (num_rows, vocab); histories: each row's tokens so far (prompt and output), for the repetition
+        penalty.
+
+        The batch is sampled in one go; if that raises, every generator is put back as it was and the rows are
+        sampled one by one, so the rows that can be sampled get the token they would have got in the batch
+        (every operation is row-wise, see the module docstring) and each failing row gets its own error."""
         assert logits.dim() == 2 and logits.shape[0] == len(request_ids) == len(params) == len(histories)
+        # ~11 us for 16 seeded rows (Zen 4), against ~18 ms to sample them over a 49152-token vocabulary
+        states = {rid: self._generators[rid].get_state() for rid in request_ids if rid in self._generators}
+        try:
+            return list(self._sample_rows(logits, request_ids, params, histories))
+        except Exception:  # noqa: BLE001 - find the rows that fail, below
+            pass
+        for rid in request_ids:  # undo the draws of the failed attempt
+            if rid in states:
+                self._generators[rid].set_state(states[rid])
+            else:
+                self._generators.pop(rid, None)
+        out: list[int | Exception] = []
+        for i in range(len(request_ids)):
+            try:
+                out.extend(self._sample_rows(logits[i:i + 1], request_ids[i:i + 1], params[i:i + 1],
+                                             histories[i:i + 1]))
+            except Exception as exc:  # noqa: BLE001 - that request's error, reported on its stream
+                out.append(exc)
+        return out
+
+    def _sample_rows(self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams],
+                     histories: Sequence[Sequence[int]]) -> list[int]:
         logits = logits.float()
         tokens = torch.empty(logits.shape[0], dtype=torch.long)
         greedy = [i for i, p in enumerate(params) if p.greedy]

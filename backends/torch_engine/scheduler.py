@@ -33,6 +33,13 @@ class RequestUpdate:
     request: EngineRequest
     new_token_ids: tuple[int, ...]  # tokens sampled this step (0 or 1)
     finished: bool  # the request ended this step (request.status says how)
+    error: str | None = None  # set when this request alone failed this step (status FINISHED_ERROR); one line
+
+
+def error_line(what: str, exc: BaseException) -> str:
+    """One line naming what failed and how, for a request that fails alone."""
+    text = " ".join(str(exc).split())
+    return f"{what}: {type(exc).__name__}: {text}" if text else f"{what}: {type(exc).__name__}"
 
 
 class Scheduler:
@@ -140,19 +147,29 @@ class Scheduler:
             request = self.requests.get(s.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # finished (aborted) while the step ran
-            request.num_computed_tokens += s.num_tokens
-            self.block_manager.cache_full_blocks(request)
-            if not s.needs_logits:
-                continue
-            token = sampled[s.request_id]
-            request.append_output(token)
-            if request.first_token_time is None:
-                request.first_token_time = now
-            status = self._stop_status(request, token)
-            if status is not None:
-                self.finish_request(request.request_id, status)
-            updates.append(RequestUpdate(request, (token,), status is not None))
+            try:
+                update = self._update_one(request, s, sampled, now)
+            except Exception as exc:  # noqa: BLE001 - this request's failure alone; the others' updates go on
+                self.finish_request(request.request_id, RequestStatus.FINISHED_ERROR)
+                update = RequestUpdate(request, (), True, error_line("the engine's update failed", exc))
+            if update is not None:
+                updates.append(update)
         return updates
+
+    def _update_one(self, request: EngineRequest, s: ScheduledRequest, sampled: dict[str, int],
+                    now: float) -> RequestUpdate | None:
+        request.num_computed_tokens += s.num_tokens
+        self.block_manager.cache_full_blocks(request)
+        if not s.needs_logits:
+            return None
+        token = sampled[s.request_id]
+        request.append_output(token)
+        if request.first_token_time is None:
+            request.first_token_time = now
+        status = self._stop_status(request, token)
+        if status is not None:
+            self.finish_request(request.request_id, status)
+        return RequestUpdate(request, (token,), status is not None)
 
     # -- helpers ------------------------------------------------------------------------------------------
     def _scheduled(self, request: EngineRequest, num_new: int) -> ScheduledRequest:

@@ -141,3 +141,65 @@ def fake_build(num_blocks: int = 64, delay_s: float = 0.0):
                            describe=lambda: {"device": "fake"})
 
     return build
+
+
+# -- failures injected into a real or fake TorchBackend (one request's failure is that request's alone) ------
+class InjectedFailure(RuntimeError):
+    pass
+
+
+FAILURES = {  # request id -> the error its stream must end with
+    "bad-prepare": "the request failed: InjectedFailure: cannot prepare bad-prepare",
+    "bad-sample-greedy": "sampling failed: InjectedFailure: cannot sample",
+    "bad-sample-seeded": "sampling failed: InjectedFailure: cannot sample",
+    "bad-stop": "the engine's update failed: InjectedFailure: cannot check for a stop",
+    "bad-detok": "detokenizing failed: InjectedFailure: cannot detokenize",
+}
+
+
+def bad_sampling(request_id: str, max_tokens: int):
+    """The SamplingParams each injected failure runs with (seeded ones draw, so a restore bug would show)."""
+    from backends.api import SamplingParams
+
+    if "seeded" in request_id or "prepare" in request_id:
+        return SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=len(request_id),
+                              max_tokens=max_tokens, ignore_eos=True)
+    stop = ("BOOM",) if "detok" in request_id else ()
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, stop=stop)
+
+
+def inject_failures(backend, monkeypatch) -> None:
+    """Make the requests named in FAILURES fail where their id says (preparing, sampling after every row has
+    drawn, the stop check of their 3rd token, detokenizing); every other request is untouched."""
+    from backends.torch_engine import backend as backend_module
+
+    engine = backend._engine
+    sampler, scheduler = engine.sampler, engine.scheduler
+    prepare, sample_rows, stop_status = sampler.prepare, sampler._sample_rows, scheduler._stop_status
+
+    def bad_prepare(request_id, params):
+        if request_id.startswith("bad-prepare"):
+            raise InjectedFailure(f"cannot prepare {request_id}")
+        return prepare(request_id, params)
+
+    def bad_sample_rows(logits, request_ids, params, histories):
+        tokens = sample_rows(logits, request_ids, params, histories)  # every row has drawn from its generator
+        if any(r.startswith("bad-sample") for r in request_ids):
+            raise InjectedFailure("cannot sample")
+        return tokens
+
+    def bad_stop(request, token):
+        if request.request_id.startswith("bad-stop") and request.num_output_tokens == 3:
+            raise InjectedFailure("cannot check for a stop")
+        return stop_status(request, token)
+
+    class BadTextStream(backend_module.TextStream):
+        def push(self, token_ids):
+            if "BOOM" in self._stop:
+                raise InjectedFailure("cannot detokenize")
+            return super().push(token_ids)
+
+    monkeypatch.setattr(sampler, "prepare", bad_prepare)
+    monkeypatch.setattr(sampler, "_sample_rows", bad_sample_rows)
+    monkeypatch.setattr(scheduler, "_stop_status", bad_stop)
+    monkeypatch.setattr(backend_module, "TextStream", BadTextStream)

@@ -88,16 +88,20 @@ def test_logits_and_perplexity_match_llama_cpp(starter, reference_logits, dtype:
 
 def test_cpu_tied_head_is_the_dense_embedding_and_gives_a_row_the_same_logits_at_any_row_count(starter) -> None:
     """The starter's tied Q8_0 head runs as the dense bf16 embedding for every row (loader.load_model says
-    why): no second copy, and a row's logits are the same bits alone, among 16 rows or at the end of a prompt,
-    which is what keeps a request's tokens independent of the batch it decodes in."""
+    why): no second copy, and a row's logits alone, among 16 rows or at the end of a prompt are the same up to
+    one bf16 rounding (not the same bits: the Xeon with AMX picks its bf16 GEMM kernel by row count; the Zen 4
+    machine gives equal bits).  How far that carries to tokens: tests/greedy_agreement.py."""
+    from tests.greedy_agreement import assert_same_up_to_rounding
+
     spec, tok, _ = starter
     runner = ModelRunner(spec, LoadOptions(n_ctx=256, max_num_seqs=2, dtype="bfloat16"))
     head = runner.model.lm_head
     assert type(head) is torch.nn.Linear and head.weight is runner.model.embed.weight
     hidden = torch.randn(16, spec.hidden_size).bfloat16()
-    together = runner.model.compute_logits(hidden)
-    assert all(torch.equal(runner.model.compute_logits(hidden[i:i + 1]), together[i:i + 1]) for i in range(16))
+    together = head(hidden)  # (16, vocab) bf16, before compute_logits' float32 cast
+    for i in range(16):
+        assert_same_up_to_rounding(head(hidden[i:i + 1]), together[i:i + 1], 1, f"row {i}")
     ids = tok.encode("The capital of France is")
     decode = runner.forward([(ids, 0, list(range(2)))])  # one row per sequence
     full = runner.forward([(ids, 0, list(range(2)))], "all")[-1:]  # every row
-    assert torch.equal(decode, full)
+    assert_same_up_to_rounding(decode.bfloat16(), full.bfloat16(), 1, "last row alone vs among the prompt's")

@@ -156,9 +156,12 @@ def test_head_major_cache_gives_the_same_cache_and_attention(case: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fast_decode_attention_gives_a_sequence_the_same_bits_alone_and_in_a_batch(dtype: torch.dtype) -> None:
-    """What keeps a request's greedy tokens and seeded samples independent of the batch: its decode row is
-    computed bit for bit the same alone as among longer and shorter sequences (padded to the longest)."""
+def test_fast_decode_attention_gives_a_sequence_the_same_result_alone_and_in_a_batch(dtype: torch.dtype) -> None:
+    """A request's decode row is computed alone as among longer and shorter sequences (padded to the longest)
+    up to one rounding of the dtype: the padded tail is masked, but the GEMMs inside see other shapes, and a
+    CPU may block them differently by shape (equal bits on Zen 4; not promised on a Xeon with AMX)."""
+    from tests.greedy_agreement import assert_same_up_to_rounding
+
     torch.manual_seed(0)
     kv_heads, num_heads, head_dim, bs = 3, 9, 64, 16
     lens = [41, 200, 17, 96]  # context after this step; sequence 0 is the one compared
@@ -175,7 +178,8 @@ def test_fast_decode_attention_gives_a_sequence_the_same_bits_alone_and_in_a_bat
     batch = attention.build_attention_metadata([(n - 1, 1, t) for n, t in zip(lens, tables)], bs)
     alone = attention.build_attention_metadata([(lens[0] - 1, 1, tables[0])], bs)
     together = attention.paged_attention_torch(q, k_cache, v_cache, batch, 0.125)
-    assert torch.equal(attention.paged_attention_torch(q[:1], k_cache, v_cache, alone, 0.125), together[:1])
+    assert_same_up_to_rounding(attention.paged_attention_torch(q[:1], k_cache, v_cache, alone, 0.125),
+                               together[:1], 1, "sequence 0 alone vs in the batch")
 
 
 def test_reference_attention_is_causal_on_a_cached_prefix() -> None:

@@ -1,9 +1,10 @@
-"""16 parallel streaming clients against the torch engine (continuous batching) over HTTP: every reply equals
-the same request run alone, and the aggregate throughput is printed next to the engine's in-process one.
+"""16 parallel streaming clients against the torch engine (continuous batching) over HTTP: every reply agrees
+with the same request run alone, and the aggregate throughput is printed next to the engine's in-process one.
 
-Equality is exact unless the first differing token is a floating-point near-tie: batched and alone runs differ
-only in reduction order, so there the two candidates' logits must be within NEAR_TIE (as in
-tests/engine/test_real_model.py).  Throughput is reported (-s), not asserted: speed targets live in benchmarks.
+"Agrees" is tests/greedy_agreement.py's rule, not bit equality: a CPU's bf16 GEMM kernels may round a row
+differently alone and among 16 (the Xeon with AMX does), so a reply may part from the reference run (the request
+alone on a cold prefix cache) only where that run's top two logits were within NEAR_TIE_ULPS bf16 ulps.
+Throughput is reported (-s), not asserted: speed targets live in benchmarks.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ import time
 import pytest
 
 from backends.api import LoadOptions, Request, SamplingParams
+from tests.greedy_agreement import assert_greedy_agree, assert_text_agrees, reference_run
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 pytest.importorskip("backends.torch_engine.model_runner", reason="the torch engine's model half is not there yet")
 
-NEAR_TIE = 0.25  # logits units.  Measured: since decode and prompt rows each take one fixed kernel
-# (quantize.QUANTIZED_ROWS) all 16 replies equal their alone runs; before, up to 0.125 (client 5, token 15)
 N_CLIENTS = 16
 N_TOKENS = 16
 TOPICS = ["the sea", "a cat", "Paris", "rain", "coffee", "a robot", "winter", "the moon"]
@@ -42,25 +42,8 @@ def messages(i: int) -> list[dict]:
 
 def ask(client, i: int) -> str:
     stream = client.chat.completions.create(model="starter", messages=messages(i), temperature=0, seed=i,
-                                            max_tokens=N_TOKENS, stream=True)
+                                            max_tokens=N_TOKENS, stream=True, extra_body={"ignore_eos": True})
     return "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
-
-
-def assert_same_or_near_tie(backend, i: int, batched: str, alone: str) -> None:
-    if batched == alone:
-        return
-    from backends.templates import render_for_spec
-
-    rendered = render_for_spec(backend.spec, messages(i))
-    prompt = backend.tokenize(rendered.text, add_special=rendered.add_special)
-    a = backend.tokenize(alone, add_special=False)
-    b = backend.tokenize(batched, add_special=False)
-    n = next(k for k in range(min(len(a), len(b)) + 1) if k == min(len(a), len(b)) or a[k] != b[k])
-    assert n < min(len(a), len(b)), f"client {i}: one reply is a prefix of the other: {batched!r} vs {alone!r}"
-    logits = backend.logits(prompt + a[:n])[-1]
-    gap = abs(float(logits[a[n]]) - float(logits[b[n]]))
-    print(f"client {i}: near-tie at token {n}, logit gap {gap:.3f}")
-    assert gap < NEAR_TIE, f"client {i}: replies differ at token {n} with a logit gap of {gap:.3f}: {batched!r} vs {alone!r}"
 
 
 def test_16_parallel_streams_equal_alone_and_throughput(live, torch_backend) -> None:
@@ -93,7 +76,8 @@ def test_16_parallel_streams_equal_alone_and_throughput(live, torch_backend) -> 
     for i in range(N_CLIENTS):
         r = render_for_spec(torch_backend.spec, messages(i))
         reqs.append(Request(prompt=r.text, add_special=r.add_special, sampling=SamplingParams(
-            temperature=0, top_k=0, min_p=0, top_p=1, max_tokens=N_TOKENS, seed=i, stop=tuple(r.stop))))
+            temperature=0, top_k=0, min_p=0, top_p=1, max_tokens=N_TOKENS, seed=i, stop=tuple(r.stop),
+            ignore_eos=True)))
     done: list = [None] * N_CLIENTS
     threads = [threading.Thread(target=lambda i=i: done.__setitem__(i, torch_backend.generate(reqs[i])))
                for i in range(N_CLIENTS)]
@@ -104,11 +88,15 @@ def test_16_parallel_streams_equal_alone_and_throughput(live, torch_backend) -> 
         t.join(120)
     direct_s = time.perf_counter() - t0
     tokens = sum(c.stats.completion_tokens for c in done)
-    # The server adds nothing: HTTP replies are exactly the engine's own for the same batch.
-    assert [c.text for c in done] == batched
-    print("\nalone vs batched differ for clients", [i for i in range(N_CLIENTS) if batched[i] != alone[i]])
+    print("\nHTTP batched vs HTTP alone differ for clients", [i for i in range(N_CLIENTS) if batched[i] != alone[i]])
     http_tps, direct_tps = tokens / http_s, tokens / direct_s
     print(f"\n{N_CLIENTS} clients x {N_TOKENS} tokens: HTTP {http_tps:.1f} tok/s, in-process {direct_tps:.1f} tok/s "
           f"({100 * http_tps / direct_tps:.0f}%)")
-    for i in range(N_CLIENTS):
-        assert_same_or_near_tie(torch_backend, i, batched[i], alone[i])
+    # Every reply, over HTTP or in-process, alone or among 16, agrees with the reference run.
+    token_bytes = torch_backend._parts.tokenizer.token_bytes
+    for i, r in enumerate(reqs):
+        ids = torch_backend.tokenize(r.prompt, add_special=r.add_special)
+        reference, rows = reference_run(torch_backend, ids, N_TOKENS)
+        assert_greedy_agree(reference, done[i].token_ids, rows, f"client {i} in-process among 16")
+        assert_text_agrees(reference, rows, token_bytes, alone[i], f"client {i} over HTTP alone")
+        assert_text_agrees(reference, rows, token_bytes, batched[i], f"client {i} over HTTP among 16")

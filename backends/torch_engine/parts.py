@@ -1,0 +1,50 @@
+"""What the model half hands the engine half, and the KV pool's size: the module both halves import.
+
+The engine half (backend.py: threads, scheduler, sampler) builds the model half (model_runner.py: weights, KV
+pool, tokenizer) through `build_parts`; the model half returns `EngineParts`.  Both need these types and
+`kv_pool_blocks`, so they live here, below both, and neither half imports the other's module at runtime except
+backend.py's lazy `build_parts` (the one arrow, engine -> model).  Pure Python: no torch import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from backends.api import LoadOptions
+from backends.modelspec import ModelSpec
+from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, SchedulerOutput
+
+
+class Runner(Protocol):
+    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput: ...
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+    def token_bytes(self, token_ids: Sequence[int]) -> bytes: ...  # reply text: control tokens give b""
+
+
+@dataclass
+class EngineParts:
+    """What the model half provides to the engine."""
+
+    runner: Runner  # execute(SchedulerOutput) -> RunnerOutput, over a KV pool of num_blocks blocks
+    tokenizer: Tokenizer
+    num_blocks: int  # blocks in the runner's KV pool
+    # (ids, block_table) -> (len(ids), vocab) float32 tensor: logits after every position, computed over the
+    # given blocks (the backend takes them from the block manager, so no live or cached prefix is overwritten)
+    prompt_logits: Callable[[Sequence[int], Sequence[int]], Any] | None = None
+    describe: Callable[[], dict[str, Any]] | None = None  # device, dtype, KV pool bytes, ...
+    close: Callable[[], None] | None = None
+
+
+def kv_pool_blocks(spec: ModelSpec, options: LoadOptions, bytes_per_element: int) -> int:
+    """Blocks in the KV pool: LoadOptions.kv_cache_bytes when set, else enough for max_num_seqs sequences of
+    n_ctx tokens (what the plan budgets).  One block holds K and V of BLOCK_SIZE tokens in every layer."""
+    block_bytes = 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_element * BLOCK_SIZE
+    if options.kv_cache_bytes is not None:
+        return max(options.kv_cache_bytes // block_bytes, 1)
+    return options.max_num_seqs * -(-options.n_ctx // BLOCK_SIZE)
