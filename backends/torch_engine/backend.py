@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.api import (
+from backends.api import (peak_rss_bytes, 
     Backend,
     Capabilities,
     EngineStats,
@@ -413,7 +413,7 @@ class TorchBackend(Backend):
         """The engine thread's last snapshot (published after every step), with the process's memory now."""
         memory = self.memory_in_use()
         return dataclasses.replace(self._stats, rss_bytes=memory.get("rss_bytes", 0),
-                                   gpu_bytes=memory.get("gpu_bytes", 0))
+                                   gpu_bytes=memory.get("gpu_bytes", 0), peak_rss_bytes=peak_rss_bytes())
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {"backend": self.name, "model": self.spec.name, "path": self.spec.path,

@@ -112,12 +112,17 @@ def test_sigterm_finishes_and_exits_0(server) -> None:
     result = {}
 
     def long_call() -> None:
-        r = client(url).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=40, temperature=0)
+        r = client(url).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=200, temperature=0,
+                                      extra_body={"ignore_eos": True})
         result["reason"] = r.choices[0].finish_reason
 
     t = threading.Thread(target=long_call)
     t.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30  # SIGTERM once the request runs (a fixed sleep lost the race under load)
+    auth = {"Authorization": "Bearer k3y"}
+    while "hearth_requests_running 1.0" not in httpx.get(url + "/metrics", headers=auth).text:
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
     t.join(30)
     assert proc.wait(30) == 0

@@ -40,6 +40,8 @@ async def test_prompt_sent_before_model_ready_waits(make_app, backend) -> None:
         assert app.loaded is None and app.pending is not None
         await wait_for(pilot, lambda: len(chat_text(app)) == 2 and app.turn is None)
         assert chat_text(app)[1][1].startswith("Hello")
+        await wait_for(pilot, lambda: "ready" in str(app.status.render()))
+        await pilot.pause(0.2)  # let the reply's last UI updates finish before the app closes
 
 
 async def test_escape_stops_and_keeps_partial_reply(make_app, backend) -> None:
