@@ -88,6 +88,7 @@ class HearthApp(ScreenActions, App[None]):
         self.edit_from: int | None = None  # position an edited message replaces
         self.conv: Conversation = self._initial_conversation()
         self._turn_ids = itertools.count(1)
+        self._request_id = ""  # the request in flight (set by its worker once the template rendered)
 
     # -- layout -------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -214,29 +215,28 @@ class HearthApp(ScreenActions, App[None]):
         conv = self.store.get(conversation_id)
         assert conv is not None and self.loaded is not None and self.turn is None
         last_user = next((m.content for m in reversed(conv.messages) if m.role == "user"), "")
-        try:
-            request = engine.build_request(self.loaded, conv, self.settings)
-        except Exception as exc:  # template or sampling settings refused: say so, restore the prompt
-            self.turn = Turn(0, conversation_id, last_user, None)
-            self.on_reply_failed(events.ReplyFailed(0, engine._one_line(exc)))
-            return
         self.store.set_model(conversation_id, self.loaded.entry.name)
         self.turn = Turn(next(self._turn_ids), conversation_id, last_user, None)
-        self.call_after_refresh(self._start_turn, self.turn, request)
+        self.call_after_refresh(self._start_turn, self.turn, conv)
 
-    async def _start_turn(self, turn: Turn, request: Any) -> None:
+    async def _start_turn(self, turn: Turn, conv: Conversation) -> None:
         if turn.conversation_id == self.conv.id:
             turn.box = await self.query_one(ChatLog).add("assistant", "", None)
         self.status.set(state="writing (Esc stops)")
-        turn.worker = self._drain(self.loaded.backend, request, turn.id)
-        self._request_id = request.request_id
+        turn.worker = self._drain(self.loaded, conv, turn.id)
 
     @work(thread=True, group="generate")
-    def _drain(self, backend: Any, request: Any, turn_id: int) -> None:
+    def _drain(self, loaded: Any, conv: Conversation, turn_id: int) -> None:
         from textual.worker import get_current_worker
 
         worker = get_current_worker()
-        engine.drain(backend, request, turn_id, self.post_message, lambda: worker.is_cancelled)
+        try:  # the template renders here, off the UI thread (a slow one costs its budget, never a frozen screen)
+            request = engine.build_request(loaded, conv, self.settings)
+        except Exception as exc:  # template or sampling settings refused: say so, restore the prompt
+            self.post_message(events.ReplyFailed(turn_id, engine._one_line(exc)))
+            return
+        self._request_id = request.request_id
+        engine.drain(loaded.backend, request, turn_id, self.post_message, lambda: worker.is_cancelled)
 
     async def on_reply_chunk(self, msg: events.ReplyChunk) -> None:
         turn = self.turn
