@@ -195,8 +195,8 @@ class Channel:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise ProtocolError(f"a frame did not decode: {exc}") from None
 
-    def _read(self, n: int) -> bytes | None:
-        buf = bytearray(n)
+    def _read(self, n: int) -> bytearray | None:
+        buf = bytearray(n)  # decoded in place: a large frame (logits) is never copied whole once more
         view = memoryview(buf)
         got = 0
         while got < n:
@@ -204,7 +204,7 @@ class Channel:
             if k == 0:
                 return None
             got += k
-        return bytes(buf)
+        return buf
 
 
 def error_info(exc: BaseException) -> ErrorInfo:
