@@ -16,6 +16,7 @@ from typing import Any
 
 from backends.errors import ModelFormatError
 from backends.gguf_reader import SkippedArray, read_model_header, read_string_items
+from backends.weight_map import repacked_params
 from hwprobe.shape import ModelShape
 
 SCHEMA_VERSION = 2  # bump when the fields change: the store's metadata cache keys on it
@@ -92,8 +93,6 @@ class ModelSpec:
 
     def to_shape(self) -> ModelShape:
         """The planner's view of this model."""
-        from backends.torch_engine.weight_map import repacked_params  # pure Python: no torch
-
         embed = self.tensor("token_embd.weight") or self.tensor("model.embed_tokens.weight")
         out = self.tensor("output.weight") or self.tensor("lm_head.weight")
         extra: dict[str, Any] = {"rope_scaling": self.rope_scaling, "file_format": self.format}

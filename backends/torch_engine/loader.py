@@ -1,6 +1,6 @@
 """Weights of a Llama-family model (GGUF file or Hugging Face safetensors folder) into models.llama.LlamaModel.
 
-The name mapping is data (backends.torch_engine.weight_map: `GGUF_NAMES` / `HF_NAMES` map a file's tensor name
+The name mapping is data (backends.weight_map: `GGUF_NAMES` / `HF_NAMES` map a file's tensor name
 to the model parameter and, for merged projections, which shard it fills: Q/K/V -> qkv_proj, gate/up -> gate_up_proj).
 Per architecture (`ARCHITECTURES`): whether llama.cpp's converter reordered the Q/K rows of a GGUF for
 interleaved-pair RoPE.  The loader undoes that reorder, so the model always runs rotate-half RoPE, one layout
@@ -41,7 +41,7 @@ from torch import nn
 from backends.errors import ConfigError, ModelFormatError, UnsupportedArchitectureError
 from backends.modelspec import ModelSpec
 from backends.torch_engine.models.llama import LlamaConfig, LlamaModel
-from backends.torch_engine.weight_map import GGUF_NAMES, HF_NAMES, SHARDS, is_projection_param, template
+from backends.weight_map import GGUF_NAMES, HF_NAMES, SHARDS, is_projection_param, template
 from kernels.dispatch import KernelSet
 from kernels.quant_matmul import QuantWeight, concat_rows, dequantize
 from kernels.rope import rope_inv_freq
