@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from backends.errors import ModelFormatError
+from backends.gguf_checks import check_gguf
 from backends.gguf_reader import SkippedArray, read_model_header, read_string_items
 from backends.weight_map import repacked_params
 from hwprobe.shape import ModelShape
 
-SCHEMA_VERSION = 2  # bump when the fields change: the store's metadata cache keys on it
+SCHEMA_VERSION = 3  # bump when the fields or the checks change: the store's metadata cache keys on it
 
 
 @dataclass(frozen=True)
@@ -176,11 +177,9 @@ def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
     from gguf.constants import GGMLQuantizationType
 
     header, shards = read_model_header(path)
+    fig = check_gguf(header, shards)  # every key, limit, tokenizer and tensor shape, before anything uses them
     md = header.metadata
-    arch = md.get("general.architecture")
-    if not isinstance(arch, str):
-        raise ModelFormatError(f"{header.path} has no general.architecture in its metadata",
-                               "the file is not a model GGUF (or is damaged): download the model again")
+    arch = fig.architecture
 
     def a(key: str, default: Any = None) -> Any:
         return _first(md.get(f"{arch}.{key}"), default)
@@ -190,19 +189,7 @@ def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
         for h in shards for t in h.tensors
     )
     names = {t.name for t in tensors}
-    n_heads = int(a("attention.head_count", 0) or 0)
-    hidden = int(a("embedding_length", 0) or 0)
-    n_layers = int(a("block_count", 0) or 0)
-    if not (n_heads and hidden and n_layers):
-        raise ModelFormatError(f"{header.path} lacks {arch}.block_count / embedding_length / attention.head_count",
-                               "the file is incomplete or not a transformer model GGUF")
     tokens = md.get("tokenizer.ggml.tokens")
-    vocab = int(a("vocab_size", 0) or (len(tokens) if tokens is not None else 0))
-    if not vocab:
-        embed = next((t for t in tensors if t.name == "token_embd.weight"), None)
-        vocab = embed.shape[1] if embed and len(embed.shape) > 1 else 0
-    head_dim = int(a("attention.key_length", 0) or hidden // n_heads)
-    ffn = int(a("feed_forward_length", 0) or a("expert_feed_forward_length", 0) or 0)
     scaling: dict[str, Any] = {}
     if a("rope.scaling.type") not in (None, "none"):
         scaling = {"type": a("rope.scaling.type"), "factor": a("rope.scaling.factor"),
@@ -228,13 +215,12 @@ def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
     return ModelSpec(
         path=str(header.path), format="gguf",
         name=str(md.get("general.name") or _stem(header.path)),
-        architecture=arch, n_layers=n_layers, hidden_size=hidden, n_heads=n_heads,
-        n_kv_heads=int(a("attention.head_count_kv", n_heads) or n_heads), head_dim=head_dim, ffn_size=ffn,
-        vocab_size=vocab, context_length=int(a("context_length", 2048) or 2048),
-        rope_base=float(a("rope.freq_base", 10000.0) or 10000.0), rope_scaling=scaling,
-        rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5) or 1e-5),
-        n_experts=int(a("expert_count", 0) or 0), n_experts_used=int(a("expert_used_count", 0) or 0),
-        sliding_window=int(a("attention.sliding_window", 0) or 0),
+        architecture=arch, n_layers=fig.n_layers, hidden_size=fig.hidden_size, n_heads=fig.n_heads,
+        n_kv_heads=fig.n_kv_heads, head_dim=fig.head_dim, ffn_size=fig.ffn_size,
+        vocab_size=fig.vocab_size, context_length=fig.context_length,
+        rope_base=float(a("rope.freq_base", 10000.0)), rope_scaling=scaling,
+        rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),
+        n_experts=fig.n_experts, n_experts_used=fig.n_experts_used, sliding_window=fig.sliding_window,
         file_type=_file_type_name(md, type_counts), file_size_bytes=sum(h.file_size for h in shards),
         param_count=sum(t.n_elements for t in tensors), tensor_types=dict(type_counts), tensors=tensors,
         tied_embeddings="output.weight" not in names,
