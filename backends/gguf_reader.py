@@ -98,7 +98,7 @@ class GGUFHeader:
 
 def type_error(path: Path, key: str, got: str, expected: str) -> ModelFormatError:
     """Metadata of the wrong GGUF type, named with what was expected (the way llama.cpp reads that key)."""
-    return ModelFormatError(f"{path}: metadata {key} is {'an' if got[:1] in 'aiu' else 'a'} {got}, expected {expected}",
+    return ModelFormatError(f"{path}: metadata {key} is {'an' if got[:1] in 'ai' else 'a'} {got}, expected {expected}",
                             "the file's metadata is malformed: re-convert the model or download it again")
 
 
@@ -230,7 +230,7 @@ def _tensor_bytes(ggml_type: int, shape: tuple[int, ...], path: Path, name: str)
     return n_el // block * type_size, n_el
 
 
-def _open_regular(path: Path) -> int:
+def open_regular(path: Path, kind: str = "GGUF file") -> int:
     """A read-only descriptor of `path`, refusing (with a reason) what is not a readable regular file: a FIFO
     would block a plain open() forever, and a directory or a symlink loop has nothing to read."""
     try:
@@ -246,11 +246,11 @@ def _open_regular(path: Path) -> int:
                                    "point the link at the real model file") from None
         raise ModelFormatError(f"{path} cannot be read: {exc.strerror}", "check the path") from None
     if stat.S_ISDIR(st.st_mode):
-        raise ModelFormatError(f"{path} is a directory, not a GGUF file", "point at the .gguf file inside it")
+        raise ModelFormatError(f"{path} is a directory, not a {kind}", "point at the file inside it")
     if not stat.S_ISREG(st.st_mode):
-        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) \
+        what = "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) \
             else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
-        raise ModelFormatError(f"{path} is {kind}, not a model file", "point at a .gguf file")
+        raise ModelFormatError(f"{path} is {what}, not a {kind}", "point at a regular file")
     try:  # O_NONBLOCK: should the path have become a FIFO since the stat, opening it must not hang
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except PermissionError:
@@ -260,7 +260,7 @@ def _open_regular(path: Path) -> int:
         raise ModelFormatError(f"{path} cannot be read: {exc.strerror}", "check the path") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise ModelFormatError(f"{path} is not a regular file", "point at a .gguf file")
+        raise ModelFormatError(f"{path} is not a regular file", "point at a regular file")
     return fd
 
 
@@ -303,7 +303,7 @@ def read_header(path: str | os.PathLike[str], keep_arrays: Iterable[str] = (), f
     corrupt or over-limit file (the caps above), and for a tensor table llama.cpp would refuse."""
     path = Path(path)
     keep = set(keep_arrays)
-    fd = _open_regular(path)
+    fd = open_regular(path)
     with os.fdopen(fd, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size < 24:

@@ -124,7 +124,8 @@ def _config_shape(listing: Listing, folder: Path) -> Any | None:
         return None
     import json
 
-    from backends.modelspec import hf_config_shape
+    from backends.errors import ModelFormatError
+    from backends.hf_folder import hf_config_shape
     from hwprobe.shape import ModelShape
 
     try:
@@ -133,7 +134,7 @@ def _config_shape(listing: Listing, folder: Path) -> Any | None:
         verify(Path(path), cfg)
         values = hf_config_shape(json.loads(Path(path).read_text(encoding="utf-8")), listing.repo_id)
         return ModelShape(**{k: v for k, v in values.items() if k in ModelShape.__dataclass_fields__})
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, ModelFormatError):
         return None  # a config.json the planner cannot read: the size rule decides
 
 
