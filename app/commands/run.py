@@ -57,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         if args.verbose:
             print_stats(result, sys.stderr)
-        return 0 if result.finish_reason.value != "error" else 1
+        if result.finish_reason.value != "error":
+            return 0
+        if not (args.verbose and result.error):  # never a non-zero exit without a line saying why
+            print(f"hearth: error: {result.error or 'the backend ended the reply with an error and gave no reason'}",
+                  file=sys.stderr)
+        return 1
     finally:
         loaded.backend.close()
