@@ -117,9 +117,12 @@ def list_repo(repo_id: str, revision: str | None = None) -> Listing:
     except ValueError:  # json.JSONDecodeError and friends: an HTML error page, a captive portal, a broken mirror
         raise PullError(f"the hub at {_endpoint() or 'https://huggingface.co'} answered the listing of {repo_id} "
                         "with something that is not JSON", _MIRROR_HINT) from None
-    except (KeyError, TypeError, AttributeError) as exc:  # JSON, but not a model listing
-        raise PullError(f"the hub's listing of {repo_id} is malformed: a field is missing or of the wrong type "
-                        f"({type(exc).__name__}: {str(exc)[:60]})", _MIRROR_HINT) from None
+    except KeyError as exc:  # JSON, but an entry lacks a field (an LFS file without its sha256, ...)
+        raise PullError(f"the hub's listing of {repo_id} is malformed: an entry lacks {str(exc.args[0])[:40]!r}",
+                        _MIRROR_HINT) from None
+    except (TypeError, AttributeError) as exc:  # JSON, but not a model listing
+        raise PullError(f"the hub's listing of {repo_id} is malformed: a field has the wrong type "
+                        f"({str(exc)[:60]})", _MIRROR_HINT) from None
     try:
         files = tuple(_remote_file(s) for s in (info.siblings or []))
     except (TypeError, ValueError, AttributeError) as exc:
