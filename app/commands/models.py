@@ -16,7 +16,10 @@ and cached, so listing stays fast.
 
   hearth models                          table
   hearth models --json                   one JSON object per model in a list
-  hearth models add ~/m/foo.Q4_K_M.gguf --name foo"""
+  hearth models add ~/m/foo.Q4_K_M.gguf --name foo
+
+`models add` checks the file as `hearth run` would (types, limits and tensor table of the header: README
+"Limits on model files") and registers nothing it refuses."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
