@@ -178,8 +178,6 @@ def spec_from_hf_folder(folder: str | os.PathLike[str]) -> ModelSpec:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelFormatError(f"{folder} has no *.safetensors files", "download the weights (hearth pull REPO_ID)")
-    if not (folder / "tokenizer.json").exists():
-        raise ModelFormatError(f"{folder} has no tokenizer.json", "download the model's tokenizer.json too")
     tensors = tuple(_safetensors_tensors(files))
     template = None
     special: dict[str, Any] = {}

@@ -4,6 +4,11 @@ regression that allocates gigabytes fails the test instead of the machine.
 
 CPU time rather than wall time is what the tests bound: CI machines are shared, and a child that waits for a
 core is not slow itself.  A wall-clock timeout still catches hangs (a FIFO, a 10^9-iteration loop).
+
+Peak memory is the child's own VmHWM (/proc/self/status, per address space), written at exit by a two-line
+wrapper around `python -m app`: ru_maxrss from wait4 would not do, because Linux carries the forking parent's
+resident size into the child's ru_maxrss across exec (a pytest that has imported torch made every child look
+like 290 MiB).
 """
 
 from __future__ import annotations
@@ -36,6 +41,18 @@ class CliResult:
         return self.stderr.strip().splitlines()
 
 
+_WRAPPER = """
+import atexit, os, runpy, sys
+def _hwm():
+    with open("/proc/self/status") as f, open(os.environ["HEARTH_TEST_HWM_FILE"], "w") as out:
+        out.write(next((l.split()[1] for l in f if l.startswith("VmHWM:")), ""))
+if os.path.exists("/proc/self/status"):
+    atexit.register(_hwm)
+sys.argv[0] = "hearth"
+runpy.run_module("app", run_name="__main__", alter_sys=True)
+"""
+
+
 def _cap() -> None:  # runs in the child before exec
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_CAP, ADDRESS_SPACE_CAP))
 
@@ -44,12 +61,14 @@ def hearth(*args: str, timeout: float = 30.0, env: dict[str, str] | None = None,
     """`python -m app ARGS` with this tree first on the path (HEARTH_HOME comes from the test's environment)."""
     child_env = {**os.environ, "HEARTH_THREADS": "2", **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp, \
+            tempfile.NamedTemporaryFile("r") as hwm:
+        child_env["HEARTH_TEST_HWM_FILE"] = hwm.name
         if stdin is not None:
             inp.write(stdin.encode())
             inp.seek(0)
         start = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-m", "app", *args], stdin=inp, stdout=out, stderr=err,
+        p = subprocess.Popen([sys.executable, "-c", _WRAPPER, *args], stdin=inp, stdout=out, stderr=err,
                              env=child_env, cwd=ROOT, preexec_fn=_cap)
         while True:
             pid, status, usage = os.wait4(p.pid, os.WNOHANG)
@@ -65,8 +84,10 @@ def hearth(*args: str, timeout: float = 30.0, env: dict[str, str] | None = None,
         p.returncode = os.waitstatus_to_exitcode(status)  # Popen must not wait for it again
         out.seek(0)
         err.seek(0)
+        peak_kib = hwm.read().strip()
         return CliResult(p.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
-                         usage.ru_utime + usage.ru_stime, wall, usage.ru_maxrss / 1024)
+                         usage.ru_utime + usage.ru_stime, wall,
+                         int(peak_kib) / 1024 if peak_kib else usage.ru_maxrss / 1024)
 
 
 def assert_one_line_error(r: CliResult, match: str, *, code: int = 2, cheap: bool = True) -> None:

@@ -148,3 +148,14 @@ def test_the_base_file_is_valid(raw, tmp_path: Path) -> None:
     assert r.returncode == 0 and "registered ok" in r.stdout, r.stderr
     r = hearth("models", "--json")
     assert r.returncode == 0 and "ok" in {row["name"] for row in json.loads(r.stdout)}
+
+
+def test_the_harness_measures_the_child_not_the_parent() -> None:
+    """The memory bound above is the child's own: a parent holding 300 MiB does not lend it to the child, and
+    the child's figure is a real one (a Python with hearth's CLI imported is tens of MiB)."""
+    ballast = bytearray(300 << 20)
+    ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page: resident, not just reserved
+    r = hearth("--version")
+    del ballast
+    assert r.returncode == 0 and r.stdout.startswith("hearth ")
+    assert 5 < r.maxrss_mib < 200, r.maxrss_mib
