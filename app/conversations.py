@@ -21,6 +21,7 @@ from typing import Any
 from hwprobe.errors import ConfigError
 
 SCHEMA_VERSION = 1
+LOCK_WAIT_S = 5.0  # how long to wait for another process's write before saying the database is locked
 TITLE_CHARS = 60  # a title taken from the first message is cut to this many characters
 
 _SCHEMA = """
@@ -110,7 +111,7 @@ class ConversationStore:
         existed = path.exists() and path.stat().st_size > 0
         if existed:
             _check_existing(path)
-        conn = sqlite3.connect(path, timeout=5.0, check_same_thread=False, isolation_level=None)
+        conn = sqlite3.connect(path, timeout=LOCK_WAIT_S, check_same_thread=False, isolation_level=None)
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a commit survives a killed process
@@ -119,7 +120,7 @@ class ConversationStore:
                 conn.executescript("BEGIN;" + _SCHEMA + f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
         except sqlite3.DatabaseError as exc:
             conn.close()
-            raise _corrupt(path, exc) from None
+            raise (_locked(path) if _is_locked(exc) else _corrupt(path, exc)) from None
         conn.row_factory = sqlite3.Row
         return cls(conn, path)
 
@@ -264,6 +265,31 @@ def _corrupt(path: Path, exc: Exception) -> ConfigError:
                        f"move it away (e.g. `mv {path} {path}.bad`) to start with an empty one")
 
 
+def _is_locked(exc: Exception) -> bool:
+    """SQLITE_BUSY / SQLITE_LOCKED (another process holds the lock), told by the error code, not the text."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:  # Python 3.10 has no error codes on exceptions: its message is all there is
+        return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+    return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (extended codes keep them in the low byte)
+
+
+def _locked(path: Path) -> ConfigError:
+    return ConfigError(f"the conversations database {path} is locked by another process (waited "
+                       f"{LOCK_WAIT_S:g} s); it is not damaged and hearth left it untouched",
+                       "close the other hearth (or whatever holds the file) and try again")
+
+
+def _expected_columns() -> dict[str, list[str]]:
+    """Each table's columns as _SCHEMA creates them (read back from an in-memory database, so the two never
+    disagree)."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.executescript(_SCHEMA)
+        return {t: [r[1] for r in mem.execute(f"PRAGMA table_info({t})")] for t in ("conversations", "messages")}
+    finally:
+        mem.close()
+
+
 def _check_existing(path: Path) -> None:
     """Refuse (read-only, without writing a byte) a file that is not ours or is newer than this hearth."""
     with open(path, "rb") as fh:
@@ -271,15 +297,17 @@ def _check_existing(path: Path) -> None:
     if header != b"SQLite format 3\x00":
         raise _corrupt(path, ValueError("no SQLite header"))
     try:
-        ro = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        ro = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=LOCK_WAIT_S)
         try:
             version = ro.execute("PRAGMA user_version").fetchone()[0]
             ok = ro.execute("PRAGMA quick_check").fetchone()[0]
             tables = {r[0] for r in ro.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            columns = {t: [r[1] for r in ro.execute(f"PRAGMA table_info({t})")]
+                       for t in ("conversations", "messages") if t in tables}
         finally:
             ro.close()
     except sqlite3.DatabaseError as exc:
-        raise _corrupt(path, exc) from None
+        raise (_locked(path) if _is_locked(exc) else _corrupt(path, exc)) from None
     if version > SCHEMA_VERSION:
         raise ConfigError(f"the conversations database {path} has schema version {version}, newer than this "
                           f"hearth's {SCHEMA_VERSION}; hearth left it untouched",
@@ -288,6 +316,14 @@ def _check_existing(path: Path) -> None:
         raise _corrupt(path, ValueError(f"integrity check: {ok}"))
     if version < 1 or not {"conversations", "messages"} <= tables:
         raise _corrupt(path, ValueError(f"schema version {version}, tables {sorted(tables)}"))
+    for table, want in _expected_columns().items():
+        if columns[table] != want:
+            missing = [c for c in want if c not in columns[table]]
+            extra = [c for c in columns[table] if c not in want]
+            raise ConfigError(f"the conversations database {path} says schema version {version} but its {table} "
+                              f"table has other columns (missing: {', '.join(missing) or 'none'}; unknown: "
+                              f"{', '.join(extra) or 'none'}); hearth left it untouched",
+                              f"it was not written by this hearth: move it away (e.g. `mv {path} {path}.bad`)")
 
 
 __all__ = ["ConversationStore", "Conversation", "Message", "ChatSettings", "SCHEMA_VERSION", "title_from"]

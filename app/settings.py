@@ -16,7 +16,9 @@ HEARTH_PORT, HEARTH_API_KEY.  Flags win over both (the CLI passes only the flags
 
 from __future__ import annotations
 
+import math
 import os
+import stat
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -88,32 +90,86 @@ def _check_type(key: str, value: Any, source: str) -> Any:
     return float(value) if str(want) == "float" else value
 
 
+MAX_CTX = 1 << 24  # the longest context any model file may claim (backends.model_limits)
+MAX_THREADS = 1024
+MAX_GPU_LAYERS = 2**31 - 1  # llama.cpp's n_gpu_layers is a C int; 999 is the usual "all"
+MAX_SEED = 2**32 - 1  # llama.cpp's seeds are 32-bit
+
+
 def _validated(s: Settings) -> Settings:
+    """Every value a flag, the environment or settings.toml can set, checked here once, so a bad one is a
+    ConfigError naming it (exit 2) before any model is read, never a C overflow or a hang later."""
     if s.backend not in BACKEND_CHOICES:
         raise ConfigError(f"backend must be one of {', '.join(BACKEND_CHOICES)}, got {s.backend!r}")
     if s.ctx is not None and s.ctx < 16:
         raise ConfigError(f"ctx must be at least 16 tokens, got {s.ctx}")
+    if s.ctx is not None and s.ctx > MAX_CTX:
+        raise ConfigError(f"ctx must be at most {MAX_CTX:,} tokens (the longest any model trains for), got {s.ctx:,}")
+    if s.threads is not None and not 1 <= s.threads <= MAX_THREADS:
+        raise ConfigError(f"threads must be between 1 and {MAX_THREADS}, got {s.threads}",
+                          "leave it out to use one per physical core")
+    if s.n_gpu_layers is not None and not -1 <= s.n_gpu_layers <= MAX_GPU_LAYERS:
+        raise ConfigError(f"n_gpu_layers must be -1 (all layers) or a count >= 0, got {s.n_gpu_layers}",
+                          "--n-gpu-layers 0 keeps the model on the CPU; leave it out to let the plan decide")
+    for name, low, high in (("temperature", 0.0, math.inf), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0),
+                            ("repeat_penalty", 0.0, math.inf)):
+        value = getattr(s, name)
+        if not (math.isfinite(value) and low <= value <= high) or (name in ("top_p", "repeat_penalty") and value == 0):
+            rule = {"temperature": ">= 0 and finite", "top_p": "in (0, 1]", "min_p": "in [0, 1]",
+                    "repeat_penalty": "> 0 and finite"}[name]
+            raise ConfigError(f"{name} must be {rule}, got {value}")
+    if s.top_k < 0:
+        raise ConfigError(f"top_k must be >= 0 (0 = off), got {s.top_k}")
+    if s.seed is not None and not 0 <= s.seed <= MAX_SEED:
+        raise ConfigError(f"seed must be between 0 and {MAX_SEED:,} (32 bits, as llama.cpp's), got {s.seed}")
     if s.kv_cache_type not in (None, "f16", "q8_0", "q4_0"):
         raise ConfigError(f"kv_cache_type must be f16, q8_0 or q4_0, got {s.kv_cache_type!r}")
     if not 0 < s.port < 65536:
         raise ConfigError(f"port must be 1-65535, got {s.port}")
-    if s.max_tokens < 1:
-        raise ConfigError(f"max_tokens must be >= 1, got {s.max_tokens}")
+    if not 1 <= s.max_tokens <= MAX_CTX:
+        raise ConfigError(f"max_tokens must be between 1 and {MAX_CTX:,}, got {s.max_tokens}")
     if s.max_concurrency < 1:
         raise ConfigError(f"max_concurrency must be >= 1, got {s.max_concurrency}")
     return s
 
 
+MAX_SETTINGS_BYTES = 1 << 20
+
+
+def _settings_text(path: Path) -> str | None:
+    """The file's text; None when there is no file.  A directory, FIFO or unreadable file is a ConfigError
+    (a FIFO would block a plain read forever)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"the settings file {path} cannot be read: {exc.strerror}", "fix or delete it") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise ConfigError(f"the settings file {path} is {kind}, not a TOML file", "remove it or make it a file")
+    if st.st_size > MAX_SETTINGS_BYTES:
+        raise ConfigError(f"the settings file {path} is {st.st_size:,} bytes; hearth reads at most "
+                          f"{MAX_SETTINGS_BYTES:,}", "fix or delete the file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"the settings file {path} is not UTF-8 text", "fix or delete the file") from None
+    except OSError as exc:
+        raise ConfigError(f"the settings file {path} cannot be read: {exc.strerror}", "fix or delete it") from None
+
+
 def read_settings_file(path: Path) -> dict[str, Any]:
-    if not path.exists():
+    text = _settings_text(path)
+    if text is None:
         return {}
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}", "fix or delete the file") from None
     flat: dict[str, Any] = {}
     names = set(_types())

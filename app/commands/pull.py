@@ -13,7 +13,8 @@ DESCRIPTION = """Download a GGUF (or safetensors) model from the Hugging Face Hu
 verify its size and sha256 against the hub, and register it.  Without --quant/--file the quant is chosen for
 this machine: the hardware plan when the repo has a config.json, else the biggest file that fits the GPU (or
 RAM) budget, never below Q4_K_M unless nothing else fits.  An interrupted pull resumes when run again.
-Needs the network; everything already pulled works offline.
+Needs the network; everything already pulled works offline.  A file the hub lists without a sha256 (LFS) or
+git blob id is refused, never registered unverified.
 
   hearth pull bartowski/Qwen2.5-7B-Instruct-GGUF
   hearth pull bartowski/Qwen2.5-7B-Instruct-GGUF --quant Q5_K_M

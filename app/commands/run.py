@@ -57,10 +57,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         if args.verbose:
             print_stats(result, sys.stderr)
-        if result.finish_reason.value == "error":  # never a non-zero exit without a message
-            if not args.verbose:
-                print(f"hearth: error: {result.error or 'the backend failed'}", file=sys.stderr)
-            return 4 if result.error_code == "runner_crashed" else 3
-        return 0
+        if result.finish_reason.value != "error":
+            return 0
+        if not (args.verbose and result.error):  # never a non-zero exit without a line saying why
+            print(f"hearth: error: {result.error or 'the backend ended the reply with an error and gave no reason'}",
+                  file=sys.stderr)
+        return 4 if result.error_code == "runner_crashed" else 3
     finally:
         loaded.backend.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,9 +114,56 @@ def list_repo(repo_id: str, revision: str | None = None) -> Listing:
         info = HfApi(endpoint=_endpoint()).model_info(repo_id, revision=revision, files_metadata=True)
     except (e.HfHubHTTPError, e.OfflineModeIsEnabled, httpx.HTTPError, OSError) as exc:
         raise _hub_error(exc, repo_id, revision) from None
-    files = tuple(RemoteFile(s.rfilename, int(s.lfs.size if s.lfs else (s.size or 0)),
-                             s.lfs.sha256 if s.lfs else None, s.blob_id) for s in (info.siblings or []))
-    return Listing(repo_id, info.sha or (revision or "main"), files, bool(info.gated))
+    except ValueError:  # json.JSONDecodeError and friends: an HTML error page, a captive portal, a broken mirror
+        raise PullError(f"the hub at {_endpoint() or 'https://huggingface.co'} answered the listing of {repo_id} "
+                        "with something that is not JSON", _MIRROR_HINT) from None
+    except KeyError as exc:  # JSON, but an entry lacks a field (an LFS file without its sha256, ...)
+        raise PullError(f"the hub's listing of {repo_id} is malformed: an entry lacks {str(exc.args[0])[:40]!r}",
+                        _MIRROR_HINT) from None
+    except (TypeError, AttributeError) as exc:  # JSON, but not a model listing
+        raise PullError(f"the hub's listing of {repo_id} is malformed: a field has the wrong type "
+                        f"({str(exc)[:60]})", _MIRROR_HINT) from None
+    try:
+        files = tuple(_remote_file(s) for s in (info.siblings or []))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise PullError(f"the hub's listing of {repo_id} is malformed: {exc}", _MIRROR_HINT) from None
+    return Listing(repo_id, str(info.sha or revision or "main"), files, bool(info.gated))
+
+
+_MIRROR_HINT = "nothing was downloaded; check HF_ENDPOINT (a mirror or proxy may be broken) and try again"
+_HEX = frozenset("0123456789abcdef")
+
+
+def _remote_file(s: Any) -> RemoteFile:
+    """One listed file, refused when its name could not be a file in a folder (NUL or control characters,
+    absolute, `..`) or its size or hashes are not what the hub writes.  An LFS file is checked by its sha256
+    only: its git blob id is the pointer file's, not the content's."""
+    name = s.rfilename
+    if not isinstance(name, str) or not name or len(name) > 1024:
+        raise ValueError(f"a file name is {str(name)[:60]!r}")
+    if any(ord(c) < 32 or c == "\x7f" for c in name) or "\\" in name:
+        raise ValueError(f"the file name {name[:80]!r} holds a NUL, control character or backslash")
+    parts = name.split("/")
+    if name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"the file name {name[:80]!r} is absolute or has an empty, . or .. part")
+    size = s.lfs.size if s.lfs else s.size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"{name} has size {size!r}")
+    sha256 = s.lfs.sha256 if s.lfs else None
+    blob_id = None if s.lfs else s.blob_id
+    for value, length, what in ((sha256, 64, "sha256"), (blob_id, 40, "blob id")):
+        if value is not None and not (isinstance(value, str) and len(value) == length and set(value.lower()) <= _HEX):
+            raise ValueError(f"{name} has {what} {str(value)[:70]!r}, not {length} hex digits")
+    return RemoteFile(name, size, sha256.lower() if sha256 else None, blob_id.lower() if blob_id else None)
+
+
+def require_hashes(files: list[RemoteFile], repo_id: str) -> None:
+    """Refuse, before downloading, files the hub gives no hash for: nothing is registered unverified."""
+    bare = [f.name for f in files if not (f.sha256 or f.blob_id)]
+    if bare:
+        raise PullError(f"the hub lists no sha256 (LFS) or git blob id for {bare[0]!r} of {repo_id}"
+                        + (f" (and {len(bare) - 1} more)" if len(bare) > 1 else "")
+                        + ", so hearth cannot verify it", _MIRROR_HINT)
 
 
 def _config_shape(listing: Listing, folder: Path) -> Any | None:
@@ -124,7 +172,8 @@ def _config_shape(listing: Listing, folder: Path) -> Any | None:
         return None
     import json
 
-    from backends.modelspec import hf_config_shape
+    from backends.errors import ModelFormatError
+    from backends.hf_folder import hf_config_shape
     from hwprobe.shape import ModelShape
 
     try:
@@ -133,7 +182,7 @@ def _config_shape(listing: Listing, folder: Path) -> Any | None:
         verify(Path(path), cfg)
         values = hf_config_shape(json.loads(Path(path).read_text(encoding="utf-8")), listing.repo_id)
         return ModelShape(**{k: v for k, v in values.items() if k in ModelShape.__dataclass_fields__})
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, ModelFormatError):
         return None  # a config.json the planner cannot read: the size rule decides
 
 
@@ -240,15 +289,17 @@ def verify(path: Path, f: RemoteFile) -> None:
     """Size and sha256 (LFS) or git blob sha1 against the hub's listing; a bad file is deleted."""
     size = path.stat().st_size
     problem = None
-    if size != f.size:
+    if not (f.sha256 or f.blob_id):
+        problem = "has no sha256 or git blob id in the hub's listing to check it against"
+    elif size != f.size:
         problem = f"is {size} bytes, the hub says {f.size}"
     else:
         h = hashlib.sha256() if f.sha256 else hashlib.sha1(f"blob {size}\0".encode())
         with path.open("rb") as fh:
             while chunk := fh.read(1 << 20):
                 h.update(chunk)
-        want = f.sha256 or f.blob_id
-        if want and h.hexdigest() != want.lower():
+        want = f.sha256 or f.blob_id or ""
+        if h.hexdigest() != want.lower():
             problem = f"has {'sha256' if f.sha256 else 'git sha1'} {h.hexdigest()[:16]}..., the hub says {want[:16]}..."
     if problem:
         path.unlink(missing_ok=True)
@@ -285,8 +336,10 @@ def pull(repo_id: str, quant: str | None = None, file: str | None = None, revisi
     """Download and register a model; returns its ModelEntry.  Raises PullError / ConfigError / PlanError with
     a one-line message; nothing is registered unless every file arrived and verified.  `on_choice` hears the
     sentence that says which file(s) were chosen and why; `report` (a HardwareReport) skips probing."""
-    if "/" not in repo_id.strip("/"):
-        raise PullError(f"{repo_id!r} is not a Hugging Face repo id", "use owner/name, e.g. bartowski/...-GGUF")
+    check_repo_id(repo_id)
+    if revision is not None and (not revision or len(revision) > 256 or any(ord(c) <= 32 for c in revision)):
+        raise PullError(f"--revision {revision[:80]!r} is not a branch, tag or commit name",
+                        "use a name without spaces or control characters, or a commit sha")
     listing = list_repo(repo_id, revision)
     folder = model_folder(repo_id)
     files, first, label, reason = _select(listing, folder, quant, file, include, report)
@@ -301,6 +354,7 @@ def pull(repo_id: str, quant: str | None = None, file: str | None = None, revisi
     for f in files:
         if not (folder / f.name).resolve().is_relative_to(folder.resolve()):
             raise PullError(f"the repo lists a file outside its folder: {f.name!r}", "refusing to write it")
+    require_hashes(files, repo_id)
     if on_choice:
         on_choice(f"{label}: {reason}")
     check_disk(files, folder)
@@ -315,7 +369,18 @@ def pull(repo_id: str, quant: str | None = None, file: str | None = None, revisi
     return entry
 
 
-def _safe_name(name: str) -> str:
-    import re
+_REPO_PART = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?")
 
+
+def check_repo_id(repo_id: str) -> None:
+    """owner/name as the hub allows them: letters, digits, _ . - (not first or last), at most 96 characters
+    each, no `--` or `..`.  Refuses `a/b/c`, `../etc`, ids with spaces or NUL before anything touches the
+    network or the disk (the id becomes a folder name)."""
+    parts = repo_id.split("/")
+    if len(parts) != 2 or not all(_REPO_PART.fullmatch(p) for p in parts) or "--" in repo_id or ".." in repo_id:
+        raise PullError(f"{repo_id[:120]!r} is not a Hugging Face repo id",
+                        "use owner/name: letters, digits, _ . - (e.g. bartowski/Qwen2.5-7B-Instruct-GGUF)")
+
+
+def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._:@+-]", "-", name)[:128].lstrip("-._") or "model"

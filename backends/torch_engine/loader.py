@@ -1,6 +1,6 @@
 """Weights of a Llama-family model (GGUF file or Hugging Face safetensors folder) into models.llama.LlamaModel.
 
-The name mapping is data (backends.torch_engine.weight_map: `GGUF_NAMES` / `HF_NAMES` map a file's tensor name
+The name mapping is data (backends.weight_map: `GGUF_NAMES` / `HF_NAMES` map a file's tensor name
 to the model parameter and, for merged projections, which shard it fills: Q/K/V -> qkv_proj, gate/up -> gate_up_proj).
 Per architecture (`ARCHITECTURES`): whether llama.cpp's converter reordered the Q/K rows of a GGUF for
 interleaved-pair RoPE.  The loader undoes that reorder, so the model always runs rotate-half RoPE, one layout
@@ -41,7 +41,7 @@ from torch import nn
 from backends.errors import ConfigError, ModelFormatError, UnsupportedArchitectureError
 from backends.modelspec import ModelSpec
 from backends.torch_engine.models.llama import LlamaConfig, LlamaModel
-from backends.torch_engine.weight_map import GGUF_NAMES, HF_NAMES, SHARDS, is_projection_param, template
+from backends.weight_map import GGUF_NAMES, HF_NAMES, SHARDS, is_projection_param, template
 from kernels.dispatch import KernelSet
 from kernels.quant_matmul import QuantWeight, concat_rows, dequantize
 from kernels.rope import rope_inv_freq
@@ -133,12 +133,45 @@ def _gguf_tensors(spec: ModelSpec, keep: Callable[[str, str], bool] = lambda nam
 
 
 def _hf_tensors(spec: ModelSpec):
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     for f in spec.files:
-        with safe_open(f, framework="pt") as fh:
-            for name in fh.keys():
-                yield name, fh.get_tensor(name).float()
+        try:
+            with safe_open(f, framework="pt") as fh:
+                for name in fh.keys():
+                    yield name, fh.get_tensor(name).float()
+        except SafetensorError as exc:
+            raise ModelFormatError(f"{f} cannot be read as safetensors: {exc}", "download the file again") from None
+
+
+def check_file_shapes(spec: ModelSpec, cfg: LlamaConfig) -> None:
+    """Every file tensor the model takes has the shape the config implies, checked from the header before a
+    byte of weights is read (ModelSpec's checks cover GGUF metadata; this covers what the engine itself builds,
+    for GGUF and HF folders alike), so a wrong file is one line, never a reshape traceback."""
+    h, hd, vocab = cfg.hidden_size, cfg.head_dim, cfg.vocab_size
+    rows = {"q": cfg.n_heads * hd, "k": cfg.n_kv_heads * hd, "v": cfg.n_kv_heads * hd, "gate": cfg.ffn_size,
+            "up": cfg.ffn_size}
+    fixed = {"embed.weight": (vocab, h), "norm.weight": (h,), "lm_head.weight": (vocab, h),
+             "input_norm.weight": (h,), "post_norm.weight": (h,), "attn.o_proj.weight": (h, cfg.n_heads * hd),
+             "mlp.down_proj.weight": (h, cfg.ffn_size)}
+    names = GGUF_NAMES if spec.format == "gguf" else HF_NAMES
+    for t in spec.tensors:
+        key, layer = template(t.name)
+        if key not in names:
+            continue
+        if layer is not None and layer >= cfg.n_layers:
+            raise ModelFormatError(f"{spec.path}: tensor {t.name} belongs to layer {layer}, but the model has "
+                                   f"{cfg.n_layers} layers", "the file is damaged: download it again")
+        target, shard = names[key]
+        if shard is not None:
+            want: tuple[int, ...] = (rows[shard],) + ((h,) if target.endswith(".weight") else ())
+        else:
+            want = fixed[target.split(".", 2)[2] if target.startswith("layers.") else target]
+        got = tuple(reversed(t.shape)) if spec.format == "gguf" else tuple(t.shape)  # as (out, in)
+        if got != want:
+            raise ModelFormatError(f"{spec.path}: tensor {t.name} is {list(got)} (out, in), but the "
+                                   f"{spec.architecture} model its config describes needs {list(want)}",
+                                   "the file is damaged or its config does not match its weights")
 
 
 def _is_projection(key: str) -> bool:
@@ -175,6 +208,7 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
 
         rtn = QuantConfig(kind=weight_quant)
     cfg = config_from_spec(spec)
+    check_file_shapes(spec, cfg)
     gguf = spec.format == "gguf"
     names = GGUF_NAMES if gguf else HF_NAMES
     reorder = gguf and ARCHITECTURES["llama" if spec.architecture == "mistral" else spec.architecture].gguf_qk_reordered

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from backends.errors import UnsupportedArchitectureError
+from backends.errors import ModelFormatError, UnsupportedArchitectureError
 from backends.gguf_reader import read_header
 from backends.modelspec import ModelSpec
 
@@ -136,8 +136,15 @@ def _from_hf(spec: ModelSpec) -> HearthTokenizer:
     from tokenizers import Tokenizer
 
     path = Path(spec.path) / "tokenizer.json"
-    tk = Tokenizer.from_file(str(path))
-    data = json.loads(path.read_text())
+    try:
+        tk = Tokenizer.from_file(str(path))
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises a bare Exception for a bad file
+        raise ModelFormatError(f"{path} is not a tokenizer the tokenizers library can load: "
+                               f"{str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}",
+                               "download the model's tokenizer.json again") from None
+    if not isinstance(data, dict):
+        raise ModelFormatError(f"{path} holds no tokenizer object", "download the model's tokenizer.json again")
     special = {t["id"] for t in data.get("added_tokens", []) if t.get("special")}
     size = tk.get_vocab_size(with_added_tokens=True)
     token_bytes = [b"" if i in special else tk.decode([i], skip_special_tokens=False).encode() for i in range(size)]

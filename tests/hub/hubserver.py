@@ -6,7 +6,8 @@
 Errors carry X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo) as the real hub does, which
 is how huggingface_hub.utils.hf_raise_for_status picks its exception class.
 Per-repo switches: `gated`, `corrupt` (file names served with flipped bytes), `drop_once` (file names whose first
-GET sends half the body, then drops the connection).
+GET sends half the body, then drops the connection), `no_hash` (file names listed without their sha256 / blob id),
+`listing_body` (raw bytes served instead of the JSON listing).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class FakeRepo:
     gated: bool = False
     corrupt: set[str] = field(default_factory=set)
     drop_once: set[str] = field(default_factory=set)
+    no_hash: set[str] = field(default_factory=set)
+    listing_body: bytes | None = None
     lfs_suffixes: tuple[str, ...] = (".gguf", ".safetensors")
 
     def is_lfs(self, name: str) -> bool:
@@ -115,9 +118,14 @@ class FakeHub:
             s: dict[str, object] = {"rfilename": name, "size": len(data), "blobId": _sha1_blob(data)}
             if repo.is_lfs(name):
                 s["lfs"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "pointerSize": 134}
+            if name in repo.no_hash:
+                s.pop("blobId")
+                s.get("lfs", {}).pop("sha256", None)
             siblings.append(s)
         body = json.dumps({"id": repo_id, "modelId": repo_id, "sha": repo.commit, "private": False,
                            "gated": "auto" if repo.gated else False, "siblings": siblings}).encode()
+        if repo.listing_body is not None:
+            body = repo.listing_body
         h.send_response(200)
         h.send_header("Content-Type", "application/json")
         h.send_header("Content-Length", str(len(body)))

@@ -188,7 +188,7 @@ def test_triton_runs_repacked_gguf_blocks(ggml_type: str, m: int, n: int, k: int
 def test_weight_map_names_the_kinds_repack_gguf_gives() -> None:
     """The planner's rule (weight_map.REPACK_KIND) and the repacker agree on which types keep blocks, and as what."""
     from backends.torch_engine.quantize import GGUF_BLOCKS
-    from backends.torch_engine.weight_map import REPACK_KIND
+    from backends.weight_map import REPACK_KIND
 
     assert set(REPACK_KIND) == set(GGUF_BLOCKS)
     for ggml_type, kind in REPACK_KIND.items():

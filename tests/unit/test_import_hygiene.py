@@ -26,6 +26,22 @@ def test_core_imports_stay_light(code: str) -> None:
     assert not loaded & set(HEAVY), f"{code!r} imported {sorted(loaded & set(HEAVY))}"
 
 
+def test_backends_core_does_not_import_the_torch_engine() -> None:
+    """ARCHITECTURE.md's arrows: the torch engine imports backends' core, never the other way round, not even
+    lazily inside a function (the registry names engines by string and imports them on demand)."""
+    import ast
+    from pathlib import Path
+
+    core = Path(__file__).resolve().parents[2] / "backends"
+    offenders = []
+    for f in sorted(core.glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{f.name}: {n}" for n in names if n.startswith("backends.torch_engine")]
+    assert not offenders, offenders
+
+
 def test_help_and_version_do_not_import_heavy_libraries() -> None:
     code = ("import sys\nfrom app.cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\nmain(['--version'])")

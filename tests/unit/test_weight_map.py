@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.torch_engine.weight_map import repacked_params, template
+from backends.weight_map import repacked_params, template
 
 
 @dataclass(frozen=True)

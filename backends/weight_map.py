@@ -1,6 +1,10 @@
-"""Which file tensor fills which parameter of models.llama.LlamaModel, and which projections a GGUF keeps as the
-file's own blocks under weight_quant "gguf".  Pure data and Python (no torch): ModelSpec.to_shape asks
-`repacked_params` so that the planner can price the "GGUF" torch format without importing the engine.
+"""Which file tensor fills which parameter of the torch engine's models.llama.LlamaModel, and which projections
+a GGUF keeps as the file's own blocks under weight_quant "gguf".  Pure data and Python (no torch): ModelSpec.to_shape
+asks `repacked_params` so that the planner can price the "GGUF" torch format without importing the engine.
+
+It lives in backends/ rather than backends/torch_engine/ because backends' core (modelspec) needs it and must not
+import the torch engine package (ARCHITECTURE.md: the arrows point from the engine to the core, never back); the
+engine's loader imports it from here.
 
 The name maps: a file's tensor name (layer index as {i}) -> (model parameter, shard of a merged projection or
 None); Q/K/V fill qkv_proj and gate/up fill gate_up_proj, in the order of SHARDS.
