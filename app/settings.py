@@ -93,7 +93,6 @@ def _check_type(key: str, value: Any, source: str) -> Any:
 MAX_CTX = 1 << 24  # the longest context any model file may claim (backends.model_limits)
 MAX_THREADS = 1024
 MAX_GPU_LAYERS = 2**31 - 1  # llama.cpp's n_gpu_layers is a C int; 999 is the usual "all"
-MAX_SEED = 2**32 - 1  # llama.cpp's seeds are 32-bit
 
 
 def _validated(s: Settings) -> Settings:
@@ -120,8 +119,10 @@ def _validated(s: Settings) -> Settings:
             raise ConfigError(f"{name} must be {rule}, got {value}")
     if s.top_k < 0:
         raise ConfigError(f"top_k must be >= 0 (0 = off), got {s.top_k}")
-    if s.seed is not None and not 0 <= s.seed <= MAX_SEED:
-        raise ConfigError(f"seed must be between 0 and {MAX_SEED:,} (32 bits, as llama.cpp's), got {s.seed}")
+    from backends.api import SEED_MAX, SEED_MIN
+
+    if s.seed is not None and not SEED_MIN <= s.seed <= SEED_MAX:  # the API's rule: any 64-bit integer
+        raise ConfigError(f"seed must be a 64-bit integer ({SEED_MIN} .. {SEED_MAX}), got {s.seed}")
     if s.kv_cache_type not in (None, "f16", "q8_0", "q4_0"):
         raise ConfigError(f"kv_cache_type must be f16, q8_0 or q4_0, got {s.kv_cache_type!r}")
     if not 0 < s.port < 65536:

@@ -31,6 +31,7 @@ from backends.api import (
     ProgressCallback,
     Request,
     RequestStats,
+    seed_u64,
 )
 from backends.errors import (
     ContextOverflowError,
@@ -280,7 +281,10 @@ class LlamaCppBackend(Backend):
             return FinishReason.ABORT, None
         text = TextStream(self._token_bytes, sp.stop)
         eos = set() if sp.ignore_eos else set(self.spec.eos_token_ids) | {llm.token_eos()}
-        llm.set_seed(sp.seed if sp.seed is not None else random.randrange(2**31))
+        # llama.cpp's sampler seed is 32 bits: a 64-bit seed is folded (its two halves xor-ed), so every seed is
+        # deterministic and seeds that differ only in their high bits still differ
+        seed = seed_u64(sp.seed) if sp.seed is not None else random.randrange(2**31)
+        llm.set_seed((seed ^ (seed >> 32)) & 0xFFFFFFFF)
         # Greedy: temperature 0 in llama.cpp's sampler chain is argmax; the other filters are then moot.
         gen = llm.generate(ids, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,
                            repeat_penalty=sp.repeat_penalty, reset=True)
