@@ -86,11 +86,19 @@ def _release_freed_memory() -> None:
     """Hand the loader's freed temporaries (float32 dequantized tensors, repacking copies) back to the OS.
     glibc keeps them in its heap otherwise: the starter's resident memory after loading was 1157 MiB, 915 MiB
     after this."""
-    import ctypes
     import gc
-    import sys
 
     gc.collect()
+    _trim_heap()
+
+
+def _trim_heap() -> None:
+    """malloc_trim(0): glibc returns its heap's free pages to the OS.  Called after each layer's CPU preparation
+    too: the float32 temporaries of the dense copies otherwise stay in the heap between the bf16 copies made
+    after them, and the load's peak (VmHWM, what the plan must cover) was ~110 MiB above its end state."""
+    import ctypes
+    import sys
+
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -135,10 +143,10 @@ class ModelRunner:
         self.cpu_packed_layers = 0
         self.dense_copy_bytes = 0
         if self.device.type == "cpu":
-            from backends.torch_engine.quantize import keep_dense_copies, pack_model_for_cpu
+            from backends.torch_engine.quantize import prepare_for_cpu
 
-            self.dense_copy_bytes = keep_dense_copies(self.model, self.dtype, dense_copy_budget())
-            self.cpu_packed_layers = pack_model_for_cpu(self.model, self.dtype)
+            self.dense_copy_bytes, self.cpu_packed_layers = prepare_for_cpu(self.model, self.dtype,
+                                                                            dense_copy_budget(), _trim_heap)
         self.offload = self._build_offload(options.n_gpu_layers)
         self.block_size = BLOCK_SIZE
         self.vocab_size = spec.vocab_size
