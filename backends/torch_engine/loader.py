@@ -155,12 +155,15 @@ def _gguf_tensors(spec: ModelSpec, keep: Callable[[str, str], bool] = lambda nam
 
 
 def _hf_tensors(spec: ModelSpec):
+    """Yield (name, tensor) in the file's own dtype: load_model converts each to the compute dtype (norms to
+    float32), so a 16-bit checkpoint never passes through a whole float32 copy of a tensor (a Llama-2-7B
+    embedding: 500 MB more at the loader's peak)."""
     from safetensors import safe_open
 
     for f in spec.files:
         with safe_open(f, framework="pt") as fh:
             for name in fh.keys():
-                yield name, fh.get_tensor(name).float()
+                yield name, fh.get_tensor(name)
 
 
 def _is_projection(key: str) -> bool:
