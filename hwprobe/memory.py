@@ -25,7 +25,10 @@ allocates, checked against its own log on this machine (tests/hwprobe/test_estim
   GGUF's Q4_0/Q4_1/Q4_K projections repacked for torch's int4 CPU kernel (0.625 bytes a weight), Q8_0 ones as
   two int4 halves (1.25), the rest and the embedding (a tied head is the same tensor) in bf16, norms in
   float32, and bf16 dense copies of every repacked projection for prompt rows when they fit
-  torch_cpu_dense_copy_budget; plus its tokenizer (TORCH_TOKENIZER_BYTES_PER_TOKEN).
+  torch_cpu_dense_copy_budget; plus its tokenizer (TORCH_TOKENIZER_BYTES_PER_TOKEN); its compute buffers are
+  llama.cpp's formula for a prompt chunk (an upper bound there: the starter's 512-token chunks at up to 8192
+  tokens of context peaked 53-67 MiB above the loaded model, the formula says 167) plus the K and V its
+  attention gathers for a full decode batch (torch_cpu_attention_bytes).
 - overhead per GPU: the CUDA context, cuBLAS workspace and llama.cpp's own small buffers; more for PyTorch
   (its caching allocator keeps freed blocks).
 - safety margin: what the planner never plans into: max(512 MiB, 3 % of the card) per GPU, 1 GiB of host RAM.
@@ -247,6 +250,16 @@ def torch_kv_pool_bytes(shape: ModelShape, ctx: int, kv_type: str, max_num_seqs:
     seq_blocks = -(-ctx // TORCH_KV_BLOCK_TOKENS)
     blocks = min(max(max_num_seqs, 1) * seq_blocks, max(free_bytes, 0) // block)
     return max(blocks, seq_blocks) * block
+
+
+def torch_cpu_attention_bytes(shape: ModelShape, ctx: int, max_num_seqs: int, kv_type: str = "f16") -> int:
+    """What the torch engine's CPU attention (kernels/attention.paged_attention_torch) allocates on top of the
+    prompt chunk's activations (compute_bytes): each layer gathers the K and V blocks of every sequence it
+    attends over, up to max_num_seqs sequences of ctx tokens in one decode step, plus a float32 mask bias per
+    token.  On a GPU the Triton kernel reads the blocks in place.  A 7B without GQA decoding 16 sequences of
+    4096 tokens gathers 1 GiB a layer; the starter at 16 x 8192, 96 MiB."""
+    tokens = max(max_num_seqs, 1) * ctx
+    return tokens * kv_bytes_per_token(shape, kv_type) // max(shape.n_layers, 1) + 4 * tokens
 
 
 def compute_bytes(shape: ModelShape, ctx: int, *, n_ubatch: int = 512, flash_attn: bool = False,

@@ -132,8 +132,9 @@ def _price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[Dev
         else:
             cpu_compute = m.compute_bytes(shape, c.ctx, n_ubatch=c.n_batch, flash_attn=c.flash_attn)
         cpu_compute += m.output_buffer_bytes(shape)
-        if c.backend == "torch":  # on the CPU: its dense prefill copies, and its tokenizer as overhead
+        if c.backend == "torch":  # on the CPU: its dense prefill copies, gathered KV, and its tokenizer
             cpu_w += lay.prefill_copy_bytes
+            cpu_compute += m.torch_cpu_attention_bytes(shape, c.ctx, c.max_num_seqs, c.kv_cache_type)
             cpu_overhead = m.torch_tokenizer_bytes(shape)
     devices.append(DeviceMemory("cpu", None, report.cpu_model, m.mib(cpu_w), m.mib(cpu_kv), m.mib(cpu_compute),
                                 m.mib(cpu_overhead), m.ram_budget_bytes(report.ram_available_mib) // m.MIB))

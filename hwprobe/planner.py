@@ -350,8 +350,8 @@ def _torch_cpu(report, shape, prefs, lo, hi) -> Candidate:  # noqa: ANN001 - int
     kv = "f32" if fmt == "fp32" else "f16"
     layout = m.torch_cpu_weights(shape, fmt, report.ram_total_mib * m.MIB)
 
-    def make(ctx: int) -> Candidate:
-        return Candidate("torch", fmt, layout, ctx, kv, False, (), "none", 0, prefs.n_batch)
+    def make(ctx: int) -> Candidate:  # a full decode batch's gathered KV is priced from the start
+        return Candidate("torch", fmt, layout, ctx, kv, False, (), "none", 0, prefs.n_batch, prefs.max_num_seqs)
 
     return make(prefs.ctx or _best_ctx(report, shape, make, lo, hi) or hi)
 
