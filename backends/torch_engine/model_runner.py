@@ -76,10 +76,13 @@ def resolve_weight_quant(name: str, spec: ModelSpec, device: torch.device, dtype
 def dense_copy_budget() -> int:
     """RAM the CPU path may spend on dense copies of quantized layers for prefill (QuantLinear.keep_dense_copy):
     at most 1 GiB and a tenth of physical memory.  The starter's copies take 212 MiB and make a 512-token
-    prefill chunk ~2.5x faster; a 7B model's (13 GiB) do not fit, and it prefills through the int4 kernel."""
+    prefill chunk ~2.5x faster; a 7B model's (13 GiB) do not fit, and it prefills through the int4 kernel.
+    The rule is hwprobe.memory's, so the plan counts exactly these copies."""
     import psutil
 
-    return min(2**30, psutil.virtual_memory().total // 10)
+    from hwprobe.memory import torch_cpu_dense_copy_budget
+
+    return torch_cpu_dense_copy_budget(psutil.virtual_memory().total)
 
 
 def _release_freed_memory() -> None:
