@@ -158,6 +158,7 @@ def worker(w: Workload) -> None:
     """Run the workload in this process (a fresh one) and print JSON lines (see the module docstring).
     With extra["http"], every level runs again through hearth's server on 127.0.0.1 (rows "<backend>+http")."""
     from app.loading import open_backend
+    from app.memory_check import peak_rss_bytes  # VmHWM: the sampler's 20 ms can miss a short peak
     from app.settings import load_settings
 
     sampler = _PeakSampler()
@@ -223,7 +224,7 @@ def worker(w: Workload) -> None:
                     "prefill_tokens_per_s": statistics.mean(s.prefill_tokens_per_s for s in samples),
                     "decode_tokens_per_s": statistics.mean(s.decode_tokens_per_s for s in samples),
                     "aggregate_tokens_per_s": aggregate,
-                    "peak_rss_mib": max(sampler.peak, sampler._proc.memory_info().rss) / 2**20,
+                    "peak_rss_mib": max(sampler.peak, sampler._proc.memory_info().rss, peak_rss_bytes()) / 2**20,
                     "peak_gpu_mib": _gpu_peak_mib(), "wall_s": wall, "requests": w.requests,
                     "prompt_tokens": w.prompt_tokens, "gen_tokens": w.gen_tokens}
                 if mode == 0:

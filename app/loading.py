@@ -64,6 +64,8 @@ def _torch_dtype(plan: Any, report: Any) -> str:
     take bf16 on a Turing card, where it is emulated); "auto" on CPU."""
     if plan.quant in _TORCH_DTYPES:
         return _TORCH_DTYPES[plan.quant]
+    if not plan.device.startswith("cuda"):  # a CPU plan keeps a GGUF's blocks only with bf16 compute
+        return "bfloat16"
     from hwprobe.support import BF16_MIN_CC
 
     used = {d.index for d in plan.devices if d.kind == "gpu" and d.used}
@@ -81,9 +83,10 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
 
     report = hardware_report(hardware_file)
     prefs = Prefs(backend=settings.backend, ctx=settings.ctx, kv_cache_type=settings.kv_cache_type,
-                  n_gpu_layers=settings.n_gpu_layers)
+                  n_gpu_layers=settings.n_gpu_layers, max_num_seqs=settings.max_concurrency)
     plan = make_plan(report, spec.to_shape(), prefs)
     backend = settings.backend if settings.backend != "auto" else plan.backend
+    torch = backend == "torch"
     n_gpu_layers = -1 if plan.n_gpu_layers >= plan.n_layers else plan.n_gpu_layers
     options = LoadOptions(
         n_ctx=settings.ctx or plan.ctx,
@@ -92,11 +95,13 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         kv_cache_type=settings.kv_cache_type or plan.kv_cache_type, flash_attn=plan.flash_attn,
         n_threads=settings.threads or physical_cores(), n_batch=plan.batch_size,
         max_num_seqs=settings.max_concurrency,
-        dtype=_torch_dtype(plan, report) if backend == "torch" else "auto",
-        # a GPU plan names its format; on CPU "auto" keeps a GGUF's 4-bit blocks (model_runner.resolve_weight_quant)
-        weight_quant=_TORCH_QUANTS.get(plan.quant, "none" if plan.device.startswith("cuda") else "auto")
-        if backend == "torch" else "auto",
-        device=plan.device if backend == "torch" else "auto",
+        # the plan is the allocation: the torch engine's KV pool is the bytes the plan gave it (whole blocks)
+        kv_cache_bytes=plan.kv_pool_bytes if torch and plan.backend == "torch" and plan.kv_pool_bytes else None,
+        dtype=_torch_dtype(plan, report) if torch else "auto",
+        # every torch plan names its weights: "GGUF" (the file's blocks, GPU or CPU), a quantized format, or
+        # dense ("none") in the plan's dtype
+        weight_quant=_TORCH_QUANTS.get(plan.quant, "none") if torch else "auto",
+        device=plan.device if torch else "auto",
     )
     reasons = tuple(plan.reasons)
     if hardware_file:

@@ -75,6 +75,19 @@ def _offload_race(report: HardwareReport, shape: ModelShape, c: Candidate, tps: 
     return f"partial offload: {torch_part}; {llama_part}: {winner} is faster ({moved})"
 
 
+def _kv_pool(c: Candidate, devices: tuple[DeviceMemory, ...]) -> str:
+    """One sentence: the torch engine's KV pool, in bytes, tokens and full-context sequences, and what sized it."""
+    d = next(d for d in devices if d.kv_pool_tokens)
+    seqs = d.kv_pool_tokens // c.ctx
+    where = "host RAM" if d.kind == "cpu" else f"GPU {d.index}"
+    why = (f"max_num_seqs {c.max_num_seqs}" if seqs >= c.max_num_seqs else
+           f"what {where}'s budget leaves after weights, compute and overhead; max_num_seqs {c.max_num_seqs} "
+           "would need more")
+    return (f"KV pool {c.kv_cache_type}: {_gib(d.kv_mib)} in {where}, {d.kv_pool_tokens} tokens = {seqs} "
+            f"full-context sequence{'s' if seqs != 1 else ''} of {c.ctx} tokens ({why}); the engine allocates "
+            "exactly this")
+
+
 def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidate,
             devices: tuple[DeviceMemory, ...], tps: float, quants: list[tuple[str, m.WeightLayout]],
             torch_tried: tuple[str, ...] = (), rival: tuple[Candidate, float] | None = None) -> tuple[str, ...]:
@@ -112,6 +125,12 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
                    + ("asked for" if prefs.backend == "torch" else "safetensors weights or batching for serve"))
         if c.gpus:
             out.append(_torch_weights(shape, c, torch_tried))
+        elif c.quant == m.TORCH_GGUF:
+            copies = c.layout.prefill_copy_bytes
+            out.append(f"weights: the file's own {shape.quant} blocks repacked for torch's int4 CPU kernel"
+                       + (f", plus bf16 copies of them for prompt rows ({_gib(copies / m.MIB)})" if copies else
+                          " (no dense copies for prompt rows: they would pass "
+                          f"{_gib(m.torch_cpu_dense_copy_budget(report.ram_total_mib * m.MIB) / m.MIB)})"))
     else:
         if torch_engine_refusal(shape) and report.gpus:
             out.append(f"backend llama.cpp: {torch_engine_refusal(shape)}")
@@ -146,8 +165,11 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
     asked = "asked for" if prefs.ctx else f"target {min(prefs.target_ctx, trained)}"
     out.append(f"context {c.ctx} tokens ({asked}; trained on {trained})")
     kv_mib = sum(d.kv_mib for d in devices)
-    out.append(f"KV cache {c.kv_cache_type}: {_gib(kv_mib)} at {c.ctx} tokens"
-               + ("" if c.kv_cache_type == "f16" else " (quantized to fit)" if not prefs.kv_cache_type else ""))
+    if c.backend == "torch":
+        out.append(_kv_pool(c, devices))
+    else:
+        out.append(f"KV cache {c.kv_cache_type}: {_gib(kv_mib)} at {c.ctx} tokens"
+                   + ("" if c.kv_cache_type == "f16" else " (quantized to fit)" if not prefs.kv_cache_type else ""))
     if shape.n_experts:
         out.append(f"MoE: all {shape.n_experts} experts counted in memory, {shape.n_experts_used} read per token")
     for d in devices:

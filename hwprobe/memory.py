@@ -17,6 +17,18 @@ allocates, checked against its own log on this machine (tests/hwprobe/test_estim
 - the torch engine streaming its first blocks from host RAM: those blocks' bytes in (pinned) host RAM, and on
   the GPU two buffers of the largest of them (offload_buffer_bytes) besides the resident blocks and every
   layer's KV cache.
+- the torch engine's KV pool (torch_kv_pool_bytes): paged, in blocks of TORCH_KV_BLOCK_TOKENS tokens, sized
+  by the plan to what is left of the device's budget after weights, compute buffers and overhead, capped at
+  max_num_seqs full-context sequences and never below one (then the candidate does not fit); the engine
+  allocates exactly that (LoadOptions.kv_cache_bytes).
+- the torch engine on the CPU (torch_cpu_weights): what it holds after loading, measured on the starter: a
+  GGUF's Q4_0/Q4_1/Q4_K projections repacked for torch's int4 CPU kernel (0.625 bytes a weight), Q8_0 ones as
+  two int4 halves (1.25), the rest and the embedding (a tied head is the same tensor) in bf16, norms in
+  float32, and bf16 dense copies of every repacked projection for prompt rows when they fit
+  torch_cpu_dense_copy_budget; plus its tokenizer (TORCH_TOKENIZER_BYTES_PER_TOKEN); its compute buffers are
+  llama.cpp's formula for a prompt chunk (an upper bound there: the starter's 512-token chunks at up to 8192
+  tokens of context peaked 53-67 MiB above the loaded model, the formula says 167) plus the K and V its
+  attention gathers for a full decode batch (torch_cpu_attention_bytes).
 - overhead per GPU: the CUDA context, cuBLAS workspace and llama.cpp's own small buffers; more for PyTorch
   (its caching allocator keeps freed blocks).
 - safety margin: what the planner never plans into: max(512 MiB, 3 % of the card) per GPU, 1 GiB of host RAM.
@@ -51,7 +63,22 @@ TORCH_GGUF = "GGUF"
 GGUF_REPACKED_INT4_BYTES = 0.5 + 2 * 2 / 32
 GGUF_REPACKED_INT8_BYTES = 1 + 2 / 32
 
-KV_BYTES_PER_ELEMENT = {"f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}  # block of 32 + fp16 scale
+# block of 32 + fp16 scale for q8_0 / q4_0; "f32": the torch engine on a CPU without bf16 (its KV follows the
+# compute dtype there)
+KV_BYTES_PER_ELEMENT = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+TORCH_KV_BLOCK_TOKENS = 16  # backends/torch_engine/seams.BLOCK_SIZE (tests/hwprobe check they agree)
+
+# The torch engine on the CPU (kernels/quant_matmul_cpu.py): int4 packed for torch's _weight_int4pack_mm_for_cpu
+# with a bf16 scale and zero per group of 32; group-wise int8 (Q8_0) as two such int4 halves.
+TORCH_CPU_INT4_BYTES = 0.5 + 2 * 2 / 32
+TORCH_CPU_INT8_BYTES = 2 * TORCH_CPU_INT4_BYTES
+# backends/torch_engine/model_runner.dense_copy_budget: the bf16 dense copies of the repacked projections (prompt
+# rows run through them) are kept only when all of them fit min(1 GiB, a tenth of physical memory).
+TORCH_CPU_DENSE_COPY_MAX_BYTES = 1 << 30
+TORCH_CPU_DENSE_COPY_RAM_SHARE = 10
+# The torch engine's tokenizer (the `tokenizers` BPE built from the GGUF's vocabulary and merges): the starter's
+# 49152 tokens held 30 MiB after loading (43 MiB while building it, before the weights load: not the peak).
+TORCH_TOKENIZER_BYTES_PER_TOKEN = 640
 
 LLAMA_CPP_SWA_FULL = True  # llama-cpp-python's default (see the module docstring)
 LLAMA_CPP_GPU_OVERHEAD_BYTES = 450 * MIB  # CUDA context + cuBLAS; Ollama counts ~457 MiB
@@ -83,6 +110,9 @@ class WeightLayout:
     head_bytes: int  # output head (a tied head costs the embedding's bytes again wherever it is duplicated)
     other_bytes: int  # output norm and anything outside the blocks
     tied: bool = False  # the head is the embedding (stored once in the file)
+    # held besides the weights and never read by a decode step: the torch engine's bf16 dense copies of its
+    # quantized projections on the CPU, which prompt rows run through (torch_cpu_weights)
+    prefill_copy_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -117,8 +147,8 @@ def weights(shape: ModelShape, quant: str | None = None) -> WeightLayout:
         return layout
     embed_params = shape.vocab_size * shape.hidden_size
     per_layer = _params_per_layer(shape)
-    if quant in TORCH_FORMAT_BPW:
-        layer_bpw, embed_bpw = TORCH_FORMAT_BPW[quant], 16.0
+    if quant in TORCH_FORMAT_BPW:  # the embedding in the compute dtype: 16 bits, 32 for fp32
+        layer_bpw, embed_bpw = TORCH_FORMAT_BPW[quant], max(16.0, TORCH_FORMAT_BPW[quant])
     else:
         layer_bpw = embed_bpw = QUANT_BPW[quant]
     layer = int(per_layer * layer_bpw / 8)
@@ -138,6 +168,48 @@ def torch_gguf_weights(shape: ModelShape) -> WeightLayout | None:
                        + (projections - n4 - n8) * 2 + norms * 4) for n4, n8 in kept)
     embed = shape.vocab_size * shape.hidden_size * 2
     return WeightLayout(layers, embed, embed, shape.hidden_size * 4, shape.tied_embeddings)
+
+
+def torch_cpu_dense_copy_budget(ram_total_bytes: int) -> int:
+    """What the torch engine on the CPU may spend on dense copies of its quantized projections."""
+    return min(TORCH_CPU_DENSE_COPY_MAX_BYTES, ram_total_bytes // TORCH_CPU_DENSE_COPY_RAM_SHARE)
+
+
+def _cpu_head_kind(shape: ModelShape) -> str | None:
+    """The repacked kind of an untied GGUF head on the CPU ("int4" / "int8"), or None when it stays bf16.  The
+    shape has the head's bytes, not its type: 4.5 or 5.0 bits a weight is Q4_0/Q4_K/Q4_1 (IQ4_NL, also 4.5,
+    does not repack: counted as int4, 0.6 of its bf16 size), 8.5 is Q8_0."""
+    if shape.tied_embeddings or not shape.output_bytes:
+        return None
+    bits = 8 * shape.output_bytes / max(shape.vocab_size * shape.hidden_size, 1)
+    return "int4" if abs(bits - 4.5) < 0.01 or abs(bits - 5.0) < 0.01 else "int8" if abs(bits - 8.5) < 0.01 else None
+
+
+def torch_cpu_weights(shape: ModelShape, fmt: str, ram_total_bytes: int) -> WeightLayout:
+    """What the torch engine holds in host RAM running on the CPU in `fmt`: TORCH_GGUF (bf16 compute, a GGUF's
+    Q4_0/Q4_1/Q4_K/Q8_0 projection blocks repacked, backends/torch_engine/model_runner.resolve_weight_quant
+    "auto"), "bf16" or "fp32" (dense).  Each term as the engine holds it (module docstring)."""
+    if fmt != TORCH_GGUF:
+        return weights(shape, fmt)
+    kept = shape.extra.get("gguf_repacked") if shape.extra else None
+    if not kept or len(kept) != shape.n_layers:
+        raise ValueError(f"{shape.name}: no GGUF projections the torch engine keeps as blocks")
+    norms = 2 * shape.hidden_size
+    projections = _params_per_layer(shape) - norms
+    layers = tuple(int(n4 * TORCH_CPU_INT4_BYTES + n8 * TORCH_CPU_INT8_BYTES + (projections - n4 - n8) * 2
+                       + norms * 4) for n4, n8 in kept)
+    embed_params = shape.vocab_size * shape.hidden_size
+    embed = embed_params * 2
+    head_kind = _cpu_head_kind(shape)
+    head = embed if head_kind is None else int(embed_params * (TORCH_CPU_INT4_BYTES if head_kind == "int4"
+                                                               else TORCH_CPU_INT8_BYTES))
+    quantized = sum(n4 + n8 for n4, n8 in kept) + (embed_params if head_kind else 0)
+    copies = 2 * quantized if 2 * quantized <= torch_cpu_dense_copy_budget(ram_total_bytes) else 0
+    return WeightLayout(layers, embed, head, shape.hidden_size * 4, shape.tied_embeddings, copies)
+
+
+def torch_tokenizer_bytes(shape: ModelShape) -> int:
+    return TORCH_TOKENIZER_BYTES_PER_TOKEN * shape.vocab_size
 
 
 def gguf_repacked_shares(shape: ModelShape) -> tuple[float, float]:
@@ -163,6 +235,31 @@ def kv_bytes(shape: ModelShape, ctx: int, kv_type: str = "f16", *, swa_full: boo
     n_swa = shape.sliding_window_layers if shape.sliding_window else 0
     swa = kv_cells(shape, ctx, sliding=True, swa_full=swa_full, n_ubatch=n_ubatch)
     return int(per_cell * ((shape.n_layers - n_swa) * ctx + n_swa * swa))
+
+
+def kv_bytes_per_token(shape: ModelShape, kv_type: str = "f16") -> int:
+    """K and V of one token in every layer (no sliding window: the torch engine's pool)."""
+    return int(2 * shape.n_layers * shape.n_kv_heads * shape.head_dim * KV_BYTES_PER_ELEMENT[kv_type])
+
+
+def torch_kv_pool_bytes(shape: ModelShape, ctx: int, kv_type: str, max_num_seqs: int, free_bytes: int) -> int:
+    """The torch engine's KV pool, in whole blocks: `free_bytes` (the device's budget left after weights,
+    compute buffers and overhead) capped at max_num_seqs sequences of `ctx` tokens, and never below one such
+    sequence (a pool that large does not fit `free_bytes`: the plan then lowers the context or says so)."""
+    block = TORCH_KV_BLOCK_TOKENS * kv_bytes_per_token(shape, kv_type)
+    seq_blocks = -(-ctx // TORCH_KV_BLOCK_TOKENS)
+    blocks = min(max(max_num_seqs, 1) * seq_blocks, max(free_bytes, 0) // block)
+    return max(blocks, seq_blocks) * block
+
+
+def torch_cpu_attention_bytes(shape: ModelShape, ctx: int, max_num_seqs: int, kv_type: str = "f16") -> int:
+    """What the torch engine's CPU attention (kernels/attention.paged_attention_torch) allocates on top of the
+    prompt chunk's activations (compute_bytes): each layer gathers the K and V blocks of every sequence it
+    attends over, up to max_num_seqs sequences of ctx tokens in one decode step, plus a float32 mask bias per
+    token.  On a GPU the Triton kernel reads the blocks in place.  A 7B without GQA decoding 16 sequences of
+    4096 tokens gathers 1 GiB a layer; the starter at 16 x 8192, 96 MiB."""
+    tokens = max(max_num_seqs, 1) * ctx
+    return tokens * kv_bytes_per_token(shape, kv_type) // max(shape.n_layers, 1) + 4 * tokens
 
 
 def compute_bytes(shape: ModelShape, ctx: int, *, n_ubatch: int = 512, flash_attn: bool = False,

@@ -5,7 +5,7 @@ The planner (planner.py) proposes candidates; this module prices them with hwpro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hwprobe import memory as m
 from hwprobe.plan_types import DeviceMemory
@@ -32,6 +32,7 @@ class Candidate:
     split_mode: str  # "none" | "layer" | "tensor"
     n_gpu_layers: int
     n_batch: int = 512
+    max_num_seqs: int = 1  # torch engine: full-context sequences its KV pool may hold at most
 
 
 def shares(report: HardwareReport, gpus: tuple[int, ...]) -> dict[int, float]:
@@ -58,7 +59,28 @@ def is_torch_offload(shape: ModelShape, c: Candidate) -> bool:
 def price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[DeviceMemory, ...]:
     """Predicted memory of every GPU (index order) and of host RAM for candidate c."""
     if is_torch_offload(shape, c):
-        return _price_torch_offload(report, shape, c)
+        return _with_kv_pool(shape, c, _price_torch_offload(report, shape, c))
+    return _with_kv_pool(shape, c, _price(report, shape, c))
+
+
+def _with_kv_pool(shape: ModelShape, c: Candidate, devices: tuple[DeviceMemory, ...]) -> tuple[DeviceMemory, ...]:
+    """Set each device's kv_pool_tokens; for the torch engine, make its KV the pool it will allocate: what is
+    left of the device's budget after weights, compute buffers and overhead, capped at c.max_num_seqs sequences
+    of c.ctx tokens, never below one (memory.torch_kv_pool_bytes: a candidate whose one sequence does not fit
+    is over budget).  The engine runs on one device: c.gpus[0], else the CPU."""
+    if c.backend != "torch":
+        return tuple(replace(d, kv_pool_tokens=c.ctx) if d.kv_mib else d for d in devices)
+    at = next(i for i, d in enumerate(devices) if (d.index == c.gpus[0] if c.gpus else d.kind == "cpu"))
+    d = devices[at]
+    free = (d.budget_mib - d.weights_mib - d.compute_mib - d.overhead_mib) * m.MIB
+    pool = m.torch_kv_pool_bytes(shape, c.ctx, c.kv_cache_type, c.max_num_seqs, free)
+    tokens = pool // m.kv_bytes_per_token(shape, c.kv_cache_type)
+    return devices[:at] + (replace(d, kv_mib=m.mib(pool), kv_pool_tokens=tokens),) + devices[at + 1:]
+
+
+def _price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[DeviceMemory, ...]:
+    """price() of everything but the torch engine streaming blocks; the torch engine's KV is one sequence here
+    (_with_kv_pool sizes its pool)."""
     lay = c.layout
     kv_total = m.kv_bytes(shape, c.ctx, c.kv_cache_type,
                           swa_full=m.LLAMA_CPP_SWA_FULL if c.backend == "llama.cpp" else False, n_ubatch=c.n_batch)
@@ -97,6 +119,7 @@ def price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[Devi
         devices.append(DeviceMemory("gpu", g.index, g.name, m.mib(w), m.mib(kv), m.mib(compute), m.mib(overhead),
                                     m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) // m.MIB))
     cpu_layers = shape.n_layers - (c.n_gpu_layers if c.gpus else 0)
+    cpu_overhead = 0.0
     if c.backend == "torch" and c.gpus:
         cpu_w = cpu_kv = cpu_compute = 0.0
     else:
@@ -109,8 +132,12 @@ def price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[Devi
         else:
             cpu_compute = m.compute_bytes(shape, c.ctx, n_ubatch=c.n_batch, flash_attn=c.flash_attn)
         cpu_compute += m.output_buffer_bytes(shape)
-    devices.append(DeviceMemory("cpu", None, report.cpu_model, m.mib(cpu_w), m.mib(cpu_kv), m.mib(cpu_compute), 0,
-                                m.ram_budget_bytes(report.ram_available_mib) // m.MIB))
+        if c.backend == "torch":  # on the CPU: its dense prefill copies, gathered KV, and its tokenizer
+            cpu_w += lay.prefill_copy_bytes
+            cpu_compute += m.torch_cpu_attention_bytes(shape, c.ctx, c.max_num_seqs, c.kv_cache_type)
+            cpu_overhead = m.torch_tokenizer_bytes(shape)
+    devices.append(DeviceMemory("cpu", None, report.cpu_model, m.mib(cpu_w), m.mib(cpu_kv), m.mib(cpu_compute),
+                                m.mib(cpu_overhead), m.ram_budget_bytes(report.ram_available_mib) // m.MIB))
     return tuple(devices)
 
 
@@ -154,11 +181,14 @@ def expected_tokens_per_s(report: HardwareReport, shape: ModelShape, c: Candidat
             continue
         if g is None:
             bw = report.ram_bandwidth_gbps * CPU_BANDWIDTH_EFFICIENCY
-            weights = max(d.weights_mib * m.MIB - c.layout.embedding_bytes, 0)  # one embedding row per token
+            # one embedding row per token; the torch engine's dense prefill copies are not read by a decode
+            weights = max(d.weights_mib * m.MIB - c.layout.embedding_bytes - c.layout.prefill_copy_bytes, 0)
         else:
             bw = (g.memory_bandwidth_gbps or UNKNOWN_GPU_BANDWIDTH_GBPS) * GPU_BANDWIDTH_EFFICIENCY
             weights = d.weights_mib * m.MIB - (c.layout.embedding_bytes if c.backend == "torch" else 0)
-        t = (weights * read_ratio + d.kv_mib * m.MIB) / (bw * 1e9)
+        # a single stream reads its own sequence's KV, not the torch engine's whole pool
+        kv = d.kv_mib * m.MIB * (min(c.ctx / d.kv_pool_tokens, 1.0) if d.kv_pool_tokens else 1.0)
+        t = (weights * read_ratio + kv) / (bw * 1e9)
         if g is not None:
             t += GPU_SECONDS_PER_LAYER * (c.n_gpu_layers / max(len(c.gpus), 1) if c.split_mode != "tensor"
                                           else c.n_gpu_layers)

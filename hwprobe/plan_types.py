@@ -19,6 +19,9 @@ class Prefs:
     min_ctx: int = 4096  # the planner lowers the context down to this before quantizing anything
     n_batch: int = 512  # prompt tokens per forward (llama.cpp n_batch = n_ubatch)
     prefer_batching: bool = False  # `hearth serve`: the torch engine on CPU too, for its continuous batching
+    # the torch engine's most sequences at once (Settings.max_concurrency): its KV pool holds up to this many
+    # full-context sequences, as many as the device's budget leaves room for
+    max_num_seqs: int = 16
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,9 @@ class DeviceMemory:
     compute_mib: int  # compute buffers (activations, logits, attention scratch)
     overhead_mib: int  # CUDA context / runtime
     budget_mib: int  # free memory minus the safety margin: what the plan may use
+    # tokens of KV the device holds: the torch engine's paged pool (kv_mib is exactly that pool, which holds
+    # kv_pool_tokens // ctx full-context sequences); llama.cpp's one sequence of ctx cells; 0 without KV
+    kv_pool_tokens: int = 0
 
     @property
     def total_mib(self) -> int:
@@ -47,7 +53,8 @@ class DeviceMemory:
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "index": self.index, "name": self.name, "weights_mib": self.weights_mib,
                 "kv_mib": self.kv_mib, "compute_mib": self.compute_mib, "overhead_mib": self.overhead_mib,
-                "total_mib": self.total_mib, "budget_mib": self.budget_mib, "headroom_mib": self.headroom_mib}
+                "total_mib": self.total_mib, "budget_mib": self.budget_mib, "headroom_mib": self.headroom_mib,
+                "kv_pool_tokens": self.kv_pool_tokens}
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,10 @@ class Plan:
     reasons: tuple[str, ...]  # short sentences with the numbers; "warning: ..." for quality/memory risks
     main_gpu: int = 0  # the GPU that holds the output head and the biggest compute buffer
     device: str = "cpu"  # torch engine: "cpu" | "cuda" | "cuda:N"
+    # torch engine: its KV pool in bytes (whole blocks), what LoadOptions.kv_cache_bytes makes it allocate;
+    # 0 for llama.cpp (one sequence of ctx cells)
+    kv_pool_bytes: int = 0
+    max_num_seqs: int = 1  # sequences the torch engine batches (Prefs.max_num_seqs); the pool's cap
 
     @property
     def fits(self) -> bool:

@@ -26,6 +26,7 @@ A user-fixed value (ctx, KV type, backend, quant, n_gpu_layers) is taken as give
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 
 from hwprobe import memory as m
@@ -258,10 +259,10 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     if chosen is None and torch_only and (prefs.n_gpu_layers is None or fixed is not None):
         chosen = _torch_offload(report, shape, prefs, lo, hi, fixed)
     if chosen is None and prefs.backend == "torch" or (chosen is None and file_format == "safetensors"):
-        chosen = _torch_cpu(report, shape, prefs, hi)
+        chosen = _torch_cpu(report, shape, prefs, lo, hi)
     if chosen is None and prefs.backend == "auto" and prefs.prefer_batching and not report.gpus and \
             torch_engine_refusal(shape) is None:
-        chosen = _torch_cpu(report, shape, prefs, hi)
+        chosen = _torch_cpu(report, shape, prefs, lo, hi)
     if chosen is None:
         chosen = _try_llama_full(report, shape, prefs, lo, hi, quants)
         if chosen is None:
@@ -271,6 +272,8 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
             if prefs.backend == "auto" and prefs.n_gpu_layers is None:
                 chosen, rival = _faster(report, shape, chosen, _torch_offload(report, shape, prefs, lo, hi))
     chosen = _with_flags(report, shape, prefs, chosen)
+    if chosen.backend == "torch":  # fitting needed one sequence; the pool takes up to max_num_seqs
+        chosen = dataclasses.replace(chosen, max_num_seqs=prefs.max_num_seqs)
     devices = price(report, shape, chosen)
     if prefs.n_gpu_layers is None and not all(d.headroom_mib >= 0 for d in devices):
         raise _no_fit(report, shape, chosen, devices)
@@ -288,7 +291,15 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
                 kv_cache_type=chosen.kv_cache_type, flash_attn=chosen.flash_attn, batch_size=chosen.n_batch,
                 devices=devices, expected_tokens_per_s=tps,
                 reasons=reasons(report, shape, prefs, chosen, devices, tps, quants, tried, rival), main_gpu=main,
-                device=device)
+                device=device, kv_pool_bytes=_kv_pool_bytes(shape, chosen, devices),
+                max_num_seqs=chosen.max_num_seqs)
+
+
+def _kv_pool_bytes(shape: ModelShape, c: Candidate, devices: tuple) -> int:  # noqa: ANN001 - DeviceMemory
+    """The torch engine's KV pool in bytes (whole blocks, placement._with_kv_pool); 0 for llama.cpp."""
+    if c.backend != "torch":
+        return 0
+    return sum(d.kv_pool_tokens for d in devices) * m.kv_bytes_per_token(shape, c.kv_cache_type)
 
 
 def _torch_tried(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidate) -> tuple[str, ...]:
@@ -327,10 +338,22 @@ def _cpu_only(report, shape, prefs, lo, hi, quants) -> Candidate | None:  # noqa
     return None
 
 
-def _torch_cpu(report, shape, prefs, hi) -> Candidate:  # noqa: ANN001 - internal
-    fmt = "bf16" if report.cpu_avx512 else "fp32"
-    ctx = prefs.ctx or hi
-    return Candidate("torch", fmt, m.weights(shape, fmt), ctx, "f16", False, (), "none", 0, prefs.n_batch)
+def _torch_cpu(report, shape, prefs, lo, hi) -> Candidate:  # noqa: ANN001 - internal
+    """The torch engine on the CPU, in the weights model_runner resolves there: bf16 compute where the CPU has
+    AVX-512 (its bf16 matmuls), keeping a GGUF's 4-bit blocks when it has some ("GGUF"), else dense bf16;
+    float32 without AVX-512, with a float32 KV cache (on the CPU the cache follows the compute dtype).  The
+    largest context in [lo, hi] whose one sequence fits (else hi, and the plan says what is over)."""
+    if report.cpu_avx512:
+        fmt = m.TORCH_GGUF if m.torch_gguf_weights(shape) is not None else "bf16"
+    else:
+        fmt = "fp32"
+    kv = "f32" if fmt == "fp32" else "f16"
+    layout = m.torch_cpu_weights(shape, fmt, report.ram_total_mib * m.MIB)
+
+    def make(ctx: int) -> Candidate:  # a full decode batch's gathered KV is priced from the start
+        return Candidate("torch", fmt, layout, ctx, kv, False, (), "none", 0, prefs.n_batch, prefs.max_num_seqs)
+
+    return make(prefs.ctx or _best_ctx(report, shape, make, lo, hi) or hi)
 
 
 def _no_fit(report: HardwareReport, shape: ModelShape, c: Candidate, devices) -> PlanError:  # noqa: ANN001

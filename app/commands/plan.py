@@ -15,7 +15,12 @@ model folder, or a Hugging Face config.json (then the plan also picks the GGUF q
 
   hearth plan smollm2-135m-instruct
   hearth plan ~/models/Qwen2.5-14B/config.json --hardware 4090.json --json
-  hearth plan config.json --quant Q3_K_M      (below Q4_K_M only when asked)"""
+  hearth plan config.json --quant Q3_K_M      (below Q4_K_M only when asked)
+  hearth plan --backend torch --max-concurrency 4
+
+The plan is the allocation: the torch engine's KV pool is exactly the plan's KV (what is left of the device's
+budget after weights, compute buffers and overhead, at most --max-concurrency full-context sequences, at least
+one); --json gives it per device as kv_pool_tokens."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-type", dest="kv_cache_type", choices=("f16", "q8_0", "q4_0"))
     p.add_argument("--n-gpu-layers", "--ngl", dest="n_gpu_layers", type=int, metavar="N")
     p.add_argument("--quant", metavar="Q", help="GGUF quant to plan for a config.json (F16, Q8_0, ... Q2_K)")
+    p.add_argument("--max-concurrency", dest="max_concurrency", type=int, metavar="N",
+                   help="torch engine: sequences batched at once, the KV pool's cap in full-context sequences "
+                        "(default: the settings' max_concurrency, 16)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -49,6 +57,7 @@ def _config_shape(path: Path) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from app.loading import hardware_report
+    from app.settings import load_settings
     from app.store import ModelStore
     from hwprobe import plan as make_plan
     from hwprobe.errors import ConfigError
@@ -68,8 +77,9 @@ def run(args: argparse.Namespace) -> int:
         _, spec = ModelStore().spec(ref)
         shape = spec.to_shape()
     report = hardware_report(args.hardware)
+    max_num_seqs = load_settings(max_concurrency=args.max_concurrency).max_concurrency  # as `run`/`serve` load
     prefs = Prefs(backend=args.backend, ctx=args.ctx, kv_cache_type=args.kv_cache_type,
-                  n_gpu_layers=args.n_gpu_layers, quant=quant)
+                  n_gpu_layers=args.n_gpu_layers, quant=quant, max_num_seqs=max_num_seqs)
     p = make_plan(report, shape, prefs)
     print(json.dumps(p.as_dict(), indent=2) if args.json else plan_text(p, shape.name))
     return 0

@@ -101,10 +101,28 @@ def _merge(parts: list[torch.Tensor | QuantWeight], dtype: torch.dtype) -> torch
     return torch.cat(dense, dim=0)
 
 
+DEQUANT_CHUNK_ELEMENTS = 1 << 22  # weights dequantized at a time (16 MiB of float32)
+
+
+def _dequantize_rows(data: np.ndarray, qtype, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A 2-D GGUF tensor's raw rows -> (out, in) tensor in `dtype`, dequantized a few MiB of rows at a time:
+    the float32 form of a large tensor (the starter's 49152 x 576 embedding: 108 MiB, and numpy's copy of it
+    as much again) is never whole, so the loader's peak is the tensor in `dtype` plus one chunk."""
+    from gguf.quants import dequantize
+
+    out = torch.empty(shape, dtype=dtype)
+    step = max(1, DEQUANT_CHUNK_ELEMENTS // max(shape[1], 1))
+    for lo in range(0, shape[0], step):
+        values = np.asarray(dequantize(data[lo:lo + step], qtype), dtype=np.float32)
+        out[lo:lo + step] = torch.from_numpy(values.reshape(-1, shape[1]))
+    return out
+
+
 def _gguf_tensors(spec: ModelSpec, keep: Callable[[str, str], bool] = lambda name, qtype: False,
-                  scale_dtype: torch.dtype = torch.float32):
-    """Yield (name, float32 tensor in (out, in) order) for every tensor of a GGUF (all shards); a tensor for
-    which keep(name, type name) is true comes as a QuantWeight of its repacked blocks instead."""
+                  scale_dtype: torch.dtype = torch.float32, dtype: torch.dtype = torch.float32):
+    """Yield (name, tensor in (out, in) order) for every tensor of a GGUF (all shards): 2-D ones in `dtype`,
+    1-D ones (norms, biases) in float32; a tensor for which keep(name, type name) is true comes as a
+    QuantWeight of its repacked blocks instead."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -124,22 +142,29 @@ def _gguf_tensors(spec: ModelSpec, keep: Callable[[str, str], bool] = lambda nam
                 blocks = torch.from_numpy(np.array(data, dtype=np.uint8))
                 yield t.name, repack_gguf(blocks, qtype.name, int(t.shape[1]), int(t.shape[0]), scale_dtype)
                 continue
+            shape = tuple(int(n) for n in reversed(t.shape))
             try:
+                if len(shape) == 2:
+                    yield t.name, _dequantize_rows(data, qtype, shape, dtype)
+                    continue
                 values = dequantize(data, qtype)
             except NotImplementedError:
                 raise ModelFormatError(f"{spec.path}: tensor {t.name} has type {qtype.name}, which gguf cannot "
                                        "dequantize", "use --backend llama.cpp, or a file in another quant") from None
-            yield t.name, torch.from_numpy(np.array(values, dtype=np.float32).reshape(tuple(reversed(t.shape))))
+            yield t.name, torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
 
 
 def _hf_tensors(spec: ModelSpec):
+    """Yield (name, tensor) in the file's own dtype: load_model converts each to the compute dtype (norms to
+    float32), so a 16-bit checkpoint never passes through a whole float32 copy of a tensor (a Llama-2-7B
+    embedding: 500 MB more at the loader's peak)."""
     from safetensors import SafetensorError, safe_open
 
     for f in spec.files:
         try:
             with safe_open(f, framework="pt") as fh:
                 for name in fh.keys():
-                    yield name, fh.get_tensor(name).float()
+                    yield name, fh.get_tensor(name)
         except SafetensorError as exc:
             raise ModelFormatError(f"{f} cannot be read as safetensors: {exc}", "download the file again") from None
 
@@ -228,7 +253,7 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
     quant_head = keep_gguf_quant and device.type == "cpu" and not cfg.tied_embeddings
     keep = (lambda name, qtype: (keep_gguf_quant and _is_projection(template(name)[0]))
             or (quant_head and name == head_name))
-    for name, tensor in (_gguf_tensors(spec, keep, scale_dtype) if gguf else _hf_tensors(spec)):
+    for name, tensor in (_gguf_tensors(spec, keep, scale_dtype, dtype) if gguf else _hf_tensors(spec)):
         if name in _SKIP:
             freq_factors = tensor.reshape(-1)
             continue

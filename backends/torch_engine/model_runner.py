@@ -77,21 +77,32 @@ def resolve_weight_quant(name: str, spec: ModelSpec, device: torch.device, dtype
 def dense_copy_budget() -> int:
     """RAM the CPU path may spend on dense copies of quantized layers for prefill (QuantLinear.keep_dense_copy):
     at most 1 GiB and a tenth of physical memory.  The starter's copies take 212 MiB and make a 512-token
-    prefill chunk ~2.5x faster; a 7B model's (13 GiB) do not fit, and it prefills through the int4 kernel."""
+    prefill chunk ~2.5x faster; a 7B model's (13 GiB) do not fit, and it prefills through the int4 kernel.
+    The rule is hwprobe.memory's, so the plan counts exactly these copies."""
     import psutil
 
-    return min(2**30, psutil.virtual_memory().total // 10)
+    from hwprobe.memory import torch_cpu_dense_copy_budget
+
+    return torch_cpu_dense_copy_budget(psutil.virtual_memory().total)
 
 
 def _release_freed_memory() -> None:
     """Hand the loader's freed temporaries (float32 dequantized tensors, repacking copies) back to the OS.
     glibc keeps them in its heap otherwise: the starter's resident memory after loading was 1157 MiB, 915 MiB
     after this."""
-    import ctypes
     import gc
-    import sys
 
     gc.collect()
+    _trim_heap()
+
+
+def _trim_heap() -> None:
+    """malloc_trim(0): glibc returns its heap's free pages to the OS.  Called after each layer's CPU preparation
+    too: the float32 temporaries of the dense copies otherwise stay in the heap between the bf16 copies made
+    after them, and the load's peak (VmHWM, what the plan must cover) was ~110 MiB above its end state."""
+    import ctypes
+    import sys
+
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -135,10 +146,10 @@ class ModelRunner:
         self.cpu_packed_layers = 0
         self.dense_copy_bytes = 0
         if self.device.type == "cpu":
-            from backends.torch_engine.quantize import keep_dense_copies, pack_model_for_cpu
+            from backends.torch_engine.quantize import prepare_for_cpu
 
-            self.dense_copy_bytes = keep_dense_copies(self.model, self.dtype, dense_copy_budget())
-            self.cpu_packed_layers = pack_model_for_cpu(self.model, self.dtype)
+            self.dense_copy_bytes, self.cpu_packed_layers = prepare_for_cpu(self.model, self.dtype,
+                                                                            dense_copy_budget(), _trim_heap)
         self.offload = self._build_offload(options.n_gpu_layers)
         self.block_size = BLOCK_SIZE
         self.vocab_size = spec.vocab_size

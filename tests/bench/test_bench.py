@@ -43,7 +43,11 @@ def test_bench_json_has_every_figure_for_each_installed_backend(capsys):
     assert "llama.cpp" in backends
     assert main(["bench", "--backends", ",".join([*backends, "nope"]), "--concurrency", "1,2",
                  "--prompt-tokens", "16", "--gen-tokens", "8", "--requests", "2", "--json"]) == 0
-    results = json.loads(capsys.readouterr().out)["results"]
+    data = json.loads(capsys.readouterr().out)
+    results = data["results"]
+    # the torch engine's worker imports torch and the CLI too, so its peak holds the baseline (llama.cpp's not)
+    torch_rows = [r["peak_rss_mib"] for r in results if r["backend"] == "torch" and "peak_rss_mib" in r]
+    assert 50 < data["runtime_baseline_mib"] < min(torch_rows, default=float("inf"))
     good = [r for r in results if r["backend"] != "nope"]
     assert [(r["backend"], r["concurrency"]) for r in good] == [(b, c) for b in backends for c in (1, 2)]
     for r in good:
@@ -102,3 +106,19 @@ def test_http_rows_go_through_the_server_with_token_id_prompts(fake_loaded, caps
     sent = [r.prompt_token_ids for r in backend.requests[2:]]  # the server passed the ids through as they are
     assert len(sent) == 2 and all(len(p) == 8 for p in sent)
     assert all(r.sampling.ignore_eos and r.sampling.max_tokens == 3 for r in backend.requests[2:])
+
+
+def test_runtime_baseline_is_a_fresh_process_importing_torch_and_the_cli():
+    """The baseline is its own process's peak: more than an interpreter that imports nothing, and it names what
+    it measured in the table's line."""
+    import subprocess
+    import sys
+
+    from app.commands.bench import format_baseline, runtime_baseline_mib
+
+    code = "from app.memory_check import peak_rss_bytes; print(peak_rss_bytes())"
+    bare = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    baseline = runtime_baseline_mib()
+    assert baseline is not None and baseline * 2**20 > bare + 50 * 2**20  # torch's libraries are in it
+    assert format_baseline(baseline).startswith(f"runtime baseline: {baseline:.0f} MiB peak RSS of")
+    assert "import torch, app.cli" in format_baseline(baseline)

@@ -127,7 +127,13 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.ops = ops
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # nn.Embedding's own init (normal_) on the meta device, where the loader builds the model, runs through
+        # torch._refs and imports torch._dynamo and triton: ~150 MiB of resident memory for values the loader
+        # overwrites.  So the table is made here and initialised only on a real device.
+        table = torch.empty(cfg.vocab_size, cfg.hidden_size)
+        if table.device.type != "meta":
+            nn.init.normal_(table)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=table)
         self.layers = nn.ModuleList(Block(cfg, ops) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, ops)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
