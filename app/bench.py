@@ -1,14 +1,13 @@
 """`hearth bench` workload: a fixed-seed synthetic prompt set run on one backend per fresh subprocess.
 
 The parent (`run_bench`) starts `python -m app.bench WORKLOAD_JSON` once per backend, so load time is a cold
-start and peak memory belongs to that backend alone.  The worker prints one JSON object per line on stdout:
+start and peak memory belongs to that backend alone (the peak is that of the runner that holds the model).  The worker prints one JSON object per line on stdout:
 {"progress": done, "total": n} while it runs, then {"result": {...}} per concurrency, or {"error": "..."}.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -57,37 +56,6 @@ def percentile(values: list[float], q: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(v) - 1)
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
-
-
-class _PeakSampler:
-    """Samples this process's RSS every 20 ms in a thread; `peak` is the highest seen (bytes)."""
-
-    def __init__(self) -> None:
-        import psutil
-
-        self._proc = psutil.Process(os.getpid())
-        self.peak = self._proc.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.02):
-            self.peak = max(self.peak, self._proc.memory_info().rss)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._proc.memory_info().rss)
-        return self.peak
-
-
-def _gpu_peak_mib() -> float | None:
-    """Peak GPU memory of this process: torch's allocator when torch was used with CUDA, else None."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return None
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -158,10 +126,8 @@ def worker(w: Workload) -> None:
     """Run the workload in this process (a fresh one) and print JSON lines (see the module docstring).
     With extra["http"], every level runs again through hearth's server on 127.0.0.1 (rows "<backend>+http")."""
     from app.loading import open_backend
-    from app.memory_check import peak_rss_bytes  # VmHWM: the sampler's 20 ms can miss a short peak
     from app.settings import load_settings
 
-    sampler = _PeakSampler()
     t0 = time.perf_counter()
     try:
         settings = load_settings(model=w.model, backend=w.backend, threads=w.threads,
@@ -224,8 +190,9 @@ def worker(w: Workload) -> None:
                     "prefill_tokens_per_s": statistics.mean(s.prefill_tokens_per_s for s in samples),
                     "decode_tokens_per_s": statistics.mean(s.decode_tokens_per_s for s in samples),
                     "aggregate_tokens_per_s": aggregate,
-                    "peak_rss_mib": max(sampler.peak, sampler._proc.memory_info().rss, peak_rss_bytes()) / 2**20,
-                    "peak_gpu_mib": _gpu_peak_mib(), "wall_s": wall, "requests": w.requests,
+                    # the process that holds the model (the runner): its own VmHWM, loading's peak included
+                    "peak_rss_mib": backend.stats().peak_rss_bytes / 2**20,
+                    "peak_gpu_mib": (backend.stats().gpu_bytes / 2**20) or None, "wall_s": wall, "requests": w.requests,
                     "prompt_tokens": w.prompt_tokens, "gen_tokens": w.gen_tokens}
                 if mode == 0:
                     in_process[conc] = aggregate
@@ -235,7 +202,6 @@ def worker(w: Workload) -> None:
     finally:
         if server is not None:
             server.stop()
-        sampler.stop()
         backend.close()
 
 

@@ -9,8 +9,9 @@ runtime baseline is the peak RSS of a process that only imports torch and hearth
 (`python -c "import torch, app.cli"`): the interpreter, torch's libraries and hearth's code, which no plan
 counts because they do not depend on the model.  `hearth bench` reports the baseline on its own line.
 
-The load runs in a fresh subprocess (`python -m app.memory_check JSON`) so the peak is its own, and loads the
-backend class itself: the process measured is the one that holds the model, whatever runs the engines later.
+The load runs in a fresh subprocess (`python -m app.memory_check JSON`) through app.loading.make_backend, as every
+command loads: the model is then in a runner process, and the peak measured is the runner's own VmHWM
+(EngineStats.peak_rss_bytes); with HEARTH_IN_PROCESS=1 it is that subprocess's.
 """
 
 from __future__ import annotations
@@ -21,28 +22,12 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from backends.api import peak_rss_bytes  # noqa: F401 - VmHWM of this process (runtime_baseline_bytes's child uses it)
+
 MIB = 1024 * 1024
 BASELINE_CODE = "import torch, app.cli"
 MARGIN_FRACTION = 0.03
 MARGIN_MIN_BYTES = 128 * MIB
-# Backend classes imported directly (not through the registry or a runner): this process must hold the model.
-_CLASSES = {"torch": ("backends.torch_engine.backend", "TorchBackend"),
-            "llama.cpp": ("backends.llama_cpp.backend", "LlamaCppBackend")}
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set (VmHWM) in bytes; ru_maxrss where /proc is missing."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 def runtime_baseline_bytes(python: str | None = None) -> int:
@@ -91,10 +76,8 @@ def _plan_row(plan: Any) -> Any:
 
 
 def _load_here(req: LoadRequest) -> LoadPeak:
-    """Runs in the child: plan, load, generate, measure."""
-    import importlib
-
-    from app.loading import decide
+    """Runs in the child: plan, load (in a runner), generate, measure the process that holds the model."""
+    from app.loading import decide, make_backend
     from app.settings import load_settings
     from app.store import ModelStore
     from backends.api import Request, SamplingParams
@@ -103,8 +86,7 @@ def _load_here(req: LoadRequest) -> LoadPeak:
     settings = load_settings(**flags)
     _, spec = ModelStore().spec(settings.model)
     decision = decide(spec, settings, req.hardware_file)
-    module, cls = _CLASSES[decision.backend]
-    backend = getattr(importlib.import_module(module), cls)(spec, decision.options)
+    backend = make_backend(spec, decision, settings, hardware_file=req.hardware_file)
     backend.load()
     try:
         if req.generate_tokens:
@@ -112,13 +94,12 @@ def _load_here(req: LoadRequest) -> LoadPeak:
             backend.generate(Request(prompt=prompt, sampling=SamplingParams(
                 temperature=0, max_tokens=req.generate_tokens, ignore_eos=True)))
         info = backend.describe()
-        gpu = None
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-            gpu = int(torch.cuda.max_memory_reserved())
+        stats = backend.stats()  # the runner's figures (this process's own with HEARTH_IN_PROCESS=1)
+        gpu = stats.gpu_bytes or None  # torch.cuda.memory_reserved after the generation: the caching allocator
+        #                                keeps what it reserved, so this is its high-water mark
         row = _plan_row(decision.plan)
         return LoadPeak(decision.backend, decision.plan.device, row.total_mib * MIB, row.kv_mib * MIB,
-                        getattr(row, "kv_pool_tokens", 0), peak_rss_bytes(), gpu, info.get("kv_cache_bytes"))
+                        getattr(row, "kv_pool_tokens", 0), stats.peak_rss_bytes, gpu, info.get("kv_cache_bytes"))
     finally:
         backend.close()
 
