@@ -146,3 +146,10 @@ class FakeBackend(Backend):
 
     def memory_in_use(self) -> dict[str, int]:
         return {"rss_bytes": 123 * 2**20, "gpu_bytes": 0}
+
+
+def loaded_fake(**kw: Any) -> FakeBackend:
+    """A FakeBackend(**kw), already loaded (what the server tests start a live server on)."""
+    backend = FakeBackend(**kw)
+    backend.load()
+    return backend

@@ -9,6 +9,8 @@ u32 ggml type, u64 offset), padding to the alignment, data.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,3 +159,25 @@ class RawGGUF:
             tensors.append(TensorInfo(name, shape, ggml_type, offset))
         pos += -pos % alignment
         return cls(version, kvs, tensors, data[pos:], alignment)
+
+
+# -- edits the tensor-table tests share: each takes a RawGGUF, changes it and returns it -----------------------
+def overlap(r: RawGGUF) -> RawGGUF:
+    """The fourth tensor starts where the third does."""
+    r.tensors[3].offset = r.tensors[2].offset
+    return r
+
+
+def duplicate(r: RawGGUF) -> RawGGUF:
+    """The last tensor appears twice in the table."""
+    r.tensors.append(r.tensors[-1])
+    return r
+
+
+def zero_size(name: str, dim: int) -> Callable[[RawGGUF], RawGGUF]:
+    """Tensor `name` gets a 0 in dimension `dim`."""
+    def edit(r: RawGGUF) -> RawGGUF:
+        r.tensor(name).shape[dim] = 0
+        return r
+
+    return edit

@@ -13,12 +13,7 @@ import pytest
 
 from backends.errors import ModelFormatError
 from tests.hostile.clirun import assert_one_line_error, hearth
-from tests.hostile.ggufraw import RawGGUF
-
-
-def _overlap(r: RawGGUF) -> RawGGUF:
-    r.tensors[3].offset = r.tensors[2].offset
-    return r
+from tests.hostile.ggufraw import RawGGUF, duplicate, overlap, zero_size
 
 
 def _unaligned(r: RawGGUF) -> RawGGUF:
@@ -26,22 +21,12 @@ def _unaligned(r: RawGGUF) -> RawGGUF:
     return r
 
 
-def _duplicate(r: RawGGUF) -> RawGGUF:
-    r.tensors.append(r.tensors[-1])
-    return r
-
-
-def _zero(r: RawGGUF) -> RawGGUF:
-    r.tensor("output_norm.weight").shape[0] = 0
-    return r
-
-
 @pytest.mark.parametrize("edit, match", [
     (lambda r: r.drop_tensor("blk.0.ffn_down.weight"), "lacks tensor blk.0.ffn_down.weight"),
-    (_duplicate, "appears twice"),
-    (_overlap, "overlaps"),
+    (duplicate, "appears twice"),
+    (overlap, "overlaps"),
     (_unaligned, "not a multiple of the file's alignment"),
-    (_zero, "with no elements"),
+    (zero_size("output_norm.weight", 0), "with no elements"),
     (lambda r: r.drop("tokenizer.ggml.model"), "has no tokenizer"),
 ], ids=["missing", "duplicate", "overlapping", "unaligned", "zero-size", "no-tokenizer"])
 def test_both_backends_refuse_the_same_way(edit: Callable[[RawGGUF], RawGGUF], match: str, raw, tmp_path: Path) -> None:

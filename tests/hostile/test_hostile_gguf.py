@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.hostile.clirun import assert_one_line_error, hearth
-from tests.hostile.ggufraw import ARRAY, F32, STRING, U16, U32, U64, RawGGUF, nested_array
+from tests.hostile.ggufraw import (ARRAY, F32, STRING, U16, U32, U64, RawGGUF, duplicate, nested_array, overlap,
+                                    zero_size)
 
 
 def _shift(name: str, by: int) -> Callable[[RawGGUF], RawGGUF]:
@@ -21,21 +22,6 @@ def _shift(name: str, by: int) -> Callable[[RawGGUF], RawGGUF]:
         r.tensor(name).offset += by
         return r
     return edit
-
-
-def _overlap(r: RawGGUF) -> RawGGUF:
-    r.tensors[3].offset = r.tensors[2].offset
-    return r
-
-
-def _duplicate(r: RawGGUF) -> RawGGUF:
-    r.tensors.append(r.tensors[-1])
-    return r
-
-
-def _zero(r: RawGGUF) -> RawGGUF:
-    r.tensor("blk.0.attn_k.weight").shape[1] = 0
-    return r
 
 
 def _partial_block(r: RawGGUF) -> RawGGUF:
@@ -104,11 +90,11 @@ CASES: list[tuple[str, Callable[[RawGGUF], RawGGUF], str]] = [
     ("split_count-on-a-single-file", lambda r: r.set("split.count", U16, 2), "is not NAME-00001-of-0000N.gguf"),
     # tensor tables llama.cpp refuses
     ("tensor-missing", lambda r: r.drop_tensor("blk.1.attn_k.weight"), "lacks tensor blk.1.attn_k.weight"),
-    ("tensor-duplicate", _duplicate, "appears twice in its tensor table"),
-    ("tensor-overlap", _overlap, "overlaps blk.0.attn_q.weight"),
+    ("tensor-duplicate", duplicate, "appears twice in its tensor table"),
+    ("tensor-overlap", overlap, "overlaps blk.0.attn_q.weight"),
     ("tensor-unaligned", _shift("blk.0.attn_k.weight", 4), "not a multiple of the file's alignment 32"),
     ("tensor-gap", _shift("blk.0.attn_k.weight", 32), "leaving a gap after blk.0.attn_q.weight"),
-    ("tensor-zero-size", _zero, "with no elements"),
+    ("tensor-zero-size", zero_size("blk.0.attn_k.weight", 1), "with no elements"),
     ("tensor-partial-block", _partial_block, "not a whole number of blocks"),
     ("tensor-past-the-end", _shift("output_norm.weight", 1 << 30), "leaving a gap"),
     ("alignment-zero", lambda r: r.set("general.alignment", U32, 0), "general.alignment is 0"),

@@ -17,6 +17,7 @@ import pytest
 
 from app.server.background import BackgroundServer, free_port
 from tests.fakes import FakeBackend, fake_spec
+from tests.fakes import loaded_fake as fake
 
 pytestmark = pytest.mark.server
 
@@ -37,12 +38,6 @@ def live():
     yield start
     for server in servers:
         server.stop()
-
-
-def fake(**kw) -> FakeBackend:
-    b = FakeBackend(**kw)
-    b.load()
-    return b
 
 
 def chat_body(**kw) -> dict:

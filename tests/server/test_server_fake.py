@@ -8,17 +8,11 @@ import time
 import httpx
 import pytest
 
-from tests.fakes import FakeBackend
+from tests.fakes import loaded_fake as fake
 
 pytestmark = pytest.mark.server
 
 CHAT = "/v1/chat/completions"
-
-
-def fake(**kw) -> FakeBackend:
-    b = FakeBackend(**kw)
-    b.load()
-    return b
 
 
 def ok_body(**kw) -> dict:
