@@ -74,8 +74,9 @@ class HearthApp(ScreenActions, App[None]):
         if self.settings.model is None:  # preselect the last used model, else the starter
             self.settings = self.settings.merged(model=self.model_store.default_model_name())
         if self.settings.threads is None:
-            # Leave one core to the UI: measured on 2 cores, llama.cpp on both cores while Textual renders
-            # decoded at 2 tok/s; on one core 60 tok/s (its worker threads spin-wait on each other).
+            # Leave one core to the UI, even with the engine in its own runner process: measured on 2 cores (AMD
+            # EPYC, starter, scripts/tui_speed.py), llama.cpp decoded at 62 tok/s on both cores while Textual
+            # rendered and at 90-98 tok/s on one (its worker threads spin-wait on each other when the UI takes a core).
             from app.loading import physical_cores
 
             self.settings = self.settings.merged(threads=max(1, physical_cores() - 1))
