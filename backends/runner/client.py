@@ -1,4 +1,5 @@
-"""RunnerBackend: a Backend whose engine runs in a child process (a runner), supervised.
+"""RunnerBackend: a Backend whose engine runs in a child process (a runner), supervised.  One process and its
+threads are a RunnerProcess (backends/runner/process.py); the runner's own side is backends/runner/child.py.
 
 hearth's side of the runner: it speaks the Backend contract to the app (TUI, CLI, server, bench, ppl) and typed
 messages (backends/runner/protocol.py) to the runner, which holds the real backend.  A native crash, a hang or
@@ -24,10 +25,6 @@ from __future__ import annotations
 import itertools
 import os
 import queue
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -44,6 +41,7 @@ from backends.modelspec import ModelSpec
 from backends.runner import protocol as p
 from backends.runner.ladder import Fallback, RunnerConfig, next_config
 from backends.runner.memory import ConfigMemory
+from backends.runner.process import RunnerProcess
 
 DEFAULT_HANG_TIMEOUT_S = 30.0  # no heartbeat for this long = frozen (HEARTH_RUNNER_TIMEOUT overrides)
 MAX_CRASHES_IN_A_ROW = 4
@@ -81,117 +79,12 @@ class _Crash:
 @dataclass
 class _StreamState:
     request: Request
-    runner: "_Runner"
+    runner: "RunnerProcess"
     queue: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     started: bool = False  # STARTED was yielded to the caller
     tokens: int = 0  # TOKEN events yielded
     replays: int = 0  # times sent again to a new runner
     aborted: bool = False
-
-
-class _Runner:
-    """One runner process: its socket, its reader thread and its watchdog."""
-
-    def __init__(self, owner: "RunnerBackend", config: RunnerConfig) -> None:
-        self.owner = owner
-        self.config = config
-        self.outcome: queue.SimpleQueue = queue.SimpleQueue()  # Loaded | LoadFailed | _Crash
-        self.calls: dict[int, Future] = {}
-        self.loaded = False
-        self.dead = False  # set (under the owner's lock) as soon as its socket ended
-        self.hung = False
-        self.closing = False
-        self.closed = threading.Event()
-        self.last_seen = time.monotonic()
-        self.last_sent = "start"
-        self._send_lock = threading.Lock()
-        parent, child = socket.socketpair()
-        self.log_path = owner.new_log_path()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(x for x in sys.path if x and os.path.isdir(x))
-        log = None if owner.options.verbose else open(self.log_path, "ab")
-        try:
-            # A session of its own: Ctrl-C in the terminal reaches hearth, which aborts or closes the runner;
-            # the runner never sees a SIGINT meant for the app.
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "backends.runner.child", "--fd", str(child.fileno())],
-                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log or sys.stderr,
-                stderr=log or sys.stderr, env=env, start_new_session=True)
-        finally:
-            child.close()
-            if log is not None:
-                log.close()
-        self.pid = self.proc.pid
-        self.channel = p.Channel(parent, p.FromRunner)
-        threading.Thread(target=self._read, name=f"runner-{self.pid}-reader", daemon=True).start()
-        threading.Thread(target=self._watch, name=f"runner-{self.pid}-watchdog", daemon=True).start()
-
-    def send(self, message: Any, what: str) -> None:
-        with self._send_lock:
-            self.last_sent = what
-            try:
-                self.channel.send(message)
-            except OSError:
-                pass  # the runner is gone: the reader sees the end of the socket and reports it
-
-    def _read(self) -> None:
-        while True:
-            try:
-                message = self.channel.recv()
-            except (OSError, p.ProtocolError):
-                message = None
-            if message is None:
-                break
-            self.last_seen = time.monotonic()
-            self.owner.on_message(self, message)
-        self.owner.on_death(self)
-
-    def _watch(self) -> None:
-        timeout = self.owner.hang_timeout_s
-        while self.proc.poll() is None and not self.closed.is_set():
-            time.sleep(min(0.25, timeout / 4))
-            if time.monotonic() - self.last_seen > timeout and self.proc.poll() is None:
-                self.hung = True
-                self.kill()
-                return
-
-    def kill(self) -> None:
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        try:
-            self.channel.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def exit_cause(self) -> str:
-        try:
-            rc = self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            rc = self.proc.wait()
-        if self.hung:
-            return f"stopped answering for {self.owner.hang_timeout_s:g} s and was killed"
-        if rc < 0:
-            try:
-                sig = signal.Signals(-rc)
-                return f"was killed by {sig.name} ({signal.strsignal(sig) or sig.name})"
-            except ValueError:
-                return f"was killed by signal {-rc}"
-        return f"exited with status {rc}" if rc else "exited"
-
-    def activity(self, streams: list[_StreamState]) -> str:
-        if not self.loaded:
-            return "while loading the model"
-        if streams:
-            first = streams[0]
-            others = len(streams) - 1
-            more = f" and {others} other request{'s' if others > 1 else ''}" if others else ""
-            return f"while generating {first.request.request_id} ({first.tokens} tokens in){more}"
-        if self.calls:
-            return f"in {self.last_sent}"
-        return f"while idle (last call: {self.last_sent})"
 
 
 class RunnerBackend(Backend):
@@ -212,7 +105,7 @@ class RunnerBackend(Backend):
         self.on_notice: Callable[[str], None] | None = None
         self.notices: list[str] = []
         self._lock = threading.RLock()
-        self._runner: _Runner | None = None  # the loaded runner; None while (re)starting
+        self._runner: RunnerProcess | None = None  # the loaded runner; None while (re)starting
         self._ready = threading.Condition(self._lock)
         self._gave_up: RunnerCrashedError | None = None
         self._closed = False
@@ -277,7 +170,7 @@ class RunnerBackend(Backend):
         with self._lock:
             self._install(runner, config)
 
-    def _bring_up(self, config: RunnerConfig, progress: ProgressCallback | None) -> tuple[_Runner, RunnerConfig]:
+    def _bring_up(self, config: RunnerConfig, progress: ProgressCallback | None) -> tuple[RunnerProcess, RunnerConfig]:
         """Start runners down the ladder until one loads.  Raises the runner's own error for a refusal (bad file,
         unknown architecture: no retries) and RunnerCrashedError when no rung is left."""
         attempts = 0
@@ -286,7 +179,7 @@ class RunnerBackend(Backend):
                 raise RunnerCrashedError("the backend was closed while its runner was starting")
             self._tried_backends.add(config.backend)
             self._progress = progress
-            runner = _Runner(self, config)
+            runner = RunnerProcess(self, config)
             runner.send(p.Load(config.backend, self.spec, config.options), "load")
             outcome = runner.outcome.get()
             self._progress = None
@@ -296,7 +189,7 @@ class RunnerBackend(Backend):
                 return runner, config
             attempts += 1
             if isinstance(outcome, p.LoadFailed):
-                self._stop(runner)
+                runner.stop(CLOSE_TIMEOUT_S)
                 if outcome.error.type != "OutOfMemoryError":
                     p.raise_error(outcome.error)  # bad input or a refusal: the same file fails the same way
                 failure = "oom"
@@ -318,7 +211,7 @@ class RunnerBackend(Backend):
                            honours_extra_bufts=caps.extra_bufts, tried_backends=frozenset(self._tried_backends),
                            fallback=self.fallback)
 
-    def _install(self, runner: _Runner, config: RunnerConfig) -> None:
+    def _install(self, runner: RunnerProcess, config: RunnerConfig) -> None:
         """Make `runner` the current one (lock held)."""
         self._runner, self.config = runner, config
         self.name, self.capabilities = backend_facts(config.backend)
@@ -339,21 +232,9 @@ class RunnerBackend(Backend):
             state.queue.put(GenerationEvent(EventKind.FINISHED, state.request.request_id,
                                             finish_reason=FinishReason.ABORT, stats=RequestStats()))
         if runner is not None:
-            self._stop(runner)
+            runner.stop(CLOSE_TIMEOUT_S)
 
-    def _stop(self, runner: _Runner) -> None:
-        """Ask the runner to close (it frees its memory by exiting), kill it if it does not."""
-        runner.closing = True
-        runner.send(p.Close(), "close")
-        try:
-            runner.proc.wait(timeout=CLOSE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            runner.kill()
-            runner.proc.wait()
-        runner.closed.set()
-        runner.kill()  # ends the reader thread
-
-    def _current(self) -> _Runner:
+    def _current(self) -> RunnerProcess:
         """The loaded runner, waiting while one restarts; raises once supervision gave up or after close()."""
         with self._lock:
             while True:
@@ -372,7 +253,7 @@ class RunnerBackend(Backend):
         return runner.pid if runner is not None else None
 
     # -- messages from runners (reader threads) -----------------------------------------------------------
-    def on_message(self, runner: _Runner, m: Any) -> None:
+    def on_message(self, runner: RunnerProcess, m: Any) -> None:
         if isinstance(m, p.Heartbeat):
             return
         if isinstance(m, p.Event):
@@ -395,7 +276,7 @@ class RunnerBackend(Backend):
             if future is not None:
                 future.set_result(m)
 
-    def on_death(self, runner: _Runner) -> None:
+    def on_death(self, runner: RunnerProcess) -> None:
         """The runner's socket ended: a planned close, or a crash to recover from."""
         if runner.closing:
             runner.proc.wait()
@@ -455,7 +336,7 @@ class RunnerBackend(Backend):
             if not closed:
                 self._install(runner, config)
         if closed:
-            self._stop(runner)
+            runner.stop(CLOSE_TIMEOUT_S)
             return
         with self._lock:
             for state in replays:

@@ -1,0 +1,140 @@
+"""One runner process as hearth sees it: the child it started, its socket, the thread that reads its messages
+and the watchdog that kills it when its heartbeat stops.  RunnerBackend (backends/runner/client.py) owns these and
+decides what a death means; this module only starts, talks to, watches and ends one process.
+
+The owner provides: `new_log_path()`, `options.verbose`, `hang_timeout_s`, `on_message(process, message)` (from
+the reader thread) and `on_death(process)` (once, from the reader thread, when the socket ends).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from backends.runner import protocol as p
+from backends.runner.ladder import RunnerConfig
+
+
+class RunnerProcess:
+    """One runner process: its socket, its reader thread and its watchdog."""
+
+    def __init__(self, owner: Any, config: RunnerConfig) -> None:
+        self.owner = owner
+        self.config = config
+        self.outcome: queue.SimpleQueue = queue.SimpleQueue()  # Loaded | LoadFailed | _Crash
+        self.calls: dict[int, Future] = {}
+        self.loaded = False
+        self.dead = False  # set (under the owner's lock) as soon as its socket ended
+        self.hung = False
+        self.closing = False
+        self.closed = threading.Event()
+        self.last_seen = time.monotonic()
+        self.last_sent = "start"
+        self._send_lock = threading.Lock()
+        parent, child = socket.socketpair()
+        self.log_path = owner.new_log_path()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(x for x in sys.path if x and os.path.isdir(x))
+        log = None if owner.options.verbose else open(self.log_path, "ab")
+        try:
+            # A session of its own: Ctrl-C in the terminal reaches hearth, which aborts or closes the runner;
+            # the runner never sees a SIGINT meant for the app.
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "backends.runner.child", "--fd", str(child.fileno())],
+                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log or sys.stderr,
+                stderr=log or sys.stderr, env=env, start_new_session=True)
+        finally:
+            child.close()
+            if log is not None:
+                log.close()
+        self.pid = self.proc.pid
+        self.channel = p.Channel(parent, p.FromRunner)
+        threading.Thread(target=self._read, name=f"runner-{self.pid}-reader", daemon=True).start()
+        threading.Thread(target=self._watch, name=f"runner-{self.pid}-watchdog", daemon=True).start()
+
+    def send(self, message: Any, what: str) -> None:
+        with self._send_lock:
+            self.last_sent = what
+            try:
+                self.channel.send(message)
+            except OSError:
+                pass  # the runner is gone: the reader sees the end of the socket and reports it
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self.channel.recv()
+            except (OSError, p.ProtocolError):
+                message = None
+            if message is None:
+                break
+            self.last_seen = time.monotonic()
+            self.owner.on_message(self, message)
+        self.owner.on_death(self)
+
+    def _watch(self) -> None:
+        timeout = self.owner.hang_timeout_s
+        while self.proc.poll() is None and not self.closed.is_set():
+            time.sleep(min(0.25, timeout / 4))
+            if time.monotonic() - self.last_seen > timeout and self.proc.poll() is None:
+                self.hung = True
+                self.kill()
+                return
+
+    def stop(self, timeout_s: float) -> None:
+        """Ask the runner to close (it frees its memory by exiting); kill it if it has not exited in timeout_s."""
+        self.closing = True
+        self.send(p.Close(), "close")
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.proc.wait()
+        self.closed.set()
+        self.kill()  # ends the reader thread
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        try:
+            self.channel.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def exit_cause(self) -> str:
+        try:
+            rc = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            rc = self.proc.wait()
+        if self.hung:
+            return f"stopped answering for {self.owner.hang_timeout_s:g} s and was killed"
+        if rc < 0:
+            try:
+                sig = signal.Signals(-rc)
+                return f"was killed by {sig.name} ({signal.strsignal(sig) or sig.name})"
+            except ValueError:
+                return f"was killed by signal {-rc}"
+        return f"exited with status {rc}" if rc else "exited"
+
+    def activity(self, streams: list[Any]) -> str:
+        if not self.loaded:
+            return "while loading the model"
+        if streams:
+            first = streams[0]
+            others = len(streams) - 1
+            more = f" and {others} other request{'s' if others > 1 else ''}" if others else ""
+            return f"while generating {first.request.request_id} ({first.tokens} tokens in){more}"
+        if self.calls:
+            return f"in {self.last_sent}"
+        return f"while idle (last call: {self.last_sent})"
