@@ -81,3 +81,15 @@ class RefusingFake(CrashingFake):
 class CrashOnLoadFake(CrashingFake):
     def load(self, progress=None) -> None:  # type: ignore[no-untyped-def]
         _die(signal.SIGSEGV)
+
+
+class GpuOomFake(CrashingFake):
+    """Runs out of GPU memory at load with more than 8 layers on the GPU (a typed OutOfMemoryError, as the torch
+    engine raises for a CUDA OOM), and loads with 8 or fewer."""
+
+    def load(self, progress=None) -> None:  # type: ignore[no-untyped-def]
+        from backends.errors import OutOfMemoryError
+
+        if self.options.n_gpu_layers < 0 or self.options.n_gpu_layers > 8:
+            raise OutOfMemoryError(f"CUDA out of memory with {self.options.n_gpu_layers} layers on the GPU")
+        super().load(progress)
