@@ -24,11 +24,13 @@ one); --json gives it per device as kv_pool_tokens."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from app.defaults import LOCAL_BACKENDS
+
     p.add_argument("model", nargs="?", metavar="MODEL", help="name, GGUF path, HF folder or config.json "
                    "(default: the last used model, else the starter)")
     p.add_argument("--hardware", metavar="FILE", help="plan for the machine in this HardwareReport JSON")
     p.add_argument("--ctx", type=int, metavar="N", help="context length in tokens (fixed)")
-    p.add_argument("--backend", "-b", choices=("auto", "llama.cpp", "torch"), default="auto")
+    p.add_argument("--backend", "-b", choices=("auto", *LOCAL_BACKENDS), default="auto")
     p.add_argument("--kv-cache-type", dest="kv_cache_type", choices=("f16", "q8_0", "q4_0"))
     p.add_argument("--n-gpu-layers", "--ngl", dest="n_gpu_layers", type=int, metavar="N")
     p.add_argument("--quant", metavar="Q", help="GGUF quant to plan for a config.json (F16, Q8_0, ... Q2_K)")
