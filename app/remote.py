@@ -46,6 +46,6 @@ def open_remote(settings: Settings, *, progress: ProgressCallback | None = None,
 
 def remote_hint() -> str:
     """The line `hearth plan` prints when nothing fits this machine."""
-    return ("or run it on a bigger machine: serve it there with vLLM, SGLang, Ollama or `hearth serve`, and "
-            "chat from here with `hearth run --backend remote --url http://HOST:PORT`")
+    return ("or serve it on a bigger machine (vLLM, SGLang, Ollama, `hearth serve`) and chat from here with "
+            "`hearth run --backend remote --url http://HOST:PORT`")
 

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from app.settings import load_settings
     from app.store import ModelStore
     from hwprobe import plan as make_plan
-    from hwprobe.errors import ConfigError
+    from hwprobe.errors import ConfigError, PlanError
     from hwprobe.memory import QUANT_BPW
     from hwprobe.plan_types import Prefs
     from hwprobe.render import plan_text
@@ -82,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
     max_num_seqs = load_settings(max_concurrency=args.max_concurrency).max_concurrency  # as `run`/`serve` load
     prefs = Prefs(backend=args.backend, ctx=args.ctx, kv_cache_type=args.kv_cache_type,
                   n_gpu_layers=args.n_gpu_layers, quant=quant, max_num_seqs=max_num_seqs)
-    p = make_plan(report, shape, prefs)
+    try:
+        p = make_plan(report, shape, prefs)
+    except PlanError as exc:  # nothing fits here: a bigger machine's server can run it (--backend remote)
+        from app.remote import remote_hint
+
+        raise PlanError(exc.message, f"{exc.hint}; {remote_hint()}" if exc.hint else remote_hint()) from None
     print(json.dumps(p.as_dict(), indent=2) if args.json else plan_text(p, shape.name))
     return 0

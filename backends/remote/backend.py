@@ -222,7 +222,8 @@ class RemoteBackend(Backend):
         return self._n_ctx  # 0 when the server does not say
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "model": self.spec.name, "url": self.base, "n_ctx": self._n_ctx or "?"}
+        info: dict[str, Any] = {"backend": self.name, "model": self.spec.name, "url": self.base}
+        return {**info, "n_ctx": self._n_ctx} if self._n_ctx else info  # the server did not say: none shown
 
     def memory_in_use(self) -> dict[str, int]:
         return {"rss_bytes": 0, "gpu_bytes": 0}  # the model's memory is the server's

@@ -64,3 +64,19 @@ def test_an_unreachable_url_is_one_line_and_exit_2_never_a_local_model(capsys):
 def test_bad_remote_settings_are_config_errors(args, match, capsys):
     assert main(["run", *args, "Hi"]) == 2
     assert match in error_lines(capsys.readouterr().err)[0]
+
+
+def test_plan_suggests_a_remote_server_when_nothing_fits_here(tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    config = tmp_path / "llama-2-70b" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 32000,
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}))
+    laptop = Path(__file__).parent.parent / "hwprobe" / "fixtures" / "no_gpu_laptop.json"  # 16 GB, no GPU
+    assert main(["plan", str(config), "--hardware", str(laptop)]) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert "needs" in lines[0] and "hearth run --backend remote --url http://HOST:PORT" in lines[1]
