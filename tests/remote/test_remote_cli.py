@@ -80,3 +80,23 @@ def test_plan_suggests_a_remote_server_when_nothing_fits_here(tmp_path, capsys):
     assert main(["plan", str(config), "--hardware", str(laptop)]) == 2
     lines = error_lines(capsys.readouterr().err)
     assert "needs" in lines[0] and "hearth run --backend remote --url http://HOST:PORT" in lines[1]
+
+
+def test_bench_measures_a_remote_model(served, capsys):
+    import json
+
+    fake = loaded_fake(replies=(" ".join(f"w{i}" for i in range(64)),))
+    server = served(fake, "bench-model")
+    assert main(["bench", "--backends", "remote", "--url", server.url, "--concurrency", "1,2", "--requests", "2",
+                 "--prompt-tokens", "16", "--gen-tokens", "8", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert [(r["backend"], r["concurrency"]) for r in results] == [("remote", 1), ("remote", 2)]
+    assert all("error" not in r and r["aggregate_tokens_per_s"] > 0 and r["peak_rss_mib"] is None for r in results)
+    prompt = fake.requests[-1].messages[-1].content
+    assert len(prompt.split()) == 16 and fake.requests[-1].sampling.ignore_eos
+
+
+def test_bench_with_an_unreachable_remote_is_one_line_and_exit_2(capsys):
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["bench", "--backends", "remote", "--url", url]) == 2
+    assert f"cannot reach {url}/v1" in error_lines(capsys.readouterr().err)[0]
