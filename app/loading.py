@@ -197,6 +197,12 @@ def open_backend(settings: Settings, *, hardware_file: str | None = None, progre
     if settings.backend == "remote":
         from app.remote import open_remote
 
+        if logits_all:
+            from hwprobe.errors import ConfigError
+
+            raise ConfigError("hearth ppl needs a local model: OpenAI-compatible servers return no logits of the "
+                              "prompt", "pass --backend auto (settings.toml or HEARTH_BACKEND say remote)")
+
         return open_remote(settings, progress=progress, load=load)
     store = store or ModelStore()
     entry, spec = store.spec(settings.model)

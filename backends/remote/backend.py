@@ -55,13 +55,17 @@ class RemoteBackend(Backend):
         self._open: dict[str, httpx.Response | None] = {}  # request id -> its HTTP response while streaming
         self._aborted: set[str] = set()
         self._lock = threading.Lock()
+        self._load_lock = threading.Lock()  # streams from several threads may find the backend not yet loaded
         self._n_ctx = spec.context_length
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def load(self, progress: ProgressCallback | None = None) -> None:
         """Ask /v1/models: it checks the URL and the key, and names the model when none was given."""
-        if self._client is not None:
-            return
+        with self._load_lock:
+            if self._client is None:
+                self._load(progress)
+
+    def _load(self, progress: ProgressCallback | None) -> None:
         headers = {"Authorization": f"Bearer {self.target.api_key}"} if self.target.api_key else {}
         timeout = httpx.Timeout(self.target.read_timeout_s, connect=self.target.connect_timeout_s)
         client = httpx.Client(headers=headers, timeout=timeout, transport=self._transport)

@@ -45,7 +45,8 @@ def test_the_key_comes_from_the_environment_or_settings_toml(served, capsys, mon
     out, err = capsys.readouterr()
     lines = error_lines(err)
     assert "refused the API key (401, key from [remote] api_key in" in lines[0] and out == ""
-    settings.write_text(f'backend = "remote"\n[remote]\nurl = "{server.url}"\napi_key = "sesame"\nmodel = "fake-model"\n')
+    settings.write_text(f'backend = "remote"\n[remote]\nurl = "{server.url}"\napi_key = "sesame"\n'
+                        'model = "fake-model"\n')
     assert main(["run", "Hi"]) == 0
     assert capsys.readouterr().out.strip() == REPLY
 
@@ -100,3 +101,14 @@ def test_bench_with_an_unreachable_remote_is_one_line_and_exit_2(capsys):
     url = f"http://127.0.0.1:{free_port()}"
     assert main(["bench", "--backends", "remote", "--url", url]) == 2
     assert f"cannot reach {url}/v1" in error_lines(capsys.readouterr().err)[0]
+
+
+@pytest.mark.parametrize("command", [["serve"], ["ppl", "english.txt"]])
+def test_commands_that_need_a_local_model_refuse_a_remote_one_from_the_settings(command, capsys, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).parent.parent / "data")  # english.txt: a text ppl can read
+    monkeypatch.setenv("HEARTH_BACKEND", "remote")
+    monkeypatch.setenv("HEARTH_REMOTE_URL", "http://gpu-box:8000")
+    assert main(command) == 2
+    assert "local model" in error_lines(capsys.readouterr().err)[0]
