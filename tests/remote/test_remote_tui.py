@@ -33,3 +33,26 @@ async def test_the_tui_chats_through_a_remote_server_and_shows_its_model(served)
                                                         ("user", "Capital of France?")]
         assert "tok/s" in str(app.status.render())
         await pilot.pause(0.2)
+
+
+def test_the_hardware_screen_and_the_model_picker_know_a_remote_model(served) -> None:
+    from app.remote import open_remote
+    from app.tui.screens.hardware import format_plan
+
+    server = served(loaded_fake(), "cluster-model-70b")
+    loaded = open_remote(Settings(backend="remote", url=server.url))
+    text = format_plan(loaded.decision)
+    assert text.startswith("Backend remote: the model runs on its server") and server.url in text
+    assert "GPU layers" not in text
+    loaded.backend.close()
+
+
+def test_picking_a_local_model_leaves_the_remote_server() -> None:
+    from app.tui.app import HearthApp
+
+    app = HearthApp(Settings(backend="remote", url="http://gpu-box:8000"), conversations=ConversationStore.open())
+    loads: list[Settings] = []
+    app.start_loading = loads.append  # the settings the next load gets are what this test checks
+    app.switch_model("smollm2-135m-instruct")
+    assert loads == [app.settings]
+    assert app.settings.backend == "auto" and app.settings.model == "smollm2-135m-instruct"
