@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from app.defaults import SAMPLING
 from app.server.errors import APIError
 from app.server.metrics import ServerMetrics
 from app.server.runner import Generation, Limits, Runner
@@ -39,7 +40,7 @@ class ServerConfig:
     model_name: str  # the id /v1/models lists; requests must name it
     api_key: str | None = None  # Bearer key required on every path but /health; None = open
     limits: Limits = field(default_factory=Limits)
-    default_max_tokens: int = 512  # when a request gives none (bounded by the context)
+    default_max_tokens: int = SAMPLING.max_tokens  # when a request gives none (bounded by the context)
     system_prompt: str | None = None  # not injected: OpenAI clients send their own system message
     max_messages: int = 4096  # messages in one chat request (render and tokenize cost grows with them)
     max_json_depth: int = 64  # nesting of arrays/objects in a body (OpenAI bodies nest well under 20)
