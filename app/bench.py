@@ -49,6 +49,19 @@ def synthetic_prompts(vocab: int, specials: set[int], n: int, length: int, seed:
     return out
 
 
+_WORDS = ("the", "of", "and", "to", "in", "is", "was", "for", "on", "with", "as", "by", "at", "from", "that",
+          "it", "his", "her", "they", "time", "year", "people", "way", "day", "man", "thing", "woman", "life",
+          "child", "world", "school", "state", "family", "group", "country", "problem", "hand", "part", "place",
+          "case", "week", "company", "system", "program", "question", "work", "number", "night", "point", "home")
+
+
+def synthetic_texts(n: int, length: int, seed: int) -> list[str]:
+    """`n` deterministic prompts of `length` common English words (about one token each): a remote model's
+    tokenizer is the server's, so its prompts are text, not ids, and their token counts are about `length`."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(_WORDS) for _ in range(length)) for _ in range(n)]
+
+
 def percentile(values: list[float], q: float) -> float:
     """Linear-interpolated percentile (q in 0..100) of a non-empty list."""
     v = sorted(values)
@@ -81,6 +94,21 @@ def _in_process(backend: Any, w: Workload) -> Callable[[tuple[int, ...], int], _
         params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
         c = backend.generate(Request(prompt_token_ids=prompt, sampling=params))
         return _Sample(len(c.token_ids), c.stats.ttft_s, c.stats.prefill_tokens_per_s,
+                       c.stats.decode_tokens_per_s, c.error)
+
+    return one
+
+
+def _remote_chat(backend: Any, w: Workload) -> Callable[[str, int], _Sample]:
+    """A remote model (--backend remote): each prompt is one user message through the one request builder;
+    generated tokens are the server's count (its usage chunk, else the streamed deltas)."""
+    from app.requests import chat_request
+    from backends.api import SamplingParams
+
+    def one(prompt: str, seed: int) -> _Sample:
+        params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
+        c = backend.generate(chat_request(backend.spec, [{"role": "user", "content": prompt}], params).request)
+        return _Sample(c.stats.completion_tokens, c.stats.ttft_s, c.stats.prefill_tokens_per_s,
                        c.stats.decode_tokens_per_s, c.error)
 
     return one
@@ -132,7 +160,8 @@ def worker(w: Workload) -> None:
     try:
         settings = load_settings(model=w.model, backend=w.backend, threads=w.threads,
                                  ctx=max(512, w.prompt_tokens + w.gen_tokens + 16),
-                                 max_concurrency=max(w.concurrency))
+                                 max_concurrency=max(w.concurrency), url=w.extra.get("url"),
+                                 remote_model=w.extra.get("remote_model"))
         loaded = open_backend(settings)
     except Exception as e:  # any load failure becomes one line in the table, not a dead run
         _emit({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
@@ -143,9 +172,10 @@ def worker(w: Workload) -> None:
     if loaded.spec.bos_token_id is not None:
         specials.add(loaded.spec.bos_token_id)
     vocab = loaded.spec.vocab_size
-    modes: list[tuple[str, Any]] = [(w.backend, _in_process(backend, w))]
+    remote = w.backend == "remote"  # the model is on a server: text prompts, its memory is not ours to measure
+    modes: list[tuple[str, Any]] = [(w.backend, _remote_chat(backend, w) if remote else _in_process(backend, w))]
     server = None
-    if w.extra.get("http"):
+    if w.extra.get("http") and not remote:
         from app.server.background import BackgroundServer
 
         server = BackgroundServer(backend, "bench", limits={"max_concurrency": max(w.concurrency),
@@ -160,8 +190,9 @@ def worker(w: Workload) -> None:
             for level, conc in enumerate(w.concurrency):
                 # Fresh prompts per level and path: a backend with a prefix cache must not get earlier
                 # prompts for free (the same seed gives the same prompts on every backend).
-                prompts = synthetic_prompts(vocab, specials, w.requests, w.prompt_tokens,
-                                            w.seed + 7919 * level + 104729 * mode)
+                level_seed = w.seed + 7919 * level + 104729 * mode
+                prompts: list[Any] = (synthetic_texts(w.requests, w.prompt_tokens, level_seed) if remote else
+                                      synthetic_prompts(vocab, specials, w.requests, w.prompt_tokens, level_seed))
 
                 def one(i: int) -> _Sample:
                     nonlocal done
@@ -191,8 +222,8 @@ def worker(w: Workload) -> None:
                     "decode_tokens_per_s": statistics.mean(s.decode_tokens_per_s for s in samples),
                     "aggregate_tokens_per_s": aggregate,
                     # the process that holds the model (the runner): its own VmHWM, loading's peak included
-                    "peak_rss_mib": backend.stats().peak_rss_bytes / 2**20,
-                    "peak_gpu_mib": (backend.stats().gpu_bytes / 2**20) or None, "wall_s": wall, "requests": w.requests,
+                    "peak_rss_mib": None if remote else backend.stats().peak_rss_bytes / 2**20,
+                    "peak_gpu_mib": None if remote else (backend.stats().gpu_bytes / 2**20) or None, "wall_s": wall, "requests": w.requests,
                     "prompt_tokens": w.prompt_tokens, "gen_tokens": w.gen_tokens}
                 if mode == 0:
                     in_process[conc] = aggregate

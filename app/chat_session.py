@@ -1,7 +1,7 @@
 """A conversation with a loaded backend: messages -> chat template -> stream -> reply appended.
 
-Used by `hearth run` (one prompt, or the interactive terminal chat).  The TUI and the API server build on
-the same pieces (backends.templates.render_for_spec, Backend.stream) with their own persistence.
+Used by `hearth run` (one prompt, or the interactive terminal chat).  The TUI and the API server build their
+requests the same way (app/requests.py) and keep their own persistence.
 """
 
 from __future__ import annotations
@@ -13,14 +13,8 @@ from typing import TextIO
 
 from app.loading import Loaded
 from app.settings import Settings
-from backends.api import Completion, EventKind, FinishReason, Request, SamplingParams
-from backends.templates import FALLBACK_NAME, render_for_spec
-
-
-def sampling_from_settings(settings: Settings, stop: tuple[str, ...] = ()) -> SamplingParams:
-    return SamplingParams(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-                          min_p=settings.min_p, repeat_penalty=settings.repeat_penalty, seed=settings.seed,
-                          max_tokens=settings.max_tokens, stop=stop)
+from app.requests import FALLBACK_NAME, chat_request, sampling_from
+from backends.api import Completion, EventKind, FinishReason, Request
 
 
 @dataclass
@@ -59,16 +53,19 @@ class ChatSession:
         An aborted or failed turn keeps the history as it was, plus what was generated."""
         backend = self.loaded.backend
         if raw:
-            request = Request(prompt=text, sampling=sampling_from_settings(self.settings, self.stop))
+            request = Request(prompt=text, sampling=sampling_from(self.settings, stop=self.stop))
         else:
             self.messages.append({"role": "user", "content": text})
-            rendered = render_for_spec(self.loaded.spec, self.messages)
-            if rendered.template_source == FALLBACK_NAME and not self.fallback_warned:
+            try:
+                built = chat_request(self.loaded.spec, self.messages, sampling_from(self.settings, stop=self.stop))
+            except BaseException:
+                self.messages.pop()  # a refused template or setting keeps the history as it was
+                raise
+            if built.template_source == FALLBACK_NAME and not self.fallback_warned:
                 print(f"hearth: {self.loaded.entry.name} has no chat template; using hearth's plain "
                       "'User:/Assistant:' format", file=sys.stderr)
                 self.fallback_warned = True
-            request = Request(prompt=rendered.text, add_special=rendered.add_special,
-                              sampling=sampling_from_settings(self.settings, self.stop + rendered.stop))
+            request = built.request
         self.current_request = request.request_id
         parts: list[str] = []
         ids: list[int] = []

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.defaults import REPLY_MAX_TOKENS, SAMPLING, SYSTEM_PROMPT
 from hwprobe.errors import ConfigError
 
 SCHEMA_VERSION = 1
@@ -56,10 +57,10 @@ CREATE INDEX messages_by_conversation ON messages (conversation_id, position);
 class ChatSettings:
     """Per-conversation sampling settings and system prompt."""
 
-    system_prompt: str = "You are a helpful assistant."  # "" = no system message
-    temperature: float = 0.8  # 0 = greedy
-    top_p: float = 0.95
-    max_tokens: int = 1024  # most tokens in one reply
+    system_prompt: str = SYSTEM_PROMPT  # "" = no system message
+    temperature: float = SAMPLING.temperature  # 0 = greedy
+    top_p: float = SAMPLING.top_p
+    max_tokens: int = REPLY_MAX_TOKENS  # most tokens in one reply
     seed: int | None = None  # None = random
 
 

@@ -16,7 +16,7 @@ from app.settings import Settings
 from app.store import ModelEntry, ModelStore
 from backends.api import Backend, LoadOptions, ProgressCallback
 from backends.modelspec import ModelSpec
-from backends.registry import get_backend_info
+from backends.registry import LOCAL_BACKENDS, get_backend_info
 
 
 @dataclass
@@ -130,7 +130,7 @@ def _runs_model(backend: str, spec: ModelSpec) -> bool:
 def _fallback(spec: ModelSpec, settings: Settings, hardware_file: str | None, logits_all: bool, memory: Any) -> Any:
     """LoadOptions of another backend for this model, or None where it cannot run it."""
     def options_for(backend: str) -> LoadOptions | None:
-        if backend not in ("llama.cpp", "torch") or not _runs_model(backend, spec):
+        if backend not in LOCAL_BACKENDS or not _runs_model(backend, spec):
             return None
         from hwprobe.errors import HearthError
 
@@ -194,6 +194,16 @@ def llama_extra_bufts(memory: Any) -> bool | None:
 def open_backend(settings: Settings, *, hardware_file: str | None = None, progress: ProgressCallback | None = None,
                  store: ModelStore | None = None, load: bool = True, logits_all: bool = False) -> Loaded:
     """`logits_all` keeps the logits of every prompt position (only `hearth ppl` needs it: it costs memory)."""
+    if settings.backend == "remote":
+        from app.remote import open_remote
+
+        if logits_all:
+            from hwprobe.errors import ConfigError
+
+            raise ConfigError("hearth ppl needs a local model: OpenAI-compatible servers return no logits of the "
+                              "prompt", "pass --backend auto (settings.toml or HEARTH_BACKEND say remote)")
+
+        return open_remote(settings, progress=progress, load=load)
     store = store or ModelStore()
     entry, spec = store.spec(settings.model)
     decision = decide(spec, settings, hardware_file)

@@ -11,7 +11,8 @@ The file is TOML at `Paths.settings_file` (HEARTH_HOME/config/settings.toml when
 
 Unknown keys and wrong types are a ConfigError naming the key, never silently dropped.  Environment variables:
 HEARTH_MODEL, HEARTH_BACKEND, HEARTH_CTX, HEARTH_THREADS, HEARTH_TEMPERATURE, HEARTH_SEED, HEARTH_HOST,
-HEARTH_PORT, HEARTH_API_KEY.  Flags win over both (the CLI passes only the flags the user actually gave).
+HEARTH_PORT, HEARTH_API_KEY, HEARTH_REMOTE_URL, HEARTH_REMOTE_MODEL, HEARTH_REMOTE_API_KEY.  Flags win over both
+(the CLI passes only the flags the user actually gave).
 """
 
 from __future__ import annotations
@@ -23,34 +24,35 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from app.defaults import BACKEND_CHOICES, REPLY_MAX_TOKENS, SAMPLING, SYSTEM_PROMPT
 from hwprobe.errors import ConfigError
-
-BACKEND_CHOICES = ("auto", "llama.cpp", "torch")
 
 
 @dataclass(frozen=True)
 class Settings:
     model: str | None = None  # registered name or path; None = the last used, else the starter model
-    backend: str = "auto"  # auto | llama.cpp | torch
+    backend: str = "auto"  # one of BACKEND_CHOICES (app.defaults)
     ctx: int | None = None  # context tokens; None = the plan decides
     threads: int | None = None  # CPU threads; None = physical cores
     n_gpu_layers: int | None = None  # None = the plan decides; -1 = all
     kv_cache_type: str | None = None  # None = the plan decides; f16 | q8_0 | q4_0
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    max_tokens: int = 1024
+    temperature: float = SAMPLING.temperature
+    top_p: float = SAMPLING.top_p
+    top_k: int = SAMPLING.top_k
+    min_p: float = SAMPLING.min_p
+    repeat_penalty: float = SAMPLING.repeat_penalty
+    max_tokens: int = REPLY_MAX_TOKENS
     seed: int | None = None
-    # A short neutral default: measured here, SmolLM2-135M's own template default ("You are a helpful AI
-    # assistant named SmolLM, ...") makes it answer "What is the capital of France?" wrongly at temperature 0,
-    # while this one gives "The capital of France is Paris."  An empty string sends no system message.
-    system_prompt: str = "You are a helpful assistant."
+    system_prompt: str = SYSTEM_PROMPT  # "" sends no system message (app.defaults says why this one)
     host: str = "127.0.0.1"  # API server bind address
     port: int = 8000
     api_key: str | None = None
     max_concurrency: int = 16
+    # --backend remote: the OpenAI-compatible server's base URL, the model to ask it for (None = the first it
+    # lists), and its key (HEARTH_REMOTE_API_KEY or [remote] api_key in settings.toml; never a flag: ps shows flags)
+    url: str | None = None
+    remote_model: str | None = None
+    remote_api_key: str | None = None
 
     def merged(self, **overrides: Any) -> "Settings":
         """A copy with the given values (None values are ignored: 'flag not given')."""
@@ -65,12 +67,16 @@ _ENV = {
     "HEARTH_MODEL": ("model", str), "HEARTH_BACKEND": ("backend", str), "HEARTH_CTX": ("ctx", int),
     "HEARTH_THREADS": ("threads", int), "HEARTH_TEMPERATURE": ("temperature", float),
     "HEARTH_SEED": ("seed", int), "HEARTH_HOST": ("host", str), "HEARTH_PORT": ("port", int),
-    "HEARTH_API_KEY": ("api_key", str),
+    "HEARTH_API_KEY": ("api_key", str), "HEARTH_REMOTE_URL": ("url", str),
+    "HEARTH_REMOTE_MODEL": ("remote_model", str), "HEARTH_REMOTE_API_KEY": ("remote_api_key", str),
 }
 
-# TOML sections flatten into the fields above: [server] port -> port, [sampling] temperature -> temperature.
+# TOML sections flatten into the fields above: [server] port -> port, [sampling] temperature -> temperature,
+# [remote] url / model / api_key -> url / remote_model / remote_api_key.
 _SECTIONS = {"server": ("host", "port", "api_key", "max_concurrency"),
-             "sampling": ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed")}
+             "sampling": ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed"),
+             "remote": ("url", "model", "api_key")}
+_RENAMED = {("remote", "model"): "remote_model", ("remote", "api_key"): "remote_api_key"}
 
 
 def _types() -> dict[str, Any]:
@@ -131,6 +137,13 @@ def _validated(s: Settings) -> Settings:
         raise ConfigError(f"max_tokens must be between 1 and {MAX_CTX:,}, got {s.max_tokens}")
     if s.max_concurrency < 1:
         raise ConfigError(f"max_concurrency must be >= 1, got {s.max_concurrency}")
+    if s.url is not None:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(s.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in s.url):
+            raise ConfigError(f"url must be an http:// or https:// URL with a host, got {s.url!r}",
+                              "e.g. --url http://gpu-box:8000 (the OpenAI-compatible server's base)")
     return s
 
 
@@ -180,7 +193,8 @@ def read_settings_file(path: Path) -> dict[str, Any]:
                 if sub not in _SECTIONS[key]:
                     raise ConfigError(f"{path}: unknown setting [{key}] {sub}",
                                       f"known in [{key}]: {', '.join(_SECTIONS[key])}")
-                flat[sub] = _check_type(sub, v, str(path))
+                name = _RENAMED.get((key, sub), sub)
+                flat[name] = _check_type(name, v, str(path))
         elif key in names:
             flat[key] = _check_type(key, value, str(path))
         else:

@@ -49,7 +49,8 @@ def starter_model_path() -> Path | None:
 class ModelEntry:
     name: str
     path: str  # GGUF file (first shard) or HF folder
-    source: str = "local"  # "local" (registered) | "hf" (pulled) | "builtin" (starter)
+    # "local" (registered) | "hf" (pulled) | "builtin" (starter) | "path" | "remote" (--backend remote: never stored)
+    source: str = "local"
     repo: str | None = None  # Hugging Face repo id when pulled
     revision: str | None = None  # commit sha when pulled
     owned: bool = False  # hearth downloaded it, so `hearth rm` may delete the files

@@ -112,12 +112,24 @@ def new_request_id(prefix: str = "req") -> str:
 
 
 @dataclass(frozen=True)
+class ChatMessage:
+    """One message of a conversation, as chat templates and OpenAI-compatible servers take it."""
+
+    role: str  # "system" | "user" | "assistant" | "tool"
+    content: str
+
+
+@dataclass(frozen=True)
 class Request:
     """One generation: a prompt (text or token ids) and how to sample its continuation.
 
     Exactly one of `prompt` and `prompt_token_ids` is set.  A text prompt is tokenized by the backend with
     `add_special` (BOS where the model's metadata asks for it) and with special tokens in the text parsed as
     special (chat templates emit `<|im_start|>` and the like as text).
+
+    A chat request (app/requests.py builds every one) also carries the messages its prompt was rendered from:
+    local engines read the prompt; a backend that applies the chat template itself (the remote backend, whose
+    server renders with the model's own template) reads the messages.
     """
 
     prompt: str | None = None
@@ -125,6 +137,7 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = field(default_factory=new_request_id)
     add_special: bool = True  # add BOS (per the model's add_bos_token) when tokenizing a text prompt
+    messages: tuple[ChatMessage, ...] | None = None  # the conversation `prompt` was rendered from; None = raw
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.prompt_token_ids is None):
@@ -133,6 +146,8 @@ class Request:
             object.__setattr__(self, "prompt_token_ids", tuple(int(t) for t in self.prompt_token_ids))
             if not self.prompt_token_ids:
                 raise InvalidRequestError("prompt_token_ids is empty")
+        if self.messages is not None:
+            object.__setattr__(self, "messages", tuple(self.messages))
 
 
 class FinishReason(str, enum.Enum):
@@ -247,6 +262,7 @@ class Capabilities:
     safetensors: bool = False  # loads Hugging Face safetensors folders
     logits: bool = True  # implements logits() for perplexity and KL
     extra_bufts: bool = False  # honours LoadOptions.extra_bufts (llama.cpp's repacked weight buffers)
+    local: bool = True  # runs the model on this machine (in a runner process); False = a remote server does
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,9 @@ from hwprobe.shape import ModelShape
 SCHEMA_VERSION = 3  # bump when the fields or the checks change: the store's metadata cache keys on it
 
 
+REMOTE_FORMAT = "remote"
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
@@ -35,7 +38,9 @@ class TensorSpec:
 @dataclass(frozen=True)
 class ModelSpec:
     path: str  # the GGUF file (first shard) or the HF folder
-    format: str  # "gguf" | "safetensors"
+    # "gguf" | "safetensors" | "remote" (a model on an OpenAI-compatible server: no file, its shapes unknown (0),
+    # its server applies the chat template; backends/remote/spec.py makes one, the planner and store never see it)
+    format: str
     name: str  # general.name, else the file stem
     architecture: str  # "llama", "qwen2", "gemma3", ...
     n_layers: int

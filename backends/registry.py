@@ -61,7 +61,16 @@ BACKENDS: dict[str, BackendInfo] = {
         Capabilities(concurrent_requests=True, prefix_cache=True, gpu_offload=True, gguf=True,
                      safetensors=True, logits=True),
         "hearth's PyTorch engine: paged KV cache, prefix caching, continuous batching"),
+    "remote": BackendInfo(
+        "remote", "backends.remote.backend", "RemoteBackend", ("httpx",),
+        Capabilities(concurrent_requests=True, gguf=False, logits=False, local=False),
+        "any OpenAI-compatible server (vLLM, SGLang, Ollama, llama.cpp's server, another hearth): --url URL"),
 }
+
+# every backend except "remote" runs the model here, and hwprobe's planner chooses among exactly these
+# (hwprobe.plan_types.PLANNED_BACKENDS; tests/unit check that the two lists agree)
+LOCAL_BACKENDS = tuple(name for name, info in BACKENDS.items() if info.capabilities.local)
+BACKEND_CHOICES = ("auto", *BACKENDS)  # what --backend, settings.toml and HEARTH_BACKEND take
 
 ALIASES = {"llama_cpp": "llama.cpp", "llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "pytorch": "torch"}
 

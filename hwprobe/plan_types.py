@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+PLANNED_BACKENDS = ("llama.cpp", "torch")  # what plan() chooses among (backends.registry.LOCAL_BACKENDS agrees)
+
 
 @dataclass(frozen=True)
 class Prefs:

@@ -316,8 +316,10 @@ def _torch_tried(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Can
 def _check(prefs: Prefs) -> None:
     from hwprobe.errors import ConfigError
 
-    if prefs.backend not in ("auto", "llama.cpp", "torch"):
-        raise ConfigError(f"backend must be auto, llama.cpp or torch, got {prefs.backend!r}")
+    from hwprobe.plan_types import PLANNED_BACKENDS
+
+    if prefs.backend not in ("auto", *PLANNED_BACKENDS):
+        raise ConfigError(f"backend must be auto, {', '.join(PLANNED_BACKENDS)}, got {prefs.backend!r}")
     if prefs.quant is not None and prefs.quant not in m.QUANT_BPW:
         raise ConfigError(f"unknown quant {prefs.quant!r}", f"use one of {', '.join(m.QUANT_LADDER)}")
     if prefs.kv_cache_type not in (None, *KV_LADDER):

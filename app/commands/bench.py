@@ -47,6 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also run every level through hearth's OpenAI server on 127.0.0.1 (streaming "
                         "/v1/completions); rows '<backend>+http', and in --json 'http_vs_in_process'")
     p.add_argument("--json", action="store_true", help="print {\"results\": [...]} instead of a table")
+    p.add_argument("--url", metavar="URL", help="with --backends remote: the OpenAI-compatible server's base URL "
+                   "(prompts are then text of --prompt-tokens common words; --http does not apply)")
+    p.add_argument("--remote-model", dest="remote_model", metavar="NAME",
+                   help="with --backends remote: the model to ask for (default: the first at /v1/models)")
 
 
 def format_table(results: list[dict]) -> str:
@@ -88,9 +92,16 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError("--prompt-tokens, --gen-tokens and --requests must be at least 1",
                                   "e.g. --prompt-tokens 128 --gen-tokens 128 --requests 16")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if "remote" in backends:  # a wrong key or an unreachable URL: one line and exit 2, before any table
+        from app.remote import open_remote
+        from app.settings import load_settings
+
+        open_remote(load_settings(backend="remote", url=args.url, remote_model=args.remote_model)).backend.close()
     workload = Workload(model=args.model, backend=backends[0], concurrency=args.concurrency,
                         prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, requests=args.requests,
-                        seed=args.seed, threads=args.threads, extra={"http": True} if args.http else {})
+                        seed=args.seed, threads=args.threads,
+                        extra={k: v for k, v in (("http", args.http or None), ("url", args.url),
+                                                 ("remote_model", args.remote_model)) if v is not None})
     tty = sys.stderr.isatty()
 
     def progress(name: str, done: int, total: int) -> None:

@@ -17,7 +17,7 @@ ORDER = 5
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arguments(p)
+    add_model_arguments(p, remote=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,11 +24,13 @@ one); --json gives it per device as kv_pool_tokens."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from app.defaults import LOCAL_BACKENDS
+
     p.add_argument("model", nargs="?", metavar="MODEL", help="name, GGUF path, HF folder or config.json "
                    "(default: the last used model, else the starter)")
     p.add_argument("--hardware", metavar="FILE", help="plan for the machine in this HardwareReport JSON")
     p.add_argument("--ctx", type=int, metavar="N", help="context length in tokens (fixed)")
-    p.add_argument("--backend", "-b", choices=("auto", "llama.cpp", "torch"), default="auto")
+    p.add_argument("--backend", "-b", choices=("auto", *LOCAL_BACKENDS), default="auto")
     p.add_argument("--kv-cache-type", dest="kv_cache_type", choices=("f16", "q8_0", "q4_0"))
     p.add_argument("--n-gpu-layers", "--ngl", dest="n_gpu_layers", type=int, metavar="N")
     p.add_argument("--quant", metavar="Q", help="GGUF quant to plan for a config.json (F16, Q8_0, ... Q2_K)")
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from app.settings import load_settings
     from app.store import ModelStore
     from hwprobe import plan as make_plan
-    from hwprobe.errors import ConfigError
+    from hwprobe.errors import ConfigError, PlanError
     from hwprobe.memory import QUANT_BPW
     from hwprobe.plan_types import Prefs
     from hwprobe.render import plan_text
@@ -80,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
     max_num_seqs = load_settings(max_concurrency=args.max_concurrency).max_concurrency  # as `run`/`serve` load
     prefs = Prefs(backend=args.backend, ctx=args.ctx, kv_cache_type=args.kv_cache_type,
                   n_gpu_layers=args.n_gpu_layers, quant=quant, max_num_seqs=max_num_seqs)
-    p = make_plan(report, shape, prefs)
+    try:
+        p = make_plan(report, shape, prefs)
+    except PlanError as exc:  # nothing fits here: a bigger machine's server can run it (--backend remote)
+        from app.remote import remote_hint
+
+        raise PlanError(exc.message, f"{exc.hint}; {remote_hint()}" if exc.hint else remote_hint()) from None
     print(json.dumps(p.as_dict(), indent=2) if args.json else plan_text(p, shape.name))
     return 0

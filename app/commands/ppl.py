@@ -19,12 +19,14 @@ DESCRIPTION = """Perplexity of a model on a text file: windows of --ctx tokens e
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from app.defaults import LOCAL_BACKENDS
+
     p.add_argument("file", metavar="FILE", help="UTF-8 text file")
     p.add_argument("--stride", type=int, metavar="S", help="window step in tokens (default: --ctx)")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of text")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--compare", metavar="MODEL2", help="compare with another model (e.g. another quant)")
-    g.add_argument("--compare-backend", dest="compare_backend", metavar="B2", choices=("llama.cpp", "torch"),
+    g.add_argument("--compare-backend", dest="compare_backend", metavar="B2", choices=LOCAL_BACKENDS,
                    help="compare with the same model on another backend")
     add_model_arguments(p)
 

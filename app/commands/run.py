@@ -21,13 +21,15 @@ The plan picks backend, context and GPU layers for this machine (`hearth plan` s
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from app.defaults import SYSTEM_PROMPT
+
     p.add_argument("prompt", nargs="?", metavar="PROMPT", help="the prompt; - reads stdin; omit for a chat")
     p.add_argument("--system", dest="system_prompt", metavar="TEXT",
-                   help='system prompt (default "You are a helpful assistant."; "" sends none)')
+                   help=f'system prompt (default "{SYSTEM_PROMPT}"; "" sends none)')
     p.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="send PROMPT as is, without the chat template")
     p.add_argument("--verbose", "-v", action="store_true", help="print the plan and stats to stderr")
-    add_model_arguments(p)
+    add_model_arguments(p, remote=True)
     add_sampling_arguments(p)
 
 

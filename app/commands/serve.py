@@ -61,6 +61,11 @@ def run(args: argparse.Namespace) -> int:
     if args.queue_limit < 0 or args.max_body_bytes < 1 or args.shutdown_grace < 0:
         raise ConfigError("--queue-limit must be >= 0, --max-body-bytes >= 1 and --shutdown-grace >= 0")
     settings = settings_from_args(args)
+    if settings.backend == "remote":  # from settings.toml or HEARTH_BACKEND: a proxy would only add a hop
+        from hwprobe.errors import ConfigError
+
+        raise ConfigError(f"hearth serve runs a local model, and the settings say backend = remote ({settings.url})",
+                          "point your clients at that server directly, or pass --backend auto")
     loaded = open_backend(settings, hardware_file=args.hardware)
     backend = loaded.backend
     try:

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from app.defaults import SAMPLING
 from app.server.errors import APIError
 from app.server.metrics import ServerMetrics
 from app.server.runner import Generation, Limits, Runner
@@ -39,7 +40,7 @@ class ServerConfig:
     model_name: str  # the id /v1/models lists; requests must name it
     api_key: str | None = None  # Bearer key required on every path but /health; None = open
     limits: Limits = field(default_factory=Limits)
-    default_max_tokens: int = 512  # when a request gives none (bounded by the context)
+    default_max_tokens: int = SAMPLING.max_tokens  # when a request gives none (bounded by the context)
     system_prompt: str | None = None  # not injected: OpenAI clients send their own system message
     max_messages: int = 4096  # messages in one chat request (render and tokenize cost grows with them)
     max_json_depth: int = 64  # nesting of arrays/objects in a body (OpenAI bodies nest well under 20)
@@ -142,17 +143,16 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: HTTPRequest) -> Response:
         body = await _parse(request, ChatCompletionRequest, config)
-        # the template runs in its own budgeted process; this thread only waits for it
-        rendered = await run_in_threadpool(_render, backend, [m.model_dump() for m in body.messages])
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        req = _backend_request(body, rendered.text, rendered.add_special, tuple(rendered.stop), max_tokens,
-                               backend, config)
+        sampling = _sampling(body, max_tokens, backend, config)
+        # the template runs in its own budgeted process; this thread only waits for it
+        req = await run_in_threadpool(_chat_request, backend, [m.model_dump() for m in body.messages], sampling)
         return await _respond(request, runner, req, body, chat=True, model_name=config.model_name)
 
     @app.post("/v1/completions")
     async def completions(request: HTTPRequest) -> Response:
         body = await _parse(request, CompletionRequest, config)
-        req = _backend_request(body, body.prompt, True, (), body.max_tokens, backend, config)
+        req = _completion_request(body, _sampling(body, body.max_tokens, backend, config), backend)
         return await _respond(request, runner, req, body, chat=False, model_name=config.model_name)
 
     app.add_middleware(_Guard, config=config, metrics=metrics)
@@ -200,39 +200,48 @@ def _validate(raw: bytes, schema: type[BaseModel], config: ServerConfig) -> Any:
     return body
 
 
-def _render(backend: Backend, messages: list[dict]) -> Any:
-    from backends.templates import render_for_spec
+def _chat_request(backend: Backend, messages: list[dict], sampling: SamplingParams) -> Request:
+    """The one request builder (app/requests.py), as `hearth run` and the TUI use it."""
+    from app.requests import chat_request
 
     try:
-        return render_for_spec(backend.spec, messages)
+        return chat_request(backend.spec, messages, sampling, request_id=_request_id()).request
     except HearthError as exc:  # TemplateError (a failing or over-budget template), InvalidRequestError
         raise APIError(400, exc.one_line(), param="messages", code="template_error") from None
 
 
-def _backend_request(body: Any, prompt: str | list[int], add_special: bool, extra_stop: tuple[str, ...],
-                     max_tokens: int | None, backend: Backend, config: ServerConfig) -> Request:
-    """prompt: text, or token ids (sent to the model as they are: no BOS is added)."""
+def _completion_request(body: Any, sampling: SamplingParams, backend: Backend) -> Request:
+    """/v1/completions: the prompt as text (tokenized with BOS as the model asks), or token ids (sent to the
+    model as they are: no BOS is added)."""
+    prompt = body.prompt
+    if isinstance(prompt, list):
+        vocab = backend.spec.vocab_size
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+        return Request(prompt_token_ids=tuple(prompt), sampling=sampling, request_id=_request_id())
+    return Request(prompt=prompt, sampling=sampling, request_id=_request_id())
+
+
+def _request_id() -> str:
+    return f"req-{uuid.uuid4().hex[:16]}"
+
+
+def _sampling(body: Any, max_tokens: int | None, backend: Backend, config: ServerConfig) -> SamplingParams:
+    """What the OpenAI request asks for, with OpenAI's semantics: temperature/top_p as given (defaults 1), no
+    top_k/min_p truncation the client did not ask for (hearth's own defaults are for `hearth run` and the TUI)."""
     n_ctx = backend.n_ctx
-    vocab = backend.spec.vocab_size
-    bad = next((t for t in prompt if not 0 <= t < vocab), None) if isinstance(prompt, list) else None
-    if bad is not None:
-        raise APIError(400, f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
     if max_tokens is not None and not 1 <= max_tokens <= n_ctx:
         raise APIError(400, f"max_tokens must be between 1 and the context length {n_ctx}, got {max_tokens}",
                        param="max_tokens")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if any(not s for s in stop):
         raise APIError(400, "stop strings must not be empty", param="stop")
-    # OpenAI semantics: temperature/top_p as given (defaults 1); no top_k/min_p truncation the client did not ask
-    sampling = SamplingParams(
+    return SamplingParams(
         temperature=float(body.temperature) if body.temperature is not None else 1.0,
         top_p=float(body.top_p) if body.top_p is not None else 1.0, top_k=0, min_p=0.0, seed=body.seed,
         max_tokens=max_tokens if max_tokens is not None else min(config.default_max_tokens, n_ctx),
-        stop=stop + tuple(s for s in extra_stop if s not in stop), ignore_eos=body.ignore_eos)
-    rid = f"req-{uuid.uuid4().hex[:16]}"
-    if isinstance(prompt, list):
-        return Request(prompt_token_ids=tuple(prompt), sampling=sampling, request_id=rid)
-    return Request(prompt=prompt, sampling=sampling, request_id=rid, add_special=add_special)
+        stop=stop, ignore_eos=body.ignore_eos)
 
 
 def _usage(gen: Generation) -> dict:

@@ -349,7 +349,8 @@ class HearthApp(ScreenActions, App[None]):
         """Stop any reply, close the loaded backend (freeing its memory) and load `name`."""
         if self.turn is not None:
             self.action_stop()
-        self.settings = self.settings.merged(model=name)
+        # the picker lists local models: picking one leaves a remote server for the plan's choice of backend
+        self.settings = self.settings.merged(model=name, backend="auto" if self.settings.backend == "remote" else None)
         self.start_loading(self.settings)  # the worker closes the old backend before loading the new one
 
     async def on_unmount(self) -> None:

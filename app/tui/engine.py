@@ -15,7 +15,7 @@ from typing import Any
 from app.conversations import Conversation
 from app.settings import Settings
 from app.tui import events
-from backends.api import EventKind, Request, SamplingParams
+from backends.api import EventKind, Request
 
 BATCH_S = 0.05  # seconds between two text chunks posted to the UI
 
@@ -23,15 +23,11 @@ Post = Callable[[Any], Any]  # App.post_message (thread-safe)
 
 
 def build_request(loaded: Any, conv: Conversation, settings: Settings) -> Request:
-    """The conversation through the model's own chat template (the same path as app.chat_session)."""
-    from backends.templates import render_for_spec
+    """The conversation through the one request builder (app/requests.py, as `hearth run` and the server);
+    the conversation's own settings win over the app's."""
+    from app.requests import chat_request, sampling_from
 
-    rendered = render_for_spec(loaded.spec, conv.chat_messages())
-    s = conv.settings
-    sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=settings.top_k, min_p=settings.min_p,
-                              repeat_penalty=settings.repeat_penalty, seed=s.seed, max_tokens=s.max_tokens,
-                              stop=rendered.stop)
-    return Request(prompt=rendered.text, add_special=rendered.add_special, sampling=sampling)
+    return chat_request(loaded.spec, conv.chat_messages(), sampling_from(settings, conv.settings)).request
 
 
 def load_model(loader: Callable[..., Any], settings: Settings, post: Post) -> None:

@@ -7,7 +7,7 @@ import typing
 
 import pytest
 
-from backends.api import (EngineStats, EventKind, FinishReason, GenerationEvent, LoadOptions, Request,
+from backends.api import (ChatMessage, EngineStats, EventKind, FinishReason, GenerationEvent, LoadOptions, Request,
                           RequestStats, SamplingParams)
 from backends.errors import ContextOverflowError, OutOfMemoryError, RunnerError
 from backends.runner import protocol as p
@@ -17,6 +17,8 @@ TO_RUNNER = [
     p.Load("llama.cpp", fake_spec(), LoadOptions(n_ctx=512, extra_bufts=False, tensor_split=(0.5, 0.5))),
     p.Stream(Request(prompt="hi", sampling=SamplingParams(temperature=0, stop=("\n",), seed=7))),
     p.Stream(Request(prompt_token_ids=(1, 2, 3), add_special=False)),
+    p.Stream(Request(prompt="<s>hi", add_special=False,
+                     messages=(ChatMessage("system", "be brief"), ChatMessage("user", "hi")))),
     p.Abort("req-1"), p.Tokenize(1, "héllo", add_special=False), p.Detokenize(2, [1, 2]), p.Logits(3, [4, 5]),
     p.Describe(4), p.Stats(5), p.Close(),
 ]

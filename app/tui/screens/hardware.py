@@ -17,6 +17,8 @@ def format_plan(decision: Any | None) -> str:
     if decision is None:
         return "No model loaded yet."
     o = decision.options
+    if decision.backend == "remote":  # no plan and no local placement: the server decided those
+        return "\n".join(["Backend remote: the model runs on its server", *[f"- {r}" for r in decision.reasons]])
     lines = [f"Backend {decision.backend}, context {o.n_ctx}, GPU layers {o.n_gpu_layers}"]
     speed = getattr(decision.plan, "expected_tokens_per_s", None) if decision.plan is not None else None
     if speed:

@@ -1,0 +1,23 @@
+"""hearth's defaults, each in one place: the CLI's flags and help, Settings, the TUI's new conversations and the
+request builder (app/requests.py) all read them from here.
+
+Sampling defaults are the Backend contract's own (backends.api.SamplingParams, llama.cpp's and Ollama's values);
+the backend names are the registry's (backends.registry), so a new backend shows up in `--backend` by being
+registered.
+"""
+
+from __future__ import annotations
+
+from backends.api import SamplingParams
+from backends.registry import BACKEND_CHOICES, LOCAL_BACKENDS
+
+SAMPLING = SamplingParams()  # temperature 0.8, top_p 0.95, top_k 40, min_p 0.05, repeat_penalty 1 (off)
+
+# A short neutral default: measured here, SmolLM2-135M's own template default ("You are a helpful AI
+# assistant named SmolLM, ...") makes it answer "What is the capital of France?" wrongly at temperature 0,
+# while this one gives "The capital of France is Paris."  An empty string sends no system message.
+SYSTEM_PROMPT = "You are a helpful assistant."
+
+REPLY_MAX_TOKENS = 1024  # most tokens in one reply of `hearth run` and the TUI (the API server's is its own)
+
+__all__ = ["BACKEND_CHOICES", "LOCAL_BACKENDS", "REPLY_MAX_TOKENS", "SAMPLING", "SYSTEM_PROMPT"]
