@@ -115,7 +115,7 @@ def in_process() -> bool:
     return os.environ.get("HEARTH_IN_PROCESS", "") not in ("", "0")
 
 
-def _runs_model(backend: str, spec: ModelSpec) -> bool:
+def runs_model(backend: str, spec: ModelSpec) -> bool:
     """Whether `backend` is installed and can run this model at all (the ladder's last rung asks)."""
     info = get_backend_info(backend)
     if not info.is_installed():
@@ -130,7 +130,7 @@ def _runs_model(backend: str, spec: ModelSpec) -> bool:
 def _fallback(spec: ModelSpec, settings: Settings, hardware_file: str | None, logits_all: bool, memory: Any) -> Any:
     """LoadOptions of another backend for this model, or None where it cannot run it."""
     def options_for(backend: str) -> LoadOptions | None:
-        if backend not in LOCAL_BACKENDS or not _runs_model(backend, spec):
+        if backend not in LOCAL_BACKENDS or not runs_model(backend, spec):
             return None
         from hwprobe.errors import HearthError
 
@@ -148,16 +148,16 @@ def make_backend(spec: ModelSpec, decision: Decision, settings: Settings, *, har
     """The Backend for a decision: in a runner process (the default), or in this process (HEARTH_IN_PROCESS=1).
     HEARTH_BACKEND_CLASS=module:Class loads that Backend class instead of the planned one (tests, plugins)."""
     name = os.environ.get("HEARTH_BACKEND_CLASS") or decision.backend
+    memory = config_memory()
+    options = _with_extra_bufts(name, decision.options, memory)
     if in_process():
         from backends.runner.child import backend_class
 
-        return backend_class(name)(spec, decision.options)
+        return backend_class(name)(spec, options)
     from app.paths import get_paths
     from backends.runner.client import RunnerBackend
 
-    memory = config_memory()
-    return RunnerBackend(spec, _with_extra_bufts(name, decision.options, memory), backend=name, memory=memory,
-                         log_dir=get_paths().log_dir / "runners",
+    return RunnerBackend(spec, options, backend=name, memory=memory, log_dir=get_paths().log_dir / "runners",
                          fallback=_fallback(spec, settings, hardware_file, logits_all, memory))
 
 
@@ -179,16 +179,12 @@ def _with_extra_bufts(backend: str, options: LoadOptions, memory: Any) -> LoadOp
     return options
 
 
-def llama_extra_bufts(memory: Any) -> bool | None:
-    """llama.cpp's extra weight-buffer types on this machine: off on CPUs with AMX (some builds crash in the AMX
-    repack path) unless `hearth doctor` found this build safe here; elsewhere the backend's default (on)."""
-    from backends.runner.memory import has_amx
+def llama_extra_bufts(memory: Any) -> bool:
+    """llama.cpp's extra weight-buffer types on this machine: the backend's rule (off on CPUs with AMX, where
+    some builds crash in the repack path), with what `hearth doctor` recorded for this build here."""
+    from backends.llama_cpp.backend import extra_bufts_default
 
-    if os.environ.get("HEARTH_LLAMA_EXTRA_BUFTS", "") in ("0", "1"):
-        return os.environ["HEARTH_LLAMA_EXTRA_BUFTS"] == "1"
-    if not has_amx():
-        return None
-    return bool(memory.check_passed(EXTRA_BUFTS_CHECK))
+    return extra_bufts_default(lambda: memory.check_passed(EXTRA_BUFTS_CHECK) is True)[0]
 
 
 def open_backend(settings: Settings, *, hardware_file: str | None = None, progress: ProgressCallback | None = None,

@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", metavar="NAME|PATH", help="the model to check with (default: the starter)")
 
 
-def _check(spec, backend: str, options, label: str) -> tuple[bool, str]:  # type: ignore[no-untyped-def]
+def _check(spec, backend: str, options) -> tuple[bool, str]:  # type: ignore[no-untyped-def]
     from backends.api import Request, SamplingParams
     from backends.errors import HearthError
     from backends.runner.client import RunnerBackend
@@ -54,10 +54,9 @@ def _check(spec, backend: str, options, label: str) -> tuple[bool, str]:  # type
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.loading import EXTRA_BUFTS_CHECK, config_memory, decide
+    from app.loading import EXTRA_BUFTS_CHECK, config_memory, decide, runs_model
     from app.settings import load_settings
     from app.store import ModelStore
-    from backends.registry import get_backend_info
     from backends.runner.memory import cpu_identity, has_amx
 
     settings = load_settings(model=args.model)
@@ -67,17 +66,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"hearth doctor: {spec.name} on {cpu}{' (AMX)' if has_amx() else ''}")
     failed = 0
     checks = []
-    if get_backend_info("llama.cpp").is_installed() and spec.format == "gguf":
+    if runs_model("llama.cpp", spec):
         options = decide(spec, settings.merged(backend="llama.cpp")).options
         checks += [("llama.cpp", dataclasses.replace(options, extra_bufts=True), "llama.cpp, extra buffer types on"),
                    ("llama.cpp", dataclasses.replace(options, extra_bufts=False), "llama.cpp, extra buffer types off")]
-    if get_backend_info("torch").is_installed():
-        from hwprobe.support import torch_engine_refusal
-
-        if torch_engine_refusal(spec.to_shape()) is None:
-            checks.append(("torch", decide(spec, settings.merged(backend="torch")).options, "torch engine"))
+    if runs_model("torch", spec):
+        checks.append(("torch", decide(spec, settings.merged(backend="torch")).options, "torch engine"))
     for backend, options, label in checks:
-        ok, detail = _check(spec, backend, options, label)
+        ok, detail = _check(spec, backend, options)
         failed += not ok
         print(f"  {'ok  ' if ok else 'FAIL'} {label}: {detail}")
         if options.extra_bufts is True:
