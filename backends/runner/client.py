@@ -97,7 +97,6 @@ class RunnerBackend(Backend):
                  log_dir: str | os.PathLike[str] | None = None, hang_timeout_s: float | None = None) -> None:
         super().__init__(spec, options)
         self.config = RunnerConfig(backend, self.options)
-        self.name, self.capabilities = backend_facts(backend)
         self.fallback = fallback
         self.memory = memory
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.gettempdir()) / "hearth-runners"
@@ -121,6 +120,14 @@ class RunnerBackend(Backend):
         if memory is not None:
             self._apply_memory(memory)
 
+    @property  # type: ignore[override]
+    def name(self) -> str:  # the backend the current configuration runs (the ladder may change it)
+        return backend_facts(self.config.backend)[0]
+
+    @property  # type: ignore[override]
+    def capabilities(self) -> Capabilities:
+        return backend_facts(self.config.backend)[1]
+
     # -- what worked before -------------------------------------------------------------------------------
     def _apply_memory(self, memory: ConfigMemory) -> None:
         entry = memory.recall(self.spec)
@@ -140,7 +147,6 @@ class RunnerBackend(Backend):
             changes["n_gpu_layers"] = entry["n_gpu_layers"]
         why = f"remembered from {entry.get('when', 'an earlier run')}: {entry.get('why', 'a safer configuration')}"
         self.config = RunnerConfig(backend, replace(options, **changes), why)
-        self.name, self.capabilities = backend_facts(backend)
         self._notice(f"starting {self.spec.name} {why}")
 
     def new_log_path(self) -> Path:
@@ -214,7 +220,6 @@ class RunnerBackend(Backend):
     def _install(self, runner: RunnerProcess, config: RunnerConfig) -> None:
         """Make `runner` the current one (lock held)."""
         self._runner, self.config = runner, config
-        self.name, self.capabilities = backend_facts(config.backend)
         self.options = config.options
         self._proven = False
         self._ready.notify_all()
