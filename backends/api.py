@@ -37,6 +37,8 @@ ProgressCallback = Callable[[float, str], None]
 """Called while loading with (fraction done in 0..1, what is happening)."""
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+MAX_LOGIT_BIAS = 1024  # entries in one request's logit_bias (OpenAI documents no cap; this bounds the work)
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # a seed is any 64-bit integer, signed or unsigned (as OpenAI's API takes)
 
 
@@ -60,10 +62,27 @@ class SamplingParams:
     max_tokens: int = 512  # most tokens to generate; the reply ends with FinishReason.LENGTH when reached
     stop: tuple[str, ...] = ()  # strings that end the reply; the stop string itself is not returned
     ignore_eos: bool = False  # keep generating past end-of-sequence tokens (benchmarks want fixed lengths)
+    # OpenAI's penalties, over the tokens generated so far (not the prompt), applied to the logits before the
+    # filters: presence subtracts its value once from every token that appeared, frequency subtracts its value x
+    # the number of times it appeared.  -2..2; 0 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # (token id, bias) pairs added to the logits before sampling (OpenAI's logit_bias: -100..100; -100 bans a
+    # token, 100 all but forces it).  A dict is accepted and stored sorted by token id
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # None = no log-probabilities; k = 0..MAX_TOP_LOGPROBS: each generated token's log-probability plus the k most
+    # likely tokens at that step (OpenAI's logprobs=true + top_logprobs=k on chat, logprobs=k on completions)
+    logprobs: int | None = None
+    # the log-probability of every prompt token given the ones before it (completions' echo + logprobs)
+    prompt_logprobs: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, (list, str)):
             object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        if isinstance(self.logit_bias, dict):
+            object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
+        elif not isinstance(self.logit_bias, tuple):
+            object.__setattr__(self, "logit_bias", tuple(tuple(pair) for pair in self.logit_bias))
         self.validate()
 
     def validate(self) -> None:
@@ -79,6 +98,17 @@ class SamplingParams:
             (self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
                                    and SEED_MIN <= self.seed <= SEED_MAX),
              f"seed must be a 64-bit integer, signed or unsigned ({SEED_MIN} .. {SEED_MAX}), got {self.seed!r}"),
+            (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (-2 <= self.frequency_penalty <= 2,
+             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (len(self.logit_bias) <= MAX_LOGIT_BIAS,
+             f"logit_bias has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS} are allowed"),
+            (all(len(pair) == 2 and isinstance(pair[0], int) and not isinstance(pair[0], bool) and pair[0] >= 0
+                 and isinstance(pair[1], (int, float)) and -100 <= pair[1] <= 100 for pair in self.logit_bias),
+             "logit_bias maps token ids (integers >= 0) to biases in [-100, 100]"),
+            (self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
+                                       and 0 <= self.logprobs <= MAX_TOP_LOGPROBS),
+             f"top logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -87,6 +117,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any logit is changed before the filters (repeat/presence/frequency penalty, logit_bias)."""
+        return (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or bool(self.logit_bias))
 
 
 def peak_rss_bytes() -> int:
@@ -120,6 +156,47 @@ class ChatMessage:
 
 
 @dataclass(frozen=True)
+class Constraint:
+    """What the generated text must be, enforced token by token by constrained decoding (a grammar mask in the
+    sampler): `prefix`, then one JSON value, then `suffix`, then end of sequence.
+
+    kind "json_object": any JSON object (OpenAI's response_format json_object).
+    kind "json_schema": a JSON value valid against `schema`, the JSON text of a JSON Schema (response_format
+    json_schema; tool calls with tool_choice "required" or a named function build one from the tools' schemas).
+    `prefix` / `suffix` are literal text around it (a tool-call format's `<tool_call>\n` ... `\n</tool_call>`).
+
+    When max_tokens cuts the text off first, the stream ends with FinishReason.LENGTH and the text is a prefix
+    of a valid output.  A backend that cannot honour a constraint refuses the request (InvalidRequestError),
+    never ignores it.
+    """
+
+    kind: str  # "json_object" | "json_schema"
+    schema: str | None = None  # kind "json_schema": the schema as JSON text (hashable, crosses processes as is)
+    prefix: str = ""
+    suffix: str = ""
+
+    KINDS: ClassVar[tuple[str, ...]] = ("json_object", "json_schema")
+
+    def __post_init__(self) -> None:
+        if self.kind not in self.KINDS:
+            raise InvalidRequestError(f"constraint kind must be one of {', '.join(self.KINDS)}, got {self.kind!r}")
+        if (self.kind == "json_schema") != (self.schema is not None):
+            raise InvalidRequestError("a json_schema constraint needs a schema, and only it takes one")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability, and the most likely tokens at its position.
+
+    Log-probabilities are of the model's own distribution (log-softmax of the raw logits), before penalties,
+    logit_bias, temperature and the top-k/top-p/min-p filters, as vLLM's and OpenAI's APIs report them."""
+
+    token_id: int
+    logprob: float | None  # None only for the first prompt token (nothing comes before it)
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob) best first: SamplingParams.logprobs of them
+
+
+@dataclass(frozen=True)
 class Request:
     """One generation: a prompt (text or token ids) and how to sample its continuation.
 
@@ -138,6 +215,7 @@ class Request:
     request_id: str = field(default_factory=new_request_id)
     add_special: bool = True  # add BOS (per the model's add_bos_token) when tokenizing a text prompt
     messages: tuple[ChatMessage, ...] | None = None  # the conversation `prompt` was rendered from; None = raw
+    constraint: Constraint | None = None  # constrained decoding (structured outputs, forced tool calls)
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.prompt_token_ids is None):
@@ -217,6 +295,10 @@ class GenerationEvent:
     # FINISHED with FinishReason.ERROR: what kind of failure, for front ends that map it (HTTP status, TUI notice):
     # "runner_crashed" (the runner process died or stopped answering), None for the backend's own errors
     error_code: str | None = None
+    # TOKEN, when sampling.logprobs is set: one entry per id in token_ids, in order
+    logprobs: tuple[TokenLogprob, ...] = ()
+    # STARTED, when sampling.prompt_logprobs is set: one entry per prompt token (the first one's logprob None)
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass
@@ -230,6 +312,8 @@ class Completion:
     stats: RequestStats
     error: str | None = None
     error_code: str | None = None  # GenerationEvent.error_code of the FINISHED event
+    logprobs: tuple[TokenLogprob, ...] = ()  # the TOKEN events' logprobs, in order
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # the STARTED event's
 
 
 @dataclass(frozen=True)
@@ -261,6 +345,8 @@ class Capabilities:
     gguf: bool = True  # loads GGUF files
     safetensors: bool = False  # loads Hugging Face safetensors folders
     logits: bool = True  # implements logits() for perplexity and KL
+    constraints: bool = False  # honours Request.constraint (constrained decoding); else refuses such requests
+    logprobs: bool = False  # fills GenerationEvent.logprobs / prompt_logprobs when SamplingParams asks
     extra_bufts: bool = False  # honours LoadOptions.extra_bufts (llama.cpp's repacked weight buffers)
     local: bool = True  # runs the model on this machine (in a runner process); False = a remote server does
 
@@ -346,6 +432,18 @@ class Backend(ABC):
         """Generate, yielding STARTED, TOKEN*, FINISHED.  Raises ContextOverflowError before STARTED when the
         prompt does not fit the context; errors after STARTED end the stream with FinishReason.ERROR."""
 
+    def refuse_unsupported(self, request: Request) -> None:
+        """Raise InvalidRequestError when the request asks for something this backend's capabilities lack
+        (a constraint, log-probabilities): a request is honoured or refused, never silently half-served.
+        Every backend's stream() calls this before STARTED."""
+        caps = self.capabilities
+        if request.constraint is not None and not caps.constraints:
+            raise InvalidRequestError(f"the {self.name} backend does not support constrained decoding "
+                                      f"(response_format, forced tool calls)")
+        wants_logprobs = request.sampling.logprobs is not None or request.sampling.prompt_logprobs
+        if wants_logprobs and not caps.logprobs:
+            raise InvalidRequestError(f"the {self.name} backend does not return log-probabilities")
+
     @abstractmethod
     def abort(self, request_id: str) -> None:
         """Stop a running or queued request; unknown or finished ids are ignored."""
@@ -354,14 +452,19 @@ class Backend(ABC):
         """Drain `stream(request)` into one Completion."""
         parts: list[str] = []
         ids: list[int] = []
+        logprobs: list[TokenLogprob] = []
+        prompt_logprobs: tuple[TokenLogprob, ...] = ()
         for event in self.stream(request):
-            if event.kind is EventKind.TOKEN:
+            if event.kind is EventKind.STARTED:
+                prompt_logprobs = event.prompt_logprobs
+            elif event.kind is EventKind.TOKEN:
                 parts.append(event.text)
                 ids.extend(event.token_ids)
+                logprobs.extend(event.logprobs)
             elif event.kind is EventKind.FINISHED:
                 assert event.finish_reason is not None and event.stats is not None
                 return Completion(request.request_id, "".join(parts), tuple(ids), event.finish_reason,
-                                  event.stats, event.error, event.error_code)
+                                  event.stats, event.error, event.error_code, tuple(logprobs), prompt_logprobs)
         raise AssertionError(f"{self.name} stream ended without a FINISHED event")  # contract violation
 
     # -- tokens and scores -------------------------------------------------------------------------------

@@ -248,6 +248,7 @@ class LlamaCppBackend(Backend):
         return self.tokenize(request.prompt, add_special=request.add_special, parse_special=True)
 
     def stream(self, request: Request) -> Iterator[GenerationEvent]:
+        self.refuse_unsupported(request)
         llm = self._require()
         submitted = time.perf_counter()
         ids = self._prompt_ids(request)

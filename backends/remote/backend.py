@@ -112,6 +112,7 @@ class RemoteBackend(Backend):
 
     # -- generation --------------------------------------------------------------------------------------
     def stream(self, request: Request) -> Iterator[GenerationEvent]:
+        self.refuse_unsupported(request)
         if self._client is None:
             self.load()
         assert self._client is not None

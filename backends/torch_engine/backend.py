@@ -219,6 +219,7 @@ class TorchBackend(Backend):
 
     # -- generation --------------------------------------------------------------------------------------
     def stream(self, request: Request) -> Iterator[GenerationEvent]:
+        self.refuse_unsupported(request)
         engine = self._require()
         assert self._parts is not None
         submitted = time.perf_counter()
