@@ -20,7 +20,7 @@ _HF_ARCH = {
     "LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3",
     "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2", "PhiForCausalLM": "phi2",
-    "Phi3ForCausalLM": "phi3",
+    "Phi3ForCausalLM": "phi3", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe",
 }
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
                 "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -88,7 +88,10 @@ def hf_config_shape(config: Any, name: str, where: str = "config.json") -> dict[
         name=name, architecture=arch, n_layers=_int(text, "num_hidden_layers", "n_layers", where),
         hidden_size=hidden, n_heads=n_heads, n_kv_heads=n_kv,
         head_dim=_int(text, "head_dim", "head_dim", where, hidden // n_heads),
-        ffn_size=_int(text, "intermediate_size", "ffn_size", where, 0),
+        # MoE: each routed expert's width (Qwen2/3-MoE's moe_intermediate_size; Mixtral's intermediate_size)
+        ffn_size=_int(text, "moe_intermediate_size", "ffn_size", where, 0) if n_experts and \
+        text.get("moe_intermediate_size") is not None else _int(text, "intermediate_size", "ffn_size", where, 0),
+        shared_ffn_size=_int(text, "shared_expert_intermediate_size", "ffn_size", where, 0),
         vocab_size=_int(text, "vocab_size", "vocab_size", where, config.get("vocab_size") if text is not config
                         else None),
         context_length=_int(text, "max_position_embeddings", "context_length", where, 2048),

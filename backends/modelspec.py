@@ -75,6 +75,7 @@ class ModelSpec:
     eos_token_text: str | None = None
     files: tuple[str, ...] = ()  # every file of the model (shards, safetensors)
     metadata: dict[str, Any] = field(default_factory=dict)  # other small metadata values, as read
+    shared_ffn_size: int = 0  # MoE: inner width of the shared expert(s) every token uses (Qwen2-MoE); 0 = none
 
     # -- derived --------------------------------------------------------------------------------------
     @property
@@ -94,6 +95,18 @@ class ModelSpec:
                 per[idx] += t.n_bytes
         return tuple(per)
 
+    def expert_bytes(self) -> tuple[int, ...]:
+        """Bytes of each block's routed experts (GGUF blk.N.ffn_*_exps, HF model.layers.N.*.experts.M.*); () for
+        a dense model."""
+        if not self.n_experts:
+            return ()
+        per = [0] * self.n_layers
+        for t in self.tensors:
+            idx = _layer_index(t.name)
+            if idx is not None and idx < self.n_layers and ("_exps." in t.name or ".experts." in t.name):
+                per[idx] += t.n_bytes
+        return tuple(per)
+
     def tensor(self, name: str) -> TensorSpec | None:
         return next((t for t in self.tensors if t.name == name), None)
 
@@ -108,8 +121,8 @@ class ModelSpec:
             name=self.name, architecture=self.architecture, n_layers=self.n_layers, hidden_size=self.hidden_size,
             n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, ffn_size=self.ffn_size,
             vocab_size=self.vocab_size, context_length=self.context_length, n_experts=self.n_experts,
-            n_experts_used=self.n_experts_used, sliding_window=self.sliding_window,
-            sliding_window_layers=_sliding_window_layers(self),
+            n_experts_used=self.n_experts_used, shared_ffn_size=self.shared_ffn_size, expert_bytes=self.expert_bytes(),
+            sliding_window=self.sliding_window, sliding_window_layers=_sliding_window_layers(self),
             quant=self.file_type if self.format == "gguf" else None,
             weight_bytes=self.weight_bytes, layer_bytes=self.layer_bytes(),
             embedding_bytes=embed.n_bytes if embed else None,
@@ -221,7 +234,10 @@ def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
         path=str(header.path), format="gguf",
         name=str(md.get("general.name") or _stem(header.path)),
         architecture=arch, n_layers=fig.n_layers, hidden_size=fig.hidden_size, n_heads=fig.n_heads,
-        n_kv_heads=fig.n_kv_heads, head_dim=fig.head_dim, ffn_size=fig.ffn_size,
+        n_kv_heads=fig.n_kv_heads, head_dim=fig.head_dim,
+        # MoE: the width of one routed expert (Qwen2/3-MoE also store a dense feed_forward_length)
+        ffn_size=int(a("expert_feed_forward_length", 0) or 0) if fig.n_experts and a("expert_feed_forward_length")
+        else fig.ffn_size, shared_ffn_size=int(a("expert_shared_feed_forward_length", 0) or 0),
         vocab_size=fig.vocab_size, context_length=fig.context_length,
         rope_base=float(a("rope.freq_base", 10000.0)), rope_scaling=scaling,
         rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),

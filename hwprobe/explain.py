@@ -90,10 +90,12 @@ def _kv_pool(c: Candidate, devices: tuple[DeviceMemory, ...]) -> str:
 
 def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidate,
             devices: tuple[DeviceMemory, ...], tps: float, quants: list[tuple[str, m.WeightLayout]],
-            torch_tried: tuple[str, ...] = (), rival: tuple[Candidate, float] | None = None) -> tuple[str, ...]:
+            torch_tried: tuple[str, ...] = (), rival: tuple[Candidate, float] | None = None,
+            expert_race: tuple[Candidate, float, Candidate, float] | None = None) -> tuple[str, ...]:
     """torch_tried: the torch formats better than c's that did not fit (GPU plans of the torch engine; every
     format for one streaming blocks); rival: the partial offload of the other engine that c was faster than (or
-    c lost to nothing: None), with its tokens/s."""
+    c lost to nothing: None), with its tokens/s; expert_race: (expert placement, its tokens/s, the layer offload
+    it raced, its tokens/s) for a MoE model that did not fit whole (hwprobe.experts)."""
     out: list[str] = []
     offload = is_torch_offload(shape, c)
     if not report.gpus:
@@ -141,6 +143,13 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
             out.append("backend llama.cpp" + (" (asked for)" if prefs.backend == "llama.cpp" else " (CPU)"))
     if rival is not None:
         out.append(_offload_race(report, shape, c, tps, rival))
+    if expert_race is not None:
+        from hwprobe.experts import host_expert_bytes, race_sentence
+
+        ex, ex_tps, layers, layers_tps = expert_race
+        out.append(race_sentence(shape, c is ex, ex_tps, ex.cpu_expert_layers,
+                                 host_expert_bytes(shape, ex.layout, ex.cpu_expert_layers), layers_tps,
+                                 layers.n_gpu_layers, ex.gpus[0]))
     if not shape.quant and c.backend == "llama.cpp" and len(quants) > 1:
         better = [q for q, _ in quants[: [q for q, _ in quants].index(c.quant)]]
         out.append(f"quant {c.quant}: the best of the GGUF ladder that fits"
@@ -156,7 +165,9 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
                 f"buffer{'s' if buffers > 1 else ''} of {m.mib(max(c.layout.layer_bytes[:streamed]))} MiB (every "
                 "layer's KV cache stays on the GPU)" if offload else f", {streamed} in host RAM (slower)")
         out.append(f"{layers} of {shape.n_layers} layers on {'GPUs ' if len(c.gpus) > 1 else 'GPU '}"
-                   f"{', '.join(map(str, c.gpus))}" + ("" if c.n_gpu_layers >= shape.n_layers else rest))
+                   f"{', '.join(map(str, c.gpus))}" + ("" if c.n_gpu_layers >= shape.n_layers else rest)
+                   + (f", but the routed experts of the first {c.cpu_expert_layers} in host RAM (llama.cpp tensor "
+                      "buffer overrides)" if c.cpu_expert_layers else ""))
         if len(c.gpus) > 1:
             out.append(f"split {c.split_mode}: " + ("the GPUs are joined by NVLink/P2P, so each layer is split "
                                                     "across them" if c.split_mode == "tensor" else
@@ -171,7 +182,8 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
         out.append(f"KV cache {c.kv_cache_type}: {_gib(kv_mib)} at {c.ctx} tokens"
                    + ("" if c.kv_cache_type == "f16" else " (quantized to fit)" if not prefs.kv_cache_type else ""))
     if shape.n_experts:
-        out.append(f"MoE: all {shape.n_experts} experts counted in memory, {shape.n_experts_used} read per token")
+        out.append(f"MoE: all {shape.n_experts} experts counted in memory, {shape.n_experts_used} read per token"
+                   + (f" (those in host RAM by the CPU)" if c.cpu_expert_layers else ""))
     for d in devices:
         if d.used:
             name = "host RAM" if d.kind == "cpu" else f"GPU {d.index}"

@@ -125,7 +125,16 @@ def _params_per_layer(shape: ModelShape) -> int:
     kv = 2 * shape.hidden_size * shape.n_kv_heads * shape.head_dim
     o = shape.n_heads * shape.head_dim * shape.hidden_size
     ffn = 3 * shape.hidden_size * shape.ffn_size * max(shape.n_experts, 1)
-    return q + kv + o + ffn + shape.hidden_size * shape.n_experts + 2 * shape.hidden_size
+    shared = 3 * shape.hidden_size * shape.shared_ffn_size + (shape.hidden_size if shape.shared_ffn_size else 0)
+    return q + kv + o + ffn + shape.hidden_size * shape.n_experts + shared + 2 * shape.hidden_size
+
+
+def routed_expert_share(shape: ModelShape) -> float:
+    """Share of a block's parameters in its routed experts (0 for a dense model); shared experts, router,
+    attention and norms are the rest."""
+    if not shape.n_experts:
+        return 0.0
+    return 3 * shape.hidden_size * shape.ffn_size * shape.n_experts / _params_per_layer(shape)
 
 
 def weights(shape: ModelShape, quant: str | None = None) -> WeightLayout:
@@ -294,6 +303,5 @@ def decode_bytes_per_token(layout: WeightLayout, shape: ModelShape) -> float:
     """Weight bytes read per generated token: all of a dense model; for MoE only the experts used."""
     layers = sum(layout.layer_bytes)
     if shape.n_experts and shape.n_experts_used:
-        ffn_share = 3 * shape.hidden_size * shape.ffn_size * shape.n_experts / _params_per_layer(shape)
-        layers *= 1 - ffn_share * (1 - shape.n_experts_used / shape.n_experts)
+        layers *= 1 - routed_expert_share(shape) * (1 - shape.n_experts_used / shape.n_experts)
     return layers + layout.head_bytes

@@ -33,6 +33,9 @@ class Candidate:
     n_gpu_layers: int
     n_batch: int = 512
     max_num_seqs: int = 1  # torch engine: full-context sequences its KV pool may hold at most
+    # llama.cpp with every layer on one GPU: the first so many blocks' routed experts stay in host RAM
+    # (hwprobe.experts; tensor buffer overrides)
+    cpu_expert_layers: int = 0
 
 
 def shares(report: HardwareReport, gpus: tuple[int, ...]) -> dict[int, float]:
@@ -60,6 +63,11 @@ def price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[Devi
     """Predicted memory of every GPU (index order) and of host RAM for candidate c."""
     if is_torch_offload(shape, c):
         return _with_kv_pool(shape, c, _price_torch_offload(report, shape, c))
+    if c.cpu_expert_layers:
+        from hwprobe.experts import with_host_experts
+
+        devices = with_host_experts(shape, c.layout, c.cpu_expert_layers, c.n_batch, _price(report, shape, c))
+        return _with_kv_pool(shape, c, devices)
     return _with_kv_pool(shape, c, _price(report, shape, c))
 
 
@@ -173,6 +181,11 @@ def expected_tokens_per_s(report: HardwareReport, shape: ModelShape, c: Candidat
     (the slowest GPU counts).  The torch engine streaming blocks over PCIe: torch_offload_tokens_per_s."""
     if is_torch_offload(shape, c):
         return torch_offload_tokens_per_s(report, shape, c)
+    if c.cpu_expert_layers and c.gpus:
+        from hwprobe.experts import expert_tokens_per_s
+
+        kv = m.kv_bytes(shape, c.ctx, c.kv_cache_type, swa_full=m.LLAMA_CPP_SWA_FULL, n_ubatch=c.n_batch)
+        return expert_tokens_per_s(report, shape, c.layout, c.gpus[0], c.cpu_expert_layers, kv)
     read_ratio = m.decode_bytes_per_token(c.layout, shape) / max(
         sum(c.layout.layer_bytes) + c.layout.head_bytes, 1)
     times = []

@@ -80,6 +80,9 @@ class Plan:
     # 0 for llama.cpp (one sequence of ctx cells)
     kv_pool_bytes: int = 0
     max_num_seqs: int = 1  # sequences the torch engine batches (Prefs.max_num_seqs); the pool's cap
+    # MoE expert placement (hwprobe.experts): blocks whose routed experts stay in host RAM, the first ones; their
+    # attention, norms, shared experts and KV are on the GPU like every other layer's (n_gpu_layers = n_layers)
+    cpu_expert_layers: int = 0
 
     @property
     def fits(self) -> bool:
@@ -88,6 +91,7 @@ class Plan:
     def as_dict(self) -> dict[str, Any]:
         return {"backend": self.backend, "quant": self.quant, "n_gpu_layers": self.n_gpu_layers,
                 "n_layers": self.n_layers, "split_mode": self.split_mode, "tensor_split": list(self.tensor_split),
-                "ctx": self.ctx, "kv_cache_type": self.kv_cache_type, "flash_attn": self.flash_attn,
+                "cpu_expert_layers": self.cpu_expert_layers, "ctx": self.ctx,
+                "kv_cache_type": self.kv_cache_type, "flash_attn": self.flash_attn,
                 "batch_size": self.batch_size, "devices": [d.as_dict() for d in self.devices],
                 "expected_tokens_per_s": self.expected_tokens_per_s, "reasons": list(self.reasons)}

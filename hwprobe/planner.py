@@ -16,6 +16,10 @@ minus the safety margin of hwprobe.memory):
      and the rest computed on the CPU from host RAM, at the lowest allowed quant; and the torch engine (where
      step 1 could run the model) keeping as many blocks on one GPU as fit and streaming the others from pinned
      host RAM over PCIe for every token (`_torch_offload`);
+     For a mixture-of-experts model a third contender joins step 3's race (`_expert_placement`, hwprobe.experts):
+     llama.cpp with every layer's attention, norms, shared experts and KV on one GPU, filled up with routed
+     experts, and only the first blocks' overflow experts in host RAM (`cpu_expert_layers`); it wins when its
+     estimate is higher, and the reasons give both numbers;
   4. CPU only.
 One GPU is tried before several; several are tensor-split when all are P2P-joined, layer-split otherwise.
 A safetensors folder (no file llama.cpp reads) or --backend torch that fits no GPU whole streams (step 3's torch
@@ -218,6 +222,33 @@ def _torch_offload(report, shape, prefs, lo, hi, n_fixed=None) -> Candidate | No
     return best
 
 
+def _expert_placement(report, shape, prefs, lo, quants) -> Candidate | None:  # noqa: ANN001 - internal
+    """llama.cpp on the GPU with most budget holding every layer but the routed experts of the first k blocks,
+    for the fewest k (1 <= k <= n_layers) that fits, at the quant and context _partial plans with; None for a
+    dense model or when even every expert in host RAM does not fit."""
+    if not shape.n_experts or not shape.n_experts_used:
+        return None
+    gpus = next((g for g, _ in _gpu_sets(report)), ())
+    if not gpus:
+        return None
+    quant, layout = quants[-1]
+    kv = prefs.kv_cache_type or "f16"
+
+    def make(k: int) -> Candidate:
+        return Candidate("llama.cpp", quant, layout, lo, kv, True, gpus, "none", shape.n_layers, prefs.n_batch,
+                         cpu_expert_layers=k)
+
+    # on the GPU: monotone in the layers whose experts stay there (n_layers - k)
+    on_gpu = _largest(0, shape.n_layers - 1, lambda j: _fits_gpus(report, shape, make(shape.n_layers - j)))
+    if on_gpu is None or not _fits(report, shape, make(shape.n_layers - on_gpu)):
+        return None
+    return make(shape.n_layers - on_gpu)
+
+
+def _score(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[bool, float]:
+    return _fits(report, shape, c), expected_tokens_per_s(report, shape, c, price(report, shape, c))
+
+
 def _faster(report: HardwareReport, shape: ModelShape, llama: Candidate,
             streamed: Candidate | None) -> tuple[Candidate, tuple[Candidate, float] | None]:
     """The faster of llama.cpp's partial offload and the torch engine streaming blocks (a candidate that does
@@ -252,6 +283,7 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     file_format = shape.extra.get("file_format") if shape.extra else None
     chosen: Candidate | None = None
     rival: tuple[Candidate, float] | None = None  # the partial offload that lost the race (step 3)
+    expert_race: tuple[Candidate, float, Candidate, float] | None = None  # (experts, tps, layer offload, tps)
     if prefs.backend in ("auto", "torch") and prefs.n_gpu_layers in (None, -1, shape.n_layers):
         chosen = _try_torch(report, shape, prefs, lo, hi)
     fixed = prefs.n_gpu_layers if prefs.n_gpu_layers is not None and 0 < prefs.n_gpu_layers < shape.n_layers else None
@@ -271,6 +303,13 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
                 chosen = _cpu_only(report, shape, prefs, lo, hi, quants) or chosen
             if prefs.backend == "auto" and prefs.n_gpu_layers is None:
                 chosen, rival = _faster(report, shape, chosen, _torch_offload(report, shape, prefs, lo, hi))
+            experts = _expert_placement(report, shape, prefs, lo, quants) if chosen.gpus and \
+                prefs.backend in ("auto", "llama.cpp") and prefs.n_gpu_layers is None else None
+            if experts is not None:
+                by_experts, by_layers = _score(report, shape, experts), _score(report, shape, chosen)
+                expert_race = (experts, by_experts[1], chosen, by_layers[1])
+                if by_experts > by_layers:
+                    chosen, rival = experts, None
     chosen = _with_flags(report, shape, prefs, chosen)
     if chosen.backend == "torch":  # fitting needed one sequence; the pool takes up to max_num_seqs
         chosen = dataclasses.replace(chosen, max_num_seqs=prefs.max_num_seqs)
@@ -290,9 +329,9 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
                 n_layers=shape.n_layers, split_mode=chosen.split_mode, tensor_split=split, ctx=chosen.ctx,
                 kv_cache_type=chosen.kv_cache_type, flash_attn=chosen.flash_attn, batch_size=chosen.n_batch,
                 devices=devices, expected_tokens_per_s=tps,
-                reasons=reasons(report, shape, prefs, chosen, devices, tps, quants, tried, rival), main_gpu=main,
-                device=device, kv_pool_bytes=_kv_pool_bytes(shape, chosen, devices),
-                max_num_seqs=chosen.max_num_seqs)
+                reasons=reasons(report, shape, prefs, chosen, devices, tps, quants, tried, rival, expert_race),
+                main_gpu=main, device=device, kv_pool_bytes=_kv_pool_bytes(shape, chosen, devices),
+                max_num_seqs=chosen.max_num_seqs, cpu_expert_layers=chosen.cpu_expert_layers)
 
 
 def _kv_pool_bytes(shape: ModelShape, c: Candidate, devices: tuple) -> int:  # noqa: ANN001 - DeviceMemory

@@ -36,6 +36,8 @@ def report_text(r: HardwareReport) -> str:
 
 def plan_text(p: Plan, model_name: str) -> str:
     layers = f"{p.n_gpu_layers}/{p.n_layers} layers on GPU"
+    if p.cpu_expert_layers:
+        layers += f" (experts of {p.cpu_expert_layers} in host RAM)"
     split = f", split {p.split_mode} {list(p.tensor_split)}" if p.split_mode != "none" else ""
     lines = [f"{model_name}: {p.backend}, {p.quant}, {layers}{split}, context {p.ctx}, KV {p.kv_cache_type}, "
              f"flash attention {'on' if p.flash_attn else 'off'}, batch {p.batch_size}, "

@@ -149,7 +149,8 @@ def test_streaming_estimate_is_the_plans_speed() -> None:
                          ids=["moe", "q8_0-kv"])
 def test_no_race_where_the_torch_engine_cannot_run_the_model(shape, prefs) -> None:
     p = plan(FAST_LINK_SLOW_RAM, shape, prefs)
-    assert p.backend == "llama.cpp" and 0 < p.n_gpu_layers < p.n_layers
+    # a MoE model may keep every layer on the GPU with some experts in host RAM (hwprobe.experts)
+    assert p.backend == "llama.cpp" and (0 < p.n_gpu_layers < p.n_layers or p.cpu_expert_layers > 0)
     assert not any(r.startswith("partial offload:") for r in p.reasons)
 
 
