@@ -33,21 +33,24 @@ class KernelSet:
     silu_and_mul: Callable[..., Any]  # activation.silu_and_mul_reference(x)
     write_kv: Callable[..., Any]  # attention.write_kv(k, v, k_cache, v_cache, slot_mapping, memo=None)
     paged_attention: Callable[..., Any]  # attention.paged_attention_reference(q, k_cache, v_cache, meta, scale)
+    # moe.moe_experts_reference(x, gate_up, down, weights, ids) -> (T, H): the routed experts of a MoE layer
+    moe_experts: Callable[..., Any] | None = None
 
 
 def _reference() -> KernelSet:
-    from kernels import activation, attention, rmsnorm, rope
+    from kernels import activation, attention, moe, rmsnorm, rope
 
     return KernelSet("reference", rmsnorm.rms_norm_reference, rmsnorm.fused_add_rms_norm_reference,
                      rope.rope_reference, activation.silu_and_mul_reference, attention.write_kv,
-                     attention.paged_attention_reference)
+                     attention.paged_attention_reference, moe.moe_experts_reference)
 
 
 def _torch() -> KernelSet:
-    from kernels import activation, attention, rmsnorm, rope
+    from kernels import activation, attention, moe, rmsnorm, rope
 
     return KernelSet("torch", rmsnorm.rms_norm_torch, rmsnorm.fused_add_rms_norm_torch, rope.rope_torch,
-                     activation.silu_and_mul_torch, attention.write_kv, attention.paged_attention_torch)
+                     activation.silu_and_mul_torch, attention.write_kv, attention.paged_attention_torch,
+                     moe.moe_experts_torch)
 
 
 def _triton() -> KernelSet:
@@ -55,11 +58,12 @@ def _triton() -> KernelSet:
     from kernels.activation_triton import silu_and_mul_triton
     from kernels.attention_triton import paged_attention_triton
     from kernels.kv_write_triton import kv_write_triton
+    from kernels.moe_triton import moe_experts_triton
     from kernels.rmsnorm_triton import fused_add_rms_norm_triton, rms_norm_triton
     from kernels.rope_triton import rope_triton
 
     return KernelSet("triton", rms_norm_triton, fused_add_rms_norm_triton, rope_triton, silu_and_mul_triton,
-                     kv_write_triton, paged_attention_triton)
+                     kv_write_triton, paged_attention_triton, moe_experts_triton)
 
 
 def _default() -> str:
