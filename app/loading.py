@@ -102,6 +102,9 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         # dense ("none") in the plan's dtype
         weight_quant=_TORCH_QUANTS.get(plan.quant, "none") if torch else "auto",
         device=plan.device if torch else "auto",
+        # a MoE plan's overflow experts in host RAM (llama.cpp tensor buffer overrides); a user-fixed
+        # --n-gpu-layers is plain layer offload
+        cpu_expert_layers=plan.cpu_expert_layers if not torch and settings.n_gpu_layers is None else 0,
     )
     reasons = tuple(plan.reasons)
     if hardware_file:

@@ -382,6 +382,9 @@ class LoadOptions:
     # llama.cpp: extra weight-buffer types (the CPU repack / AMX paths).  None = the machine's default: on, but off
     # on CPUs with AMX, where some builds crash in the AMX repack path (llama.cpp #20824) until a check passes
     extra_bufts: bool | None = None
+    # MoE: the first so many blocks' routed experts stay in host RAM while the rest of every layer is on the GPU
+    # (the plan's cpu_expert_layers, hwprobe.experts); llama.cpp: tensor buffer overrides (`--n-cpu-moe N`)
+    cpu_expert_layers: int = 0
 
     def __post_init__(self) -> None:
         from backends.errors import ConfigError
@@ -390,6 +393,8 @@ class LoadOptions:
             raise ConfigError(f"context length must be at least 16 tokens, got {self.n_ctx}")
         if self.split_mode not in ("none", "layer", "row", "tensor"):
             raise ConfigError(f"split mode must be none, layer, row or tensor, got {self.split_mode!r}")
+        if self.cpu_expert_layers < 0:
+            raise ConfigError(f"cpu_expert_layers must be >= 0, got {self.cpu_expert_layers}")
         if self.n_batch < 1 or self.max_num_seqs < 1:
             raise ConfigError(f"n_batch and max_num_seqs must be >= 1, got {self.n_batch}, {self.max_num_seqs}")
 

@@ -1,7 +1,8 @@
 """The GGUF fallback backend: llama-cpp-python behind hearth's Backend contract.
 
 What it maps from LoadOptions: n_ctx, n_gpu_layers, split_mode (none/layer/row/tensor = 0/1/2/3),
-tensor_split, main_gpu, KV-cache type (type_k / type_v), flash attention, threads, n_batch, logits_all.
+tensor_split, main_gpu, KV-cache type (type_k / type_v), flash attention, threads, n_batch, logits_all, and
+cpu_expert_layers (a MoE model's first blocks' routed experts in host RAM: backends/llama_cpp/overrides.py).
 A quantized V cache needs flash attention in llama.cpp ("Failed to create llama_context" otherwise), so a
 q8_0/q4_0 KV type turns flash attention on, and `describe()` says so.
 
@@ -74,13 +75,14 @@ def extra_bufts_default(checked_safe: Callable[[], bool] | None = None) -> tuple
 
 
 @contextlib.contextmanager
-def _model_params(extra_bufts: bool) -> Iterator[None]:
-    """llama-cpp-python's Llama() takes no use_extra_bufts argument; it builds its llama_model_params from
-    llama_model_default_params(), so that function is wrapped while the model loads (on the one thread that
-    touches llama.cpp, in a process that holds this one model)."""
+def _model_params(extra_bufts: bool, overrides: Any = None) -> Iterator[None]:
+    """llama-cpp-python's Llama() takes no use_extra_bufts or tensor_buft_overrides argument; it builds its
+    llama_model_params from llama_model_default_params(), so that function is wrapped while the model loads (on
+    the one thread that touches llama.cpp, in a process that holds this one model).  overrides: an
+    overrides.BuftOverrides, kept alive by the caller."""
     import llama_cpp.llama as llama_module
 
-    if extra_bufts:
+    if extra_bufts and overrides is None:
         yield
         return
     lib = llama_module.llama_cpp
@@ -88,7 +90,10 @@ def _model_params(extra_bufts: bool) -> Iterator[None]:
 
     def params() -> Any:
         p = original()
-        p.use_extra_bufts = False
+        if not extra_bufts:
+            p.use_extra_bufts = False
+        if overrides is not None:
+            p.tensor_buft_overrides = overrides.address
         return p
 
     lib.llama_model_default_params = params
@@ -120,6 +125,7 @@ class LlamaCppBackend(Backend):
         self._running: str | None = None  # the request holding the context
         self._worker = OneThread("hearth-llama-cpp")
         self._extra_bufts: bool | None = None  # as loaded
+        self._overrides: Any = None  # overrides.BuftOverrides the loaded model was given (kept alive)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def load(self, progress: ProgressCallback | None = None) -> None:
@@ -156,10 +162,15 @@ class LlamaCppBackend(Backend):
         if not self._extra_bufts:
             self._notes.append(f"extra weight-buffer types {why if why.startswith('off') else 'off: ' + why}")
         from backends.llama_cpp.no_templates import templates_skipped
+        from backends.llama_cpp.overrides import cpu_expert_overrides
+
+        self._overrides = cpu_expert_overrides(o.cpu_expert_layers) if self.spec.n_experts else None
+        if o.cpu_expert_layers and self._overrides is None:
+            self._notes.append(f"cpu_expert_layers={o.cpu_expert_layers} ignored: {self.spec.name} has no experts")
 
         def build() -> Any:
             # the file's template is untrusted: only hearth's budgeted renderer runs it
-            with templates_skipped(), _model_params(self._extra_bufts):
+            with templates_skipped(), _model_params(self._extra_bufts, self._overrides):
                 return llama_cpp.Llama(self.spec.path, **kwargs)
 
         try:
@@ -332,7 +343,10 @@ class LlamaCppBackend(Backend):
             "n_gpu_layers": o.n_gpu_layers, "split_mode": o.split_mode, "kv_cache_type": o.kv_cache_type,
             "threads": o.n_threads, "gpu_offload_supported": gpu_offload_supported(),
             "extra_bufts": self._extra_bufts,
+            "cpu_expert_layers": o.cpu_expert_layers if self._overrides is not None else 0,
         }
+        if self._overrides is not None:
+            info["tensor_buft_overrides"] = f"{self._overrides.pattern}=CPU"
         if self._notes:
             info["notes"] = list(self._notes)
         return info
