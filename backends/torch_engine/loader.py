@@ -226,6 +226,10 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
     offload does not fit on the device whole, even for a moment)."""
     if weight_quant not in LOAD_QUANTS:
         raise ConfigError(f"the loader's weight quantization is one of {', '.join(LOAD_QUANTS)}, got {weight_quant!r}")
+    if spec.n_experts:  # mixture of experts: models/moe.py on the same shared layers
+        from backends.torch_engine.moe_loader import load_moe_model
+
+        return load_moe_model(spec, ops, dtype, device, weight_quant, host_layers)
     keep_gguf_quant = weight_quant == "gguf"
     rtn = None
     if weight_quant in ("int8", "int4", "fp8"):
