@@ -54,7 +54,8 @@ def sort_by_expert(ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, tor
     int64: expert e's rows of the sorted pairs are offsets[e]:offsets[e + 1])."""
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=n_experts)
+    counts = torch.zeros(n_experts, dtype=torch.int64, device=ids.device)
+    counts.index_add_(0, flat, torch.ones_like(flat))  # not bincount: no host sync (CUDA graphs capture this)
     offsets = torch.zeros(n_experts + 1, dtype=torch.int64, device=ids.device)
     offsets[1:] = torch.cumsum(counts, 0)
     return order, offsets

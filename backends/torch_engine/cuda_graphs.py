@@ -127,6 +127,8 @@ def unavailable_reason(device: torch.device, kernels: str, model: torch.nn.Modul
     # (offload.py's hooks, copies and event waits) cannot be part of one.
     if getattr(model, "offload", None) is not None:
         return "off (layer offload streams weights between layers)"
+    if any(getattr(m, "offload", None) is not None for m in model.modules() if m is not model):
+        return "off (experts in host RAM: the expert cache decides its copies on the host each step)"
     away = sum(1 for _, t in chain(model.named_parameters(), model.named_buffers())
                if t is not None and t.device.type != device.type)
     if away:

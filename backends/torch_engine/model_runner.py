@@ -142,7 +142,7 @@ class ModelRunner:
         # same weights quantize_model gives): the dense model is never whole on the device.
         host_layers = spec.n_layers - self._resident_layers(options.n_gpu_layers)
         self.model = load_model(spec, self.ops, self.dtype, self.device, weight_quant=self.weight_quant,
-                                host_layers=host_layers)
+                                host_layers=host_layers, cpu_expert_layers=options.cpu_expert_layers)
         self.cpu_packed_layers = 0
         self.dense_copy_bytes = 0
         if self.device.type == "cpu":
@@ -296,7 +296,14 @@ class ModelRunner:
                 "kv_cache_bytes": self.kv_cache_bytes, "kernels": self.ops.name,
                 "weight_quant": self.weight_quant, "weight_bytes": self.weight_bytes,
                 "cpu_packed_layers": self.cpu_packed_layers, "dense_copy_bytes": self.dense_copy_bytes,
-                **self._describe_offload(), **self._describe_graphs()}
+                **self._describe_offload(), **self._describe_experts(), **self._describe_graphs()}
+
+    def _describe_experts(self) -> dict[str, Any]:
+        if not self.spec.n_experts:
+            return {}
+        from backends.torch_engine.expert_offload import describe_offloads
+
+        return describe_offloads(self.model)
 
     def _describe_graphs(self) -> dict[str, Any]:
         """Safe from other threads: reads the decision, or predicts it without allocating anything."""

@@ -117,8 +117,10 @@ def _assemble(target: str, parts: dict[tuple[int, int], torch.Tensor], n_experts
 
 
 def load_moe_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torch.device,
-                   weight_quant: str = "none", host_layers: int = 0) -> MoEModel:
-    """loader.load_model for a model with experts (module docstring)."""
+                   weight_quant: str = "none", host_layers: int = 0, cpu_expert_layers: int = 0) -> MoEModel:
+    """loader.load_model for a model with experts (module docstring).  cpu_expert_layers: the first so many
+    layers' routed experts stay in host RAM with a device cache of the most-used (expert_offload.py); they never
+    reach the device whole."""
     from backends.torch_engine.loader import _SKIP, _gguf_tensors, _hf_tensors, _unreorder
 
     if weight_quant not in ("none", "gguf"):
@@ -174,4 +176,8 @@ def load_moe_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: 
     scaling.pop("rope_freqs_tensor", None)
     model.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base, {} if freq_factors is not None else scaling,
                                    freq_factors)
+    if cpu_expert_layers:
+        from backends.torch_engine.expert_offload import default_slots, offload_experts
+
+        offload_experts(model, cpu_expert_layers, device, default_slots(cfg.n_experts, cfg.n_experts_used))
     return model.to(device).eval()

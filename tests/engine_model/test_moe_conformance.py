@@ -5,6 +5,7 @@ statistics count every routed token."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -167,3 +168,27 @@ def test_hf_folder_matches_its_gguf(moe_files: dict[str, Path], tmp_path: Path, 
     hf_runner = ModelRunner(load_spec(tmp_path / "hf"), OPTS)
     assert hf_runner.model.cfg.norm_topk_prob == gguf_runner.model.cfg.norm_topk_prob
     torch.testing.assert_close(hf_runner.prompt_logits(IDS), gguf_runner.prompt_logits(IDS), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2moe"])
+def test_experts_in_host_ram_with_a_small_cache_give_the_same_logits(moe_files: dict[str, Path], arch: str) -> None:
+    """cpu_expert_layers=1: layer 0's experts live on the host with a cache on the "device" (a second set of
+    tensors on the CPU).  4 experts, top-2: default_slots gives all 4, so the cache is shrunk to 2 slots to force
+    evictions and multi-round prompt steps."""
+    from backends.torch_engine.expert_offload import ExpertOffload
+
+    spec = load_spec(moe_files[arch])
+    want = ModelRunner(spec, OPTS).prompt_logits(IDS)
+    runner = ModelRunner(spec, dataclasses.replace(OPTS, cpu_expert_layers=1))
+    first = runner.model.moe_layers()[0]
+    assert isinstance(first.offload, ExpertOffload) and runner.model.moe_layers()[1].offload is None
+    assert first.gate_up_exps.numel() == 0  # the module holds no experts: the offload does
+    assert runner.describe()["expert_cache_slots"] == 4
+    off = first.offload
+    first.offload = ExpertOffload(off.host_gate_up, off.host_down, torch.device("cpu"), num_slots=2)
+    torch.testing.assert_close(runner.prompt_logits(IDS, chunk=5), want, atol=1e-5, rtol=1e-5)
+    info = runner.describe()
+    assert info["cpu_expert_layers"] == 1 and info["expert_cache_slots"] == 2
+    assert info["expert_copied_bytes"] > 0 and 0 <= info["expert_cache_hit_rate"] < 1
+    stats = first.offload.policy.stats
+    assert stats.misses >= 4 and stats.steps == 4  # 20 tokens in chunks of 5

@@ -23,6 +23,7 @@ Routing statistics: `expert_counts` (E,) int64 counts the tokens routed to each 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -31,6 +32,9 @@ from backends.torch_engine.models.llama import MLP, Attention, Block, LlamaConfi
 from kernels.attention import AttentionMetadata
 from kernels.dispatch import KernelSet
 from kernels.moe import route
+
+if TYPE_CHECKING:
+    from backends.torch_engine.expert_offload import ExpertOffload
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,8 @@ class SparseMoE(nn.Module):
             self.shared = MLP(replace(cfg, ffn_size=cfg.shared_ffn_size), ops)
             self.shared_gate = nn.Linear(h, 1, bias=False)
         self.register_buffer("expert_counts", torch.zeros(e, dtype=torch.int64), persistent=False)
+        # set by backends/torch_engine/expert_offload.py when this layer's experts live in host RAM
+        self.offload: ExpertOffload | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (num_tokens, hidden) -> (num_tokens, hidden)."""
@@ -65,7 +71,10 @@ class SparseMoE(nn.Module):
         weights, ids = route(logits, self.top_k, self.normalize)  # (num_tokens, k) each
         # index_add_, not bincount: no host synchronisation (bincount sizes its output from the data)
         self.expert_counts.index_add_(0, ids.reshape(-1), torch.ones_like(ids.reshape(-1)))
-        out = self.ops.moe_experts(x, self.gate_up_exps, self.down_exps, weights, ids)
+        if self.offload is not None:
+            out = self.offload.run(self.ops.moe_experts, x, weights, ids)
+        else:
+            out = self.ops.moe_experts(x, self.gate_up_exps, self.down_exps, weights, ids)
         if self.shared is not None and self.shared_gate is not None:
             gate = torch.sigmoid(torch.nn.functional.linear(x.float(), self.shared_gate.weight.float()))
             out = out + (self.shared.forward(x).float() * gate).to(out.dtype)
