@@ -10,6 +10,10 @@ if TYPE_CHECKING:  # pragma: no cover
 # Architectures (GGUF general.architecture names) the torch engine implements.  Mistral 7B is "llama" in GGUF
 # and MistralForCausalLM maps to "llama" for HF folders (backends.modelspec), so it needs no entry of its own.
 TORCH_ENGINE_ARCHITECTURES = ("llama", "qwen2")
+# Mixture-of-experts architectures the torch engine implements (models/moe.py: Mixtral is "llama" with experts).
+# It runs them when asked (--backend torch) but the planner does not choose it for them yet: their experts load
+# dense (no quantization), and the expert offload with its device cache has not been measured on a GPU.
+TORCH_ENGINE_MOE_ARCHITECTURES = ("llama", "qwen2moe", "qwen3moe")
 
 # What the torch engine can run on a GPU.  Its loader quantizes each projection as it reads it (int8 / int4 /
 # fp8 round-to-nearest, backends/torch_engine/loader.py), or keeps a GGUF's own Q4_0/Q4_1/Q4_K/Q8_0 blocks
@@ -36,10 +40,13 @@ BF16_MIN_CC = (8, 0)
 
 def torch_engine_refusal(shape: "ModelShape") -> str | None:
     """Why the torch engine cannot run this model, or None when it can (architecture, experts, tokenizer)."""
+    if shape.n_experts:
+        if shape.architecture not in TORCH_ENGINE_MOE_ARCHITECTURES:
+            return f"the torch engine does not implement {shape.architecture} mixture-of-experts models"
+        return (f"the planner sends mixture-of-experts models ({shape.n_experts} experts) to the torch engine only "
+                "when asked (--backend torch): it loads their experts dense, unquantized")
     if shape.architecture not in TORCH_ENGINE_ARCHITECTURES:
         return f"the torch engine does not implement {shape.architecture}"
-    if shape.n_experts:
-        return f"the torch engine does not run mixture-of-experts models ({shape.n_experts} experts)"
     model, _, pre = shape.tokenizer.partition("/")
     if model and model not in ("hf", TORCH_ENGINE_GGUF_SPM) and (
             model != "gpt2" or pre not in TORCH_ENGINE_GGUF_PRE_TOKENIZERS):
