@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from hwprobe.shape import ModelShape
 
-# Architectures (GGUF general.architecture names) the torch engine implements.  Mistral 7B is "llama" in GGUF
-# and MistralForCausalLM maps to "llama" for HF folders (backends.modelspec), so it needs no entry of its own.
-TORCH_ENGINE_ARCHITECTURES = ("llama", "qwen2")
+# Architectures (GGUF general.architecture names) the torch engine implements: the keys of
+# backends/torch_engine/models/__init__.py's FAMILIES (a test checks that the two lists agree; hwprobe may not
+# import the engine).  Mistral 7B is "llama" in GGUF and MistralForCausalLM maps to "llama" for HF folders.
+TORCH_ENGINE_ARCHITECTURES = ("gemma3", "llama", "mistral", "phi3", "qwen2", "qwen3")
 
 # What the torch engine can run on a GPU.  Its loader quantizes each projection as it reads it (int8 / int4 /
 # fp8 round-to-nearest, backends/torch_engine/loader.py), or keeps a GGUF's own Q4_0/Q4_1/Q4_K/Q8_0 blocks
