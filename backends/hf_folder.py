@@ -83,7 +83,8 @@ def hf_config_shape(config: Any, name: str, where: str = "config.json") -> dict[
     rs = text.get("rope_scaling") or {}
     if not isinstance(rs, dict):
         raise ModelFormatError(f"{where}: rope_scaling is a {type(rs).__name__}, expected an object or null", HINT)
-    use_window = text.get("use_sliding_window", arch == "gemma3")
+    # Gemma 3 and Mistral (v0.1: 4096) use their sliding_window; Qwen2's configs name one but switch it off
+    use_window = text.get("use_sliding_window", arch == "gemma3" or "MistralForCausalLM" in archs)
     return dict(
         name=name, architecture=arch, n_layers=_int(text, "num_hidden_layers", "n_layers", where),
         hidden_size=hidden, n_heads=n_heads, n_kv_heads=n_kv,

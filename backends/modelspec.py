@@ -116,7 +116,7 @@ class ModelSpec:
         out = self.tensor("output.weight") or self.tensor("lm_head.weight")
         extra: dict[str, Any] = {"rope_scaling": self.rope_scaling, "file_format": self.format}
         if self.format == "gguf":  # per layer (int4, int8) weights the torch engine keeps as the file's blocks
-            extra["gguf_repacked"] = repacked_params(self.tensors, self.n_layers)
+            extra["gguf_repacked"] = repacked_params(self.tensors, self.n_layers, self.architecture)
         return ModelShape(
             name=self.name, architecture=self.architecture, n_layers=self.n_layers, hidden_size=self.hidden_size,
             n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, ffn_size=self.ffn_size,

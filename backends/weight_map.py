@@ -1,4 +1,4 @@
-"""Which file tensor fills which parameter of the torch engine's models.llama.LlamaModel, and which projections
+"""Which file tensor fills which parameter of the torch engine's decoder models (models/layers.py), and which projections
 a GGUF keeps as the file's own blocks under weight_quant "gguf".  Pure data and Python (no torch): ModelSpec.to_shape
 asks `repacked_params` so that the planner can price the "GGUF" torch format without importing the engine.
 
@@ -27,6 +27,8 @@ GGUF_NAMES: dict[str, tuple[str, str | None]] = {
     "blk.{i}.attn_q.bias": ("layers.{i}.attn.qkv_proj.bias", "q"),
     "blk.{i}.attn_k.bias": ("layers.{i}.attn.qkv_proj.bias", "k"),
     "blk.{i}.attn_v.bias": ("layers.{i}.attn.qkv_proj.bias", "v"),
+    "blk.{i}.attn_q_norm.weight": ("layers.{i}.attn.q_norm.weight", None),  # QK-norm (Qwen3, Gemma 3)
+    "blk.{i}.attn_k_norm.weight": ("layers.{i}.attn.k_norm.weight", None),
     "blk.{i}.attn_output.weight": ("layers.{i}.attn.o_proj.weight", None),
     "blk.{i}.ffn_norm.weight": ("layers.{i}.post_norm.weight", None),
     "blk.{i}.ffn_gate.weight": ("layers.{i}.mlp.gate_up_proj.weight", "gate"),
@@ -44,12 +46,40 @@ HF_NAMES: dict[str, tuple[str, str | None]] = {
     "model.layers.{i}.self_attn.q_proj.bias": ("layers.{i}.attn.qkv_proj.bias", "q"),
     "model.layers.{i}.self_attn.k_proj.bias": ("layers.{i}.attn.qkv_proj.bias", "k"),
     "model.layers.{i}.self_attn.v_proj.bias": ("layers.{i}.attn.qkv_proj.bias", "v"),
+    "model.layers.{i}.self_attn.q_norm.weight": ("layers.{i}.attn.q_norm.weight", None),
+    "model.layers.{i}.self_attn.k_norm.weight": ("layers.{i}.attn.k_norm.weight", None),
     "model.layers.{i}.self_attn.o_proj.weight": ("layers.{i}.attn.o_proj.weight", None),
     "model.layers.{i}.post_attention_layernorm.weight": ("layers.{i}.post_norm.weight", None),
     "model.layers.{i}.mlp.gate_proj.weight": ("layers.{i}.mlp.gate_up_proj.weight", "gate"),
     "model.layers.{i}.mlp.up_proj.weight": ("layers.{i}.mlp.gate_up_proj.weight", "up"),
     "model.layers.{i}.mlp.down_proj.weight": ("layers.{i}.mlp.down_proj.weight", None),
 }
+# Per architecture, the names that differ from the maps above (merged into them by `names`).
+ARCH_GGUF_NAMES: dict[str, dict[str, tuple[str, str | None]]] = {
+    # Gemma 3: a norm after attention and one after the MLP ("sandwich"); ffn_norm stays the pre-MLP norm
+    "gemma3": {"blk.{i}.post_attention_norm.weight": ("layers.{i}.attn_post_norm.weight", None),
+               "blk.{i}.post_ffw_norm.weight": ("layers.{i}.ffn_post_norm.weight", None)},
+    # Phi-3/4: Q/K/V in one tensor, and ffn_up holds gate and up (gate first): both are our merged layout
+    "phi3": {"blk.{i}.attn_qkv.weight": ("layers.{i}.attn.qkv_proj.weight", None),
+             "blk.{i}.ffn_up.weight": ("layers.{i}.mlp.gate_up_proj.weight", None)},
+}
+ARCH_HF_NAMES: dict[str, dict[str, tuple[str, str | None]]] = {
+    # Hugging Face's Gemma 3 calls the post-attention norm post_attention_layernorm (Llama's pre-MLP name)
+    "gemma3": {"model.layers.{i}.post_attention_layernorm.weight": ("layers.{i}.attn_post_norm.weight", None),
+               "model.layers.{i}.pre_feedforward_layernorm.weight": ("layers.{i}.post_norm.weight", None),
+               "model.layers.{i}.post_feedforward_layernorm.weight": ("layers.{i}.ffn_post_norm.weight", None)},
+    "phi3": {"model.layers.{i}.self_attn.qkv_proj.weight": ("layers.{i}.attn.qkv_proj.weight", None),
+             "model.layers.{i}.mlp.gate_up_proj.weight": ("layers.{i}.mlp.gate_up_proj.weight", None)},
+}
+
+
+def names(architecture: str, file_format: str) -> dict[str, tuple[str, str | None]]:
+    """The whole name map of one architecture and file format ("gguf" or "safetensors")."""
+    if file_format == "gguf":
+        return {**GGUF_NAMES, **ARCH_GGUF_NAMES.get(architecture, {})}
+    return {**HF_NAMES, **ARCH_HF_NAMES.get(architecture, {})}
+
+
 SHARDS = {"q": 0, "k": 1, "v": 2, "gate": 0, "up": 1}  # order of shards inside a merged parameter
 
 # GGUF block types whose projections weight_quant "gguf" keeps, and the layout kernels/quant_matmul.py gets
@@ -79,14 +109,16 @@ def is_projection_param(target: str) -> bool:
     return target.startswith("layers.") and target.endswith("proj.weight")
 
 
-def repacked_params(tensors: Iterable[_Tensor], n_layers: int) -> tuple[tuple[int, int], ...]:
+def repacked_params(tensors: Iterable[_Tensor], n_layers: int, architecture: str = "llama"
+                    ) -> tuple[tuple[int, int], ...]:
     """Per layer, (weights kept as int4, weights kept as int8) when a GGUF loads with weight_quant "gguf" on a
     GPU: a projection keeps its blocks when every shard of its merged parameter is of one REPACK_KIND kind (the
     loader's _merge rule); the others are dequantized to the compute dtype."""
     groups: dict[tuple[int, str], list[_Tensor]] = {}
+    name_map = names(architecture, "gguf")
     for t in tensors:
         key, layer = template(t.name)
-        target = GGUF_NAMES.get(key, ("", None))[0]
+        target = name_map.get(key, ("", None))[0]
         if layer is not None and layer < n_layers and is_projection_param(target):
             groups.setdefault((layer, target), []).append(t)
     kept = [[0, 0] for _ in range(n_layers)]

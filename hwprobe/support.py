@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from hwprobe.shape import ModelShape
 
-# Architectures (GGUF general.architecture names) the torch engine implements.  Mistral 7B is "llama" in GGUF
-# and MistralForCausalLM maps to "llama" for HF folders (backends.modelspec), so it needs no entry of its own.
-TORCH_ENGINE_ARCHITECTURES = ("llama", "qwen2")
+# Architectures (GGUF general.architecture names) the torch engine implements: the keys of
+# backends/torch_engine/models/__init__.py's FAMILIES (a test checks that the two lists agree; hwprobe may not
+# import the engine).  Mistral 7B is "llama" in GGUF and MistralForCausalLM maps to "llama" for HF folders.
+TORCH_ENGINE_ARCHITECTURES = ("gemma3", "llama", "mistral", "phi3", "qwen2", "qwen3")
 # Mixture-of-experts architectures the torch engine implements (models/moe.py: Mixtral is "llama" with experts).
 # It runs them when asked (--backend torch) but the planner does not choose it for them yet: their experts load
 # dense (no quantization), and the expert offload with its device cache has not been measured on a GPU.

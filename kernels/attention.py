@@ -10,10 +10,17 @@ sitting on cached prefix tokens needs (SDPA's is_causal=True is aligned to the u
 
 Math, per sequence and head h (GQA: kv head h // (num_heads / kv_heads)):
     out_i = softmax_j(scale * q_i . k_j  for allowed j) @ v
+
+Sliding-window layers (Gemma 3, Mistral v0.1) see only the last `window` positions, the query's own included:
+j is allowed when q_pos - window < j <= q_pos (llama.cpp's and Hugging Face's rule).  `with_sliding_window`
+gives the step's metadata with that narrower mask; the cache itself keeps every position (no blocks are freed
+behind the window: the KV pool is sized as for full attention).  The Triton kernels have no window: a windowed
+layer runs the plain-torch path (kernels/attention_triton.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +48,22 @@ class AttentionMetadata:
     groups: tuple[AttentionGroup, ...]  # the fast path's batching of the same sequences
     block_size: int
     memo: dict[object, torch.Tensor] = field(default_factory=dict)  # per-step tensors the first layer builds
+    window: int = 0  # sliding window in tokens (0 = full causal attention): see with_sliding_window
+
+
+def with_sliding_window(meta: AttentionMetadata, window: int) -> AttentionMetadata:
+    """`meta` for a layer that attends to the last `window` positions only: the same tables, every group's mask
+    narrowed to q_pos - window < j.  Built once per step and window (kept in meta.memo), shared by the layers."""
+    key = ("window", window)
+    cached = meta.memo.get(key)
+    if cached is None:
+        groups = []
+        for g in meta.groups:
+            q_pos = g.mask.sum(dim=-1, keepdim=True) - 1  # the causal mask allows exactly j <= q_pos
+            j = torch.arange(g.mask.shape[-1], device=g.mask.device)
+            groups.append(dataclasses.replace(g, mask=g.mask & (j > q_pos - window), memo={}))
+        cached = meta.memo[key] = dataclasses.replace(meta, groups=tuple(groups), window=window)  # type: ignore[assignment]
+    return cached  # type: ignore[return-value]
 
 
 def build_attention_metadata(seqs: list[tuple[int, int, tuple[int, ...]]], block_size: int,
@@ -164,6 +187,8 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         scores = torch.einsum("qhd,khd->hqk", qs, keys) * scale
         q_pos = torch.arange(ctx - (hi - lo), ctx)[:, None]
         allowed = torch.arange(ctx)[None, :] <= q_pos  # (q_len, ctx)
+        if meta.window:
+            allowed &= torch.arange(ctx)[None, :] > q_pos - meta.window
         scores = scores.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[lo:hi] = torch.einsum("hqk,khd->qhd", probs, vals).to(q.dtype)

@@ -294,7 +294,12 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """Same contract as kernels.attention.paged_attention_reference (a mixed batch of decodes and chunks,
     meta: AttentionMetadata).  All-decode steps take the split decode kernel; any step with a longer chunk runs
     the prefill kernel over every sequence (a decode is a chunk of one).  Reads the step's tables from
-    meta.memo (step_tables) and only the shape of meta.query_start from the host."""
+    meta.memo (step_tables) and only the shape of meta.query_start from the host.  A sliding-window layer
+    (meta.window) runs kernels.attention's plain-torch path: these kernels have no window yet."""
+    if meta.window:
+        from kernels.attention import paged_attention_torch
+
+        return paged_attention_torch(q, k_cache, v_cache, meta, scale)
     table, seq_lens = step_tables(meta, q.device)
     q_lens = [b - a for a, b in zip(meta.query_start, meta.query_start[1:])]
     if all(n == 1 for n in q_lens):

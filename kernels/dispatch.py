@@ -33,6 +33,7 @@ class KernelSet:
     silu_and_mul: Callable[..., Any]  # activation.silu_and_mul_reference(x)
     write_kv: Callable[..., Any]  # attention.write_kv(k, v, k_cache, v_cache, slot_mapping, memo=None)
     paged_attention: Callable[..., Any]  # attention.paged_attention_reference(q, k_cache, v_cache, meta, scale)
+    gelu_tanh_and_mul: Callable[..., Any]  # activation.gelu_tanh_and_mul_reference(x) (Gemma's GeGLU)
     # moe.moe_experts_reference(x, gate_up, down, weights, ids) -> (T, H): the routed experts of a MoE layer
     moe_experts: Callable[..., Any] | None = None
 
@@ -42,7 +43,8 @@ def _reference() -> KernelSet:
 
     return KernelSet("reference", rmsnorm.rms_norm_reference, rmsnorm.fused_add_rms_norm_reference,
                      rope.rope_reference, activation.silu_and_mul_reference, attention.write_kv,
-                     attention.paged_attention_reference, moe.moe_experts_reference)
+                     attention.paged_attention_reference, activation.gelu_tanh_and_mul_reference,
+                     moe_experts=moe.moe_experts_reference)
 
 
 def _torch() -> KernelSet:
@@ -50,11 +52,13 @@ def _torch() -> KernelSet:
 
     return KernelSet("torch", rmsnorm.rms_norm_torch, rmsnorm.fused_add_rms_norm_torch, rope.rope_torch,
                      activation.silu_and_mul_torch, attention.write_kv, attention.paged_attention_torch,
-                     moe.moe_experts_torch)
+                     activation.gelu_tanh_and_mul_torch,
+                     moe_experts=moe.moe_experts_torch)
 
 
 def _triton() -> KernelSet:
     """Triton kernels (CUDA; on CPU only under TRITON_INTERPRET=1, for tests)."""
+    from kernels.activation import gelu_tanh_and_mul_torch  # no Triton GeGLU: torch's one fused op on CUDA
     from kernels.activation_triton import silu_and_mul_triton
     from kernels.attention_triton import paged_attention_triton
     from kernels.kv_write_triton import kv_write_triton
@@ -63,7 +67,8 @@ def _triton() -> KernelSet:
     from kernels.rope_triton import rope_triton
 
     return KernelSet("triton", rms_norm_triton, fused_add_rms_norm_triton, rope_triton, silu_and_mul_triton,
-                     kv_write_triton, paged_attention_triton, moe_experts_triton)
+                     kv_write_triton, paged_attention_triton, gelu_tanh_and_mul_torch,
+                     moe_experts=moe_experts_triton)
 
 
 def _default() -> str:

@@ -376,6 +376,7 @@ def check_imports() -> str:
     """hearth modules loaded so far must be kernels/* and the quantize transform only."""
     allowed = ("kernels", "backends", "backends.torch_engine", "backends.torch_engine.quantize",
                "backends.torch_engine.models", "backends.torch_engine.models.llama",
+               "backends.torch_engine.models.layers",
                "backends.torch_engine.cuda_graphs")
     root = Path(__file__).resolve().parents[1]
     packages = tuple(str(root / p) + "/" for p in ("app", "backends", "hwprobe", "kernels"))

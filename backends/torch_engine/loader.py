@@ -1,10 +1,12 @@
-"""Weights of a Llama-family model (GGUF file or Hugging Face safetensors folder) into models.llama.LlamaModel.
+"""Weights of a dense decoder (GGUF file or Hugging Face safetensors folder) into its family's model
+(backends/torch_engine/models/: llama, qwen3, gemma3, phi3; `ARCHITECTURES` lists what runs).
 
-The name mapping is data (backends.weight_map: `GGUF_NAMES` / `HF_NAMES` map a file's tensor name
-to the model parameter and, for merged projections, which shard it fills: Q/K/V -> qkv_proj, gate/up -> gate_up_proj).
-Per architecture (`ARCHITECTURES`): whether llama.cpp's converter reordered the Q/K rows of a GGUF for
-interleaved-pair RoPE.  The loader undoes that reorder, so the model always runs rotate-half RoPE, one layout
-for GGUF and HF checkpoints alike (same perplexity either way; see NOTES.md).
+The name mapping is data (backends.weight_map.names(architecture, format) maps a file's tensor name to the
+model parameter and, for merged projections, which shard it fills: Q/K/V -> qkv_proj, gate/up -> gate_up_proj).
+Per architecture (the family's GGUF_QK_REORDERED): whether llama.cpp's converter reordered the Q/K rows of a
+GGUF for interleaved-pair RoPE.  The loader undoes that reorder, so the model always runs rotate-half RoPE, one
+layout for GGUF and HF checkpoints alike (same perplexity either way; see NOTES.md).  A family's HF_NORM_OFFSET
+is added to a Hugging Face checkpoint's norm weights (Gemma: HF stores w for a (1 + w) norm, GGUF 1 + w).
 
 GGUF tensors are read from the file's mmap (offsets from backends.gguf_reader: no slow GGUFReader open) and
 dequantized with gguf.quants.dequantize (F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1, Q2_K..Q6_K, ...).
@@ -40,8 +42,10 @@ from torch import nn
 
 from backends.errors import ConfigError, ModelFormatError, UnsupportedArchitectureError
 from backends.modelspec import ModelSpec
-from backends.torch_engine.models.llama import LlamaConfig, LlamaModel
-from backends.weight_map import GGUF_NAMES, HF_NAMES, SHARDS, is_projection_param, template
+from backends.torch_engine.models import FAMILIES, family
+from backends.torch_engine.models.layers import DecoderConfig, DecoderModel
+from backends.weight_map import SHARDS, is_projection_param, template
+from backends.weight_map import names as weight_names
 from kernels.dispatch import KernelSet
 from kernels.quant_matmul import QuantWeight, concat_rows, dequantize
 from kernels.rope import rope_inv_freq
@@ -50,30 +54,32 @@ if TYPE_CHECKING:  # pragma: no cover
     from backends.torch_engine.quantize import QuantConfig
 
 
-@dataclass(frozen=True)
-class ArchInfo:
-    gguf_qk_reordered: bool  # llama.cpp's converter permuted Q/K rows (interleaved RoPE in the GGUF)
+ARCHITECTURES = tuple(sorted(FAMILIES))
+
+# read separately: Llama 3 frequency factors, Phi-3 LongRoPE's factors (short ones used: models/phi3.py)
+_FREQ_FACTORS = "rope_freqs.weight"
+_SKIP = {_FREQ_FACTORS, "rope_factors_short.weight", "rope_factors_long.weight"}
 
 
-ARCHITECTURES = {"llama": ArchInfo(gguf_qk_reordered=True), "qwen2": ArchInfo(gguf_qk_reordered=False)}
-
-_SKIP = {"rope_freqs.weight"}  # read separately (Llama 3 frequency factors)
-
-
-def config_from_spec(spec: ModelSpec) -> LlamaConfig:
-    arch = "llama" if spec.architecture in ("mistral",) else spec.architecture
-    if arch not in ARCHITECTURES or spec.n_experts:
-        raise UnsupportedArchitectureError(
-            f"the torch engine runs {', '.join(sorted(ARCHITECTURES))} models; {spec.name} is {spec.architecture}"
-            + (f" with {spec.n_experts} experts" if spec.n_experts else ""),
-            "use --backend llama.cpp for this model")
+def base_config(spec: ModelSpec) -> DecoderConfig:
+    """The config every family starts from: the spec's shapes, RoPE, biases, QK-norm, window, tied head."""
     names = {t.name for t in spec.tensors}
-    return LlamaConfig(
+    return DecoderConfig(
         vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, n_layers=spec.n_layers, n_heads=spec.n_heads,
         n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, ffn_size=spec.ffn_size, rms_eps=spec.rms_eps,
         rope_base=spec.rope_base, rope_scaling=dict(spec.rope_scaling),
         qkv_bias=any(n.endswith(("attn_q.bias", "q_proj.bias")) for n in names),
-        tied_embeddings=spec.tied_embeddings)
+        qk_norm=any(n.endswith(("attn_q_norm.weight", "self_attn.q_norm.weight")) for n in names),
+        sliding_window=spec.sliding_window, tied_embeddings=spec.tied_embeddings)
+
+
+def config_from_spec(spec: ModelSpec) -> DecoderConfig:
+    if spec.architecture not in FAMILIES or spec.n_experts:
+        raise UnsupportedArchitectureError(
+            f"the torch engine runs {', '.join(ARCHITECTURES)} models; {spec.name} is {spec.architecture}"
+            + (f" with {spec.n_experts} experts" if spec.n_experts else ""),
+            "use --backend llama.cpp for this model")
+    return family(spec.architecture).config(spec, base_config(spec))
 
 
 def _unreorder(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -169,7 +175,7 @@ def _hf_tensors(spec: ModelSpec):
             raise ModelFormatError(f"{f} cannot be read as safetensors: {exc}", "download the file again") from None
 
 
-def check_file_shapes(spec: ModelSpec, cfg: LlamaConfig) -> None:
+def check_file_shapes(spec: ModelSpec, cfg: DecoderConfig) -> None:
     """Every file tensor the model takes has the shape the config implies, checked from the header before a
     byte of weights is read (ModelSpec's checks cover GGUF metadata; this covers what the engine itself builds,
     for GGUF and HF folders alike), so a wrong file is one line, never a reshape traceback."""
@@ -178,8 +184,11 @@ def check_file_shapes(spec: ModelSpec, cfg: LlamaConfig) -> None:
             "up": cfg.ffn_size}
     fixed = {"embed.weight": (vocab, h), "norm.weight": (h,), "lm_head.weight": (vocab, h),
              "input_norm.weight": (h,), "post_norm.weight": (h,), "attn.o_proj.weight": (h, cfg.n_heads * hd),
-             "mlp.down_proj.weight": (h, cfg.ffn_size)}
-    names = GGUF_NAMES if spec.format == "gguf" else HF_NAMES
+             "mlp.down_proj.weight": (h, cfg.ffn_size), "attn.q_norm.weight": (hd,), "attn.k_norm.weight": (hd,),
+             "attn_post_norm.weight": (h,), "ffn_post_norm.weight": (h,),
+             "attn.qkv_proj.weight": ((cfg.n_heads + 2 * cfg.n_kv_heads) * hd, h),  # fused (Phi-3)
+             "mlp.gate_up_proj.weight": (2 * cfg.ffn_size, h)}
+    names = weight_names(spec.architecture, spec.format)
     for t in spec.tensors:
         key, layer = template(t.name)
         if key not in names:
@@ -199,9 +208,9 @@ def check_file_shapes(spec: ModelSpec, cfg: LlamaConfig) -> None:
                                    "the file is damaged or its config does not match its weights")
 
 
-def _is_projection(key: str) -> bool:
+def _is_projection(key: str, names: dict[str, tuple[str, str | None]]) -> bool:
     """File names (templated) of the weights that are nn.Linear projections inside the blocks."""
-    return is_projection_param(GGUF_NAMES.get(key, ("", None))[0])
+    return is_projection_param(names.get(key, ("", None))[0])
 
 
 def _quantize_on_load(weight: torch.Tensor, config: QuantConfig, device: torch.device) -> torch.Tensor | QuantWeight:
@@ -217,7 +226,7 @@ LOAD_QUANTS = ("none", "gguf", "int8", "int4", "fp8")
 
 
 def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torch.device,
-               weight_quant: str = "none", host_layers: int = 0, cpu_expert_layers: int = 0) -> LlamaModel:
+               weight_quant: str = "none", host_layers: int = 0, cpu_expert_layers: int = 0) -> DecoderModel:
     """Build the model and fill every parameter from the file; ModelFormatError if one is missing.
     weight_quant (one of LOAD_QUANTS): "none" dense in `dtype`; "gguf" keeps a GGUF's Q4_0 / Q4_1 / Q4_K / Q8_0
     projection blocks; "int8" / "int4" / "fp8" quantize each projection as it is read (module docstring).
@@ -241,10 +250,12 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
     cfg = config_from_spec(spec)
     check_file_shapes(spec, cfg)
     gguf = spec.format == "gguf"
-    names = GGUF_NAMES if gguf else HF_NAMES
-    reorder = gguf and ARCHITECTURES["llama" if spec.architecture == "mistral" else spec.architecture].gguf_qk_reordered
+    names = weight_names(spec.architecture, spec.format)
+    fam = family(spec.architecture)
+    reorder = gguf and fam.GGUF_QK_REORDERED[spec.architecture]
+    norm_offset = 0.0 if gguf else getattr(fam, "HF_NORM_OFFSET", 0.0)
     with torch.device("meta"):
-        model = LlamaModel(cfg, ops)
+        model = fam.MODEL(cfg, ops)
     params: dict[str, torch.Tensor | QuantWeight] = {}
     shards: dict[str, dict[int, torch.Tensor | QuantWeight]] = {}
     freq_factors = None
@@ -257,11 +268,12 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
     # and gives a row the same bits at any row count, prompt rows included.
     head_name = "output.weight"
     quant_head = keep_gguf_quant and device.type == "cpu" and not cfg.tied_embeddings
-    keep = (lambda name, qtype: (keep_gguf_quant and _is_projection(template(name)[0]))
+    keep = (lambda name, qtype: (keep_gguf_quant and _is_projection(template(name)[0], names))
             or (quant_head and name == head_name))
     for name, tensor in (_gguf_tensors(spec, keep, scale_dtype, dtype) if gguf else _hf_tensors(spec)):
         if name in _SKIP:
-            freq_factors = tensor.reshape(-1)
+            if name in (_FREQ_FACTORS, "rope_factors_short.weight"):
+                freq_factors = tensor.reshape(-1)
             continue
         key, layer = template(name)
         if key not in names:
@@ -273,7 +285,7 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
         if isinstance(tensor, torch.Tensor):
             # RMSNorm weights stay float32: the norm runs in float32 anyway (as llama.cpp's does), and a bf16
             # weight would be converted again in every layer of every step
-            tensor = tensor.float() if target.endswith("norm.weight") else tensor.to(dtype)
+            tensor = tensor.float() + norm_offset if target.endswith("norm.weight") else tensor.to(dtype)
             if rtn is not None and is_projection_param(target):
                 tensor = _quantize_on_load(tensor, rtn, device)
                 if layer is not None and layer < host_layers:  # quantized on the device, kept on the host
@@ -308,6 +320,11 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
     scaling.pop("rope_freqs_tensor", None)
     if freq_factors is not None:
         scaling = {}
-    model.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base, scaling, freq_factors)
+    if freq_factors is None and cfg.rope_factors:
+        freq_factors = torch.tensor(cfg.rope_factors, dtype=torch.float32)
+    rot = cfg.rope_dim if 0 < cfg.rope_dim < cfg.head_dim else cfg.head_dim
+    model.inv_freq = rope_inv_freq(rot, cfg.rope_base, scaling, freq_factors)
+    if cfg.rope_base_local:  # sliding-window layers' own RoPE (Gemma 3): their base, no scaling
+        model.inv_freq_local = rope_inv_freq(rot, cfg.rope_base_local)
     return (model if host_layers else model.to(device)).eval()
 

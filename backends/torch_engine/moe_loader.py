@@ -4,7 +4,7 @@ The Llama-family names (backends.weight_map) cover attention, norms, embedding a
 the router, the experts and the shared expert, as data:
 - GGUF (llama.cpp) stores each layer's experts stacked: ffn_{gate,up}_exps (E, F, H) and ffn_down_exps (E, H, F)
   as (out, in) per expert; the router ffn_gate_inp (E, H); Qwen2-MoE's shared expert ffn_*_shexp and its gate
-  ffn_gate_inp_shexp (H,); Qwen3's attn_{q,k}_norm (head_dim,).
+  ffn_gate_inp_shexp (H,).  (Qwen3's attn_{q,k}_norm are the shared map's.)
 - HF checkpoints store one tensor per expert (Mixtral: block_sparse_moe.experts.N.w1 / w3 / w2 = gate / up / down;
   Qwen2/3-MoE: mlp.experts.N.{gate,up,down}_proj), stacked here along a new first dimension.
 Gate and up fill gate_up_exps along the rows of each expert (dim 1).  Weights load dense in the compute dtype
@@ -22,7 +22,8 @@ import torch
 from backends.errors import ConfigError, ModelFormatError, UnsupportedArchitectureError
 from backends.modelspec import ModelSpec
 from backends.torch_engine.models.moe import MoEConfig, MoEModel
-from backends.weight_map import GGUF_NAMES, HF_NAMES, SHARDS, template
+from backends.weight_map import SHARDS, template
+from backends.weight_map import names as weight_names
 from kernels.dispatch import KernelSet
 from kernels.rope import rope_inv_freq
 
@@ -47,8 +48,6 @@ GGUF_MOE_NAMES: dict[str, tuple[str, str | None]] = {
     "blk.{i}.ffn_gate_shexp.weight": ("layers.{i}.mlp.shared.gate_up_proj.weight", "gate"),
     "blk.{i}.ffn_up_shexp.weight": ("layers.{i}.mlp.shared.gate_up_proj.weight", "up"),
     "blk.{i}.ffn_down_shexp.weight": ("layers.{i}.mlp.shared.down_proj.weight", None),
-    "blk.{i}.attn_q_norm.weight": ("layers.{i}.attn.q_norm.weight", None),
-    "blk.{i}.attn_k_norm.weight": ("layers.{i}.attn.k_norm.weight", None),
 }
 _L = "model.layers.{i}."
 HF_MOE_NAMES: dict[str, tuple[str, str | None]] = {
@@ -64,8 +63,6 @@ HF_MOE_NAMES: dict[str, tuple[str, str | None]] = {
     _L + "mlp.shared_expert.gate_proj.weight": ("layers.{i}.mlp.shared.gate_up_proj.weight", "gate"),
     _L + "mlp.shared_expert.up_proj.weight": ("layers.{i}.mlp.shared.gate_up_proj.weight", "up"),
     _L + "mlp.shared_expert.down_proj.weight": ("layers.{i}.mlp.shared.down_proj.weight", None),
-    _L + "self_attn.q_norm.weight": ("layers.{i}.attn.q_norm.weight", None),
-    _L + "self_attn.k_norm.weight": ("layers.{i}.attn.k_norm.weight", None),
 }
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
 _FLOAT32 = ("norm.weight", "router.weight", "shared_gate.weight")  # kept in float32 (models/moe.py says why)
@@ -80,23 +77,24 @@ def expert_template(key: str) -> tuple[str, int | None]:
 
 
 def moe_config_from_spec(spec: ModelSpec) -> MoEConfig:
+    from dataclasses import fields
+
+    from backends.torch_engine.loader import base_config
+
     arch = MOE_ARCHITECTURES.get(spec.architecture)
     if arch is None or not spec.n_experts or not spec.n_experts_used:
         raise UnsupportedArchitectureError(
             f"the torch engine runs mixture-of-experts models of {', '.join(sorted(MOE_ARCHITECTURES))}; "
             f"{spec.name} is {spec.architecture} with {spec.n_experts} experts", "use --backend llama.cpp")
-    names = {t.name for t in spec.tensors}
     hf_config = spec.metadata.get("config") if spec.format != "gguf" else None
     norm = arch.norm_topk_prob
     if isinstance(hf_config, dict) and isinstance(hf_config.get("norm_topk_prob"), bool):
         norm = hf_config["norm_topk_prob"]
-    return MoEConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, n_layers=spec.n_layers, n_heads=spec.n_heads,
-        n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, ffn_size=spec.ffn_size, rms_eps=spec.rms_eps,
-        rope_base=spec.rope_base, rope_scaling=dict(spec.rope_scaling),
-        qkv_bias=any(n.endswith(("attn_q.bias", "q_proj.bias")) for n in names),
-        tied_embeddings=spec.tied_embeddings, n_experts=spec.n_experts, n_experts_used=spec.n_experts_used,
-        norm_topk_prob=norm, shared_ffn_size=spec.shared_ffn_size, qk_norm=arch.qk_norm)
+    base = base_config(spec)  # shapes, RoPE, biases, window, tied head; QK-norm from the tensor names
+    shared = {f.name: getattr(base, f.name) for f in fields(base)}
+    shared["qk_norm"] = base.qk_norm or arch.qk_norm
+    return MoEConfig(**shared, n_experts=spec.n_experts, n_experts_used=spec.n_experts_used, norm_topk_prob=norm,
+                     shared_ffn_size=spec.shared_ffn_size)
 
 
 def _assemble(target: str, parts: dict[tuple[int, int], torch.Tensor], n_experts: int) -> torch.Tensor:
@@ -121,7 +119,7 @@ def load_moe_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: 
     """loader.load_model for a model with experts (module docstring).  cpu_expert_layers: the first so many
     layers' routed experts stay in host RAM with a device cache of the most-used (expert_offload.py); they never
     reach the device whole."""
-    from backends.torch_engine.loader import _SKIP, _gguf_tensors, _hf_tensors, _unreorder
+    from backends.torch_engine.loader import _FREQ_FACTORS, _SKIP, _gguf_tensors, _hf_tensors, _unreorder
 
     if weight_quant not in ("none", "gguf"):
         raise ConfigError(f"the torch engine loads mixture-of-experts weights dense; weight_quant {weight_quant!r} "
@@ -131,15 +129,15 @@ def load_moe_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: 
                           "use --backend llama.cpp (its plan keeps the overflow experts in host RAM)")
     cfg = moe_config_from_spec(spec)
     gguf = spec.format == "gguf"
-    names = {**GGUF_NAMES, **GGUF_MOE_NAMES} if gguf else {**HF_NAMES, **HF_MOE_NAMES}
+    names = {**weight_names(spec.architecture, spec.format), **(GGUF_MOE_NAMES if gguf else HF_MOE_NAMES)}
     reorder = gguf and MOE_ARCHITECTURES[spec.architecture].gguf_qk_reordered
     with torch.device("meta"):
         model = MoEModel(cfg, ops)
     pieces: dict[str, dict[tuple[int, int], torch.Tensor]] = {}
     freq_factors = None
     for name, tensor in (_gguf_tensors(spec, dtype=dtype) if gguf else _hf_tensors(spec)):
-        if name in _SKIP:
-            freq_factors = tensor.reshape(-1)
+        if name in _SKIP:  # Llama 3's frequency factors; the others are Phi-3's, no MoE of ours has them
+            freq_factors = tensor.reshape(-1) if name == _FREQ_FACTORS else freq_factors
             continue
         key, layer = template(name)
         key, expert = expert_template(key)

@@ -5,9 +5,9 @@ The block is models/llama.py's Block with its MLP replaced by a sparse MoE layer
     -> the routed experts' SwiGLU through KernelSet.moe_experts (kernels/moe.py: a grouped matmul over tokens
        sorted by expert; one Triton launch on CUDA) -> weighted sum
     (+ Qwen2-MoE's shared expert, a dense SwiGLU scaled by sigmoid(shared_gate . x), which every token uses)
-and, for Qwen3-MoE, RMSNorm over each Q and K head before RoPE (QK-norm; a local shim until the "archs" family
-split lands a shared one).  Attention, norms, embedding and head are the Llama family's, with its module names
-(embed, layers[i].attn.qkv_proj / o_proj, lm_head), so transforms written for it apply.
+and, for Qwen3-MoE, the shared attention's QK-norm (RMSNorm over each Q and K head before RoPE).  Attention,
+norms, embedding, head and the layer loop are models/layers.py's, with its module names (embed,
+layers[i].attn.qkv_proj / o_proj, lm_head), so transforms written for them apply.
 
 Parameters of a layer's MoE (`layers.{i}.mlp`):
     router.weight    (E, H) float32: the routing decision is the part most sensitive to rounding (a flipped
@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from backends.torch_engine.models.llama import MLP, Attention, Block, LlamaConfig, LlamaModel, RMSNorm
-from kernels.attention import AttentionMetadata
+from backends.torch_engine.models.layers import MLP, Block, DecoderConfig, DecoderModel
 from kernels.dispatch import KernelSet
 from kernels.moe import route
 
@@ -38,12 +37,11 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class MoEConfig(LlamaConfig):
+class MoEConfig(DecoderConfig):
     n_experts: int = 0  # routed experts per layer
     n_experts_used: int = 0  # top-k
     norm_topk_prob: bool = True  # renormalise the k weights to sum 1 (Mixtral, Qwen3-MoE; not Qwen2-MoE)
     shared_ffn_size: int = 0  # Qwen2-MoE's shared expert width; 0 = none
-    qk_norm: bool = False  # Qwen3: RMSNorm of each Q and K head before RoPE
 
 
 class SparseMoE(nn.Module):
@@ -87,43 +85,18 @@ class SparseMoE(nn.Module):
         return counts
 
 
-class QKNormAttention(Attention):
-    """Attention with an RMSNorm over each query and key head before RoPE (Qwen3)."""
-
-    def __init__(self, cfg: LlamaConfig, ops: KernelSet) -> None:
-        super().__init__(cfg, ops)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps, ops)
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps, ops)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = self.q_norm(q.reshape(n * self.n_heads, self.head_dim)).view(n, self.n_heads, self.head_dim)
-        k = self.k_norm(k.reshape(n * self.n_kv_heads, self.head_dim)).view(n, self.n_kv_heads, self.head_dim)
-        v = v.reshape(n, self.n_kv_heads, self.head_dim)
-        q, k = self.ops.rope(q, k, cos, sin)
-        self.ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, meta.memo)
-        out = self.ops.paged_attention(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(out.reshape(n, -1))
-
-
 class MoEBlock(Block):
-    """Block with the MLP a SparseMoE (and QK-norm attention where the config says)."""
+    """The shared pre-norm Block with a SparseMoE for its MLP."""
 
-    def __init__(self, cfg: MoEConfig, ops: KernelSet) -> None:
-        super().__init__(cfg, ops)
-        if cfg.qk_norm:
-            self.attn = QKNormAttention(cfg, ops)
+    def __init__(self, cfg: MoEConfig, ops: KernelSet, layer: int = 0) -> None:
+        super().__init__(cfg, ops, layer)
         self.mlp = SparseMoE(cfg, ops)  # type: ignore[assignment]
 
 
-class MoEModel(LlamaModel):
-    """LlamaModel whose blocks are MoEBlocks: same forward, compute_logits and offload hooks."""
+class MoEModel(DecoderModel):
+    """The shared decoder whose blocks are MoEBlocks: same forward, compute_logits and offload hooks."""
 
-    def __init__(self, cfg: MoEConfig, ops: KernelSet) -> None:
-        super().__init__(cfg, ops)
-        self.layers = nn.ModuleList(MoEBlock(cfg, ops) for _ in range(cfg.n_layers))
+    block = MoEBlock
 
     def moe_layers(self) -> list[SparseMoE]:
         return [layer.mlp for layer in self.layers]  # type: ignore[misc]
