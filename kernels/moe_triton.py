@@ -26,7 +26,7 @@ BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 32
 @triton.jit
 def _grouped_mm_kernel(x_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_start_ptr, tile_end_ptr, N, K,
                        stride_xm, stride_we, stride_wn, stride_wk, stride_om,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
     tile = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_expert_ptr + tile).to(tl.int64)
@@ -45,7 +45,10 @@ def _grouped_mm_kernel(x_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_start_ptr, t
                     mask=row_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
         b = tl.load(w_base + cols[None, :].to(tl.int64) * stride_wn + ks[:, None] * stride_wk,
                     mask=k_mask[:, None] & col_mask[None, :], other=0.0)  # (BLOCK_K, BLOCK_N)
-        acc += tl.dot(a, b)
+        if IEEE:  # float32 inputs: full-precision products, not TF32 (the reference is exact float32)
+            acc += tl.dot(a, b, input_precision="ieee")
+        else:
+            acc += tl.dot(a, b)
     tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=row_mask[:, None] & col_mask[None, :])
 
@@ -79,6 +82,8 @@ def grouped_matmul_triton(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tenso
         raise ValueError(f"grouped_matmul: {offsets.numel()} offsets for {w.shape[0]} experts (want E + 1)")
     if x.stride(1) != 1:
         x = x.contiguous()
+    if w.dtype != x.dtype:
+        raise ValueError(f"grouped_matmul: x is {x.dtype} but w is {w.dtype}")
     m, n = x.shape[0], w.shape[1]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
@@ -87,7 +92,7 @@ def grouped_matmul_triton(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tenso
     grid = (experts.numel(), triton.cdiv(n, BLOCK_N))
     _grouped_mm_kernel[grid](x, w, out, experts, starts, ends, n, x.shape[1],
                              x.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
-                             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
+                             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32)
     return out
 
 
