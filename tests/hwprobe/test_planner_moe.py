@@ -128,3 +128,28 @@ def test_expert_estimate_by_hand() -> None:
     gpu = (2e9 + 0.25e9) / (1008e9 * 0.75) + 2 * 20e-6
     cpu = 0.25e9 / (100e9 * 0.6) + 20e-6
     assert tps == pytest.approx(1 / (gpu + cpu), abs=0.05)
+
+
+@pytest.mark.parametrize("model,fixture,quant", [
+    ("Mixtral-8x7B", "rtx4090_24gb", None), ("Mixtral-8x7B", "rtx3090_24gb", None),
+    ("Qwen3-30B-A3B", "rtx4090_24gb", None), ("Qwen3-30B-A3B", "rtx3090_24gb", None),
+    ("Qwen3-30B-A3B", "rtx4090_24gb", "Q8_0"), ("Qwen3-30B-A3B", "rtx3090_24gb", "Q8_0")])
+def test_readme_moe_plans_are_what_the_planner_says(model: str, fixture: str, quant: str | None) -> None:
+    """The README's table of MoE plans comes from `hearth plan examples/moe/*/config.json --hardware ...`."""
+    from app.commands.plan import _config_shape
+
+    root = Path(__file__).resolve().parents[2]
+    shape = _config_shape(root / "examples" / "moe" / model / "config.json")
+    p = plan(hw(fixture), shape, Prefs(quant=quant))
+    gpu = {"rtx4090_24gb": "RTX 4090", "rtx3090_24gb": "RTX 3090"}[fixture]
+    label = model.replace("-8x7B", " 8x7B")
+    rows = [r for r in (root / "README.md").read_text().splitlines()
+            if r.startswith(f"| {label} (") and f"| {gpu} |" in r and ((quant or "") in r if quant else "--quant" not in r)]
+    assert len(rows) == 1, rows
+    row = rows[0]
+    if p.cpu_expert_layers:
+        experts, layers = _race(p)
+        assert f"experts of {p.cpu_expert_layers} in RAM" in row and f"~{experts:.1f} tok/s" in row
+        assert f"~{layers:.1f}" in row
+    else:
+        assert "fits whole" in row and f"~{p.expected_tokens_per_s:.0f} tok/s" in row
