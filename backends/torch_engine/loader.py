@@ -226,21 +226,15 @@ LOAD_QUANTS = ("none", "gguf", "int8", "int4", "fp8")
 
 
 def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torch.device,
-               weight_quant: str = "none", host_layers: int = 0, cpu_expert_layers: int = 0) -> DecoderModel:
+               weight_quant: str = "none", host_layers: int = 0) -> DecoderModel:
     """Build the model and fill every parameter from the file; ModelFormatError if one is missing.
     weight_quant (one of LOAD_QUANTS): "none" dense in `dtype`; "gguf" keeps a GGUF's Q4_0 / Q4_1 / Q4_K / Q8_0
     projection blocks; "int8" / "int4" / "fp8" quantize each projection as it is read (module docstring).
     host_layers: the first so many blocks will stream from host RAM (offload.py): their weights never stay on
     `device`, and the model is returned on the host for offload.offload_layers to place (a model that needs
-    offload does not fit on the device whole, even for a moment).  cpu_expert_layers: a MoE model's first so many
-    layers keep their routed experts in host RAM with a device cache (expert_offload.py); no effect on a dense
-    model (the runner's describe() says what was applied)."""
+    offload does not fit on the device whole, even for a moment)."""
     if weight_quant not in LOAD_QUANTS:
         raise ConfigError(f"the loader's weight quantization is one of {', '.join(LOAD_QUANTS)}, got {weight_quant!r}")
-    if spec.n_experts:  # mixture of experts: models/moe.py on the same shared layers
-        from backends.torch_engine.moe_loader import load_moe_model
-
-        return load_moe_model(spec, ops, dtype, device, weight_quant, host_layers, cpu_expert_layers)
     keep_gguf_quant = weight_quant == "gguf"
     rtn = None
     if weight_quant in ("int8", "int4", "fp8"):

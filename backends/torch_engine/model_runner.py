@@ -141,8 +141,14 @@ class ModelRunner:
         # int8 / int4 / fp8 are quantized by the loader as it reads each projection (round-to-nearest, the
         # same weights quantize_model gives): the dense model is never whole on the device.
         host_layers = spec.n_layers - self._resident_layers(options.n_gpu_layers)
-        self.model = load_model(spec, self.ops, self.dtype, self.device, weight_quant=self.weight_quant,
-                                host_layers=host_layers, cpu_expert_layers=options.cpu_expert_layers)
+        if spec.n_experts:  # mixture of experts: models/moe.py, its first layers' experts maybe in host RAM
+            from backends.torch_engine.moe_loader import load_moe_model
+
+            self.model = load_moe_model(spec, self.ops, self.dtype, self.device, self.weight_quant, host_layers,
+                                        options.cpu_expert_layers)
+        else:
+            self.model = load_model(spec, self.ops, self.dtype, self.device, weight_quant=self.weight_quant,
+                                    host_layers=host_layers)
         self.cpu_packed_layers = 0
         self.dense_copy_bytes = 0
         if self.device.type == "cpu":
