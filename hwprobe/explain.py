@@ -183,7 +183,7 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
                    + ("" if c.kv_cache_type == "f16" else " (quantized to fit)" if not prefs.kv_cache_type else ""))
     if shape.n_experts:
         out.append(f"MoE: all {shape.n_experts} experts counted in memory, {shape.n_experts_used} read per token"
-                   + (f" (those in host RAM by the CPU)" if c.cpu_expert_layers else ""))
+                   + (" (those in host RAM by the CPU)" if c.cpu_expert_layers else ""))
     for d in devices:
         if d.used:
             name = "host RAM" if d.kind == "cpu" else f"GPU {d.index}"

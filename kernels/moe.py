@@ -27,7 +27,8 @@ import torch
 
 def route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(T, E) logits -> (weights (T, k) float32, expert ids (T, k) int64): softmax over all experts, then the
-    k largest (torch.topk; the order among equal probabilities is unspecified), renormalised to sum 1 when `normalize`."""
+    k largest (torch.topk; the order among equal probabilities is unspecified), renormalised to sum 1 when
+    `normalize`."""
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if normalize:

@@ -20,6 +20,8 @@ import triton.language as tl
 
 from kernels.moe import grouped_matmul_torch, moe_experts_grouped  # noqa: F401 - the reference, re-exported
 
+__all__ = ["grouped_matmul_torch", "grouped_matmul_triton", "moe_experts_triton", "tile_table"]
+
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 32
 
 

@@ -17,6 +17,8 @@ how the tests check it (the same logits as the model without offload).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from backends.torch_engine.expert_cache import ExpertCachePolicy
@@ -49,7 +51,8 @@ class ExpertOffload:
     def device_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.cache_gate_up, self.cache_down))
 
-    def run(self, moe_experts, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    def run(self, moe_experts: Callable[..., torch.Tensor], x: torch.Tensor, weights: torch.Tensor,
+            ids: torch.Tensor) -> torch.Tensor:
         """The routed experts' output for x (num_tokens, hidden) with (num_tokens, k) weights and expert ids,
         through the cache; moe_experts is the KernelSet's op."""
         flat = ids.reshape(-1)

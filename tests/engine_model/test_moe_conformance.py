@@ -125,6 +125,9 @@ def _hf_folder(runner: ModelRunner, folder: Path, arch: str) -> None:
                    p + "self_attn.v_proj.weight": wv, p + "self_attn.o_proj.weight": layer.attn.o_proj.weight,
                    p + "input_layernorm.weight": layer.input_norm.weight,
                    p + "post_attention_layernorm.weight": layer.post_norm.weight})
+        if layer.attn.qk_norm:  # Qwen3-MoE
+            sd.update({p + "self_attn.q_norm.weight": layer.attn.q_norm.weight,
+                       p + "self_attn.k_norm.weight": layer.attn.k_norm.weight})
         if layer.attn.qkv_proj.bias is not None:  # Qwen2-MoE
             for part, t in zip("qkv", layer.attn.qkv_proj.bias.split((q, kv, kv))):
                 sd[p + f"self_attn.{part}_proj.bias"] = t
@@ -147,7 +150,8 @@ def _hf_folder(runner: ModelRunner, folder: Path, arch: str) -> None:
                        p + "mlp.shared_expert_gate.weight": moe.shared_gate.weight})
     folder.mkdir()
     save_file({k: v.detach().float().contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
-    hf_arch = {"llama": "MixtralForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM"}[arch]
+    hf_arch = {"llama": "MixtralForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
+               "qwen3moe": "Qwen3MoeForCausalLM"}[arch]
     config = {"architectures": [hf_arch], "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.n_layers,
               "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
               "intermediate_size": 4 * cfg.hidden_size, "vocab_size": cfg.vocab_size, "rope_theta": cfg.rope_base,
@@ -156,12 +160,13 @@ def _hf_folder(runner: ModelRunner, folder: Path, arch: str) -> None:
     if arch == "llama":
         config.update(num_local_experts=cfg.n_experts, intermediate_size=cfg.ffn_size)
     else:
-        config.update(num_experts=cfg.n_experts, moe_intermediate_size=cfg.ffn_size, norm_topk_prob=False,
-                      shared_expert_intermediate_size=cfg.shared_ffn_size)
+        config.update(num_experts=cfg.n_experts, moe_intermediate_size=cfg.ffn_size,
+                      norm_topk_prob=cfg.norm_topk_prob, shared_expert_intermediate_size=cfg.shared_ffn_size,
+                      head_dim=cfg.head_dim)
     (folder / "config.json").write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2moe"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_hf_folder_matches_its_gguf(moe_files: dict[str, Path], tmp_path: Path, arch: str) -> None:
     gguf_runner = ModelRunner(load_spec(moe_files[arch]), OPTS)
     _hf_folder(gguf_runner, tmp_path / "hf", arch)

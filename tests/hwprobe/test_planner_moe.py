@@ -143,8 +143,8 @@ def test_readme_moe_plans_are_what_the_planner_says(model: str, fixture: str, qu
     p = plan(hw(fixture), shape, Prefs(quant=quant))
     gpu = {"rtx4090_24gb": "RTX 4090", "rtx3090_24gb": "RTX 3090"}[fixture]
     label = model.replace("-8x7B", " 8x7B")
-    rows = [r for r in (root / "README.md").read_text().splitlines()
-            if r.startswith(f"| {label} (") and f"| {gpu} |" in r and ((quant or "") in r if quant else "--quant" not in r)]
+    rows = [r for r in (root / "README.md").read_text().splitlines() if r.startswith(f"| {label} (")
+            and f"| {gpu} |" in r and ((quant or "") in r if quant else "--quant" not in r)]
     assert len(rows) == 1, rows
     row = rows[0]
     if p.cpu_expert_layers:
