@@ -144,6 +144,9 @@ class ModelRunner:
         if spec.n_experts:  # mixture of experts: models/moe.py, its first layers' experts maybe in host RAM
             from backends.torch_engine.moe_loader import load_moe_model
 
+            if self.weight_quant == "gguf":  # the CPU default; MoE weights load dense, and describe() says so
+                self.weight_quant = "none"
+
             self.model = load_moe_model(spec, self.ops, self.dtype, self.device, self.weight_quant, host_layers,
                                         options.cpu_expert_layers)
         else:

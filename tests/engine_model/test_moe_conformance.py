@@ -105,6 +105,7 @@ def test_moe_loads_dense_and_refuses_quantized_weights(moe_files: dict[str, Path
     with pytest.raises(ConfigError, match="dense"):
         ModelRunner(spec, LoadOptions(n_ctx=64, max_num_seqs=1, dtype="float32", weight_quant="int8"))
     bf16 = ModelRunner(spec, LoadOptions(n_ctx=64, max_num_seqs=1, dtype="bfloat16"))  # auto: "gguf" on CPU
+    assert bf16.describe()["weight_quant"] == "none"  # ... which MoE weights do not have: dense, and said so
     assert bf16.model.layers[0].mlp.gate_up_exps.dtype == torch.bfloat16
     assert bf16.model.layers[0].mlp.router.weight.dtype == torch.float32  # the routing decision in float32
 
