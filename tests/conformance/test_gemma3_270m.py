@@ -30,7 +30,7 @@ def gemma(gemma_path: Path):
 
 def test_token_ids_equal_llama_cpp(gemma) -> None:
     _, tok, vocab = gemma
-    for text in CORPUS:
+    for text in CORPUS + [TEXT]:  # the whole English text too
         for special in (True, False):
             assert tok.encode(text, parse_special=special) == vocab.tokenize(text.encode(), add_bos=True,
                                                                               special=special), (text, special)
