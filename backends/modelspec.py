@@ -158,7 +158,7 @@ def _layer_index(name: str) -> int | None:
 
 
 def _sliding_window_layers(spec: ModelSpec) -> int:
-    if not spec.sliding_window:
+    if not spec.sliding_window or spec.architecture == "phi3":  # llama.cpp (and the torch engine) turn Phi's off
         return 0
     pattern = spec.metadata.get(f"{spec.architecture}.attention.sliding_window_pattern")
     if isinstance(pattern, list):  # per-layer booleans

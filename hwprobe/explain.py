@@ -134,13 +134,17 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
                           " (no dense copies for prompt rows: they would pass "
                           f"{_gib(m.torch_cpu_dense_copy_budget(report.ram_total_mib * m.MIB) / m.MIB)})"))
     else:
-        if torch_engine_refusal(shape) and report.gpus:
-            out.append(f"backend llama.cpp: {torch_engine_refusal(shape)}")
+        refusal = torch_engine_refusal(shape)
+        if refusal and prefs.backend != "llama.cpp":
+            out.append(f"backend llama.cpp: {refusal}")
         elif report.gpus and prefs.backend == "auto":
             out.append("backend llama.cpp: the torch engine's formats do not fit entirely in VRAM"
                        " (or the GPU is too old / of unknown compute capability)")
-        else:
-            out.append("backend llama.cpp" + (" (asked for)" if prefs.backend == "llama.cpp" else " (CPU)"))
+        elif prefs.backend == "llama.cpp":
+            out.append("backend llama.cpp (asked for)")
+        else:  # which engine runs what: the torch engine could, llama.cpp is the faster single stream on CPU
+            out.append(f"backend llama.cpp (CPU): faster for one stream on a CPU; the torch engine runs "
+                       f"{shape.architecture} too (--backend torch, or hearth serve, which batches requests)")
     if rival is not None:
         out.append(_offload_race(report, shape, c, tps, rival))
     if expert_race is not None:

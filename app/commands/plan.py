@@ -20,7 +20,11 @@ model folder, or a Hugging Face config.json (then the plan also picks the GGUF q
 
 The plan is the allocation: the torch engine's KV pool is exactly the plan's KV (what is left of the device's
 budget after weights, compute buffers and overhead, at most --max-concurrency full-context sequences, at least
-one); --json gives it per device as kv_pool_tokens."""
+one); --json gives it per device as kv_pool_tokens.
+
+Which engine: the torch engine runs dense Llama, Mistral, Qwen2, Qwen3, Gemma 3 and Phi-3/4 models and is
+chosen where one of its formats fits a GPU; llama.cpp runs everything else (mixture-of-experts, other
+architectures and tokenizers) and single streams on a CPU.  The "backend" reason says which, and why."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

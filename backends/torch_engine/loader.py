@@ -82,6 +82,13 @@ def config_from_spec(spec: ModelSpec) -> DecoderConfig:
     return family(spec.architecture).config(spec, base_config(spec))
 
 
+def _text_model_name(name: str) -> str:
+    """A multimodal checkpoint's text-model tensor under its text-only name: Hugging Face's
+    Gemma3ForConditionalGeneration keeps "language_model.model.layers.0..." beside its vision tower, whose
+    tensors then match no name of the map and are skipped."""
+    return name.removeprefix("language_model.")
+
+
 def _unreorder(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Undo llama.cpp's Q/K row permutation: rows (head, pair i, member a) -> (head, a, i)."""
     rows = w.shape[0]
@@ -190,7 +197,7 @@ def check_file_shapes(spec: ModelSpec, cfg: DecoderConfig) -> None:
              "mlp.gate_up_proj.weight": (2 * cfg.ffn_size, h)}
     names = weight_names(spec.architecture, spec.format)
     for t in spec.tensors:
-        key, layer = template(t.name)
+        key, layer = template(_text_model_name(t.name))
         if key not in names:
             continue
         if layer is not None and layer >= cfg.n_layers:
@@ -269,7 +276,7 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
             if name in (_FREQ_FACTORS, "rope_factors_short.weight"):
                 freq_factors = tensor.reshape(-1)
             continue
-        key, layer = template(name)
+        key, layer = template(_text_model_name(name))
         if key not in names:
             continue  # e.g. HF rotary inv_freq buffers
         target, shard = names[key]

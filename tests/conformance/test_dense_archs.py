@@ -199,3 +199,27 @@ def test_hf_folder_matches_its_gguf(tmp_path: Path, arch: str) -> None:
     assert dataclasses.replace(hf_cfg, rope_scaling={}) == dataclasses.replace(gguf_cfg, rope_scaling={})
     ids = tok.encode(PROMPT)
     torch.testing.assert_close(hf_runner.prompt_logits(ids), gguf_runner.prompt_logits(ids), atol=1e-5, rtol=1e-5)
+
+
+def test_gemma3_multimodal_folder_loads_its_language_model(tmp_path: Path) -> None:
+    """Gemma3ForConditionalGeneration (4B and up): the text model's tensors under "language_model.", its config
+    under text_config, a vision tower beside them that the text engine skips."""
+    from safetensors.torch import save_file
+
+    path = write_tiny_arch(tmp_path / "gemma3.gguf", "gemma3", **SHAPES["gemma3"])
+    gguf_runner = _runner(path)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    sd = {"language_model." + k: v for k, v in _hf_state(gguf_runner.model, "gemma3").items()}
+    sd["vision_tower.vision_model.embeddings.patch_embedding.weight"] = torch.ones(4, 3, 2, 2)
+    save_file({k: v.detach().float().contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
+    text = _hf_config(gguf_runner.model.cfg, "gemma3")
+    text.pop("architectures")
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
+        "vision_config": {"hidden_size": 4}}))
+    tok = load_tokenizer(load_spec(path))
+    tok._tk.save(str(folder / "tokenizer.json"))
+    ids = tok.encode(PROMPT)
+    torch.testing.assert_close(_runner(folder).prompt_logits(ids), gguf_runner.prompt_logits(ids), atol=1e-5,
+                               rtol=1e-5)

@@ -208,7 +208,7 @@ class DecoderModel(nn.Module):
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             if streamer is not None:  # its weights may still be crossing the bus: wait for them, prefetch the next
                 streamer.before_layer(i)
-            c, s = local if layer.local_rope else (cos, sin)
+            c, s = local if getattr(layer, "local_rope", False) else (cos, sin)  # a family's block may lack it
             x, residual = layer.forward(x, residual, c, s, k_cache, v_cache, meta)
             if streamer is not None:
                 streamer.after_layer(i)
