@@ -382,6 +382,8 @@ class LoadOptions:
     # llama.cpp: extra weight-buffer types (the CPU repack / AMX paths).  None = the machine's default: on, but off
     # on CPUs with AMX, where some builds crash in the AMX repack path (llama.cpp #20824) until a check passes
     extra_bufts: bool | None = None
+    # torch engine: ranks of tensor parallelism (one process per GPU, or per share of the CPU cores); 1 = none
+    tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
         from backends.errors import ConfigError
@@ -392,6 +394,8 @@ class LoadOptions:
             raise ConfigError(f"split mode must be none, layer, row or tensor, got {self.split_mode!r}")
         if self.n_batch < 1 or self.max_num_seqs < 1:
             raise ConfigError(f"n_batch and max_num_seqs must be >= 1, got {self.n_batch}, {self.max_num_seqs}")
+        if self.tensor_parallel < 1:
+            raise ConfigError(f"--tensor-parallel must be 1 or more ranks, got {self.tensor_parallel}")
 
 
 class Backend(ABC):
