@@ -309,7 +309,7 @@ class ModelRunner:
                 "kv_cache_bytes": self.kv_cache_bytes, "kernels": self.ops.name,
                 "weight_quant": self.weight_quant, "weight_bytes": self.weight_bytes,
                 "cpu_packed_layers": self.cpu_packed_layers, "dense_copy_bytes": self.dense_copy_bytes,
-                **self._describe_offload(), **self._describe_graphs()}
+                "tensor_parallel": 1, **self._describe_offload(), **self._describe_graphs()}
 
     def _describe_graphs(self) -> dict[str, Any]:
         """Safe from other threads: reads the decision, or predicts it without allocating anything."""
