@@ -148,10 +148,12 @@ def test_a_killed_rank_restarts_the_runner_and_its_group(tiny, tmp_path) -> None
                                                                                       ignore_eos=True))).token_ids
     t0 = time.monotonic()
     events = []
+    killed = False
     for event in b.stream(Request(prompt_token_ids=[1, 50, 51], sampling=sp)):
         events.append(event)
-        if sum(e.kind is EventKind.TOKEN for e in events) == 2:
+        if not killed and sum(e.kind is EventKind.TOKEN for e in events) == 2:
             os.kill(rank_pid, signal.SIGKILL)
+            killed = True
     last = events[-1]
     assert last.kind is EventKind.FINISHED and last.finish_reason is FinishReason.ERROR
     assert "exited with status 3" in last.error  # the runner ended itself: its group was down

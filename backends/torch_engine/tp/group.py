@@ -6,8 +6,8 @@ which ends with EOF the moment rank 0's process dies (so a rank never outlives t
 a collective would time out every HEARTH_TP_TIMEOUT_S of idleness.  Only the forward's all-reduces and the
 logits gather are collectives.
 
-A dead rank takes the whole group down: a watcher thread waits on every rank's process sentinel; when one ends
-unasked it kills the others and marks the group down (the next step raises TensorParallelError; a collective
+A dead rank takes the whole group down: a watcher thread waits on every rank's socket (a rank sends nothing
+once loaded, so its socket turning readable means EOF: it ended); when one ends unasked it kills the others and marks the group down (the next step raises TensorParallelError; a collective
 already in flight fails at once, its peer's sockets being closed).  Inside a runner process (HEARTH_RUNNER=1) it
 then ends the runner itself, so that the runner's supervision (backends/runner/client.py) restarts the model
 with a fresh group: a KV cache half lost with a rank cannot be trusted, prefix cache included.
@@ -175,6 +175,18 @@ class WorkerGroup:
             print(f"hearth tensor parallel: {reason}; the group is down and this runner exits so that hearth "
                   "restarts it", file=sys.stderr, flush=True)
             os._exit(RUNNER_EXIT_CODE)
+
+    def dead_rank(self, wait_s: float = 2.0) -> str | None:
+        """Which rank ended, if one did within wait_s: a collective that failed on rank 0 is most often a peer
+        that died (its sockets closed before the watcher saw its exit), and the reason should name that rank."""
+        deadline = time.monotonic() + wait_s
+        for rank, proc in enumerate(self.procs, start=1):
+            try:
+                code = proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                continue
+            return f"rank {rank} (pid {proc.pid}) {_exit_cause(code)}"
+        return None
 
     def _watch(self) -> None:
         """A rank sends nothing once ready: its end of the socket becoming readable means it ended (EOF)."""

@@ -61,8 +61,9 @@ class TPModelRunner(ModelRunner):
         try:
             return super().forward(seqs, logit_rows, num_decodes)
         except Exception as exc:
-            if self.group.down_reason is None:  # rank 0's own failure: the others wait in a collective
-                self.group.down(f"rank 0's forward failed ({type(exc).__name__}: {exc})")
+            if self.group.down_reason is None:  # a peer that died, else rank 0's own failure (the others then
+                # wait in a collective that will not complete)
+                self.group.down(self.group.dead_rank() or f"rank 0's forward failed ({type(exc).__name__}: {exc})")
             raise TensorParallelError(f"the tensor-parallel group is down: {self.group.down_reason}",
                                       "load the model again (in a runner process hearth restarts it itself)"
                                       ) from exc
