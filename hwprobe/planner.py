@@ -343,22 +343,29 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
         why = (*why, _tp_race(report, shape, prefs, lo, hi, quants, chosen, tps))
     elif chosen.backend == "torch" and not chosen.gpus and prefs.tensor_parallel:  # CPU ranks, asked for
         tensor_parallel = prefs.tensor_parallel
+        if tensor_parallel > 1:
+            why = (*why, f"tensor parallel: {tensor_parallel} ranks share the CPU's {report.cpu_cores} cores, each "
+                         "holding its share of the weights and of the KV pool's heads (a rank reads the whole file "
+                         "while loading); on a CPU this checks the split, it is slower than one rank")
     return Plan(backend=chosen.backend, quant=chosen.quant, n_gpu_layers=chosen.n_gpu_layers,
                 n_layers=shape.n_layers, split_mode=chosen.split_mode, tensor_split=split, ctx=chosen.ctx,
                 kv_cache_type=chosen.kv_cache_type, flash_attn=chosen.flash_attn, batch_size=chosen.n_batch,
                 devices=devices, expected_tokens_per_s=tps,
-                reasons=why, main_gpu=main, device=device, kv_pool_bytes=_kv_pool_bytes(shape, chosen, devices),
+                reasons=why, main_gpu=main, device=device,
+                kv_pool_bytes=_kv_pool_bytes(shape, chosen, devices, tensor_parallel),
                 max_num_seqs=chosen.max_num_seqs, tensor_parallel=tensor_parallel)
 
 
-def _kv_pool_bytes(shape: ModelShape, c: Candidate, devices: tuple) -> int:  # noqa: ANN001 - DeviceMemory
-    """The torch engine's KV pool in bytes (whole blocks, placement._with_kv_pool); 0 for llama.cpp."""
+def _kv_pool_bytes(shape: ModelShape, c: Candidate, devices: tuple, tensor_parallel: int = 1) -> int:  # noqa: ANN001
+    """The torch engine's KV pool in bytes (whole blocks, placement._with_kv_pool); 0 for llama.cpp.  With
+    tensor parallelism, what each rank allocates for its heads (LoadOptions.kv_cache_bytes is per rank): the
+    busiest rank's share of the pool's tokens."""
     if c.backend != "torch":
         return 0
-    if c.split_mode == "tensor" and len(c.gpus) > 1:  # what each rank's device gives its share of the heads
+    if tensor_parallel > 1:
         tokens = max(d.kv_pool_tokens for d in devices)
         return int(tokens * m.kv_bytes_per_token(shape, c.kv_cache_type)
-                   * tp_kv_fraction(shape.n_heads, shape.n_kv_heads, len(c.gpus)))
+                   * tp_kv_fraction(shape.n_heads, shape.n_kv_heads, tensor_parallel))
     return sum(d.kv_pool_tokens for d in devices) * m.kv_bytes_per_token(shape, c.kv_cache_type)
 
 

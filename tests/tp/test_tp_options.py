@@ -70,3 +70,16 @@ def test_plan_json_reports_the_ranks(starter_path) -> None:
     r = hearth("plan", str(starter_path), "--hardware", str(FIXTURES / "2x3090_nvlink.json"), "--backend",
                "llama.cpp", "--json")
     assert json.loads(r.stdout)["tensor_parallel"] == 1
+
+
+def test_cpu_ranks_allocate_the_plans_pool(starter_spec) -> None:
+    """The plan is the allocation: each rank's KV pool is its heads' share of the plan's tokens."""
+    from backends.torch_engine.parts import kv_pool_blocks
+
+    d = decide(starter_spec, Settings(tensor_parallel=2))
+    p = d.plan
+    tokens = next(x.kv_pool_tokens for x in p.devices if x.kind == "cpu")
+    per_token = 2 * 30 * 3 * 64 * 2  # K and V, 30 layers, 3 KV heads of 64, 2 bytes (bf16 on this CPU)
+    assert p.kv_pool_bytes == d.options.kv_cache_bytes == tokens * per_token * 2 // 3  # rank 0: 2 of 3 KV heads
+    assert kv_pool_blocks(starter_spec, d.options, 2, n_kv_heads=2) * 16 == tokens  # what every rank allocates
+    assert any("ranks share the CPU" in r for r in p.reasons)
