@@ -169,3 +169,24 @@ def test_a_killed_rank_restarts_the_runner_and_its_group(tiny, tmp_path) -> None
     assert "rank 1" in log and "SIGKILL" in log and "the group is down" in log
     b.close()
     assert _gone(b_pid := new_ranks[0]), b_pid
+
+
+def test_in_process_a_dead_rank_fails_the_running_reply_and_the_next_at_once(tiny) -> None:
+    """Without a runner (HEARTH_IN_PROCESS=1) nothing restarts the group: the reply in flight and every later
+    one end with the reason, none waits for a collective timeout, and close() still returns."""
+    b = _backend(tiny["F32"], 2, dtype="float32")
+    rank_pid = b.describe()["tp_rank_pids"][0]
+    sp = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    t0 = time.monotonic()
+    events, killed = [], False
+    for event in b.stream(Request(prompt_token_ids=[1, 50, 51], sampling=sp)):
+        events.append(event)
+        if not killed and event.kind is EventKind.TOKEN:
+            os.kill(rank_pid, signal.SIGKILL)
+            killed = True
+    assert events[-1].finish_reason is FinishReason.ERROR and "rank 1" in events[-1].error
+    later = b.generate(Request(prompt_token_ids=[1, 2], sampling=sp))
+    assert later.finish_reason is FinishReason.ERROR and "tensor-parallel group is down" in later.error
+    assert time.monotonic() - t0 < 30
+    b.close()
+    assert _gone(rank_pid)
