@@ -145,7 +145,10 @@ _TORCH_QUALITY = {"bf16": 0, "fp16": 0, "GGUF": 1, "W8A16": 2, "FP8": 3, "W4A16"
 
 
 def tp_ranks_ok(shape: ModelShape, world: int) -> bool:
-    """Whether `world` tensor-parallel ranks can share the model's heads (hwprobe.tensor_parallel)."""
+    """Whether `world` tensor-parallel ranks can share the model's heads (hwprobe.tensor_parallel); experts are
+    not split yet (backends/torch_engine/tp refuses them)."""
+    if world > 1 and shape.n_experts:
+        return False
     return _tp_ranks_ok(shape.n_heads, shape.n_kv_heads, world)
 
 
@@ -432,6 +435,9 @@ def _torch_cpu(report, shape, prefs, lo, hi) -> Candidate:  # noqa: ANN001 - int
 
 def _no_tp(report: HardwareReport, shape: ModelShape, prefs: Prefs) -> PlanError:
     n = prefs.tensor_parallel
+    if shape.n_experts:
+        return PlanError(f"tensor parallelism does not split {shape.name}'s {shape.n_experts} experts yet",
+                         "drop --tensor-parallel")
     if not tp_ranks_ok(shape, n):  # type: ignore[arg-type]
         return PlanError(f"{n} tensor-parallel ranks cannot share {shape.name}'s {shape.n_heads} query heads and "
                          f"{shape.n_kv_heads} KV heads", f"use --tensor-parallel {min(shape.n_kv_heads, n)}")

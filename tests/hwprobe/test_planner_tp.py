@@ -85,3 +85,12 @@ def test_the_head_rule_matches_the_engines() -> None:
                 assert not ok, (heads, kv, world)
                 continue
             assert ok and tp_kv_heads(heads, kv, world) == [s.num_kv_heads for s in shards], (heads, kv, world)
+
+
+def test_experts_are_not_split_yet() -> None:
+    from hw_shapes import MIXTRAL_8X7B
+
+    p = plan(hw("2x3090_nvlink"), MIXTRAL_8X7B)
+    assert p.tensor_parallel == 1
+    with pytest.raises(PlanError, match="does not split Mixtral-8x7B's 8 experts"):
+        plan(hw("2x3090_nvlink"), MIXTRAL_8X7B, Prefs(tensor_parallel=2))

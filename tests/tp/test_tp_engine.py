@@ -31,8 +31,12 @@ SEQS = [(list(range(3, 40)), 0, [0, 1, 2]), ([10, 11, 12], 0, [3]), ([7], 0, [4]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("tp")
-    return {w: write_tiny_llama(d / f"tiny-{w}.gguf", weight_type=w, tied=w == "F32", **TINY)
-            for w in ("F32", "Q4_0")}
+    models = {w: write_tiny_llama(d / f"tiny-{w}.gguf", weight_type=w, tied=w == "F32", **TINY)
+              for w in ("F32", "Q4_0")}
+    # Qwen2: biases on Q, K and V (sharded with their rows), an untied head
+    models["qwen2"] = write_tiny_llama(d / "tiny-qwen2.gguf", weight_type="F32", tied=False, architecture="qwen2",
+                                       qkv_bias=True, **TINY)
+    return models
 
 
 def _gone(pid: int) -> bool:
@@ -46,7 +50,8 @@ def _logits(runner: ModelRunner) -> torch.Tensor:
         runner.close()
 
 
-@pytest.mark.parametrize("weights,dtype,tol", [("F32", "float32", 1e-4), ("Q4_0", "bfloat16", 0.02)])
+@pytest.mark.parametrize("weights,dtype,tol", [("F32", "float32", 1e-4), ("Q4_0", "bfloat16", 0.02),
+                                               ("qwen2", "float32", 1e-4)])
 def test_two_ranks_give_one_ranks_logits(tiny, weights: str, dtype: str, tol: float) -> None:
     spec = load_spec(tiny[weights])
     opts = dict(n_ctx=64, max_num_seqs=2, dtype=dtype, device="cpu", weight_quant="auto")

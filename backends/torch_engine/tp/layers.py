@@ -23,6 +23,7 @@ import math
 import torch
 from torch import nn
 
+from backends.errors import ConfigError
 from backends.torch_engine.tp.comm import Comm
 from backends.torch_engine.tp.partition import HeadShard, balanced, ffn_shards, head_shards
 from kernels.quant_matmul import QuantWeight, concat_rows, dequantize
@@ -133,6 +134,9 @@ def shard_model(model: nn.Module, comm: Comm) -> HeadShard:
     hd = cfg.head_dim
     dtype = model.embed.weight.dtype
     for layer in model.layers:
+        if not hasattr(layer.mlp, "gate_up_proj"):  # e.g. a mixture of experts: no rule for it here yet
+            raise ConfigError(f"tensor parallelism splits dense MLPs only, not {type(layer.mlp).__name__}",
+                              "drop --tensor-parallel")
         _shard_attention(layer.attn, heads, hd, cfg, comm, dtype)
         _shard_mlp(layer.mlp, cfg.ffn_size, comm, dtype)
     _shard_vocab(model, cfg, comm)

@@ -25,6 +25,9 @@ from backends.torch_engine.tp.partition import head_shards
 def check_tensor_parallel(spec: ModelSpec, options: LoadOptions) -> None:
     """Refuse, before any process starts, what a group of options.tensor_parallel ranks cannot run."""
     world = options.tensor_parallel
+    if spec.n_experts:
+        raise ConfigError(f"tensor parallelism does not split mixture-of-experts layers yet ({spec.name} has "
+                          f"{spec.n_experts} experts)", "drop --tensor-parallel")
     head_shards(spec.n_heads, spec.n_kv_heads, world)
     if 0 < options.n_gpu_layers < spec.n_layers:
         raise ConfigError(f"--tensor-parallel {world} keeps every layer on the GPUs, but {options.n_gpu_layers} of "
