@@ -37,8 +37,7 @@ from hwprobe.placement import Candidate, expected_tokens_per_s, price, shares, t
 from hwprobe.plan_types import Plan, Prefs
 from hwprobe.report import GpuInfo, HardwareReport
 from hwprobe.shape import ModelShape
-from hwprobe.tensor_parallel import tp_kv_fraction
-from hwprobe.tensor_parallel import tp_ranks_ok as _tp_ranks_ok
+from hwprobe.tensor_parallel import TORCH_QUALITY, no_tp_error, shape_tp_ok, tp_kv_fraction, tp_race_reason
 from hwprobe.support import (BF16_MIN_CC, FP8_MIN_CC, TORCH_ENGINE_MAX_GPUS, TORCH_ENGINE_MIN_CC,
                              TORCH_ENGINE_RUNNABLE_FORMATS, torch_engine_refusal)
 
@@ -141,29 +140,18 @@ def _llama_quants(shape: ModelShape, prefs: Prefs) -> list[tuple[str, m.WeightLa
 
 
 # The torch engine's weight formats by quality, best first (equal ranks: equal quality)
-_TORCH_QUALITY = {"bf16": 0, "fp16": 0, "GGUF": 1, "W8A16": 2, "FP8": 3, "W4A16": 4}
-
-
-def tp_ranks_ok(shape: ModelShape, world: int) -> bool:
-    """Whether `world` tensor-parallel ranks can share the model's heads (hwprobe.tensor_parallel); experts are
-    not split yet (backends/torch_engine/tp refuses them)."""
-    if world > 1 and shape.n_experts:
-        return False
-    return _tp_ranks_ok(shape.n_heads, shape.n_kv_heads, world)
-
-
 def _torch_gpu_sets(report: HardwareReport, shape: ModelShape, prefs: Prefs) -> list[tuple[tuple[int, ...], str]]:
     """GPU sets the torch engine runs on: one GPU; all of them when NVLink/P2P-joined (tensor parallelism, one
     rank per GPU), never a layer split.  --tensor-parallel N: the N GPUs with most budget, joined or not."""
     if prefs.tensor_parallel is not None and prefs.tensor_parallel > 1:
         usable = sorted((g for g in report.gpus if m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) > 0),
                         key=lambda g: -m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib))
-        if len(usable) < prefs.tensor_parallel or not tp_ranks_ok(shape, prefs.tensor_parallel):
+        if len(usable) < prefs.tensor_parallel or not shape_tp_ok(shape, prefs.tensor_parallel):
             return []
         return [(tuple(sorted(g.index for g in usable[: prefs.tensor_parallel])), "tensor")]
     return [(gpus, split) for gpus, split in _gpu_sets(report) if split != "layer"
             and len(gpus) <= TORCH_ENGINE_MAX_GPUS and (len(gpus) == 1 or prefs.tensor_parallel is None)
-            and tp_ranks_ok(shape, len(gpus))]
+            and shape_tp_ok(shape, len(gpus))]
 
 
 def _try_torch(report, shape, prefs, lo, hi) -> Candidate | None:  # noqa: ANN001 - internal
@@ -173,7 +161,7 @@ def _try_torch(report, shape, prefs, lo, hi) -> Candidate | None:  # noqa: ANN00
     options = []
     for order, (gpus, split) in enumerate(_torch_gpu_sets(report, shape, prefs)):
         for fmt in _torch_formats([g for g in report.gpus if g.index in gpus], shape, prefs):
-            options.append((_TORCH_QUALITY.get(fmt, 9), order, fmt, gpus, split))
+            options.append((TORCH_QUALITY.get(fmt, 9), order, fmt, gpus, split))
     for _, _, fmt, gpus, split in sorted(options, key=lambda o: o[:2]):
         layout = m.weights(shape, fmt)
 
@@ -190,17 +178,8 @@ def _tp_race(report: HardwareReport, shape: ModelShape, prefs: Prefs, lo: int, h
              tps: float) -> str:  # noqa: ANN001
     """The reason a tensor-parallel torch plan gives: its estimate against llama.cpp's split of the same GPUs."""
     alt = _try_llama_full(report, shape, dataclasses.replace(prefs, backend="llama.cpp"), lo, hi, quants)
-    gpus = ", ".join(map(str, c.gpus))
-    out = (f"tensor parallel: the torch engine in {len(c.gpus)} ranks, one per GPU ({gpus}), each holding a share "
-           f"of every layer, {c.quant} at ~{tps:.0f} tokens/s")
-    if alt is None:
-        return out + "; llama.cpp fits no quant of the ladder on these GPUs"
-    alt_tps = expected_tokens_per_s(report, shape, alt, price(report, shape, alt))
-    llama_quality = {"F16": 0, "BF16": 0, "Q8_0": 2}.get(alt.quant, 5)
-    why = ("better weights first" if _TORCH_QUALITY.get(c.quant, 9) < llama_quality else
-           "the same precision: the torch engine comes first, for its continuous batching")
-    return (f"{out}; llama.cpp's {alt.split_mode} split would run {alt.quant} at ~{alt_tps:.0f} tokens/s "
-            f"({why})")
+    alt_tps = expected_tokens_per_s(report, shape, alt, price(report, shape, alt)) if alt is not None else 0.0
+    return tp_race_reason(c.gpus, c.quant, tps, alt and (alt.split_mode, alt.quant), alt_tps)
 
 
 def _try_llama_full(report, shape, prefs, lo, hi, quants) -> Candidate | None:  # noqa: ANN001 - internal
@@ -309,7 +288,7 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     tp_asked = prefs.tensor_parallel is not None and prefs.tensor_parallel > 1
     if tp_asked and chosen is None:
         if report.gpus:
-            raise _no_tp(report, shape, prefs)
+            raise no_tp_error(report, shape, prefs.tensor_parallel)  # type: ignore[arg-type]
         chosen = _torch_cpu(report, shape, prefs, lo, hi)  # ranks on the CPU's cores (tests, CI)
     if chosen is None and prefs.backend == "torch" or (chosen is None and file_format == "safetensors"):
         chosen = _torch_cpu(report, shape, prefs, lo, hi)
@@ -431,22 +410,6 @@ def _torch_cpu(report, shape, prefs, lo, hi) -> Candidate:  # noqa: ANN001 - int
         return Candidate("torch", fmt, layout, ctx, kv, False, (), "none", 0, prefs.n_batch, prefs.max_num_seqs)
 
     return make(prefs.ctx or _best_ctx(report, shape, make, lo, hi) or hi)
-
-
-def _no_tp(report: HardwareReport, shape: ModelShape, prefs: Prefs) -> PlanError:
-    n = prefs.tensor_parallel
-    if shape.n_experts:
-        return PlanError(f"tensor parallelism does not split {shape.name}'s {shape.n_experts} experts yet",
-                         "drop --tensor-parallel")
-    if not tp_ranks_ok(shape, n):  # type: ignore[arg-type]
-        return PlanError(f"{n} tensor-parallel ranks cannot share {shape.name}'s {shape.n_heads} query heads and "
-                         f"{shape.n_kv_heads} KV heads", f"use --tensor-parallel {min(shape.n_kv_heads, n)}")
-    usable = sum(m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) > 0 for g in report.gpus)
-    if usable < n:  # type: ignore[operator]
-        return PlanError(f"--tensor-parallel {n} needs {n} GPUs with free memory, this machine has {usable}",
-                         f"use --tensor-parallel {max(usable, 1)}")
-    return PlanError(f"{shape.name} fits no torch format on {n} GPUs", "drop --tensor-parallel to let the plan "
-                     "choose (llama.cpp's split, or partial offload)")
 
 
 def _no_fit(report: HardwareReport, shape: ModelShape, c: Candidate, devices) -> PlanError:  # noqa: ANN001
