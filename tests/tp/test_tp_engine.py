@@ -101,6 +101,8 @@ def test_greedy_tokens_abort_and_shutdown_on_a_tiny_model(tiny) -> None:
     one.close()
     b = _backend(tiny["Q4_0"], 2, dtype="float32")
     pids = b.describe()["tp_rank_pids"]
+    own = psutil.Process(os.getpid()).memory_info().rss
+    assert b.stats().rss_bytes > own + 50 * 2**20  # the other rank's process (torch + its share) counts too
     assert _greedy(b, prompts, 12) == want
     # an abort mid-reply ends that reply alone; the group serves on with the same tokens
     sp = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)

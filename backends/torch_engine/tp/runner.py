@@ -76,6 +76,18 @@ class TPModelRunner(ModelRunner):
         return {**super().describe(), "tensor_parallel": self.group.world, "tp_rank_pids": self.group.pids,
                 "tp_heads": [s.num_heads for s in shards], "tp_kv_heads": [s.num_kv_heads for s in shards]}
 
+    def ranks_rss_bytes(self) -> int:
+        """Resident memory of ranks 1..N-1 (their processes are this engine's too: stats() adds them)."""
+        import psutil
+
+        total = 0
+        for pid in self.group.pids:
+            try:
+                total += psutil.Process(pid).memory_info().rss
+            except psutil.Error:  # a rank that just ended
+                pass
+        return total
+
     def close(self) -> None:
         super().close()
         self.group.close()
