@@ -161,7 +161,9 @@ def worker(w: Workload) -> None:
         settings = load_settings(model=w.model, backend=w.backend, threads=w.threads,
                                  ctx=max(512, w.prompt_tokens + w.gen_tokens + 16),
                                  max_concurrency=max(w.concurrency), url=w.extra.get("url"),
-                                 remote_model=w.extra.get("remote_model"))
+                                 remote_model=w.extra.get("remote_model"),
+                                 # --tensor-parallel is the torch engine's; llama.cpp splits GPUs itself
+                                 tensor_parallel=w.extra.get("tensor_parallel") if w.backend == "torch" else None)
         loaded = open_backend(settings)
     except Exception as e:  # any load failure becomes one line in the table, not a dead run
         _emit({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})

@@ -82,10 +82,13 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
     from hwprobe.plan_types import Prefs
 
     report = hardware_report(hardware_file)
-    prefs = Prefs(backend=settings.backend, ctx=settings.ctx, kv_cache_type=settings.kv_cache_type,
-                  n_gpu_layers=settings.n_gpu_layers, max_num_seqs=settings.max_concurrency)
+    tp = settings.tensor_parallel
+    # --tensor-parallel N > 1 is the torch engine's: with --backend auto it asks for the torch engine
+    prefs = Prefs(backend="torch" if tp and tp > 1 and settings.backend == "auto" else settings.backend,
+                  ctx=settings.ctx, kv_cache_type=settings.kv_cache_type, n_gpu_layers=settings.n_gpu_layers,
+                  max_num_seqs=settings.max_concurrency, tensor_parallel=tp)
     plan = make_plan(report, spec.to_shape(), prefs)
-    backend = settings.backend if settings.backend != "auto" else plan.backend
+    backend = prefs.backend if prefs.backend != "auto" else plan.backend
     torch = backend == "torch"
     n_gpu_layers = -1 if plan.n_gpu_layers >= plan.n_layers else plan.n_gpu_layers
     options = LoadOptions(
@@ -105,6 +108,7 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         # a MoE plan's overflow experts in host RAM (llama.cpp tensor buffer overrides); a user-fixed
         # --n-gpu-layers is plain layer offload
         cpu_expert_layers=plan.cpu_expert_layers if not torch and settings.n_gpu_layers is None else 0,
+        tensor_parallel=plan.tensor_parallel if torch and plan.backend == "torch" else 1,
     )
     reasons = tuple(plan.reasons)
     if hardware_file:

@@ -36,6 +36,7 @@ class Settings:
     threads: int | None = None  # CPU threads; None = physical cores
     n_gpu_layers: int | None = None  # None = the plan decides; -1 = all
     kv_cache_type: str | None = None  # None = the plan decides; f16 | q8_0 | q4_0
+    tensor_parallel: int | None = None  # torch engine ranks; None = the plan decides, 1 = none (--tensor-parallel)
     temperature: float = SAMPLING.temperature
     top_p: float = SAMPLING.top_p
     top_k: int = SAMPLING.top_k
@@ -98,6 +99,7 @@ def _check_type(key: str, value: Any, source: str) -> Any:
 
 MAX_CTX = 1 << 24  # the longest context any model file may claim (backends.model_limits)
 MAX_THREADS = 1024
+MAX_TENSOR_PARALLEL = 64
 MAX_GPU_LAYERS = 2**31 - 1  # llama.cpp's n_gpu_layers is a C int; 999 is the usual "all"
 
 
@@ -131,6 +133,9 @@ def _validated(s: Settings) -> Settings:
         raise ConfigError(f"seed must be a 64-bit integer ({SEED_MIN} .. {SEED_MAX}), got {s.seed}")
     if s.kv_cache_type not in (None, "f16", "q8_0", "q4_0"):
         raise ConfigError(f"kv_cache_type must be f16, q8_0 or q4_0, got {s.kv_cache_type!r}")
+    if s.tensor_parallel is not None and not 1 <= s.tensor_parallel <= MAX_TENSOR_PARALLEL:
+        raise ConfigError(f"tensor_parallel must be between 1 and {MAX_TENSOR_PARALLEL} ranks, got {s.tensor_parallel}",
+                          "one rank per GPU; leave it out to let the plan decide")
     if not 0 < s.port < 65536:
         raise ConfigError(f"port must be 1-65535, got {s.port}")
     if not 1 <= s.max_tokens <= MAX_CTX:

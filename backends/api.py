@@ -385,6 +385,8 @@ class LoadOptions:
     # MoE: the first so many blocks' routed experts stay in host RAM while the rest of every layer is on the GPU
     # (the plan's cpu_expert_layers, hwprobe.experts); llama.cpp: tensor buffer overrides (`--n-cpu-moe N`)
     cpu_expert_layers: int = 0
+    # torch engine: ranks of tensor parallelism (one process per GPU, or per share of the CPU cores); 1 = none
+    tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
         from backends.errors import ConfigError
@@ -397,6 +399,8 @@ class LoadOptions:
             raise ConfigError(f"cpu_expert_layers must be >= 0, got {self.cpu_expert_layers}")
         if self.n_batch < 1 or self.max_num_seqs < 1:
             raise ConfigError(f"n_batch and max_num_seqs must be >= 1, got {self.n_batch}, {self.max_num_seqs}")
+        if self.tensor_parallel < 1:
+            raise ConfigError(f"--tensor-parallel must be 1 or more ranks, got {self.tensor_parallel}")
 
 
 class Backend(ABC):

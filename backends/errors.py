@@ -79,3 +79,8 @@ class RunnerCrashedError(RunnerError):
     backend call it was in."""
 
     exit_code = 4
+
+
+class TensorParallelError(RunnerError):
+    """A rank of the torch engine's tensor-parallel group died, failed or stopped answering: the whole group is
+    down (backends/torch_engine/tp); in a runner process the runner then exits and hearth restarts it."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hwprobe import memory as m
 from hwprobe.placement import (CPU_BANDWIDTH_EFFICIENCY, TORCH_OFFLOAD_BUFFERS, Candidate, is_torch_offload,
                                 pcie_gbps, pcie_link)
@@ -80,8 +82,14 @@ def _kv_pool(c: Candidate, devices: tuple[DeviceMemory, ...]) -> str:
     d = next(d for d in devices if d.kv_pool_tokens)
     seqs = d.kv_pool_tokens // c.ctx
     where = "host RAM" if d.kind == "cpu" else f"GPU {d.index}"
+    budget = f"{where}'s budget"
+    if c.split_mode == "tensor" and len(c.gpus) > 1:  # every rank holds the same tokens, its share of the heads
+        shared = [x for x in devices if x.kv_pool_tokens]
+        where = "GPUs " + ", ".join(f"{x.index} ({_gib(x.kv_mib)})" for x in shared)
+        d = dataclasses.replace(d, kv_mib=sum(x.kv_mib for x in shared))
+        budget = "the tightest GPU's budget, for the rank with most KV heads,"
     why = (f"max_num_seqs {c.max_num_seqs}" if seqs >= c.max_num_seqs else
-           f"what {where}'s budget leaves after weights, compute and overhead; max_num_seqs {c.max_num_seqs} "
+           f"what {budget} leaves after weights, compute and overhead; max_num_seqs {c.max_num_seqs} "
            "would need more")
     return (f"KV pool {c.kv_cache_type}: {_gib(d.kv_mib)} in {where}, {d.kv_pool_tokens} tokens = {seqs} "
             f"full-context sequence{'s' if seqs != 1 else ''} of {c.ctx} tokens ({why}); the engine allocates "

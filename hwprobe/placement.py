@@ -78,12 +78,29 @@ def _with_kv_pool(shape: ModelShape, c: Candidate, devices: tuple[DeviceMemory, 
     is over budget).  The engine runs on one device: c.gpus[0], else the CPU."""
     if c.backend != "torch":
         return tuple(replace(d, kv_pool_tokens=c.ctx) if d.kv_mib else d for d in devices)
+    if c.split_mode == "tensor" and len(c.gpus) > 1:
+        return _tp_kv_pool(shape, c, devices)
     at = next(i for i, d in enumerate(devices) if (d.index == c.gpus[0] if c.gpus else d.kind == "cpu"))
     d = devices[at]
     free = (d.budget_mib - d.weights_mib - d.compute_mib - d.overhead_mib) * m.MIB
     pool = m.torch_kv_pool_bytes(shape, c.ctx, c.kv_cache_type, c.max_num_seqs, free)
     tokens = pool // m.kv_bytes_per_token(shape, c.kv_cache_type)
     return devices[:at] + (replace(d, kv_mib=m.mib(pool), kv_pool_tokens=tokens),) + devices[at + 1:]
+
+
+def _tp_kv_pool(shape: ModelShape, c: Candidate, devices: tuple[DeviceMemory, ...]) -> tuple[DeviceMemory, ...]:
+    """Tensor parallelism: one pool of T tokens, every rank holding T tokens of its own KV heads
+    (hwprobe.tensor_parallel); T is what the tightest device leaves for the busiest rank's share."""
+    from hwprobe.tensor_parallel import tp_kv_heads
+
+    heads = dict(zip(c.gpus, tp_kv_heads(shape.n_heads, shape.n_kv_heads, len(c.gpus))))
+    busiest = max(heads.values()) / shape.n_kv_heads
+    used = [d for d in devices if d.kind == "gpu" and d.index in heads]
+    free = min((d.budget_mib - d.weights_mib - d.compute_mib - d.overhead_mib) * m.MIB for d in used)
+    pool = m.torch_kv_pool_bytes(shape, c.ctx, c.kv_cache_type, c.max_num_seqs, int(free / busiest))
+    tokens = pool // m.kv_bytes_per_token(shape, c.kv_cache_type)
+    return tuple(replace(d, kv_mib=m.mib(pool * heads[d.index] / shape.n_kv_heads), kv_pool_tokens=tokens)
+                 if d.kind == "gpu" and d.index in heads else d for d in devices)
 
 
 def _price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[DeviceMemory, ...]:

@@ -24,6 +24,10 @@ class Prefs:
     # the torch engine's most sequences at once (Settings.max_concurrency): its KV pool holds up to this many
     # full-context sequences, as many as the device's budget leaves room for
     max_num_seqs: int = 16
+    # torch engine ranks (--tensor-parallel N): None = the plan decides (tensor parallelism over NVLink/P2P-
+    # joined GPUs when the model fits them in a better torch format than on one); 1 = never; N > 1 = N ranks
+    # (N GPUs, or on a machine without GPUs N processes sharing the CPU cores)
+    tensor_parallel: int | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,9 @@ class Plan:
     # MoE expert placement (hwprobe.experts): blocks whose routed experts stay in host RAM, the first ones; their
     # attention, norms, shared experts and KV are on the GPU like every other layer's (n_gpu_layers = n_layers)
     cpu_expert_layers: int = 0
+    # torch engine ranks: > 1 with split_mode "tensor" (one per GPU); 1 when none (llama.cpp plans report 1 and
+    # keep their split_mode)
+    tensor_parallel: int = 1
 
     @property
     def fits(self) -> bool:
@@ -94,4 +101,5 @@ class Plan:
                 "cpu_expert_layers": self.cpu_expert_layers, "ctx": self.ctx,
                 "kv_cache_type": self.kv_cache_type, "flash_attn": self.flash_attn,
                 "batch_size": self.batch_size, "devices": [d.as_dict() for d in self.devices],
-                "expected_tokens_per_s": self.expected_tokens_per_s, "reasons": list(self.reasons)}
+                "expected_tokens_per_s": self.expected_tokens_per_s, "reasons": list(self.reasons),
+                "tensor_parallel": self.tensor_parallel}

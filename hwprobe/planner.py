@@ -3,7 +3,9 @@
 Policy (issue 3, item 4), tried in this order until something fits entirely in the GPUs' budgets (free VRAM
 minus the safety margin of hwprobe.memory):
   1. the torch engine, on NVIDIA GPUs it supports (compute capability >= 7.5) for the architectures in
-     hwprobe.support, on one GPU (no tensor parallelism yet), in its best weight format that fits (`_torch_formats`):
+     hwprobe.support, in its best weight format that fits (`_torch_formats`), on one GPU, else (same format) in
+     tensor parallelism across all the GPUs when NVLink/P2P joins them (quality first: bf16 over two joined
+     cards beats W8A16 on one; the plan says what llama.cpp's split would have run, with both tokens/s):
      bf16/fp16; for a GGUF whose projections are Q4_0/Q4_1/Q4_K/Q8_0 then "GGUF", the file's own blocks
      repacked (the same weights, fewer bytes); then W8A16 and FP8 (8.9+) quantized while loading, never below a
      GGUF's own bits; W4A16 only where llama.cpp has no better 4-bit file to run (a safetensors folder, or
@@ -39,6 +41,7 @@ from hwprobe.placement import Candidate, expected_tokens_per_s, price, shares, t
 from hwprobe.plan_types import Plan, Prefs
 from hwprobe.report import GpuInfo, HardwareReport
 from hwprobe.shape import ModelShape
+from hwprobe.tensor_parallel import TORCH_QUALITY, no_tp_error, shape_tp_ok, tp_kv_fraction, tp_race_reason
 from hwprobe.support import (BF16_MIN_CC, FP8_MIN_CC, TORCH_ENGINE_MAX_GPUS, TORCH_ENGINE_MIN_CC,
                              TORCH_ENGINE_RUNNABLE_FORMATS, torch_engine_refusal)
 
@@ -140,23 +143,47 @@ def _llama_quants(shape: ModelShape, prefs: Prefs) -> list[tuple[str, m.WeightLa
     return [(q, m.weights(shape, q)) for q in ladder]
 
 
+# The torch engine's weight formats by quality, best first (equal ranks: equal quality)
+def _torch_gpu_sets(report: HardwareReport, shape: ModelShape, prefs: Prefs) -> list[tuple[tuple[int, ...], str]]:
+    """GPU sets the torch engine runs on: one GPU; all of them when NVLink/P2P-joined (tensor parallelism, one
+    rank per GPU), never a layer split.  --tensor-parallel N: the N GPUs with most budget, joined or not."""
+    if prefs.tensor_parallel is not None and prefs.tensor_parallel > 1:
+        usable = sorted((g for g in report.gpus if m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) > 0),
+                        key=lambda g: -m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib))
+        if len(usable) < prefs.tensor_parallel or not shape_tp_ok(shape, prefs.tensor_parallel):
+            return []
+        return [(tuple(sorted(g.index for g in usable[: prefs.tensor_parallel])), "tensor")]
+    return [(gpus, split) for gpus, split in _gpu_sets(report) if split != "layer"
+            and len(gpus) <= TORCH_ENGINE_MAX_GPUS and (len(gpus) == 1 or prefs.tensor_parallel is None)
+            and shape_tp_ok(shape, len(gpus))]
+
+
 def _try_torch(report, shape, prefs, lo, hi) -> Candidate | None:  # noqa: ANN001 - internal
+    """Quality first, then fewer GPUs: bf16 over two joined cards beats W8A16 on one (issue 19)."""
     if torch_engine_refusal(shape) or prefs.kv_cache_type not in (None, "f16"):
         return None
-    for gpus, split in _gpu_sets(report):
-        if split == "layer" or len(gpus) > TORCH_ENGINE_MAX_GPUS:  # no layer split; tensor parallel not yet
-            continue
+    options = []
+    for order, (gpus, split) in enumerate(_torch_gpu_sets(report, shape, prefs)):
         for fmt in _torch_formats([g for g in report.gpus if g.index in gpus], shape, prefs):
-            layout = m.weights(shape, fmt)
+            options.append((TORCH_QUALITY.get(fmt, 9), order, fmt, gpus, split))
+    for _, _, fmt, gpus, split in sorted(options, key=lambda o: o[:2]):
+        layout = m.weights(shape, fmt)
 
-            def make(ctx: int, fmt: str = fmt, layout: m.WeightLayout = layout) -> Candidate:
-                return Candidate("torch", fmt, layout, ctx, "f16", True, gpus, split, shape.n_layers,
-                                 prefs.n_batch)
+        def make(ctx: int, fmt: str = fmt, layout: m.WeightLayout = layout, gpus=gpus, split=split) -> Candidate:
+            return Candidate("torch", fmt, layout, ctx, "f16", True, gpus, split, shape.n_layers, prefs.n_batch)
 
-            ctx = _best_ctx(report, shape, make, lo, hi)
-            if ctx is not None:
-                return make(ctx)
+        ctx = _best_ctx(report, shape, make, lo, hi)
+        if ctx is not None:
+            return make(ctx)
     return None
+
+
+def _tp_race(report: HardwareReport, shape: ModelShape, prefs: Prefs, lo: int, hi: int, quants, c: Candidate,
+             tps: float) -> str:  # noqa: ANN001
+    """The reason a tensor-parallel torch plan gives: its estimate against llama.cpp's split of the same GPUs."""
+    alt = _try_llama_full(report, shape, dataclasses.replace(prefs, backend="llama.cpp"), lo, hi, quants)
+    alt_tps = expected_tokens_per_s(report, shape, alt, price(report, shape, alt)) if alt is not None else 0.0
+    return tp_race_reason(c.gpus, c.quant, tps, alt and (alt.split_mode, alt.quant), alt_tps)
 
 
 def _try_llama_full(report, shape, prefs, lo, hi, quants) -> Candidate | None:  # noqa: ANN001 - internal
@@ -290,6 +317,11 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     torch_only = prefs.backend == "torch" or (prefs.backend == "auto" and file_format == "safetensors")
     if chosen is None and torch_only and (prefs.n_gpu_layers is None or fixed is not None):
         chosen = _torch_offload(report, shape, prefs, lo, hi, fixed)
+    tp_asked = prefs.tensor_parallel is not None and prefs.tensor_parallel > 1
+    if tp_asked and chosen is None:
+        if report.gpus:
+            raise no_tp_error(report, shape, prefs.tensor_parallel)  # type: ignore[arg-type]
+        chosen = _torch_cpu(report, shape, prefs, lo, hi)  # ranks on the CPU's cores (tests, CI)
     if chosen is None and prefs.backend == "torch" or (chosen is None and file_format == "safetensors"):
         chosen = _torch_cpu(report, shape, prefs, lo, hi)
     if chosen is None and prefs.backend == "auto" and prefs.prefer_batching and not report.gpus and \
@@ -325,19 +357,37 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     device = "cpu" if not chosen.gpus else ("cuda" if len(chosen.gpus) > 1 else f"cuda:{chosen.gpus[0]}")
     tps = expected_tokens_per_s(report, shape, chosen, devices)
     tried = _torch_tried(report, shape, prefs, chosen)
+    why = reasons(report, shape, prefs, chosen, devices, tps, quants, tried, rival, expert_race)
+    tensor_parallel = 1
+    if chosen.backend == "torch" and chosen.split_mode == "tensor" and len(chosen.gpus) > 1:
+        tensor_parallel = len(chosen.gpus)
+        why = (*why, _tp_race(report, shape, prefs, lo, hi, quants, chosen, tps))
+    elif chosen.backend == "torch" and not chosen.gpus and prefs.tensor_parallel:  # CPU ranks, asked for
+        tensor_parallel = prefs.tensor_parallel
+        if tensor_parallel > 1:
+            why = (*why, f"tensor parallel: {tensor_parallel} ranks share the CPU's {report.cpu_cores} cores, each "
+                         "holding its share of the weights and of the KV pool's heads (a rank reads the whole file "
+                         "while loading); on a CPU this checks the split, it is slower than one rank")
     return Plan(backend=chosen.backend, quant=chosen.quant, n_gpu_layers=chosen.n_gpu_layers,
                 n_layers=shape.n_layers, split_mode=chosen.split_mode, tensor_split=split, ctx=chosen.ctx,
                 kv_cache_type=chosen.kv_cache_type, flash_attn=chosen.flash_attn, batch_size=chosen.n_batch,
                 devices=devices, expected_tokens_per_s=tps,
-                reasons=reasons(report, shape, prefs, chosen, devices, tps, quants, tried, rival, expert_race),
-                main_gpu=main, device=device, kv_pool_bytes=_kv_pool_bytes(shape, chosen, devices),
-                max_num_seqs=chosen.max_num_seqs, cpu_expert_layers=chosen.cpu_expert_layers)
+                reasons=why, main_gpu=main, device=device,
+                kv_pool_bytes=_kv_pool_bytes(shape, chosen, devices, tensor_parallel),
+                max_num_seqs=chosen.max_num_seqs, cpu_expert_layers=chosen.cpu_expert_layers,
+                tensor_parallel=tensor_parallel)
 
 
-def _kv_pool_bytes(shape: ModelShape, c: Candidate, devices: tuple) -> int:  # noqa: ANN001 - DeviceMemory
-    """The torch engine's KV pool in bytes (whole blocks, placement._with_kv_pool); 0 for llama.cpp."""
+def _kv_pool_bytes(shape: ModelShape, c: Candidate, devices: tuple, tensor_parallel: int = 1) -> int:  # noqa: ANN001
+    """The torch engine's KV pool in bytes (whole blocks, placement._with_kv_pool); 0 for llama.cpp.  With
+    tensor parallelism, what each rank allocates for its heads (LoadOptions.kv_cache_bytes is per rank): the
+    busiest rank's share of the pool's tokens."""
     if c.backend != "torch":
         return 0
+    if tensor_parallel > 1:
+        tokens = max(d.kv_pool_tokens for d in devices)
+        return int(tokens * m.kv_bytes_per_token(shape, c.kv_cache_type)
+                   * tp_kv_fraction(shape.n_heads, shape.n_kv_heads, tensor_parallel))
     return sum(d.kv_pool_tokens for d in devices) * m.kv_bytes_per_token(shape, c.kv_cache_type)
 
 
@@ -365,6 +415,11 @@ def _check(prefs: Prefs) -> None:
         raise ConfigError(f"KV cache type must be f16, q8_0 or q4_0, got {prefs.kv_cache_type!r}")
     if prefs.ctx is not None and prefs.ctx < 16:
         raise ConfigError(f"context must be at least 16 tokens, got {prefs.ctx}")
+    if prefs.tensor_parallel is not None and prefs.tensor_parallel < 1:
+        raise ConfigError(f"--tensor-parallel must be 1 or more ranks, got {prefs.tensor_parallel}")
+    if prefs.tensor_parallel and prefs.tensor_parallel > 1 and prefs.backend == "llama.cpp":
+        raise ConfigError("--tensor-parallel is the torch engine's; llama.cpp splits across GPUs by itself",
+                          "drop --tensor-parallel, or use --backend torch")
 
 
 def _cpu_only(report, shape, prefs, lo, hi, quants) -> Candidate | None:  # noqa: ANN001 - internal

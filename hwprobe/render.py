@@ -39,6 +39,8 @@ def plan_text(p: Plan, model_name: str) -> str:
     if p.cpu_expert_layers:
         layers += f" (experts of {p.cpu_expert_layers} in host RAM)"
     split = f", split {p.split_mode} {list(p.tensor_split)}" if p.split_mode != "none" else ""
+    if p.tensor_parallel > 1:
+        split += f", tensor_parallel={p.tensor_parallel}"
     lines = [f"{model_name}: {p.backend}, {p.quant}, {layers}{split}, context {p.ctx}, KV {p.kv_cache_type}, "
              f"flash attention {'on' if p.flash_attn else 'off'}, batch {p.batch_size}, "
              f"~{p.expected_tokens_per_s:.0f} tokens/s",

@@ -18,10 +18,10 @@ TORCH_ENGINE_MOE_ARCHITECTURES = ("llama", "qwen2moe", "qwen3moe")
 
 # What the torch engine can run on a GPU.  Its loader quantizes each projection as it reads it (int8 / int4 /
 # fp8 round-to-nearest, backends/torch_engine/loader.py), or keeps a GGUF's own Q4_0/Q4_1/Q4_K/Q8_0 blocks
-# ("GGUF"), so a quantized plan never needs the full-precision bytes on the device.  No tensor parallelism yet:
-# one GPU.
+# ("GGUF"), so a quantized plan never needs the full-precision bytes on the device.  Several GPUs only by tensor
+# parallelism (backends/torch_engine/tp: one rank per GPU), never by a layer split.
 TORCH_ENGINE_RUNNABLE_FORMATS = ("bf16", "fp16", "GGUF", "W8A16", "FP8", "W4A16")
-TORCH_ENGINE_MAX_GPUS = 1
+TORCH_ENGINE_MAX_GPUS = 8
 
 # GGUF tokenizers the torch engine builds: byte-level BPE ("gpt2") with these pre-tokenizers
 # (backends/torch_engine/tokenizer.py implements each), and SentencePiece "llama" vocabularies (Llama 1/2,

@@ -49,11 +49,12 @@ def cpu_supported(w: QuantWeight, dtype: torch.dtype) -> bool:
     """True when `w` with activations of `dtype` can take the fast CPU kernels."""
     if dtype != FAST_DTYPE or not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
         return False
+    # torch's int4 packing takes N in multiples of 16 (a vocabulary, or a tensor-parallel share, may not be)
+    int4_ok = w.group_size in INT4_GROUP_SIZES and w.in_features % w.group_size == 0 and w.out_features % 16 == 0
     if w.kind == "int4":
-        return w.group_size in INT4_GROUP_SIZES and w.in_features % w.group_size == 0
+        return int4_ok
     if w.kind == "int8":  # per output channel (int8 kernel), or group-wise as two int4 halves
-        return w.group_size == w.in_features or (w.group_size in INT4_GROUP_SIZES
-                                                 and w.in_features % w.group_size == 0)
+        return w.group_size == w.in_features or int4_ok
     return False
 
 

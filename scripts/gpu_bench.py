@@ -15,10 +15,16 @@ What it does:
 4. runs hearth's own decoder (models/llama.py, Triton kernel set, paged KV pool) the way the engine does:
    eager steps (AttentionMetadata built from host lists each step) vs CUDA-graph replays (cuda_graphs.py),
    both with the greedy token brought to the host every step as the engine's sampler does;
-5. runs the same shapes in transformers' LlamaForCausalLM.generate (fp16, greedy) as the baseline.
+5. runs the same shapes in transformers' LlamaForCausalLM.generate (fp16, greedy) as the baseline;
+6. on a machine with two or more GPUs (or with --tensor-parallel N), the TP row: the torch engine's
+   ModelRunner on a random-weight GGUF (TP_SHAPE, bf16), one rank vs N tensor-parallel ranks (one process per
+   GPU, NCCL; in the dry run 2 gloo ranks on the CPU), decode tokens/s at each batch, and whether their greedy
+   tokens agree.  This row loads hearth's engine (loader, model runner, backends/torch_engine/tp/), so it runs
+   after the import check.
 
     python scripts/gpu_bench.py             # the real run (CUDA)
     python scripts/gpu_bench.py --dry-run   # tiny shapes on CPU: proves the script executes end to end
+    python scripts/gpu_bench.py --dry-run --tensor-parallel 2   # ... with the TP row on 2 gloo ranks
     TRITON_INTERPRET=1 python scripts/gpu_bench.py --dry-run   # ... with the Triton matmul interpreted
 Target (issue 9): W4A16 batch-1 decode >= 70% of roofline and faster than the transformers baseline.
 """
@@ -51,6 +57,10 @@ class Shape:
 
 LLAMA2_7B = Shape(hidden=4096, layers=32, heads=32, kv_heads=32, ffn=11008, vocab=32000)
 TINY = Shape(hidden=256, layers=2, heads=4, kv_heads=2, ffn=512, vocab=512)
+# the TP row's model: a ~1.3 B Llama (2 x 2.6 GB in bf16 across two cards); the dry run's has 3 KV heads over 2
+# ranks (split unevenly, like the starter's)
+TP_SHAPE = dict(n_layers=24, hidden=2048, n_heads=16, n_kv_heads=8, ffn=5504, weight_type="F16")
+TP_TINY = dict(n_layers=2, hidden=96, n_heads=6, n_kv_heads=3, ffn=128, weight_type="F32")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=64, help="timed decode steps per measurement (default: 64)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     p.add_argument("--no-engine", action="store_true", help="skip hearth's engine decoder (eager vs CUDA graphs)")
+    p.add_argument("--tensor-parallel", type=int, metavar="N", default=None,
+                   help="the TP row with N ranks (default: 2 on a machine with two or more GPUs, else no row)")
     p.add_argument("--plan-memory", action="store_true",
                    help="also load the starter on the torch engine under its plan in a fresh process and check "
                         "torch.cuda.max_memory_reserved (RSS on CPU) against the plan (needs hearth's "
@@ -372,6 +384,66 @@ def check_plan_memory() -> str:
             f"{peak / MIB:.0f} MiB; bound {limit / MIB:.0f} MiB: {'ok' if peak <= limit else 'OVER THE PLAN'}")
 
 
+def bench_tp(world: int, batches: list[int], args, device: str) -> list[str]:
+    """TP=world vs one rank: the torch engine's ModelRunner on a random-weight GGUF (tests/gguf_factory.py)."""
+    import tempfile
+
+    import torch
+
+    from backends.api import LoadOptions
+    from backends.modelspec import load_spec
+    from backends.torch_engine.model_runner import ModelRunner
+    from backends.torch_engine.tp.runner import TPModelRunner
+    from tests.gguf_factory import write_tiny_llama
+
+    if device == "cuda" and torch.cuda.device_count() < world:
+        line = f"TP={world}: skipped ({torch.cuda.device_count()} GPU)"
+        print(line, flush=True)
+        return [line]
+    shape = TP_TINY if args.dry_run else TP_SHAPE
+    lines = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tiny_llama(Path(tmp) / "tp.gguf", tokenizer="spm", context_length=4096, **shape)
+        spec = load_spec(path)
+        options = dict(n_ctx=args.context + args.steps + 16, max_num_seqs=max(batches), device=device,
+                       dtype="float32" if args.dry_run else "bfloat16", weight_quant="none")
+        blocks = -(-options["n_ctx"] // 16)
+        results: dict[int, tuple[dict[int, float], list[int]]] = {}
+        for ranks in (1, world):
+            runner = (ModelRunner(spec, LoadOptions(**options)) if ranks == 1 else
+                      TPModelRunner(spec, LoadOptions(**options, tensor_parallel=ranks)))
+            speeds, greedy = {}, []
+            try:
+                for batch in batches:
+                    tables = [list(range(b * blocks, (b + 1) * blocks)) for b in range(batch)]
+                    prompt = [[(7 * b + i) % spec.vocab_size for i in range(args.context)] for b in range(batch)]
+                    logits = runner.forward([(prompt[b], 0, tables[b]) for b in range(batch)])
+                    tokens = logits.argmax(-1).tolist()
+                    warm = [([tokens[b]], args.context, tables[b]) for b in range(batch)]
+                    runner.forward(warm, num_decodes=batch)  # a first decode step sets up kernels: untimed
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for step in range(args.steps):  # (the warm-up step's KV slot is overwritten by step 0)
+                        logits = runner.forward([([tokens[b]], args.context + step, tables[b]) for b in range(batch)],
+                                                num_decodes=batch)
+                        tokens = logits.argmax(-1).tolist()  # to the host every step, as the sampler does
+                        if batch == batches[0]:
+                            greedy.append(tokens[0])
+                    speeds[batch] = batch * args.steps / (time.perf_counter() - t0)
+            finally:
+                runner.close()
+            results[ranks] = (speeds, greedy)
+    agree = results[1][1] == results[world][1]
+    for batch in batches:
+        one, many = results[1][0][batch], results[world][0][batch]
+        line = (f"TP={world} ({'gloo, CPU' if device == 'cpu' else 'NCCL'})  batch {batch:>3}: {many:9.1f} tok/s vs "
+                f"one rank {one:9.1f} tok/s ({many / one:.2f}x); greedy tokens {'agree' if agree else 'DIFFER'}")
+        print(line, flush=True)
+        lines.append(line)
+    return lines
+
+
 def check_imports() -> str:
     """hearth modules loaded so far must be kernels/* and the quantize transform only."""
     allowed = ("kernels", "backends", "backends.torch_engine", "backends.torch_engine.quantize",
@@ -418,6 +490,11 @@ def main(argv: list[str] | None = None) -> int:
     print(check_imports())
     if args.plan_memory:
         print(check_plan_memory(), flush=True)
+    world = args.tensor_parallel
+    if world is None and device == "cuda" and torch.cuda.device_count() >= 2:
+        world = 2
+    if world is not None and world > 1:
+        bench_tp(world, batches, args, device)
     if not args.no_hf:
         bench_hf(shape, batches, args, device)
     print(f"total {time.perf_counter() - began:.0f} s")

@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per concurrency level")
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: physical cores)")
+    p.add_argument("--tensor-parallel", "--tp", dest="tensor_parallel", type=int, metavar="N",
+                   help="the torch engine's rows run in N tensor-parallel ranks (one per GPU; default: the plan "
+                        "decides); llama.cpp's rows keep its own split")
     p.add_argument("--http", action="store_true",
                    help="also run every level through hearth's OpenAI server on 127.0.0.1 (streaming "
                         "/v1/completions); rows '<backend>+http', and in --json 'http_vs_in_process'")
@@ -101,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
                         prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, requests=args.requests,
                         seed=args.seed, threads=args.threads,
                         extra={k: v for k, v in (("http", args.http or None), ("url", args.url),
-                                                 ("remote_model", args.remote_model)) if v is not None})
+                                                 ("remote_model", args.remote_model),
+                                                 ("tensor_parallel", args.tensor_parallel)) if v is not None})
     tty = sys.stderr.isatty()
 
     def progress(name: str, done: int, total: int) -> None:

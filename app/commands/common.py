@@ -23,6 +23,9 @@ def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, rem
     g.add_argument("--kv-cache-type", dest="kv_cache_type", choices=("f16", "q8_0", "q4_0"),
                    help="KV cache precision")
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: physical cores)")
+    g.add_argument("--tensor-parallel", "--tp", dest="tensor_parallel", type=int, metavar="N",
+                   help="torch engine: split every layer over N processes, one per GPU (NVLink/P2P-joined cards; "
+                        "without GPUs, N processes share the CPU cores); 1 = never; default: the plan decides")
     g.add_argument("--hardware", metavar="FILE",
                    help="plan for the machine described by this HardwareReport JSON (from `hearth probe --json`)")
     if remote:

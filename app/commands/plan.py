@@ -41,7 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", dest="max_concurrency", type=int, metavar="N",
                    help="torch engine: sequences batched at once, the KV pool's cap in full-context sequences "
                         "(default: the settings' max_concurrency, 16)")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--tensor-parallel", "--tp", dest="tensor_parallel", type=int, metavar="N",
+                   help="torch engine ranks, one per GPU (1 = none; default: the plan decides, tensor parallelism "
+                        "over NVLink/P2P-joined GPUs when a better torch format fits them than one)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (tensor_parallel: the torch "
+                   "engine's rank count, 1 when none)")
 
 
 def _config_shape(path: Path) -> Any:
@@ -84,8 +88,10 @@ def run(args: argparse.Namespace) -> int:
         shape = spec.to_shape()
     report = hardware_report(args.hardware)
     max_num_seqs = load_settings(max_concurrency=args.max_concurrency).max_concurrency  # as `run`/`serve` load
-    prefs = Prefs(backend=args.backend, ctx=args.ctx, kv_cache_type=args.kv_cache_type,
-                  n_gpu_layers=args.n_gpu_layers, quant=quant, max_num_seqs=max_num_seqs)
+    tp = load_settings(tensor_parallel=args.tensor_parallel).tensor_parallel  # checked as `run` checks it
+    backend = "torch" if tp and tp > 1 and args.backend == "auto" else args.backend  # as app.loading.decide
+    prefs = Prefs(backend=backend, ctx=args.ctx, kv_cache_type=args.kv_cache_type,
+                  n_gpu_layers=args.n_gpu_layers, quant=quant, max_num_seqs=max_num_seqs, tensor_parallel=tp)
     try:
         p = make_plan(report, shape, prefs)
     except PlanError as exc:  # nothing fits here: a bigger machine's server can run it (--backend remote)

@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True)
     args = parser.parse_args(argv)
     faulthandler.enable()  # a native crash leaves the Python stacks of every thread in the runner log
+    os.environ["HEARTH_RUNNER"] = "1"  # a tensor-parallel group that loses a rank ends this process (torch_engine/tp)
     sock = socket.socket(fileno=args.fd)
     RunnerServer(p.Channel(sock, p.ToRunner)).serve()
     return 0

@@ -431,6 +431,10 @@ class TorchBackend(Backend):
 
     def memory_in_use(self) -> dict[str, int]:
         info = super().memory_in_use()
+        parts = self._parts
+        ranks = getattr(parts.runner, "ranks_rss_bytes", None) if parts is not None else None
+        if ranks is not None:  # tensor parallelism: the other ranks' processes hold their shares
+            info["rss_bytes"] += ranks()
         try:
             import torch
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from backends.torch_engine.parts import EngineParts, kv_pool_blocks
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
 from kernels.attention import allocate_kv_cache, build_attention_metadata
 from kernels.dispatch import kernel_set
+
+if TYPE_CHECKING:  # pragma: no cover
+    from backends.torch_engine.tp.comm import Comm
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _KV_DTYPES = {"f16": torch.float16, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32,
@@ -123,7 +126,10 @@ class ModelRunner:
     cuda_graphs_off: str | None = None
     _graphs_decided: bool = False
 
-    def __init__(self, spec: ModelSpec, options: LoadOptions, kernels: str | None = None) -> None:
+    def __init__(self, spec: ModelSpec, options: LoadOptions, kernels: str | None = None, tp: Comm | None = None
+                 ) -> None:
+        """tp: this process's place in a tensor-parallel group (backends/torch_engine/tp): the model then keeps
+        this rank's share of every layer and the KV pool this rank's KV heads."""
         from backends.torch_engine.loader import load_model
 
         self.spec, self.options = spec, options
@@ -152,6 +158,12 @@ class ModelRunner:
         else:
             self.model = load_model(spec, self.ops, self.dtype, self.device, weight_quant=self.weight_quant,
                                     host_layers=host_layers)
+        kv_heads = pool_kv_heads = spec.n_kv_heads
+        if tp is not None and tp.world > 1:  # before the CPU packing below, which then packs this rank's shares
+            from backends.torch_engine.tp.layers import pool_kv_heads as most_kv_heads
+            from backends.torch_engine.tp.layers import shard_model
+
+            kv_heads, pool_kv_heads = shard_model(self.model, tp).num_kv_heads, most_kv_heads(spec, tp.world)
         self.cpu_packed_layers = 0
         self.dense_copy_bytes = 0
         if self.device.type == "cpu":
@@ -162,13 +174,14 @@ class ModelRunner:
         self.offload = self._build_offload(options.n_gpu_layers)
         self.block_size = BLOCK_SIZE
         self.vocab_size = spec.vocab_size
-        self.num_blocks = kv_pool_blocks(spec, options, torch.empty((), dtype=self.kv_dtype).element_size())
+        self.num_blocks = kv_pool_blocks(spec, options, torch.empty((), dtype=self.kv_dtype).element_size(),
+                                         pool_kv_heads)
         # Head-major memory on CPU (kernels.attention.allocate_kv_cache says why); CUDA keeps the token-major
         # layout the Triton kernels were written and tuned for.
         head_major = self.device.type == "cpu"
 
         def cache() -> torch.Tensor:
-            return allocate_kv_cache(self.num_blocks, BLOCK_SIZE, spec.n_kv_heads, spec.head_dim, self.kv_dtype,
+            return allocate_kv_cache(self.num_blocks, BLOCK_SIZE, kv_heads, spec.head_dim, self.kv_dtype,
                                      self.device, head_major)
 
         self.kv_caches = [(cache(), cache()) for _ in range(spec.n_layers)]
@@ -305,7 +318,8 @@ class ModelRunner:
                 "kv_cache_bytes": self.kv_cache_bytes, "kernels": self.ops.name,
                 "weight_quant": self.weight_quant, "weight_bytes": self.weight_bytes,
                 "cpu_packed_layers": self.cpu_packed_layers, "dense_copy_bytes": self.dense_copy_bytes,
-                **self._describe_offload(), **self._describe_experts(), **self._describe_graphs()}
+                "tensor_parallel": 1, **self._describe_offload(), **self._describe_experts(),
+                **self._describe_graphs()}
 
     def _describe_experts(self) -> dict[str, Any]:
         if not self.spec.n_experts:
@@ -349,7 +363,12 @@ def build_engine_parts(spec: ModelSpec, options: LoadOptions, progress: Progress
     tokenizer = load_tokenizer(spec)
     if progress is not None:
         progress(0.1, "loading and dequantizing the weights")
-    runner = ModelRunner(spec, options)
+    if options.tensor_parallel > 1:  # rank 0 of a group of processes (backends/torch_engine/tp)
+        from backends.torch_engine.tp.runner import TPModelRunner
+
+        runner: ModelRunner = TPModelRunner(spec, options)
+    else:
+        runner = ModelRunner(spec, options)
     if progress is not None:
         progress(1.0, f"weights in {runner.describe()['dtype']} on {runner.device}")
     if options.n_ctx > runner.num_blocks * BLOCK_SIZE:

@@ -41,10 +41,14 @@ class EngineParts:
     close: Callable[[], None] | None = None
 
 
-def kv_pool_blocks(spec: ModelSpec, options: LoadOptions, bytes_per_element: int) -> int:
+def kv_pool_blocks(spec: ModelSpec, options: LoadOptions, bytes_per_element: int, n_kv_heads: int | None = None
+                   ) -> int:
     """Blocks in the KV pool: LoadOptions.kv_cache_bytes when set, else enough for max_num_seqs sequences of
-    n_ctx tokens (what the plan budgets).  One block holds K and V of BLOCK_SIZE tokens in every layer."""
-    block_bytes = 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_element * BLOCK_SIZE
+    n_ctx tokens (what the plan budgets).  One block holds K and V of BLOCK_SIZE tokens in every layer.
+    n_kv_heads: the KV heads one device holds (tensor parallelism: the most any rank holds, so that every rank
+    has the same blocks and kv_cache_bytes is what each device gives the pool); default all of them."""
+    heads = spec.n_kv_heads if n_kv_heads is None else n_kv_heads
+    block_bytes = 2 * spec.n_layers * heads * spec.head_dim * bytes_per_element * BLOCK_SIZE
     if options.kv_cache_bytes is not None:
         return max(options.kv_cache_bytes // block_bytes, 1)
     return options.max_num_seqs * -(-options.n_ctx // BLOCK_SIZE)

@@ -85,8 +85,8 @@ def test_torch_engine_is_offered_only_what_it_can_load() -> None:
     # Half precision when it fits: an 8B in bf16 (~15 GiB) fits a 4090 whole.
     p = plan(hw("rtx4090_24gb"), LLAMA3_8B)
     assert (p.backend, p.quant, p.split_mode) == ("torch", "bf16", "none")
-    # Formats its loader produces, on one GPU (no tensor parallelism yet); W4A16 never for a model llama.cpp
-    # could run from a GGUF at Q4_K_M or better (these config-only shapes).
+    # Formats its loader produces, on one GPU or in tensor parallelism over P2P-joined ones (never a layer
+    # split); W4A16 never for a model llama.cpp could run from a GGUF at Q4_K_M or better (config-only shapes).
     for fixture in ("rtx3090_24gb", "rtx4090_24gb", "2x3090_nvlink", "2x4090_no_p2p", "rtx4060_laptop_8gb"):
         for shape in ALL:
             try:
@@ -94,7 +94,9 @@ def test_torch_engine_is_offered_only_what_it_can_load() -> None:
             except PlanError:
                 continue  # e.g. a 70B on the 8 GB laptop: nothing fits, said with the numbers
             assert q.backend != "torch" or (q.quant in TORCH_ENGINE_RUNNABLE_FORMATS and q.quant != "W4A16"
-                                            and len(q.tensor_split) <= 1), (fixture, shape)
+                                            and (len(q.tensor_split) <= 1 or q.split_mode == "tensor"
+                                                 and q.tensor_parallel == len(q.tensor_split)
+                                                 and fixture == "2x3090_nvlink")), (fixture, shape)
 
 
 def test_70b_on_two_nvlinked_3090s_uses_both_cards_tensor_split() -> None:

@@ -1,0 +1,190 @@
+"""Module surgery: turn a loaded model into this rank's tensor-parallel share (Megatron-style splits).
+
+Works on the shared layers' names (models/llama.py): embed, layers[i].attn.qkv_proj / o_proj,
+layers[i].mlp.gate_up_proj / down_proj, lm_head, and the attention's n_heads / n_kv_heads / split.
+
+- qkv_proj: column-parallel by head (this rank's query heads, then its KV heads' K and V rows).
+- o_proj, down_proj: row-parallel (this rank's input columns), then one all-reduce each: the only two
+  collectives of a layer.
+- gate_up_proj: column-parallel (this rank's FFN rows of gate and of up).
+- embed: vocabulary-parallel (rows of this rank's slice; ids outside it give zeros; all-reduce).
+- lm_head: vocabulary-parallel (logits of this rank's slice; gathered on rank 0).
+
+Quantized projections (QuantWeight: the GGUF Q4/Q8 blocks and the int8/int4/fp8 layouts) keep their scales
+per output row and per group of `group_size` inputs, so output rows slice freely and input columns slice on
+whole groups; a column split that would cut a group dequantizes that projection (dense in the model's dtype).
+Applied after loading and before the CPU packing (quantize.prepare_for_cpu), which then packs the shares.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from backends.errors import ConfigError
+from backends.torch_engine.tp.comm import Comm
+from backends.torch_engine.tp.partition import HeadShard, balanced, ffn_shards, head_shards
+from kernels.quant_matmul import QuantWeight, concat_rows, dequantize
+
+# Output-row shares (FFN rows, vocabulary rows) are whole multiples of this where they can be: torch's packed
+# CPU int4 kernels take N in multiples of 16, and GPU matmuls like aligned shapes.
+ROW_UNIT = 64
+
+
+def _rows(w: torch.Tensor | QuantWeight, lo: int, hi: int) -> torch.Tensor | QuantWeight:
+    """Output rows [lo, hi), copied: a view would keep the whole tensor alive."""
+    if isinstance(w, torch.Tensor):
+        return w[lo:hi].clone()
+    return QuantWeight(w.kind, w.qweight[lo:hi].clone(), w.scales[lo:hi].clone(),
+                       None if w.offsets is None else w.offsets[lo:hi].clone(), w.group_size, w.in_features, hi - lo)
+
+
+def _cat_rows(parts: list) -> torch.Tensor | QuantWeight:
+    if isinstance(parts[0], torch.Tensor):
+        return torch.cat(parts, dim=0).contiguous()
+    return concat_rows(parts)
+
+
+def _cols(w: torch.Tensor | QuantWeight, lo: int, hi: int, dtype: torch.dtype) -> torch.Tensor | QuantWeight:
+    """Input columns [lo, hi): quantized when both ends fall on group boundaries, else dense in `dtype`."""
+    if isinstance(w, torch.Tensor):
+        return w[:, lo:hi].contiguous()
+    g = w.group_size
+    if lo % g or (hi % g and hi != w.in_features):
+        return dequantize(w)[:, lo:hi].to(dtype).contiguous()
+    per_byte = 2 if w.kind == "int4" else 1  # int4 packs two inputs per byte
+    return QuantWeight(w.kind, w.qweight[:, lo // per_byte:hi // per_byte].contiguous(),
+                       w.scales[:, lo // g:-(-hi // g)].contiguous(),
+                       None if w.offsets is None else w.offsets[:, lo // g:-(-hi // g)].contiguous(),
+                       g, hi - lo, w.out_features)
+
+
+def _weight(m: nn.Module) -> torch.Tensor | QuantWeight:
+    from backends.torch_engine.quantize import QuantLinear
+
+    if isinstance(m, QuantLinear):
+        if m._cpu is not None or m._dense is not None or m.input_scale is not None:
+            raise RuntimeError("tensor-parallel surgery runs before CPU packing and without AWQ scales")
+        return m.weight
+    return m.weight.data
+
+
+def _linear(w: torch.Tensor | QuantWeight, bias: torch.Tensor | None) -> nn.Module:
+    from backends.torch_engine.quantize import QuantLinear
+
+    if isinstance(w, QuantWeight):
+        return QuantLinear(w, bias)
+    m = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None, device="meta")
+    m.weight = nn.Parameter(w, requires_grad=False)
+    if bias is not None:
+        m.bias = nn.Parameter(bias, requires_grad=False)
+    return m
+
+
+class RowParallel(nn.Module):
+    """y = all_reduce(x_local @ W_local^T) (+ bias once): x_local is this rank's share of the input features."""
+
+    def __init__(self, inner: nn.Module, bias: torch.Tensor | None, comm: Comm) -> None:
+        super().__init__()
+        self.inner, self.comm = inner, comm
+        self.register_buffer("bias", bias if comm.rank == 0 else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.comm.all_reduce(self.inner(x))
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows [start, stop) of the table; a token outside them contributes zeros; the all-reduce completes it."""
+
+    def __init__(self, weight: torch.Tensor, start: int, comm: Comm) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.start, self.comm = start, comm
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        inside = (local >= 0) & (local < self.weight.shape[0])
+        x = nn.functional.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight)
+        x = x * inside.unsqueeze(-1).to(x.dtype)  # (num_tokens, hidden)
+        return self.comm.all_reduce(x)
+
+
+class VocabParallelHead(nn.Module):
+    """Logits of rows [start, stop) of the vocabulary; rank 0 gets all of them side by side (other ranks get
+    an empty (rows, 0) tensor: they never sample)."""
+
+    def __init__(self, inner: nn.Module, widths: list[int], comm: Comm) -> None:
+        super().__init__()
+        self.inner, self.widths, self.comm = inner, widths, comm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        full = self.comm.gather_columns(self.inner(x), self.widths)
+        return full if full is not None else x.new_empty(x.shape[0], 0)
+
+
+def shard_model(model: nn.Module, comm: Comm) -> HeadShard:
+    """Replace this rank's modules in place with its shares; returns its heads.  The model's dtype is its
+    embedding's (dense fallbacks of quantized projections take it)."""
+    cfg = model.cfg
+    rank, world = comm.rank, comm.world
+    heads = head_shards(cfg.n_heads, cfg.n_kv_heads, world)[rank]
+    hd = cfg.head_dim
+    dtype = model.embed.weight.dtype
+    for layer in model.layers:
+        if not hasattr(layer.mlp, "gate_up_proj"):  # e.g. a mixture of experts: no rule for it here yet
+            raise ConfigError(f"tensor parallelism splits dense MLPs only, not {type(layer.mlp).__name__}",
+                              "drop --tensor-parallel")
+        _shard_attention(layer.attn, heads, hd, cfg, comm, dtype)
+        _shard_mlp(layer.mlp, cfg.ffn_size, comm, dtype)
+    _shard_vocab(model, cfg, comm)
+    return heads
+
+
+def _shard_attention(attn: nn.Module, h: HeadShard, hd: int, cfg, comm: Comm, dtype: torch.dtype) -> None:
+    q_size, kv_size = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    spans = [(h.q_start * hd, h.q_stop * hd), (q_size + h.kv_start * hd, q_size + h.kv_stop * hd),
+             (q_size + kv_size + h.kv_start * hd, q_size + kv_size + h.kv_stop * hd)]
+    w, b = _weight(attn.qkv_proj), attn.qkv_proj.bias
+    weight = _cat_rows([_rows(w, lo, hi) for lo, hi in spans])
+    bias = None if b is None else torch.cat([b.data[lo:hi] for lo, hi in spans])
+    attn.qkv_proj = _linear(weight, bias)
+    attn.n_heads, attn.n_kv_heads = h.num_heads, h.num_kv_heads
+    attn.split = (h.num_heads * hd, h.num_kv_heads * hd, h.num_kv_heads * hd)
+    o = attn.o_proj
+    attn.o_proj = RowParallel(_linear(_cols(_weight(o), h.q_start * hd, h.q_stop * hd, dtype), None),
+                              None if o.bias is None else o.bias.data, comm)
+
+
+def _shard_mlp(mlp: nn.Module, ffn: int, comm: Comm, dtype: torch.dtype) -> None:
+    down = _weight(mlp.down_proj)
+    group = down.group_size if isinstance(down, QuantWeight) and down.group_size < down.in_features else 1
+    unit = math.lcm(group, ROW_UNIT)
+    lo, hi = ffn_shards(ffn, comm.world, unit)[comm.rank]
+    gu = _weight(mlp.gate_up_proj)
+    mlp.gate_up_proj = _linear(_cat_rows([_rows(gu, lo, hi), _rows(gu, ffn + lo, ffn + hi)]), None)
+    mlp.down_proj = RowParallel(_linear(_cols(down, lo, hi, dtype), None),
+                                None if mlp.down_proj.bias is None else mlp.down_proj.bias.data, comm)
+
+
+def _shard_vocab(model: nn.Module, cfg, comm: Comm) -> None:
+    spans = balanced(cfg.vocab_size, comm.world, ROW_UNIT)
+    lo, hi = spans[comm.rank]
+    widths = [b - a for a, b in spans]
+    table = model.embed.weight.data[lo:hi].clone()
+    model.embed = VocabParallelEmbedding(table, lo, comm)
+    if cfg.tied_embeddings:
+        head = _linear(model.embed.weight.data, None)
+        head.weight = model.embed.weight  # still one tensor: the slice is held once
+    else:
+        head = _linear(_rows(_weight(model.lm_head), lo, hi), None)
+        if hasattr(model.lm_head, "dense_min_rows"):
+            head.dense_min_rows = model.lm_head.dense_min_rows
+    model.lm_head = VocabParallelHead(head, widths, comm)
+
+
+def pool_kv_heads(spec, world: int) -> int:
+    """The most KV heads any rank holds: what each rank's KV pool is sized by (parts.kv_pool_blocks)."""
+    return max(s.num_kv_heads for s in head_shards(spec.n_heads, spec.n_kv_heads, world))
