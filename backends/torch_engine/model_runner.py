@@ -142,7 +142,7 @@ class ModelRunner:
         # same weights quantize_model gives): the dense model is never whole on the device.
         host_layers = spec.n_layers - self._resident_layers(options.n_gpu_layers)
         self.model = load_model(spec, self.ops, self.dtype, self.device, weight_quant=self.weight_quant,
-                                host_layers=host_layers)
+                                host_layers=host_layers, n_ctx=options.n_ctx)
         self.cpu_packed_layers = 0
         self.dense_copy_bytes = 0
         if self.device.type == "cpu":
