@@ -13,9 +13,9 @@ Math, per sequence and head h (GQA: kv head h // (num_heads / kv_heads)):
 
 Sliding-window layers (Gemma 3, Mistral v0.1) see only the last `window` positions, the query's own included:
 j is allowed when q_pos - window < j <= q_pos (llama.cpp's and Hugging Face's rule).  `with_sliding_window`
-gives the step's metadata with that narrower mask; the cache itself keeps every position (no blocks are freed
-behind the window: the KV pool is sized as for full attention).  The Triton kernels have no window: a windowed
-layer runs the plain-torch path (kernels/attention_triton.py).
+gives the step's metadata with that narrower mask (and meta.window, which the Triton kernels read: they mask
+the positions behind the window and skip its whole blocks); the cache itself keeps every position (no blocks
+are freed behind the window: the KV pool is sized as for full attention).
 """
 
 from __future__ import annotations

@@ -91,8 +91,11 @@ def _online_softmax_step(q, k, v, allowed, scale, m, l, acc, IEEE: tl.constexpr)
         s = tl.dot(q, tl.trans(k))
     s = tl.where(allowed, s * scale, float("-inf"))  # (rows, BLOCK_SIZE)
     m_new = tl.maximum(m, tl.max(s, axis=1))
-    p = tl.exp(s - m_new[:, None])
-    alpha = tl.exp(m - m_new)
+    # a row with no allowed key yet (a sliding window's start lies past this block) keeps m = -inf: exponents
+    # against 0 instead give p = alpha = 0 rather than exp(-inf + inf) = NaN
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - m_ref[:, None])
+    alpha = tl.exp(m - m_ref)
     l = l * alpha + tl.sum(p, axis=1)
     if IEEE:
         pv = tl.dot(p, v, input_precision="ieee")
@@ -102,7 +105,7 @@ def _online_softmax_step(q, k, v, allowed, scale, m, l, acc, IEEE: tl.constexpr)
 
 
 @triton.jit
-def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, acc_ptr, ml_ptr, scale, head_dim,
+def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, acc_ptr, ml_ptr, scale, head_dim, window,
                    s_qb, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_bt, s_ab, s_ah, s_as, s_mb, s_mh, s_ms,
                    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
@@ -114,6 +117,10 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, acc_ptr, ml_ptr, sca
     per_split = tl.cdiv(n_blocks, tl.num_programs(2))  # this sequence's blocks, spread over all the splits
     first = split * per_split
     last = tl.minimum(first + per_split, n_blocks)  # split 0 is never empty (seq_len >= 1)
+    # first position the query may see: seq_len - window with a sliding window (window > 0), else 0; blocks
+    # wholly behind it are not read (a split left with none writes max -inf and weighs 0 in the merge)
+    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    first = tl.maximum(first, lo // BLOCK_SIZE)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     t = tl.arange(0, BLOCK_SIZE)
@@ -131,7 +138,7 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, acc_ptr, ml_ptr, sca
         kv_mask = (tok < seq_len)[:, None] & d_mask[None, :]
         k = tl.load(kc_ptr + phys * s_kb + t[:, None] * s_ks + kvh * s_kh + d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(vc_ptr + phys * s_vb + t[:, None] * s_vs + kvh * s_vh + d[None, :], mask=kv_mask, other=0.0)
-        allowed = (tok < seq_len)[None, :]  # (1, BLOCK_SIZE)
+        allowed = ((tok < seq_len) & (tok >= lo))[None, :]  # (1, BLOCK_SIZE)
         m, l, acc = _online_softmax_step(q, k, v, allowed, scale, m, l, acc, IEEE)
     out_mask = g_mask[:, None] & d_mask[None, :]
     tl.store(acc_ptr + b * s_ab + heads[:, None] * s_ah + split * s_as + d[None, :], acc, mask=out_mask)
@@ -163,8 +170,10 @@ def _check_common(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                        seq_lens: torch.Tensor, scale: float, blocks_per_split: int | None = None) -> torch.Tensor:
+                        seq_lens: torch.Tensor, scale: float, blocks_per_split: int | None = None,
+                        window: int = 0) -> torch.Tensor:
     """Same contract as paged_decode_reference; every seq_len must be >= 1 and fit its block table.
+    window > 0: the query sees only its last `window` positions (kernels/attention.py's sliding window).
     blocks_per_split: the widest table is cut into splits of at most this many blocks, which sets the split
     count (the grid); each sequence then spreads its own blocks over all of them."""
     _check_common(q, k_cache, v_cache, block_tables, seq_lens)
@@ -182,14 +191,14 @@ def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     ml = torch.empty(batch, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
     group = num_heads // kv_heads
     _decode_kernel[(batch, kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, acc, ml, scale, head_dim,
+        q, k_cache, v_cache, block_tables, seq_lens, acc, ml, scale, head_dim, window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         acc.stride(0), acc.stride(1), acc.stride(2), ml.stride(0), ml.stride(1), ml.stride(2),
         GROUP=group, BLOCK_SIZE=block_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         IEEE=q.dtype == torch.float32)
-    # Merge the splits: splits past a sequence's end hold max = -inf and weigh 0.
+    # Merge the splits: splits past a sequence's end (or wholly behind its window) hold max = -inf and weigh 0.
     m, l = ml[..., 0], ml[..., 1]
     weight = torch.exp(m - m.amax(dim=2, keepdim=True))  # (batch, heads, splits)
     out = (acc * weight[..., None]).sum(dim=2) / (l * weight).sum(dim=2)[..., None]
@@ -200,7 +209,7 @@ def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, cu_ptr, out_ptr, scale, head_dim,
+def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, cu_ptr, out_ptr, scale, head_dim, window,
                     s_qt, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_bt, s_ot, s_oh,
                     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                     BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
@@ -225,23 +234,27 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, cu_ptr, out_ptr, sc
         l = tl.zeros((BLOCK_M,), tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
         last = tl.minimum(prefix + (tile + 1) * BLOCK_M, seq_len)  # keys needed by this tile: [0, last)
-        for logical in range(0, tl.cdiv(last, BLOCK_SIZE)):
+        # with a sliding window, blocks before the window of the tile's first row are not read
+        start = tl.where(window > 0, tl.maximum(prefix + tile * BLOCK_M - window + 1, 0) // BLOCK_SIZE, 0)
+        for logical in range(start, tl.cdiv(last, BLOCK_SIZE)):
             phys = tl.load(bt_ptr + b * s_bt + logical).to(tl.int64)
             tok = logical * BLOCK_SIZE + t
             kv_mask = (tok < seq_len)[:, None] & d_mask[None, :]
             k = tl.load(kc_ptr + phys * s_kb + t[:, None] * s_ks + kvh * s_kh + d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(vc_ptr + phys * s_vb + t[:, None] * s_vs + kvh * s_vh + d[None, :], mask=kv_mask, other=0.0)
             allowed = (tok[None, :] <= q_pos[:, None]) & (tok < seq_len)[None, :]  # (BLOCK_M, BLOCK_SIZE)
+            allowed = allowed & ((window == 0) | (tok[None, :] > q_pos[:, None] - window))
             m, l, acc = _online_softmax_step(q, k, v, allowed, scale, m, l, acc, IEEE)
-        out = acc / l[:, None]
+        out = acc / tl.where(l > 0, l, 1.0)[:, None]  # l = 0 only in padding rows past q_len (not stored)
         tl.store(out_ptr + (q_start + rows)[:, None] * s_ot + h * s_oh + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 
 
 def paged_prefill_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                          seq_lens: torch.Tensor, cu_query_lens: torch.Tensor, scale: float,
-                         max_query_len: int | None = None) -> torch.Tensor:
-    """Same contract as paged_prefill_reference.  Pass max_query_len (the scheduler knows it) to avoid a sync."""
+                         max_query_len: int | None = None, window: int = 0) -> torch.Tensor:
+    """Same contract as paged_prefill_reference.  Pass max_query_len (the scheduler knows it) to avoid a sync.
+    window > 0: each query sees only its last `window` positions."""
     _check_common(q, k_cache, v_cache, block_tables, seq_lens)
     batch = seq_lens.shape[0]
     if cu_query_lens.shape != (batch + 1,) or cu_query_lens.dtype != torch.int32:
@@ -257,7 +270,7 @@ def paged_prefill_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_m = 16
     _prefill_kernel[(batch, num_heads, triton.cdiv(max_query_len, block_m))](
-        q, k_cache, v_cache, block_tables, seq_lens, cu_query_lens, out, scale, head_dim,
+        q, k_cache, v_cache, block_tables, seq_lens, cu_query_lens, out, scale, head_dim, window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=num_heads // k_cache.shape[2], BLOCK_M=block_m, BLOCK_SIZE=k_cache.shape[1],
@@ -294,17 +307,14 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """Same contract as kernels.attention.paged_attention_reference (a mixed batch of decodes and chunks,
     meta: AttentionMetadata).  All-decode steps take the split decode kernel; any step with a longer chunk runs
     the prefill kernel over every sequence (a decode is a chunk of one).  Reads the step's tables from
-    meta.memo (step_tables) and only the shape of meta.query_start from the host.  A sliding-window layer
-    (meta.window) runs kernels.attention's plain-torch path: these kernels have no window yet."""
-    if meta.window:
-        from kernels.attention import paged_attention_torch
-
-        return paged_attention_torch(q, k_cache, v_cache, meta, scale)
+    meta.memo (step_tables) and only the shape of meta.query_start from the host.  A sliding-window layer's
+    meta (meta.window > 0) masks, and skips, the positions behind each query's window."""
     table, seq_lens = step_tables(meta, q.device)
     q_lens = [b - a for a, b in zip(meta.query_start, meta.query_start[1:])]
     if all(n == 1 for n in q_lens):
-        return paged_decode_triton(q, k_cache, v_cache, table, seq_lens, scale)
+        return paged_decode_triton(q, k_cache, v_cache, table, seq_lens, scale, window=meta.window)
     cu = meta.memo.get(CU_QUERY_LENS)
     if cu is None:
         cu = meta.memo[CU_QUERY_LENS] = torch.tensor(meta.query_start, dtype=torch.int32).to(q.device)
-    return paged_prefill_triton(q, k_cache, v_cache, table, seq_lens, cu, scale, max_query_len=max(q_lens))
+    return paged_prefill_triton(q, k_cache, v_cache, table, seq_lens, cu, scale, max_query_len=max(q_lens),
+                                window=meta.window)

@@ -26,8 +26,11 @@ ARCHS = ("qwen3", "gemma3", "phi3")
 def write_tiny_arch(path: str | Path, architecture: str, *, n_layers: int = 2, hidden: int = 64, n_heads: int = 4,
                     n_kv_heads: int = 2, head_dim: int | None = None, ffn: int = 128, context_length: int = 256,
                     rope_base: float = 10000.0, sliding_window: int = 0, rope_dim: int | None = None,
-                    weight_type: str = "F32", tokenizer: str = "bpe", seed: int = 0) -> Path:
-    """Write a random-weight `architecture` GGUF to `path` (weight_type "F32", "F16" or "Q8_0")."""
+                    weight_type: str = "F32", tokenizer: str = "bpe", longrope_original: int = 0,
+                    seed: int = 0) -> Path:
+    """Write a random-weight `architecture` GGUF to `path` (weight_type "F32", "F16" or "Q8_0").
+    longrope_original (phi3): write LongRoPE short and long factors for that original context, and an
+    attention factor, as llama.cpp's converter does for Phi-3-mini-128k."""
     import gguf
     from gguf.constants import GGMLQuantizationType as T
 
@@ -53,6 +56,9 @@ def write_tiny_arch(path: str | Path, architecture: str, *, n_layers: int = 2, h
     w.add_rope_dimension_count(rope_dim or head_dim)
     if sliding_window:
         w.add_sliding_window(sliding_window)
+    if longrope_original:
+        w.add_rope_scaling_orig_ctx_len(longrope_original)
+        w.add_rope_scaling_attn_factors(1.19)
     w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7}[weight_type])
     if tokenizer == "spm":
         tokens, scores, types = spm_vocab()
@@ -114,6 +120,10 @@ def write_tiny_arch(path: str | Path, architecture: str, *, n_layers: int = 2, h
         if architecture == "gemma3":
             add(p + "post_attention_norm.weight", (hidden,))
             add(p + "post_ffw_norm.weight", (hidden,))
+    if longrope_original:  # frequency divisors per rotated pair: short near 1, long up to ~40
+        pairs = (rope_dim or head_dim) // 2
+        w.add_tensor("rope_factors_short.weight", (1 + rng.random(pairs) * 0.5).astype(np.float32))
+        w.add_tensor("rope_factors_long.weight", (1 + rng.random(pairs) * 40).astype(np.float32))
     add("output_norm.weight", (hidden,))
     if architecture != "gemma3":  # Gemma ties its head to the embedding
         add("output.weight", (vocab, hidden))

@@ -125,8 +125,6 @@ def unavailable_reason(device: torch.device, kernels: str, model: torch.nn.Modul
         return f"off (kernels {kernels!r}; graphs need 'triton')"
     # A graph bakes in the addresses it reads and replays no Python: weights streamed in between the layers
     # (offload.py's hooks, copies and event waits) cannot be part of one.
-    if getattr(getattr(model, "cfg", None), "sliding_window", 0):
-        return "off (sliding-window layers run the plain-torch attention path)"
     if getattr(model, "offload", None) is not None:
         return "off (layer offload streams weights between layers)"
     if any(getattr(m, "offload", None) is not None for m in model.modules() if m is not model):

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -233,13 +232,14 @@ LOAD_QUANTS = ("none", "gguf", "int8", "int4", "fp8")
 
 
 def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torch.device,
-               weight_quant: str = "none", host_layers: int = 0) -> DecoderModel:
+               weight_quant: str = "none", host_layers: int = 0, n_ctx: int = 0) -> DecoderModel:
     """Build the model and fill every parameter from the file; ModelFormatError if one is missing.
     weight_quant (one of LOAD_QUANTS): "none" dense in `dtype`; "gguf" keeps a GGUF's Q4_0 / Q4_1 / Q4_K / Q8_0
     projection blocks; "int8" / "int4" / "fp8" quantize each projection as it is read (module docstring).
     host_layers: the first so many blocks will stream from host RAM (offload.py): their weights never stay on
     `device`, and the model is returned on the host for offload.offload_layers to place (a model that needs
-    offload does not fit on the device whole, even for a moment)."""
+    offload does not fit on the device whole, even for a moment).  n_ctx: the context the engine runs, which
+    picks LongRoPE's long factors over the short ones when it passes the original context (models/phi3.py)."""
     if weight_quant not in LOAD_QUANTS:
         raise ConfigError(f"the loader's weight quantization is one of {', '.join(LOAD_QUANTS)}, got {weight_quant!r}")
     keep_gguf_quant = weight_quant == "gguf"
@@ -259,7 +259,7 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
         model = fam.MODEL(cfg, ops)
     params: dict[str, torch.Tensor | QuantWeight] = {}
     shards: dict[str, dict[int, torch.Tensor | QuantWeight]] = {}
-    freq_factors = None
+    factors: dict[str, torch.Tensor] = {}  # rope_freqs / rope_factors_short / rope_factors_long, as read
     scale_dtype = torch.float32 if device.type == "cpu" else dtype  # CPU packing rounds the scales once itself
     # An untied lm head too, on CPU: a decode step reads it whole.  A tied head stays the dense embedding
     # (bf16, held anyway for the lookup), for every row: measured on the starter (Q8_0 embedding, 49152 x 576),
@@ -273,8 +273,7 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
             or (quant_head and name == head_name))
     for name, tensor in (_gguf_tensors(spec, keep, scale_dtype, dtype) if gguf else _hf_tensors(spec)):
         if name in _SKIP:
-            if name in (_FREQ_FACTORS, "rope_factors_short.weight"):
-                freq_factors = tensor.reshape(-1)
+            factors[name] = tensor.reshape(-1)
             continue
         key, layer = template(_text_model_name(name))
         if key not in names:
@@ -317,12 +316,16 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
             model.lm_head.dense_min_rows = HEAD_DENSE_MIN_ROWS
     if cfg.tied_embeddings and isinstance(model.lm_head, nn.Linear):
         model.lm_head.weight = model.embed.weight
+    use_long = 0 < cfg.rope_original_ctx < n_ctx  # LongRoPE: llama.cpp's rule (models/phi3.py)
+    freq_factors = factors.get(_FREQ_FACTORS, factors.get("rope_factors_long.weight" if use_long
+                                                          else "rope_factors_short.weight"))
+    listed = cfg.rope_factors_long if use_long and cfg.rope_factors_long else cfg.rope_factors
+    if freq_factors is None and listed:
+        freq_factors = torch.tensor(listed, dtype=torch.float32)
     scaling = dict(cfg.rope_scaling)
     scaling.pop("rope_freqs_tensor", None)
     if freq_factors is not None:
         scaling = {}
-    if freq_factors is None and cfg.rope_factors:
-        freq_factors = torch.tensor(cfg.rope_factors, dtype=torch.float32)
     rot = cfg.rope_dim if 0 < cfg.rope_dim < cfg.head_dim else cfg.head_dim
     model.inv_freq = rope_inv_freq(rot, cfg.rope_base, scaling, freq_factors)
     if cfg.rope_base_local:  # sliding-window layers' own RoPE (Gemma 3): their base, no scaling

@@ -157,7 +157,7 @@ class ModelRunner:
                                         options.cpu_expert_layers)
         else:
             self.model = load_model(spec, self.ops, self.dtype, self.device, weight_quant=self.weight_quant,
-                                    host_layers=host_layers)
+                                    host_layers=host_layers, n_ctx=options.n_ctx)
         kv_heads = pool_kv_heads = spec.n_kv_heads
         if tp is not None and tp.world > 1:  # before the CPU packing below, which then packs this rank's shares
             from backends.torch_engine.tp.layers import pool_kv_heads as most_kv_heads

@@ -78,6 +78,19 @@ def test_tiny_gguf_logits_match_llama_cpp(tmp_path: Path, arch: str, weight_type
     assert np.abs(runner.prompt_logits(ids, chunk=7).numpy() - ref).max() < limit
 
 
+@pytest.mark.parametrize("original", [64, 256])
+def test_phi3_longrope_factors_follow_llama_cpps_rule(tmp_path: Path, original: int) -> None:
+    """Contexts past the original one take the long factors, others the short; cos/sin carry the attention
+    factor (the engine and llama.cpp both run n_ctx 128 here: original 64 -> long, 256 -> short)."""
+    path = write_tiny_arch(tmp_path / "phi3.gguf", "phi3", longrope_original=original, **SHAPES["phi3"])
+    ids = _ids(path)
+    ref = _llama_cpp_logits(path, ids)
+    runner = _runner(path)
+    assert runner.model.cfg.rope_attn_factor == pytest.approx(1.19)
+    limit = TOL["F32"] * max(1.0, float(np.abs(ref).max()))
+    assert np.abs(runner.prompt_logits(ids).numpy() - ref).max() < limit
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3", "phi3"])
 def test_greedy_replies_match_llama_cpp(tmp_path: Path, arch: str) -> None:
     path = write_tiny_arch(tmp_path / f"{arch}.gguf", arch, **SHAPES[arch])

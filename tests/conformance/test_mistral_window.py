@@ -33,7 +33,7 @@ def test_mistral_folder_slides_every_layer(tmp_path: Path) -> None:
     mistral = ModelRunner(load_spec(folder), opts)
     assert [layer.attn.window for layer in mistral.model.layers] == [WINDOW] * spec.n_layers
     assert all(layer.attn.window == 0 for layer in full.model.layers)
-    ids = tok.encode("The quick brown fox jumps over the lazy dog. def f(x):\n    return x * 42  # and again, and again\n")
+    ids = tok.encode("The quick brown fox jumps over the lazy dog. def f(x):\n    return x * 42  # and again\n")
     assert len(ids) > 2 * WINDOW
     windowed, plain = mistral.prompt_logits(ids), full.prompt_logits(ids)
     torch.testing.assert_close(windowed[:WINDOW], plain[:WINDOW], atol=1e-5, rtol=1e-5)

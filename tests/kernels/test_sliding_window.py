@@ -46,14 +46,34 @@ def test_a_window_of_one_returns_each_querys_own_value() -> None:
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
 
 
-def test_triton_entry_point_takes_the_torch_path_for_a_window() -> None:
+@pytest.mark.parametrize("case", ["decode-1-on-blocks", "mixed", "chunk-on-prefix", "prefill-17"])
+@pytest.mark.parametrize("window", [1, 5, 16, 17, 40])
+def test_triton_kernels_honour_the_window(case: str, window: int) -> None:
+    """The Triton entry point (decode-only steps: the split decode kernel; others: the prefill kernel) against
+    the windowed reference; under TRITON_INTERPRET=1 on CPU."""
     pytest.importorskip("triton")
     from kernels.attention_triton import paged_attention_triton
 
-    q, k_cache, v_cache, meta = _paged_case(CASES["mixed"], 4, 2, torch.float32)
-    windowed = attention.with_sliding_window(meta, 5)
+    q, k_cache, v_cache, meta = _paged_case(CASES[case], 6, 2, torch.float32)
+    windowed = attention.with_sliding_window(meta, window)
     torch.testing.assert_close(paged_attention_triton(q, k_cache, v_cache, windowed, SCALE),
-                               attention.paged_attention_torch(q, k_cache, v_cache, windowed, SCALE))
+                               attention.paged_attention_reference(q, k_cache, v_cache, windowed, SCALE),
+                               atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("window", [1, 16, 17, 33])
+def test_triton_decode_splits_wholly_behind_the_window_weigh_nothing(window: int) -> None:
+    """One block per split: the splits before the window's first block read nothing and must not disturb the
+    merge (max -inf, weight 0)."""
+    pytest.importorskip("triton")
+    from kernels.attention_triton import paged_decode_triton, step_tables
+
+    q, k_cache, v_cache, meta = _paged_case([(100, 1), (40, 1), (5, 1)], 6, 2, torch.float32)
+    table, seq_lens = step_tables(meta, q.device)
+    got = paged_decode_triton(q, k_cache, v_cache, table, seq_lens, SCALE, blocks_per_split=1, window=window)
+    want = attention.paged_attention_reference(q, k_cache, v_cache, attention.with_sliding_window(meta, window),
+                                               SCALE)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("n", [1, 17])

@@ -43,3 +43,25 @@ def test_merged_parameters_keep_their_blocks_only_when_all_shards_repack_to_one_
 
 def test_a_file_without_repackable_types_keeps_nothing() -> None:
     assert repacked_params(_layer(0, *["Q6_K"] * 7) + _layer(1, *["F16"] * 7), 2) == ((0, 0), (0, 0))
+
+
+def test_architecture_name_maps() -> None:
+    from backends.weight_map import names
+
+    phi = names("phi3", "gguf")
+    assert phi["blk.{i}.attn_qkv.weight"] == ("layers.{i}.attn.qkv_proj.weight", None)  # fused: no shard
+    assert phi["blk.{i}.ffn_up.weight"] == ("layers.{i}.mlp.gate_up_proj.weight", None)  # gate and up together
+    assert names("llama", "gguf")["blk.{i}.ffn_up.weight"] == ("layers.{i}.mlp.gate_up_proj.weight", "up")
+    gemma_hf = names("gemma3", "safetensors")
+    # Hugging Face's Gemma names its post-attention norm like Llama's pre-MLP one
+    assert gemma_hf["model.layers.{i}.post_attention_layernorm.weight"][0] == "layers.{i}.attn_post_norm.weight"
+    assert gemma_hf["model.layers.{i}.pre_feedforward_layernorm.weight"][0] == "layers.{i}.post_norm.weight"
+    assert names("qwen3", "safetensors")["model.layers.{i}.self_attn.q_norm.weight"][0] == \
+        "layers.{i}.attn.q_norm.weight"
+
+
+def test_phi3_fused_projections_keep_their_blocks() -> None:
+    tensors = [T("blk.0.attn_qkv.weight", "Q4_K", 300), T("blk.0.attn_output.weight", "Q4_K", 100),
+               T("blk.0.ffn_up.weight", "Q8_0", 600), T("blk.0.ffn_down.weight", "Q6_K", 300)]
+    assert repacked_params(tensors, 1, "phi3") == ((400, 600),)
+    assert repacked_params(tensors, 1) == ((100, 600),)  # read as Llama names, attn_qkv is no projection

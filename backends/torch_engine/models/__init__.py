@@ -7,8 +7,9 @@ paged KV cache with QK-norm / sliding window / partial rotary options, the gated
 |-----------|--------------------------------------------|--------------------------------------------------|
 | llama.py  | llama, mistral, qwen2                      | nothing: the shared pre-norm decoder             |
 | qwen3.py  | qwen3                                      | QK-norm                                          |
-| gemma3.py | gemma3                                     | sandwich norms, GeGLU, embedding scale, local/global RoPE, sliding-window pattern |
-| phi3.py   | phi3 (Phi-3, Phi-3.5, Phi-4)               | fused QKV / gate-up tensors, partial rotary, LongRoPE factors |
+| gemma3.py | gemma3                                     | sandwich norms, GeGLU, embedding scale, local and |
+|           |                                            | global RoPE, the sliding-window pattern           |
+| phi3.py   | phi3 (Phi-3, Phi-3.5, Phi-4)               | fused QKV / gate-up tensors, partial rotary, LongRoPE |
 | moe.py    | llama with experts (Mixtral), qwen2moe, qwen3moe | the MLP a sparse MoE (router, grouped experts, shared expert); any model with experts loads through ../moe_loader.py, not FAMILIES |
 
 Adding an architecture (dense, attention + gated MLP):

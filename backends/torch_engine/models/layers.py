@@ -51,6 +51,9 @@ class DecoderConfig:
     rope_base_local: float = 0.0  # Gemma 3: RoPE base of the sliding-window layers (0 = rope_base, same tables)
     rope_dim: int = 0  # dimensions of each head that RoPE rotates (0 = head_dim); Phi-4-mini rotates 3/4
     rope_factors: tuple[float, ...] = ()  # per rotated pair, frequency divisors (Phi-3 LongRoPE's short factors)
+    rope_factors_long: tuple[float, ...] = ()  # LongRoPE's long factors, used when the context passes the original
+    rope_original_ctx: int = 0  # LongRoPE: the original training context (0 = no long/short choice)
+    rope_attn_factor: float = 1.0  # cos and sin are multiplied by it (LongRoPE's attention factor)
     attn_scale: float = 0.0  # query scale (0 = head_dim ** -0.5); Gemma 3 names its own
     activation: str = "silu"  # the gated MLP's gate: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
     embed_scale: float = 1.0  # Gemma: the embedding is multiplied by sqrt(hidden_size)
@@ -199,6 +202,8 @@ class DecoderModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         cos, sin = rope_cos_sin(positions, self.inv_freq)  # (num_tokens, 1, rotated dims // 2) each
+        if self.cfg.rope_attn_factor != 1.0:  # LongRoPE scales q.k through both rotated vectors (llama.cpp: mscale)
+            cos, sin = cos * self.cfg.rope_attn_factor, sin * self.cfg.rope_attn_factor
         local = (cos, sin) if self.inv_freq_local is None else rope_cos_sin(positions, self.inv_freq_local)
         x = self.embed(input_ids)  # (num_tokens, hidden)
         if self.cfg.embed_scale != 1.0:  # rounded to the compute dtype first, as Hugging Face's Gemma does
