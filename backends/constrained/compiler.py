@@ -36,6 +36,18 @@ def _parser_limits() -> Any:
                                      step_lexer_fuel=200_000, step_max_items=50_000, verbose_errors=False)
 
 
+def check_constraint(constraint: Constraint) -> None:
+    """Raise InvalidRequestError (one line) when `constraint` would not compile for any vocabulary: the bounds
+    of grammar.py, then llguidance's own check of the grammar under PARSER_LIMITS (no tokenizer needed, so the
+    server refuses a bad schema with a 400 before a model sees it)."""
+    import llguidance
+
+    error = llguidance.LLMatcher.validate_grammar(lark_grammar(constraint), None, limits=_parser_limits())
+    if error and not error.startswith("WARNING"):
+        raise InvalidRequestError(f"the {constraint.kind} constraint cannot be compiled: {_one_line(error)}",
+                                  "use JSON Schema features llguidance supports, in a smaller schema")
+
+
 class ConstraintCompiler:
     """Constraint -> Matcher for one vocabulary (an llguidance LLTokenizer)."""
 
@@ -79,6 +91,7 @@ class ConstraintCompiler:
 
 
 def _one_line(text: str, limit: int = 300) -> str:
+    text = text.split("\n1 |")[0].split(" 1 | ")[0]  # llguidance appends the grammar's source: not for clients
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
