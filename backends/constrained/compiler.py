@@ -79,9 +79,16 @@ class ConstraintCompiler:
 
         grammar = lark_grammar(constraint)  # size/depth checks first: nothing big reaches the compiler
         ll = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0, limits=self._limits)
-        if ll.is_error():
+        probe = ll.deep_copy() if not ll.is_error() else ll
+        if not ll.is_error():
+            # some grammars compile but fail at their first mask (a $ref cycle with no value: a -> b -> a)
+            first_mask = probe.compute_bitmask()
+            if not probe.is_error() and not any(first_mask):
+                raise InvalidRequestError(f"the {constraint.kind} constraint allows no first token",
+                                          "send a schema some value satisfies")
+        if probe.is_error():
             raise InvalidRequestError(f"the {constraint.kind} constraint cannot be compiled: "
-                                      f"{_one_line(ll.get_error())}",
+                                      f"{_one_line(probe.get_error())}",
                                       "use JSON Schema features llguidance supports, in a smaller schema")
         return ll
 
