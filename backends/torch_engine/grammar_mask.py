@@ -3,7 +3,8 @@
 A step of its own, before penalties and filters (backends/torch_engine/sampler.py calls it first), so top-k,
 top-p and min-p choose among allowed tokens only.  Rows without a matcher pay nothing: with no constrained row
 in the batch this is one `any()` over the batch.  Each constrained row's bitmask is computed by its matcher
-(llguidance, tens of microseconds) into one (rows, words) int32 buffer, unpacked to booleans in one op.
+(llguidance, tens of microseconds) into one (rows, words) int32 host buffer, unpacked to booleans in one op on
+the logits' device.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def apply_grammar_masks(logits: torch.Tensor, matchers: Sequence[Any] | None) ->
     for j, i in enumerate(rows):
         row = bitmask[j]
         matchers[i].fill_bitmask(row.data_ptr(), row.numel() * 4)
-    allowed = unpack_bitmask(bitmask, logits.shape[-1])  # (constrained rows, vocab) bool
+    # (constrained rows, vocab) bool, on the logits' device (one small host-to-device copy of the bitmask on CUDA)
+    allowed = unpack_bitmask(bitmask.to(logits.device), logits.shape[-1])
     if not bool(allowed.any(dim=1).all()):  # a row with nothing allowed would sample NaN: fail it (the sampler
         raise ValueError("the constraint allows no next token")  # retries rows alone, so only that row fails)
     logits = logits.clone()  # the runner's tensor stays raw (log-probabilities are of the unmasked logits)
@@ -40,9 +42,9 @@ def apply_grammar_masks(logits: torch.Tensor, matchers: Sequence[Any] | None) ->
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """(rows, words) int32 -> (rows, vocab) bool; bit b of word w is token 32 w + b; ids past the bitmask's
     32 x words (a padded embedding) are forbidden."""
-    shifts = torch.arange(32, dtype=torch.int32)
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     bits = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().reshape(bitmask.shape[0], -1)  # (rows, 32 words)
     if bits.shape[1] >= vocab:
         return bits[:, :vocab]
-    pad = torch.zeros((bits.shape[0], vocab - bits.shape[1]), dtype=torch.bool)
+    pad = torch.zeros((bits.shape[0], vocab - bits.shape[1]), dtype=torch.bool, device=bitmask.device)
     return torch.cat([bits, pad], dim=1)

@@ -116,3 +116,23 @@ def test_check_schema_refuses_what_is_not_a_schema(text: str, message: str | Non
     else:
         with pytest.raises(InvalidRequestError, match=message):
             check_schema(text)
+
+
+class _NothingAllowed:
+    """A matcher whose grammar allows no token (what a broken grammar state would give)."""
+
+    num_words = (VOCAB + 31) // 32
+
+    def fill_bitmask(self, address: int, num_bytes: int) -> None:
+        pass  # the buffer stays all zeros
+
+
+def test_a_row_with_no_allowed_token_fails_alone() -> None:
+    from backends.api import SamplingParams
+    from backends.torch_engine.sampler import Sampler
+
+    logits = torch.randn(2, VOCAB)
+    greedy = SamplingParams(temperature=0)
+    rows = Sampler().sample(logits, ["free", "stuck"], [greedy, greedy], [[1], [1]], [None, _NothingAllowed()])
+    assert rows[0] == int(logits[0].argmax())
+    assert isinstance(rows[1], ValueError) and "allows no next token" in str(rows[1])
