@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=0, help="requests per measurement (default: 2 x concurrency, "
                                                            "at least 4)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, help="CPU threads for torch (default: physical cores; on a shared "
+                                               "machine 1 avoids OpenMP threads waiting on each other)")
     p.add_argument("--json", dest="json_out", help="also write the results here")
     args = p.parse_args(argv)
     from app.store import starter_model_path
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = load_spec(args.model or starter_model_path())
     backend = TorchBackend(spec, LoadOptions(n_ctx=512, n_batch=512, max_num_seqs=max(args.concurrency),
-                                             device="cpu"))
+                                             device="cpu", n_threads=args.threads))
     backend.load()
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
@@ -99,13 +101,15 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
     finally:
         backend.close()
-    print(f"\n{spec.name} on {cpu}, torch engine (CPU), best of {args.rounds} rounds")
+    print(f"\n{spec.name} on {cpu}, torch engine (CPU, {args.threads or 'default'} threads), best of "
+          f"{args.rounds} rounds")
     print(f"{'concurrency':>11} {'free tok/s':>11} {'constrained tok/s':>18} {'overhead':>9}")
     for r in results:
         print(f"{r['concurrency']:>11} {r['free_tokens_per_s']:>11} {r['constrained_tokens_per_s']:>18} "
               f"{r['overhead_pct']:>8}%")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"cpu": cpu, "model": spec.name, "results": results}, indent=2))
+        Path(args.json_out).write_text(json.dumps({"cpu": cpu, "model": spec.name, "threads": args.threads,
+                                                   "results": results}, indent=2))
     return 0
 
 
