@@ -87,6 +87,7 @@ def lark_grammar(constraint: Constraint) -> str:
                                   "some value satisfies")
     options = dict(schema.get("x-guidance") or {}) if isinstance(schema.get("x-guidance"), dict) else {}
     options.setdefault("whitespace_flexible", False)
+    options["lenient"] = False  # an unimplemented keyword is refused, never skipped: the reply always validates
     schema = {**schema, "x-guidance": options}
     parts = [json.dumps(constraint.prefix)] if constraint.prefix else []
     parts.append("value")

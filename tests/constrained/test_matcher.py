@@ -136,3 +136,12 @@ def test_a_row_with_no_allowed_token_fails_alone() -> None:
     rows = Sampler().sample(logits, ["free", "stuck"], [greedy, greedy], [[1], [1]], [None, _NothingAllowed()])
     assert rows[0] == int(logits[0].argmax())
     assert isinstance(rows[1], ValueError) and "allows no next token" in str(rows[1])
+
+
+def test_x_guidance_cannot_turn_on_lenient_mode() -> None:
+    from backends.constrained import check_constraint
+    from backends.errors import InvalidRequestError
+
+    schema = {"type": "string", "not": {"const": "a"}, "x-guidance": {"lenient": True}}
+    with pytest.raises(InvalidRequestError, match="Unimplemented"):
+        check_constraint(Constraint("json_schema", json.dumps(schema)))
