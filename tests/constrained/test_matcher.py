@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -89,7 +90,7 @@ def test_the_mask_step_touches_constrained_rows_only(compiler) -> None:
 
 
 def test_unpack_bitmask_reads_little_endian_bits_and_forbids_padding() -> None:
-    words = torch.tensor([[0b101, -2**31]], dtype=torch.int32)  # tokens 0, 2 and 63
+    words = np.array([[0b101, -2**31]], dtype=np.int32)  # tokens 0, 2 and 63
     bits = unpack_bitmask(words, 70)
     assert bits.shape == (1, 70)
     assert torch.nonzero(bits[0]).flatten().tolist() == [0, 2, 63]
