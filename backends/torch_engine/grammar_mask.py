@@ -29,10 +29,10 @@ def apply_grammar_masks(logits: torch.Tensor, matchers: Sequence[Any] | None) ->
     bitmask = np.zeros((len(rows), num_words), dtype=np.int32)  # (constrained rows, words), host memory
     for j, i in enumerate(rows):
         matchers[i].fill_bitmask(bitmask[j].ctypes.data, num_words * 4)
+    if not bitmask.any(axis=1).all():  # a row with nothing allowed would sample NaN: fail it (the sampler
+        raise ValueError("the constraint allows no next token")  # retries rows alone, so only that row fails)
     # (constrained rows, vocab) bool, on the logits' device (one host-to-device copy of it on CUDA)
     allowed = unpack_bitmask(bitmask, logits.shape[-1]).to(logits.device)
-    if not bool(allowed.any(dim=1).all()):  # a row with nothing allowed would sample NaN: fail it (the sampler
-        raise ValueError("the constraint allows no next token")  # retries rows alone, so only that row fails)
     # torch.where over the constrained rows: measured ~3x faster here than masked_fill with the inverted mask
     minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
     if len(rows) == logits.shape[0]:
