@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -19,6 +20,17 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0
                                            "b": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3}},
           "required": ["a", "b"], "additionalProperties": False}
 PROMPTS = [(1, 4, 5), (2, 2), (7, 8, 9, 10), (3,)]
+
+
+def drain(events) -> SimpleNamespace:
+    """A stream's text, token ids, finish reason and error."""
+    text, ids, last = [], [], None
+    for e in events:
+        text.append(e.text)
+        ids.extend(e.token_ids)
+        last = e
+    return SimpleNamespace(text="".join(text), token_ids=tuple(ids), finish_reason=last.finish_reason,
+                           error=last.error)
 
 
 def sampling(i: int, max_tokens: int = 64) -> SamplingParams:
@@ -42,9 +54,12 @@ def test_constrained_and_free_requests_share_a_batch(backend) -> None:
              Constraint("json_schema", json.dumps(SCHEMA), prefix="<x>", suffix=">")]
     constrained = {f"json-{i}": Request(prompt_token_ids=p, sampling=sampling(i), request_id=f"json-{i}",
                                         constraint=kinds[i % 3]) for i, p in enumerate(PROMPTS)}
+    # stream() queues each request in the engine before returning: all eight are queued before any is drained,
+    # so they overlap in the batch whatever the threads' timing
+    streams = {r.request_id: backend.stream(r) for r in [*constrained.values(), *free.values()]}
     results = {}
-    threads = [threading.Thread(target=lambda r=r: results.__setitem__(r.request_id, backend.generate(r)))
-               for r in [*constrained.values(), *free.values()]]
+    threads = [threading.Thread(target=lambda rid=rid, events=events: results.__setitem__(rid, drain(events)))
+               for rid, events in streams.items()]
     for t in threads:
         t.start()
     for t in threads:
