@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.api import ChatMessage, Request, SamplingParams
+from backends.api import ChatMessage, Constraint, Request, SamplingParams
 from backends.modelspec import REMOTE_FORMAT, ModelSpec
 from backends.templates import FALLBACK_NAME, check_messages, render_chat, render_for_spec
 
@@ -39,13 +39,13 @@ def sampling_from(settings: Any, chat: Any = None, stop: tuple[str, ...] = ()) -
 
 
 def chat_request(spec: ModelSpec, messages: Sequence[Mapping[str, Any]], sampling: SamplingParams, *,
-                 request_id: str | None = None) -> ChatRequest:
+                 request_id: str | None = None, constraint: Constraint | None = None) -> ChatRequest:
     """The Request for a conversation: rendered with `spec`'s template (raises TemplateError / InvalidRequestError
     for a bad conversation or template), `sampling.stop` first, then the format's own stop strings.
 
     A remote model's server applies its template itself: the prompt is then hearth's plain transcript (what a
     text-completion endpoint would be sent), without the plain format's stop strings, and the messages go as
-    they are."""
+    they are.  `constraint` makes the reply structured (JSON; app/structured.py, the server's response_format)."""
     checked = check_messages(messages)
     if spec.format == REMOTE_FORMAT:
         rendered = render_chat(checked, template=None)
@@ -59,7 +59,8 @@ def chat_request(spec: ModelSpec, messages: Sequence[Mapping[str, Any]], samplin
     ids = {"request_id": request_id} if request_id is not None else {}
     request = Request(prompt=rendered.text, add_special=rendered.add_special,
                       sampling=dataclasses.replace(sampling, stop=stop),
-                      messages=tuple(ChatMessage(m["role"], m["content"]) for m in checked), **ids)
+                      messages=tuple(ChatMessage(m["role"], m["content"]) for m in checked), constraint=constraint,
+                      **ids)
     return ChatRequest(request, source)
 
 

@@ -12,6 +12,7 @@ UTF-8 bytes, so non-ASCII keys work.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import time
@@ -147,12 +148,14 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
         sampling = _sampling(body, max_tokens, backend, config)
         # the template runs in its own budgeted process; this thread only waits for it
         req = await run_in_threadpool(_chat_request, backend, [m.model_dump() for m in body.messages], sampling)
+        req = await run_in_threadpool(_constrained, req, body)
         return await _respond(request, runner, req, body, chat=True, model_name=config.model_name)
 
     @app.post("/v1/completions")
     async def completions(request: HTTPRequest) -> Response:
         body = await _parse(request, CompletionRequest, config)
         req = _completion_request(body, _sampling(body, body.max_tokens, backend, config), backend)
+        req = await run_in_threadpool(_constrained, req, body)
         return await _respond(request, runner, req, body, chat=False, model_name=config.model_name)
 
     app.add_middleware(_Guard, config=config, metrics=metrics)
@@ -221,6 +224,14 @@ def _completion_request(body: Any, sampling: SamplingParams, backend: Backend) -
             raise APIError(400, f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
         return Request(prompt_token_ids=tuple(prompt), sampling=sampling, request_id=_request_id())
     return Request(prompt=prompt, sampling=sampling, request_id=_request_id())
+
+
+def _constrained(req: Request, body: Any) -> Request:
+    """The request with the Constraint its response_format asks for (checked here: a 400 naming the field)."""
+    from app.server.response_format import constraint_of
+
+    constraint = constraint_of(body.response_format)
+    return req if constraint is None else dataclasses.replace(req, constraint=constraint)
 
 
 def _request_id() -> str:

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from app.server.response_format import ResponseFormat
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -30,6 +32,7 @@ class _Common(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False  # vLLM's extension: generate exactly max_tokens (benchmarks)
+    response_format: ResponseFormat | None = None  # text | json_object | json_schema (app/server/response_format.py)
 
 
 class ChatCompletionRequest(_Common):

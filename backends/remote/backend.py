@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from backends.api import (Backend, Capabilities, EventKind, FinishReason, GenerationEvent, LoadOptions,
-                          ProgressCallback, Request, RequestStats)
+                          Constraint, ProgressCallback, Request, RequestStats)
 from backends.errors import BackendUnavailableError, ContextOverflowError, InvalidRequestError
 from backends.remote.spec import RemoteTarget, api_base, remote_spec
 from backends.modelspec import ModelSpec
@@ -40,7 +40,8 @@ _CONTEXT_WORDS = ("context length", "context_length", "maximum context", "contex
 
 class RemoteBackend(Backend):
     name = "remote"
-    capabilities = Capabilities(concurrent_requests=True, gguf=False, logits=False, local=False)
+    # constraints: response_format is passed through to the server, which enforces it (no literal prefix/suffix)
+    capabilities = Capabilities(concurrent_requests=True, gguf=False, logits=False, local=False, constraints=True)
 
     def __init__(self, spec: ModelSpec, options: LoadOptions | None = None, target: RemoteTarget | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
@@ -248,6 +249,8 @@ def _body(model: str, request: Request) -> tuple[str, dict[str, Any]]:
         body["stop"] = list(s.stop)
     if s.ignore_eos:
         body["ignore_eos"] = True
+    if request.constraint is not None:
+        body["response_format"] = _response_format(request.constraint)
     if request.messages is not None:
         body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
         return "/chat/completions", body
@@ -255,6 +258,19 @@ def _body(model: str, request: Request) -> tuple[str, dict[str, Any]]:
         raise InvalidRequestError("the remote backend takes text, not token ids", "send a text prompt")
     body["prompt"] = request.prompt
     return "/completions", body
+
+
+def _response_format(constraint: Constraint) -> dict[str, Any]:
+    """OpenAI's response_format for a constraint; literal text around the JSON (forced tool calls) has no
+    response_format, so such a constraint is refused rather than dropped."""
+    if constraint.prefix or constraint.suffix:
+        raise InvalidRequestError("the remote backend passes response_format to its server, which cannot add "
+                                  "literal text around the JSON", "use a local backend for this request")
+    if constraint.kind == "json_object":
+        return {"type": "json_object"}
+    assert constraint.schema is not None
+    return {"type": "json_schema",
+            "json_schema": {"name": "response", "schema": json.loads(constraint.schema), "strict": True}}
 
 
 def _usage(usage: Any, stats: RequestStats) -> None:
