@@ -14,19 +14,25 @@ the SamplingParams (`sampling_from` for Settings) and this module only adds the 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.api import ChatMessage, Request, SamplingParams
+from backends.api import Request, SamplingParams
 from backends.modelspec import REMOTE_FORMAT, ModelSpec
 from backends.templates import FALLBACK_NAME, check_messages, render_chat, render_for_spec
+from backends.tools.detect import detect
+from backends.tools.render import (ToolReading, constraint_for, has_tool_fields, message_from_dict, reading_for,
+                                   template_inputs)
+from backends.tools.spec import ToolRequest
 
 
 @dataclass(frozen=True)
 class ChatRequest:
     request: Request
     template_source: str  # "gguf" | "hearth-plain" (the model has no template: callers say so) | "server"
+    tools: ToolReading | None = None  # how to read tool calls out of the reply; None = the request has no tools
 
 
 def sampling_from(settings: Any, chat: Any = None, stop: tuple[str, ...] = ()) -> SamplingParams:
@@ -39,28 +45,51 @@ def sampling_from(settings: Any, chat: Any = None, stop: tuple[str, ...] = ()) -
 
 
 def chat_request(spec: ModelSpec, messages: Sequence[Mapping[str, Any]], sampling: SamplingParams, *,
-                 request_id: str | None = None) -> ChatRequest:
+                 request_id: str | None = None, tools: ToolRequest | None = None) -> ChatRequest:
     """The Request for a conversation: rendered with `spec`'s template (raises TemplateError / InvalidRequestError
     for a bad conversation or template), `sampling.stop` first, then the format's own stop strings.
 
+    Tools (backends/tools): the template family's format is detected from the template; the tools and any tool
+    calls / results in the history are rendered by the template itself where it can, else in hearth's
+    Hermes-style format; a forced tool_choice adds the Constraint that makes the reply one valid call.
+
     A remote model's server applies its template itself: the prompt is then hearth's plain transcript (what a
-    text-completion endpoint would be sent), without the plain format's stop strings, and the messages go as
-    they are."""
+    text-completion endpoint would be sent), without the plain format's stop strings, and the messages (and the
+    tools, as OpenAI JSON) go as they are."""
     checked = check_messages(messages)
-    if spec.format == REMOTE_FORMAT:
+    chat = tuple(message_from_dict(i, m) for i, m in enumerate(checked))
+    remote = spec.format == REMOTE_FORMAT
+    # a remote server renders and forces the calls itself; its backend writes them back as Hermes-style text
+    style = detect(spec.chat_template if not remote else None, spec.architecture)
+    constraint = reading = None
+    variables: dict[str, Any] = {}
+    if (tools is not None or has_tool_fields(chat)) and not remote:
+        checked, variables = template_inputs(chat, style, tools)
+    if tools is not None:
+        constraint = constraint_for(style, tools) if not remote else None
+        reading = reading_for(style, tools)
+    if remote:
         rendered = render_chat(checked, template=None)
         extra: tuple[str, ...] = ()
         source = "server"
     else:
-        rendered = render_for_spec(spec, checked)
+        rendered = render_for_spec(spec, checked, extra=variables)
         extra = rendered.stop
         source = rendered.template_source
     stop = sampling.stop + tuple(s for s in extra if s not in sampling.stop)
     ids = {"request_id": request_id} if request_id is not None else {}
+    remote_tools = _remote_tools(tools) if remote and tools is not None else {}
     request = Request(prompt=rendered.text, add_special=rendered.add_special,
-                      sampling=dataclasses.replace(sampling, stop=stop),
-                      messages=tuple(ChatMessage(m["role"], m["content"]) for m in checked), **ids)
-    return ChatRequest(request, source)
+                      sampling=dataclasses.replace(sampling, stop=stop), messages=chat, constraint=constraint,
+                      **remote_tools, **ids)
+    return ChatRequest(request, source, reading)
+
+
+def _remote_tools(tools: ToolRequest) -> dict[str, Any]:
+    """The tools as the remote backend forwards them (OpenAI JSON text); its server parses the calls itself."""
+    choice: Any = tools.choice if tools.choice != "function" else {"type": "function",
+                                                                  "function": {"name": tools.function}}
+    return {"tools": json.dumps([t.openai() for t in tools.tools]), "tool_choice": json.dumps(choice)}
 
 
 __all__ = ["FALLBACK_NAME", "ChatRequest", "chat_request", "sampling_from"]
