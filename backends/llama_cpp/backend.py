@@ -35,6 +35,7 @@ from backends.api import (
 )
 from backends.errors import (
     ContextOverflowError,
+    InvalidRequestError,
     ModelLoadError,
     OutOfMemoryError,
     UnsupportedArchitectureError,
@@ -109,7 +110,7 @@ def known_architectures() -> frozenset[str]:
 class LlamaCppBackend(Backend):
     name = "llama.cpp"
     capabilities = Capabilities(concurrent_requests=False, prefix_cache=False, gpu_offload=True, gguf=True,
-                                safetensors=False, logits=True, extra_bufts=True)
+                                safetensors=False, logits=True, extra_bufts=True, constraints=True)
 
     def __init__(self, spec: ModelSpec, options: LoadOptions | None = None) -> None:
         super().__init__(spec, options)
@@ -120,6 +121,8 @@ class LlamaCppBackend(Backend):
         self._running: str | None = None  # the request holding the context
         self._worker = OneThread("hearth-llama-cpp")
         self._extra_bufts: bool | None = None  # as loaded
+        self._constraints: Any = None  # backends.constrained.ConstraintCompiler, built at the first constraint
+        self._constraints_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def load(self, progress: ProgressCallback | None = None) -> None:
@@ -257,9 +260,27 @@ class LlamaCppBackend(Backend):
                 f"the prompt is {len(ids)} tokens but the context is {self.n_ctx}",
                 f"shorten the conversation, or load the model with a larger --ctx (trained on "
                 f"{self.spec.context_length})")
-        return self._run(llm, request, ids, submitted)
+        matcher = self._matcher(llm, request)
+        return self._run(llm, request, ids, submitted, matcher)
 
-    def _run(self, llm: Any, request: Request, ids: list[int], submitted: float) -> Iterator[GenerationEvent]:
+    def _matcher(self, llm: Any, request: Request) -> Any:
+        """A constrained request's grammar state (backends.constrained), compiled in the caller's thread.
+
+        Why llguidance through logits_processor and not llama.cpp's GBNF grammar: one compiler for both
+        backends gives the same JSON (compact, prefix/suffix literal) and the same bounds on a hostile schema
+        (backends/constrained/grammar.py), where llama-cpp-python's JSON-schema-to-GBNF converter has neither a
+        size bound nor the same subset of JSON Schema, and its grammar sampler can backtrack without limit."""
+        if request.constraint is None:
+            return None
+        with self._constraints_lock:
+            if self._constraints is None:
+                from backends.constrained import compiler_for_llama
+
+                self._constraints = compiler_for_llama(llm, self.spec.eos_token_ids)
+        return self._constraints.matcher(request.constraint)
+
+    def _run(self, llm: Any, request: Request, ids: list[int], submitted: float,
+             matcher: Any = None) -> Iterator[GenerationEvent]:
         rid = request.request_id
         stats = RequestStats(prompt_tokens=len(ids))
         with self._serial:
@@ -270,7 +291,7 @@ class LlamaCppBackend(Backend):
                 if stats.cached_tokens >= len(ids):
                     stats.cached_tokens = len(ids) - 1  # llama.cpp replays the last prompt token
                 yield GenerationEvent(EventKind.STARTED, rid, stats=stats)
-                reason, error = yield from self._generate(llm, request, ids, stats, submitted)
+                reason, error = yield from self._generate(llm, request, ids, stats, submitted, matcher)
             finally:
                 self._running = None
                 with self._abort_lock:
@@ -279,19 +300,25 @@ class LlamaCppBackend(Backend):
         yield GenerationEvent(EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error)
 
     def _generate(self, llm: Any, request: Request, ids: list[int], stats: RequestStats,
-                  submitted: float) -> Iterator[GenerationEvent]:
+                  submitted: float, matcher: Any = None) -> Iterator[GenerationEvent]:
         rid, sp = request.request_id, request.sampling
         if self._is_aborted(rid):
             return FinishReason.ABORT, None
         text = TextStream(self._token_bytes, sp.stop)
         eos = set() if sp.ignore_eos else set(self.spec.eos_token_ids) | {llm.token_eos()}
+        processors = None
+        if matcher is not None:
+            # the grammar's end is end-of-sequence, even with ignore_eos; the mask runs first in llama.cpp's
+            # sampler chain (llama-cpp-python adds logits processors first), where scores are indexed by token id
+            eos = set(self.spec.eos_token_ids) | {llm.token_eos()}
+            processors = [_masker(matcher)]
         # llama.cpp's sampler seed is 32 bits: a 64-bit seed is folded (its two halves xor-ed), so every seed is
         # deterministic and seeds that differ only in their high bits still differ
         seed = seed_u64(sp.seed) if sp.seed is not None else random.randrange(2**31)
         llm.set_seed((seed ^ (seed >> 32)) & 0xFFFFFFFF)
         # Greedy: temperature 0 in llama.cpp's sampler chain is argmax; the other filters are then moot.
         gen = llm.generate(ids, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,
-                           repeat_penalty=sp.repeat_penalty, reset=True)
+                           repeat_penalty=sp.repeat_penalty, reset=True, logits_processor=processors)
         reason = FinishReason.LENGTH
         end = object()
         try:
@@ -299,6 +326,8 @@ class LlamaCppBackend(Backend):
                 if stats.completion_tokens == 0:
                     stats.ttft_s = time.perf_counter() - submitted
                 stats.completion_tokens += 1
+                if matcher is not None:
+                    matcher.accept(token)  # raises ConstraintViolation (this request's error, below)
                 if token in eos:
                     reason = FinishReason.STOP
                     break
@@ -317,6 +346,8 @@ class LlamaCppBackend(Backend):
             return FinishReason.ERROR, f"out of memory while generating: {exc}"
         except (RuntimeError, ValueError) as exc:  # llama_decode failures surface as RuntimeError
             return FinishReason.ERROR, f"llama.cpp failed while generating: {exc}"
+        except InvalidRequestError as exc:  # the constraint's matcher refused a token or ran out of budget
+            return FinishReason.ERROR, exc.message
         finally:
             self._worker.call(gen.close)
         tail = text.flush()
@@ -336,6 +367,20 @@ class LlamaCppBackend(Backend):
         if self._notes:
             info["notes"] = list(self._notes)
         return info
+
+
+def _masker(matcher: Any) -> Callable[[Any, Any], Any]:
+    """A llama-cpp-python logits processor: forbidden tokens' scores to -inf.  scores: (n_vocab,) float32."""
+    import numpy as np
+
+    def mask(_input_ids: Any, scores: Any) -> Any:
+        allowed = matcher.allowed()
+        n = min(len(allowed), len(scores))
+        scores[:n][~allowed[:n]] = -np.inf
+        scores[n:] = -np.inf
+        return scores
+
+    return mask
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -67,8 +67,15 @@ class Engine:
         if not result.request_ids:
             return {}, {}
         requests = [self.scheduler.requests[r] for r in result.request_ids]
+        matchers = [r.matcher for r in requests]
         rows = self.sampler.sample(result.logits, result.request_ids, [r.sampling for r in requests],
-                                   [r.token_ids for r in requests])
+                                   [r.token_ids for r in requests], matchers if any(m is not None for m in matchers) else None)
+        for i, (matcher, token) in enumerate(zip(matchers, rows)):
+            if matcher is not None and not isinstance(token, Exception):
+                try:  # a constrained request's grammar advances with its token; refusing it fails that request
+                    matcher.accept(token)
+                except Exception as exc:  # noqa: BLE001 - that request's error, reported on its stream
+                    rows[i] = exc
         sampled = {rid: t for rid, t in zip(result.request_ids, rows) if not isinstance(t, Exception)}
         failed = {rid: t for rid, t in zip(result.request_ids, rows) if isinstance(t, Exception)}
         return sampled, failed

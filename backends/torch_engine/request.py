@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from backends.api import SamplingParams
 
@@ -50,6 +51,9 @@ class EngineRequest:
     first_scheduled_time: float | None = None  # perf_counter when its prefill first ran
     first_token_time: float | None = None  # perf_counter when its first output token was sampled
     finished_time: float | None = None
+    # constrained decoding: the grammar state (backends.constrained.Matcher), masked in the sampler and advanced
+    # by the engine with each sampled token; None = unconstrained
+    matcher: Any = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
