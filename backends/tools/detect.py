@@ -3,9 +3,9 @@ template renders tools itself.
 
 The template is the best witness: a family's template writes its own markers (`<tool_call>` for Hermes/Qwen,
 `[TOOL_CALLS]` for Mistral, `<|python_tag|>` or Llama 3's header tokens with a `tools` variable for Llama 3.x).
-A template that names none of them, or no template at all (base models, the starter's plain ChatML), gets
-hearth's Hermes-style block in the system message (hermes.fallback_system_block): `native` is then False and
-the template is never passed `tools`.
+A template that names none of them, or does not use `tools` at all, or no template (base models, the starter's
+plain ChatML), gets hearth's Hermes-style block in the system message (hermes.fallback_system_block): `native`
+is then False, the template is never passed `tools`, and the reply is read as Hermes calls.
 """
 
 from __future__ import annotations
@@ -33,14 +33,16 @@ class ToolStyle:
 
 
 def detect(template: str | None, architecture: str = "") -> ToolStyle:
-    if template is None:
-        return ToolStyle(HermesFormat(), native=False)
-    uses_tools = bool(_USES_TOOLS.search(template))
+    """The family's format when the template renders tools itself (it uses a `tools` variable and writes a
+    family's markers); otherwise hearth's Hermes-style block, whose format is then the one to read back.
+    `architecture` settles a template with Llama 3's header tokens but no `<|python_tag|>` (Llama 3.2 / 3.3)."""
+    fallback = ToolStyle(HermesFormat(), native=False)
+    if template is None or not _USES_TOOLS.search(template):
+        return fallback
     if "[TOOL_CALLS]" in template:
-        return ToolStyle(MistralFormat(), native=uses_tools)
+        return ToolStyle(MistralFormat(), native=True)
     if "<tool_call>" in template:
-        return ToolStyle(HermesFormat(), native=uses_tools)
-    llama3_markers = "<|python_tag|>" in template or "<|start_header_id|>" in template
-    if llama3_markers and (uses_tools or architecture == "llama"):
-        return ToolStyle(Llama3Format(), native=uses_tools)
-    return ToolStyle(HermesFormat(), native=False)
+        return ToolStyle(HermesFormat(), native=True)
+    if "<|python_tag|>" in template or ("<|start_header_id|>" in template and architecture in ("llama", "")):
+        return ToolStyle(Llama3Format(), native=True)
+    return fallback  # a tool format hearth does not read: the template is not given the tools

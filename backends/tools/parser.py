@@ -46,6 +46,7 @@ class _Region:
     body: str = ""
     first_call: int = 0  # the reply-wide index of this region's first call
     emitted: list[int] = field(default_factory=list)  # arguments characters emitted, per call of the region
+    memo: dict = field(default_factory=dict)  # scan_region's state on this body (it only grows)
 
 
 class ToolCallParser:
@@ -128,7 +129,7 @@ class ToolCallParser:
     def _step_region(self, out: list[Delta], final: bool) -> None:
         region = self._region
         assert region is not None
-        scan = scan_region(region.body, self.format.end, final)
+        scan = scan_region(region.body, self.format.end, final, region.memo)
         for i, call in enumerate(scan.calls):
             self._emit_call(out, region, i, call.name, call.arguments)
         rest = region.body[scan.at:]

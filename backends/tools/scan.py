@@ -37,7 +37,10 @@ class RegionScan:
     at: int = 0
 
 
-def scan_region(body: str, end: str | None, final: bool = False) -> RegionScan:
+def scan_region(body: str, end: str | None, final: bool = False, memo: dict | None = None) -> RegionScan:
+    """`memo`: a dict kept by the caller across calls on the same growing `body` (the scanner's state per
+    JSON value, so each character is scanned once however often the region is read again); None = no reuse."""
+    memo = {} if memo is None else memo
     out = RegionScan()
     pos = 0
     n = len(body)
@@ -57,7 +60,7 @@ def scan_region(body: str, end: str | None, final: bool = False) -> RegionScan:
         if body[pos] != "{":
             out.status, out.at = "invalid", pos
             return out
-        call, after, state = _scan_object(body, pos)
+        call, after, state = _scan_object(body, pos, memo)
         if state == "not_a_call":
             out.status, out.at = "invalid", pos
             return out
@@ -71,13 +74,13 @@ def scan_region(body: str, end: str | None, final: bool = False) -> RegionScan:
         pos = after
 
 
-def _scan_object(body: str, start: int) -> tuple[CallScan | None, int, str]:
+def _scan_object(body: str, start: int, memo: dict) -> tuple[CallScan | None, int, str]:
     """(call or None, index after the object, "call" | "not_a_call" | "partial")."""
-    obj_end = _value_end(body, start)
+    obj_end = _value_end(body, start, memo=memo)
     header = _header(body, start)
     if header is not None and header != "fail":
         name, args_start = header
-        args = _arguments_so_far(body, args_start, obj_end)
+        args = _arguments_so_far(body, args_start, obj_end, memo)
         return CallScan(name, args, obj_end is not None), obj_end or len(body), "call"
     if obj_end is None:
         return None, len(body), "partial"
@@ -149,7 +152,7 @@ def _header(body: str, start: int) -> tuple[str, int] | str | None:
     return name, step
 
 
-def _arguments_so_far(body: str, start: int, obj_end: int | None) -> str:
+def _arguments_so_far(body: str, start: int, obj_end: int | None, memo: dict) -> str:
     """The arguments value's text from `start` (after the colon): up to its last non-blank character so far.
     A value written as a JSON string (some models quote the arguments) counts only once complete, decoded."""
     n = len(body) if obj_end is None else obj_end
@@ -158,7 +161,7 @@ def _arguments_so_far(body: str, start: int, obj_end: int | None) -> str:
         i += 1
     if i == n:
         return ""
-    end = _value_end(body, i, stop_at=n)
+    end = _value_end(body, i, stop_at=n, memo=memo)
     if body[i] == '"':
         if end is None:
             return ""
@@ -172,10 +175,10 @@ def _arguments_so_far(body: str, start: int, obj_end: int | None) -> str:
     return body[i:n].rstrip()
 
 
-def _value_end(body: str, start: int, stop_at: int | None = None) -> int | None:
+def _value_end(body: str, start: int, stop_at: int | None = None, memo: dict | None = None) -> int | None:
     """The index just after the JSON value starting at `start`, None when it is not complete yet.  Objects,
     arrays and strings end at their closing character; a scalar (number, true, null) at the next `,` `}` `]`
-    or blank."""
+    or blank.  `memo[start]` keeps where the scan got to (text is only ever appended), so it resumes there."""
     n = len(body) if stop_at is None else stop_at
     first = body[start]
     if first not in '{["':
@@ -183,18 +186,22 @@ def _value_end(body: str, start: int, stop_at: int | None = None) -> int | None:
         while i < n and body[i] not in ",}] \t\r\n":
             i += 1
         return i if i < n else None
-    depth = 0
-    in_string = False
-    i = start
+    i, depth, in_string = memo.get(start, (start, 0, False)) if memo is not None else (start, 0, False)
+    if depth < 0:  # finished before: i is the end
+        return i
+    end = None
     while i < n:
         c = body[i]
         if in_string:
             if c == "\\":
+                if i + 1 >= n:
+                    break  # the escaped character has not arrived: resume on the backslash
                 i += 1
             elif c == '"':
                 in_string = False
                 if depth == 0:
-                    return i + 1
+                    end = i + 1
+                    break
         elif c == '"':
             in_string = True
         elif c in "{[":
@@ -202,6 +209,9 @@ def _value_end(body: str, start: int, stop_at: int | None = None) -> int | None:
         elif c in "}]":
             depth -= 1
             if depth == 0:
-                return i + 1
+                end = i + 1
+                break
         i += 1
-    return None
+    if memo is not None:
+        memo[start] = (end, -1, False) if end is not None else (i, depth, in_string)
+    return end

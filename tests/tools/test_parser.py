@@ -144,3 +144,14 @@ def test_forced_reply_may_start_with_the_json_without_its_marker() -> None:
     text = '{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
     assert calls_of(parse_reply(HermesFormat(), text, forced=True)[1]) == [("f", {"a": 1})]
     assert parse_reply(HermesFormat(), text)[1] == []  # unforced, bare JSON is text for Hermes
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_one_character_at_a_time_with_escapes_and_brackets_inside_strings(fmt) -> None:
+    tricky = ToolCall("c", "write", json.dumps({"text": 'a\\"}] {[ \\\\" \\n', "n": [{"k": "}"}]}))
+    text = fmt.calls_text([tricky, CALLS[1]])
+    parser = ToolCallParser(fmt)
+    for ch in text:
+        parser.feed(ch)
+    parser.finish()
+    assert parser.text == "" and calls_of(parser.calls) == calls_of([tricky, CALLS[1]])

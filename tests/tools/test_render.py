@@ -121,3 +121,12 @@ def test_a_plain_conversation_is_unchanged_by_the_tool_machinery() -> None:
     built = chat_request(spec, msgs, SamplingParams())
     assert built.request.prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert built.tools is None and built.request.constraint is None and built.request.tools is None
+
+
+def test_a_template_that_does_not_render_tools_is_read_as_hermes_whatever_its_family() -> None:
+    llama3_without_tools = T.LLAMA3.replace("{%- if tools %}", "{%- if false %}").replace("{% for t in tools %}",
+                                                                                          "{% for t in [] %}")
+    assert detect(llama3_without_tools, "llama").format.name == "hermes"
+    assert not detect(llama3_without_tools, "llama").native
+    unknown = "{% if tools %}<|tool|>{{ tools | tojson }}<|/tool|>{% endif %}{{ messages[0].content }}"
+    assert (detect(unknown).format.name, detect(unknown).native) == ("hermes", False)
