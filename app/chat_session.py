@@ -14,6 +14,7 @@ from typing import TextIO
 from app.loading import Loaded
 from app.settings import Settings
 from app.requests import FALLBACK_NAME, chat_request, sampling_from
+from app.structured import constraint_for
 from backends.api import Completion, EventKind, FinishReason, Request
 
 
@@ -53,11 +54,13 @@ class ChatSession:
         An aborted or failed turn keeps the history as it was, plus what was generated."""
         backend = self.loaded.backend
         if raw:
-            request = Request(prompt=text, sampling=sampling_from(self.settings, stop=self.stop))
+            request = Request(prompt=text, sampling=sampling_from(self.settings, stop=self.stop),
+                              constraint=constraint_for(self.settings.json_output))
         else:
             self.messages.append({"role": "user", "content": text})
             try:
-                built = chat_request(self.loaded.spec, self.messages, sampling_from(self.settings, stop=self.stop))
+                built = chat_request(self.loaded.spec, self.messages, sampling_from(self.settings, stop=self.stop),
+                                     constraint=constraint_for(self.settings.json_output))
             except BaseException:
                 self.messages.pop()  # a refused template or setting keeps the history as it was
                 raise

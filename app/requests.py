@@ -19,13 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.api import Request, SamplingParams
+from backends.api import Constraint, Request, SamplingParams
 from backends.modelspec import REMOTE_FORMAT, ModelSpec
 from backends.templates import FALLBACK_NAME, check_messages, render_chat, render_for_spec
 from backends.tools.detect import detect
 from backends.tools.render import (ToolReading, constraint_for, has_tool_fields, message_from_dict, reading_for,
                                    template_inputs)
-from backends.tools.spec import ToolRequest
+from backends.tools.spec import ToolRequest, ToolRequestError
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ def sampling_from(settings: Any, chat: Any = None, stop: tuple[str, ...] = ()) -
 
 
 def chat_request(spec: ModelSpec, messages: Sequence[Mapping[str, Any]], sampling: SamplingParams, *,
-                 request_id: str | None = None, tools: ToolRequest | None = None) -> ChatRequest:
+                 request_id: str | None = None, constraint: Constraint | None = None,
+                 tools: ToolRequest | None = None) -> ChatRequest:
     """The Request for a conversation: rendered with `spec`'s template (raises TemplateError / InvalidRequestError
     for a bad conversation or template), `sampling.stop` first, then the format's own stop strings.
 
@@ -55,18 +56,23 @@ def chat_request(spec: ModelSpec, messages: Sequence[Mapping[str, Any]], samplin
 
     A remote model's server applies its template itself: the prompt is then hearth's plain transcript (what a
     text-completion endpoint would be sent), without the plain format's stop strings, and the messages (and the
-    tools, as OpenAI JSON) go as they are."""
+    tools, as OpenAI JSON) go as they are.  `constraint` makes the reply structured (JSON; app/structured.py, the
+    server's response_format); a forced tool_choice brings its own, so the two together are refused."""
     checked = check_messages(messages)
     chat = tuple(message_from_dict(i, m) for i, m in enumerate(checked))
     remote = spec.format == REMOTE_FORMAT
     # a remote server renders and forces the calls itself; its backend writes them back as Hermes-style text
     style = detect(spec.chat_template if not remote else None, spec.architecture)
-    constraint = reading = None
+    reading = None
     variables: dict[str, Any] = {}
     if (tools is not None or has_tool_fields(chat)) and not remote:
         checked, variables = template_inputs(chat, style, tools)
     if tools is not None:
-        constraint = constraint_for(style, tools) if not remote else None
+        if tools.forced and constraint is not None:
+            raise ToolRequestError("a forced tool_choice and a JSON response format both constrain the reply; "
+                                   "send one of them", "tool_choice")
+        if not remote and tools.forced:
+            constraint = constraint_for(style, tools)
         reading = reading_for(style, tools)
     if remote:
         rendered = render_chat(checked, template=None)

@@ -53,6 +53,9 @@ class Settings:
     url: str | None = None
     remote_model: str | None = None
     remote_api_key: str | None = None
+    # structured replies (hearth run --json / --json-schema FILE, the TUI's F3 panel): None = text, "object" = any
+    # JSON object, else a JSON Schema file's path (app/structured.py)
+    json_output: str | None = None
 
     def merged(self, **overrides: Any) -> "Settings":
         """A copy with the given values (None values are ignored: 'flag not given')."""

@@ -17,7 +17,12 @@ DESCRIPTION = """Stream a reply from a local model.
   hearth run                                       interactive multi-turn chat (/help inside)
 
 The plan picks backend, context and GPU layers for this machine (`hearth plan` shows it); flags override it.
---verbose prints the plan and the stats (tokens/s, time to first token) to stderr."""
+--verbose prints the plan and the stats (tokens/s, time to first token) to stderr.
+
+Structured output: --json-schema FILE constrains the reply to JSON valid against the schema in FILE (at most
+64 KiB, 32 levels deep; JSON Schema as llguidance implements it), --json to any JSON object:
+
+  hearth run --json-schema person.json "Invent a person with a name and an age"   {"name":"Ada","age":36}"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="send PROMPT as is, without the chat template")
     p.add_argument("--verbose", "-v", action="store_true", help="print the plan and stats to stderr")
+    j = p.add_mutually_exclusive_group()
+    j.add_argument("--json-schema", dest="json_output", metavar="FILE",
+                   help="reply with JSON valid against the JSON Schema in FILE (constrained decoding: the reply "
+                        "always parses; a max-tokens cut leaves it unfinished)")
+    j.add_argument("--json", dest="json_output", action="store_const", const="object",
+                   help="reply with a JSON object (any keys)")
     add_model_arguments(p, remote=True)
     add_sampling_arguments(p)
 
@@ -38,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
     from app.loading import open_backend
 
     settings = settings_from_args(args)
+    from app.structured import constraint_for
+
+    constraint_for(settings.json_output)  # a missing or bad schema file fails here, before a model loads
     prompt = args.prompt
     if prompt == "-":
         prompt = sys.stdin.read()

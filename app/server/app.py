@@ -12,6 +12,7 @@ UTF-8 bytes, so non-ASCII keys work.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import time
@@ -153,13 +154,15 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
         # the template runs in its own budgeted process; this thread only waits for it
         built = await run_in_threadpool(_chat_request, backend, [m.as_dict() for m in body.messages], sampling,
                                         tools)
-        return await _respond(request, runner, built.request, body, chat=True, model_name=config.model_name,
+        req = await run_in_threadpool(_constrained, built.request, body)
+        return await _respond(request, runner, req, body, chat=True, model_name=config.model_name,
                               tools=built.tools)
 
     @app.post("/v1/completions")
     async def completions(request: HTTPRequest) -> Response:
         body = await _parse(request, CompletionRequest, config)
         req = _completion_request(body, _sampling(body, body.max_tokens, backend, config), backend)
+        req = await run_in_threadpool(_constrained, req, body)
         return await _respond(request, runner, req, body, chat=False, model_name=config.model_name)
 
     app.add_middleware(_Guard, config=config, metrics=metrics)
@@ -223,11 +226,19 @@ def _chat_request(backend: Backend, messages: list[dict], sampling: SamplingPara
                   tools: ToolRequest | None = None) -> ChatRequest:
     """The one request builder (app/requests.py), as `hearth run` and the TUI use it."""
     try:
-        return chat_request(backend.spec, messages, sampling, request_id=_request_id(), tools=tools)
+        built = chat_request(backend.spec, messages, sampling, request_id=_request_id(), tools=tools)
     except ToolRequestError as exc:
         raise APIError(400, exc.one_line(), param=exc.param) from None
     except HearthError as exc:  # TemplateError (a failing or over-budget template), InvalidRequestError
         raise APIError(400, exc.one_line(), param="messages", code="template_error") from None
+    if built.request.constraint is not None:  # a forced call: its schema is the tools' own, checked like any
+        from backends.constrained import check_constraint
+
+        try:
+            check_constraint(built.request.constraint)
+        except InvalidRequestError as exc:
+            raise APIError(400, f"tools: {exc.one_line()}", param="tools") from None
+    return built
 
 
 def _completion_request(body: Any, sampling: SamplingParams, backend: Backend) -> Request:
@@ -241,6 +252,17 @@ def _completion_request(body: Any, sampling: SamplingParams, backend: Backend) -
             raise APIError(400, f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
         return Request(prompt_token_ids=tuple(prompt), sampling=sampling, request_id=_request_id())
     return Request(prompt=prompt, sampling=sampling, request_id=_request_id())
+
+
+def _constrained(req: Request, body: Any) -> Request:
+    """The request with the Constraint its response_format asks for (checked here: a 400 naming the field)."""
+    from app.server.response_format import constraint_of
+
+    constraint = constraint_of(body.response_format)
+    if constraint is not None and req.constraint is not None:  # a forced tool_choice constrains it already
+        raise APIError(400, "response_format and a forced tool_choice both constrain the reply; send one of them",
+                       param="response_format")
+    return req if constraint is None else dataclasses.replace(req, constraint=constraint)
 
 
 def _request_id() -> str:

@@ -18,6 +18,8 @@ class ToolCall(BaseModel):
     type: Literal["function"] = "function"
     function: FunctionCall
 
+from app.server.response_format import ResponseFormat
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -84,6 +86,7 @@ class _Common(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False  # vLLM's extension: generate exactly max_tokens (benchmarks)
+    response_format: ResponseFormat | None = None  # text | json_object | json_schema (app/server/response_format.py)
 
 
 class ChatCompletionRequest(_Common):

@@ -4,12 +4,12 @@ loop: each action here only reads the ConversationStore and pushes a screen; non
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import TYPE_CHECKING, Any
 
 from textual.binding import Binding
 
-from app.conversations import ChatSettings
 from app.tui.widgets.chat_log import MessageBox
 from app.tui.widgets.sidebar import Sidebar
 
@@ -97,15 +97,16 @@ class ScreenActions(_Base):
         self.push_screen(Confirm(f"Delete {self.conv.title or 'this conversation'!r}?"), done)
 
     def action_settings(self) -> None:
-        from app.tui.screens.settings import SettingsScreen
+        from app.tui.screens.settings import SettingsResult, SettingsScreen
 
-        async def done(s: ChatSettings | None) -> None:
-            if s is not None:
-                self.store.update_settings(self.conv.id, s)
+        async def done(result: SettingsResult | None) -> None:
+            if result is not None:
+                self.store.update_settings(self.conv.id, result.chat)
+                self.settings = dataclasses.replace(self.settings, json_output=result.json_output)
                 await self.show_conversation(self.conv.id)
                 self.notify("settings saved for this conversation")
 
-        self.push_screen(SettingsScreen(self.conv.settings), done)
+        self.push_screen(SettingsScreen(self.conv.settings, self.settings.json_output), done)
 
     def action_models(self) -> None:
         from app.tui.screens.models import ModelPicker

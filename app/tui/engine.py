@@ -27,7 +27,10 @@ def build_request(loaded: Any, conv: Conversation, settings: Settings) -> Reques
     the conversation's own settings win over the app's."""
     from app.requests import chat_request, sampling_from
 
-    return chat_request(loaded.spec, conv.chat_messages(), sampling_from(settings, conv.settings)).request
+    from app.structured import constraint_for
+
+    return chat_request(loaded.spec, conv.chat_messages(), sampling_from(settings, conv.settings),
+                        constraint=constraint_for(settings.json_output)).request
 
 
 def load_model(loader: Callable[..., Any], settings: Settings, post: Post) -> None:

@@ -36,6 +36,18 @@ def _parser_limits() -> Any:
                                      step_lexer_fuel=200_000, step_max_items=50_000, verbose_errors=False)
 
 
+def check_constraint(constraint: Constraint) -> None:
+    """Raise InvalidRequestError (one line) when `constraint` would not compile for any vocabulary: the bounds
+    of grammar.py, then llguidance's own check of the grammar under PARSER_LIMITS (no tokenizer needed, so the
+    server refuses a bad schema with a 400 before a model sees it)."""
+    import llguidance
+
+    error = llguidance.LLMatcher.validate_grammar(lark_grammar(constraint), None, limits=_parser_limits())
+    if error and not error.startswith("WARNING"):
+        raise InvalidRequestError(f"the {constraint.kind} constraint cannot be compiled: {_one_line(error)}",
+                                  "use JSON Schema features llguidance supports, in a smaller schema")
+
+
 class ConstraintCompiler:
     """Constraint -> Matcher for one vocabulary (an llguidance LLTokenizer)."""
 
@@ -67,9 +79,16 @@ class ConstraintCompiler:
 
         grammar = lark_grammar(constraint)  # size/depth checks first: nothing big reaches the compiler
         ll = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0, limits=self._limits)
-        if ll.is_error():
+        probe = ll.deep_copy() if not ll.is_error() else ll
+        if not ll.is_error():
+            # some grammars compile but fail at their first mask (a $ref cycle with no value: a -> b -> a)
+            first_mask = probe.compute_bitmask()
+            if not probe.is_error() and not any(first_mask):
+                raise InvalidRequestError(f"the {constraint.kind} constraint allows no first token",
+                                          "send a schema some value satisfies")
+        if probe.is_error():
             raise InvalidRequestError(f"the {constraint.kind} constraint cannot be compiled: "
-                                      f"{_one_line(ll.get_error())}",
+                                      f"{_one_line(probe.get_error())}",
                                       "use JSON Schema features llguidance supports, in a smaller schema")
         return ll
 
@@ -79,6 +98,7 @@ class ConstraintCompiler:
 
 
 def _one_line(text: str, limit: int = 300) -> str:
+    text = text.split("\n1 |")[0].split(" 1 | ")[0]  # llguidance appends the grammar's source: not for clients
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from backends.api import (Backend, Capabilities, ChatMessage, EventKind, FinishReason, GenerationEvent,
+from backends.api import (Backend, Capabilities, ChatMessage, Constraint, EventKind, FinishReason, GenerationEvent,
                           LoadOptions, ProgressCallback, Request, RequestStats)
 from backends.errors import BackendUnavailableError, ContextOverflowError, InvalidRequestError
 from backends.remote.spec import RemoteTarget, api_base, remote_spec
@@ -43,7 +43,8 @@ _CONTEXT_WORDS = ("context length", "context_length", "maximum context", "contex
 
 class RemoteBackend(Backend):
     name = "remote"
-    capabilities = Capabilities(concurrent_requests=True, gguf=False, logits=False, local=False)
+    # constraints: response_format is passed through to the server, which enforces it (no literal prefix/suffix)
+    capabilities = Capabilities(concurrent_requests=True, gguf=False, logits=False, local=False, constraints=True)
 
     def __init__(self, spec: ModelSpec, options: LoadOptions | None = None, target: RemoteTarget | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
@@ -256,6 +257,8 @@ def _body(model: str, request: Request) -> tuple[str, dict[str, Any]]:
         body["stop"] = list(s.stop)
     if s.ignore_eos:
         body["ignore_eos"] = True
+    if request.constraint is not None:
+        body["response_format"] = _response_format(request.constraint)
     if request.messages is not None:
         body["messages"] = [_message_body(m) for m in request.messages]
         if request.tools is not None:
@@ -281,6 +284,19 @@ def _message_body(m: ChatMessage) -> dict[str, Any]:
     if m.name is not None:
         out["name"] = m.name
     return out
+
+
+def _response_format(constraint: Constraint) -> dict[str, Any]:
+    """OpenAI's response_format for a constraint; literal text around the JSON (forced tool calls) has no
+    response_format, so such a constraint is refused rather than dropped."""
+    if constraint.prefix or constraint.suffix:
+        raise InvalidRequestError("the remote backend passes response_format to its server, which cannot add "
+                                  "literal text around the JSON", "use a local backend for this request")
+    if constraint.kind == "json_object":
+        return {"type": "json_object"}
+    assert constraint.schema is not None
+    return {"type": "json_schema",
+            "json_schema": {"name": "response", "schema": json.loads(constraint.schema), "strict": True}}
 
 
 def _usage(usage: Any, stats: RequestStats) -> None:

@@ -240,12 +240,12 @@ class TorchBackend(Backend):
                 f"shorten the conversation, or load the model with a larger --ctx (trained on "
                 f"{self.spec.context_length})")
         eos = frozenset() if request.sampling.ignore_eos else self.eos_token_ids
-        matcher = None
+        matcher, sampling = None, request.sampling
         if request.constraint is not None:  # compiled here, in the caller's thread: the batch never waits on it
             matcher = self._constraint_compiler().matcher(request.constraint)
-            eos = self.eos_token_ids  # the grammar's end is end-of-sequence, even with ignore_eos
-        er = EngineRequest(request.request_id, tuple(ids), request.sampling, eos, arrival_time=submitted,
-                           matcher=matcher)
+            # the grammar's end is end-of-sequence (its only allowed token), even with ignore_eos
+            eos, sampling = self.eos_token_ids, dataclasses.replace(sampling, ignore_eos=False)
+        er = EngineRequest(request.request_id, tuple(ids), sampling, eos, arrival_time=submitted, matcher=matcher)
         out: queue.SimpleQueue = queue.SimpleQueue()
         self._post(Add(er, out))
         return self._events(request, er, out)

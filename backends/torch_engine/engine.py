@@ -68,8 +68,9 @@ class Engine:
             return {}, {}
         requests = [self.scheduler.requests[r] for r in result.request_ids]
         matchers = [r.matcher for r in requests]
+        constrained = any(m is not None for m in matchers)
         rows = self.sampler.sample(result.logits, result.request_ids, [r.sampling for r in requests],
-                                   [r.token_ids for r in requests], matchers if any(m is not None for m in matchers) else None)
+                                   [r.token_ids for r in requests], matchers if constrained else None)
         for i, (matcher, token) in enumerate(zip(matchers, rows)):
             if matcher is not None and not isinstance(token, Exception):
                 try:  # a constrained request's grammar advances with its token; refusing it fails that request

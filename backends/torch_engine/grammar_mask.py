@@ -28,9 +28,12 @@ def apply_grammar_masks(logits: torch.Tensor, matchers: Sequence[Any] | None) ->
         row = bitmask[j]
         matchers[i].fill_bitmask(row.data_ptr(), row.numel() * 4)
     allowed = unpack_bitmask(bitmask, logits.shape[-1])  # (constrained rows, vocab) bool
-    logits = logits.clone()
-    index = torch.tensor(rows, dtype=torch.long)
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    if not bool(allowed.any(dim=1).all()):  # a row with nothing allowed would sample NaN: fail it (the sampler
+        raise ValueError("the constraint allows no next token")  # retries rows alone, so only that row fails)
+    logits = logits.clone()  # the runner's tensor stays raw (log-probabilities are of the unmasked logits)
+    forbidden = ~allowed
+    for j, i in enumerate(rows):  # in place, row by row: no gather/scatter copies of the batch
+        logits[i].masked_fill_(forbidden[j], float("-inf"))
     return logits
 
 

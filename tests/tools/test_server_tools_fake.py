@@ -124,6 +124,10 @@ BAD = [
      "tool_choice.function.name"),
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {  # a keyword the grammar lacks
+        "type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}], "tool_choice": "required"}, "tools"),
     ({"messages": [{"role": "tool", "content": "22 C"}]}, "messages.0"),
     ({"messages": [{"role": "assistant", "content": None}]}, "messages.0"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": [

@@ -1,6 +1,11 @@
-"""F3: this conversation's system prompt and sampling settings."""
+"""F3: this conversation's system prompt and sampling settings, and this session's structured output (JSON).
+
+The JSON output setting is the app's `json_output` (app/structured.py): it holds for every conversation until
+the TUI closes; `json_output` in settings.toml sets it at start."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -24,12 +29,19 @@ def parse_settings(system: str, temperature: str, top_p: str, max_tokens: str, s
     return ChatSettings(system.strip(), t, p, n, s)
 
 
-class SettingsScreen(ModalScreen[ChatSettings | None]):
+@dataclass(frozen=True)
+class SettingsResult:
+    chat: ChatSettings  # this conversation's, saved with it
+    json_output: str | None  # this session's structured output: None = text, "object", or a schema file
+
+
+class SettingsScreen(ModalScreen[SettingsResult | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "cancel"), Binding("ctrl+s", "save", "save")]
 
-    def __init__(self, current: ChatSettings) -> None:
+    def __init__(self, current: ChatSettings, json_output: str | None = None) -> None:
         super().__init__()
         self.current = current
+        self.json_output = json_output
 
     def compose(self) -> ComposeResult:
         c = self.current
@@ -45,6 +57,8 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             yield Input(str(c.max_tokens), id="max_tokens")
             yield Label("Seed (empty = random)")
             yield Input("" if c.seed is None else str(c.seed), id="seed")
+            yield Label("JSON output, this session (empty = text, object = any JSON object, or a JSON Schema file)")
+            yield Input(self.json_output or "", id="json_output")
             yield Button("Save", id="save", variant="primary")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
@@ -57,7 +71,11 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         v = {i: self.query_one(f"#{i}", Input).value for i in ("temperature", "top_p", "max_tokens", "seed")}
         try:
             s = parse_settings(self.query_one("#system", TextArea).text, **v)
+            json_output = self.query_one("#json_output", Input).value.strip() or None
+            from app.structured import constraint_for
+
+            constraint_for(json_output)  # a missing or bad schema file is refused here, with the reason
         except HearthError as exc:
             self.notify(exc.one_line(), severity="error")
             return
-        self.dismiss(s)
+        self.dismiss(SettingsResult(s, json_output))
