@@ -7,18 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
-
-class FunctionCall(BaseModel):
-    name: StrictStr
-    arguments: StrictStr  # JSON text, as OpenAI sends it
-
-
-class ToolCall(BaseModel):
-    id: StrictStr
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
 from app.server.response_format import ResponseFormat
+from app.server.tool_schemas import NamedToolChoice, Tool, ToolCall
 
 
 class ChatMessage(BaseModel):
@@ -47,27 +37,6 @@ class ChatMessage(BaseModel):
         if self.name is not None:
             out["name"] = self.name
         return out
-
-
-class FunctionDef(BaseModel):
-    name: StrictStr
-    description: StrictStr | None = None
-    parameters: dict | None = None  # a JSON Schema object
-    strict: StrictBool | None = None  # accepted; a forced call is always held to the schema
-
-
-class Tool(BaseModel):
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class NamedFunction(BaseModel):
-    name: StrictStr
-
-
-class NamedToolChoice(BaseModel):
-    type: Literal["function"]
-    function: NamedFunction
 
 
 class StreamOptions(BaseModel):
