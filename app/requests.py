@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.api import Constraint, Request, SamplingParams
+from backends.errors import TemplateError
 from backends.modelspec import REMOTE_FORMAT, ModelSpec
 from backends.templates import FALLBACK_NAME, check_messages, render_chat, render_for_spec
 from backends.tools.detect import detect
@@ -79,7 +80,15 @@ def chat_request(spec: ModelSpec, messages: Sequence[Mapping[str, Any]], samplin
         extra: tuple[str, ...] = ()
         source = "server"
     else:
-        rendered = render_for_spec(spec, checked, extra=variables)
+        try:
+            rendered = render_for_spec(spec, checked, extra=variables)
+        except TemplateError:
+            # hearth's tool block added a system message to a template that refuses them: put it in the first
+            # user message instead (a conversation that had a system message already fails the same way again)
+            if tools is None or not tools.rendered or style.native or any(m.role == "system" for m in chat):
+                raise
+            checked, variables = template_inputs(chat, style, tools, system_role=False)
+            rendered = render_for_spec(spec, checked, extra=variables)
         extra = rendered.stop
         source = rendered.template_source
     stop = sampling.stop + tuple(s for s in extra if s not in sampling.stop)

@@ -27,10 +27,6 @@ class ToolStyle:
     format: ToolFormat
     native: bool  # True: the model's template renders the tools and calls (it is passed `tools=`)
 
-    @property
-    def name(self) -> str:
-        return self.format.name if self.native else f"{self.format.name} (hearth system block)"
-
 
 def detect(template: str | None, architecture: str = "") -> ToolStyle:
     """The family's format when the template renders tools itself (it uses a `tools` variable and writes a

@@ -7,7 +7,8 @@ into the dicts and variables a template renders:
 - native style (the template renders tools): messages in the Hugging Face form (assistant `tool_calls` with
   `function.arguments` as an object, tool messages with `tool_call_id` and `name`) and `tools=` in OpenAI's form;
 - hearth's Hermes-style fallback (a template without tool support, or none): the tools as a block appended to
-  the system message (a system message is added when there is none), an assistant's calls written into its
+  the system message (a system message is added when there is none; a template that refuses system messages
+  gets the block at the top of the first user message instead), an assistant's calls written into its
   text as `<tool_call>` blocks, and tool results as a user turn of `<tool_response>` blocks (consecutive results
   share one turn), so any template renders them.
 
@@ -86,9 +87,10 @@ def has_tool_fields(messages: Sequence[ChatMessage]) -> bool:
     return any(m.tool_calls or m.role == "tool" for m in messages)
 
 
-def template_inputs(messages: Sequence[ChatMessage], style: ToolStyle,
-                    tools: ToolRequest | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(messages as template dicts, extra template variables)."""
+def template_inputs(messages: Sequence[ChatMessage], style: ToolStyle, tools: ToolRequest | None,
+                    system_role: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(messages as template dicts, extra template variables).  `system_role` False (a template that refuses
+    system messages): hearth's tool block opens the first user message instead."""
     render_tools = tools is not None and tools.rendered
     if style.native:
         extra = {"tools": [t.openai() for t in tools.tools]} if render_tools and tools is not None else {}
@@ -112,6 +114,12 @@ def template_inputs(messages: Sequence[ChatMessage], style: ToolStyle,
         block = fallback_system_block(tools.tools)
         if out and out[0]["role"] == "system":
             out[0]["content"] = f"{out[0]['content']}\n\n{block}" if out[0]["content"] else block
+        elif not system_role:
+            first = next((d for d in out if d["role"] == "user"), None)
+            if first is None:
+                out.insert(0, {"role": "user", "content": block})
+            else:
+                first["content"] = f"{block}\n\n{first['content']}"
         else:
             out.insert(0, {"role": "system", "content": block})
     return out, {}

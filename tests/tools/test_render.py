@@ -130,3 +130,16 @@ def test_a_template_that_does_not_render_tools_is_read_as_hermes_whatever_its_fa
     assert not detect(llama3_without_tools, "llama").native
     unknown = "{% if tools %}<|tool|>{{ tools | tojson }}<|/tool|>{% endif %}{{ messages[0].content }}"
     assert (detect(unknown).format.name, detect(unknown).native) == ("hermes", False)
+
+
+def test_a_template_that_refuses_system_messages_gets_the_block_in_the_first_user_turn() -> None:
+    no_system = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not "
+                 "supported') }}{% endif %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    built = build(no_system, messages=[{"role": "user", "content": "Weather in Paris?"}])
+    assert built.request.prompt.startswith("<start_of_turn>user\n# Tools\n\nYou may call")
+    assert "Weather in Paris?<end_of_turn>" in built.request.prompt
+    from backends.errors import TemplateError
+
+    with pytest.raises(TemplateError):  # the user's own system message is still refused, as without tools
+        build(no_system, messages=[{"role": "system", "content": "x"}, {"role": "user", "content": "y"}])
