@@ -14,19 +14,26 @@ the SamplingParams (`sampling_from` for Settings) and this module only adds the 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.api import ChatMessage, Constraint, Request, SamplingParams
+from backends.api import Constraint, Request, SamplingParams
+from backends.errors import TemplateError
 from backends.modelspec import REMOTE_FORMAT, ModelSpec
 from backends.templates import FALLBACK_NAME, check_messages, render_chat, render_for_spec
+from backends.tools.detect import detect
+from backends.tools.render import (ToolReading, constraint_for, has_tool_fields, message_from_dict, reading_for,
+                                   template_inputs)
+from backends.tools.spec import ToolRequest, ToolRequestError
 
 
 @dataclass(frozen=True)
 class ChatRequest:
     request: Request
     template_source: str  # "gguf" | "hearth-plain" (the model has no template: callers say so) | "server"
+    tools: ToolReading | None = None  # how to read tool calls out of the reply; None = the request has no tools
 
 
 def sampling_from(settings: Any, chat: Any = None, stop: tuple[str, ...] = ()) -> SamplingParams:
@@ -39,29 +46,65 @@ def sampling_from(settings: Any, chat: Any = None, stop: tuple[str, ...] = ()) -
 
 
 def chat_request(spec: ModelSpec, messages: Sequence[Mapping[str, Any]], sampling: SamplingParams, *,
-                 request_id: str | None = None, constraint: Constraint | None = None) -> ChatRequest:
+                 request_id: str | None = None, constraint: Constraint | None = None,
+                 tools: ToolRequest | None = None) -> ChatRequest:
     """The Request for a conversation: rendered with `spec`'s template (raises TemplateError / InvalidRequestError
     for a bad conversation or template), `sampling.stop` first, then the format's own stop strings.
 
+    Tools (backends/tools): the template family's format is detected from the template; the tools and any tool
+    calls / results in the history are rendered by the template itself where it can, else in hearth's
+    Hermes-style format; a forced tool_choice adds the Constraint that makes the reply one valid call.
+
     A remote model's server applies its template itself: the prompt is then hearth's plain transcript (what a
-    text-completion endpoint would be sent), without the plain format's stop strings, and the messages go as
-    they are.  `constraint` makes the reply structured (JSON; app/structured.py, the server's response_format)."""
+    text-completion endpoint would be sent), without the plain format's stop strings, and the messages (and the
+    tools, as OpenAI JSON) go as they are.  `constraint` makes the reply structured (JSON; app/structured.py, the
+    server's response_format); a forced tool_choice brings its own, so the two together are refused."""
     checked = check_messages(messages)
-    if spec.format == REMOTE_FORMAT:
+    chat = tuple(message_from_dict(i, m) for i, m in enumerate(checked))
+    remote = spec.format == REMOTE_FORMAT
+    # a remote server renders and forces the calls itself; its backend writes them back as Hermes-style text
+    style = detect(spec.chat_template if not remote else None, spec.architecture)
+    reading = None
+    variables: dict[str, Any] = {}
+    if (tools is not None or has_tool_fields(chat)) and not remote:
+        checked, variables = template_inputs(chat, style, tools)
+    if tools is not None:
+        if tools.forced and constraint is not None:
+            raise ToolRequestError("a forced tool_choice and a JSON response format both constrain the reply; "
+                                   "send one of them", "tool_choice")
+        if not remote and tools.forced:
+            constraint = constraint_for(style, tools)
+        reading = reading_for(style, tools)
+    if remote:
         rendered = render_chat(checked, template=None)
         extra: tuple[str, ...] = ()
         source = "server"
     else:
-        rendered = render_for_spec(spec, checked)
+        try:
+            rendered = render_for_spec(spec, checked, extra=variables)
+        except TemplateError:
+            # hearth's tool block added a system message to a template that refuses them: put it in the first
+            # user message instead (a conversation that had a system message already fails the same way again)
+            if tools is None or not tools.rendered or style.native or any(m.role == "system" for m in chat):
+                raise
+            checked, variables = template_inputs(chat, style, tools, system_role=False)
+            rendered = render_for_spec(spec, checked, extra=variables)
         extra = rendered.stop
         source = rendered.template_source
     stop = sampling.stop + tuple(s for s in extra if s not in sampling.stop)
     ids = {"request_id": request_id} if request_id is not None else {}
+    remote_tools = _remote_tools(tools) if remote and tools is not None else {}
     request = Request(prompt=rendered.text, add_special=rendered.add_special,
-                      sampling=dataclasses.replace(sampling, stop=stop),
-                      messages=tuple(ChatMessage(m["role"], m["content"]) for m in checked), constraint=constraint,
-                      **ids)
-    return ChatRequest(request, source)
+                      sampling=dataclasses.replace(sampling, stop=stop), messages=chat, constraint=constraint,
+                      **remote_tools, **ids)
+    return ChatRequest(request, source, reading)
+
+
+def _remote_tools(tools: ToolRequest) -> dict[str, Any]:
+    """The tools as the remote backend forwards them (OpenAI JSON text); its server parses the calls itself."""
+    choice: Any = tools.choice if tools.choice != "function" else {"type": "function",
+                                                                  "function": {"name": tools.function}}
+    return {"tools": json.dumps([t.openai() for t in tools.tools]), "tool_choice": json.dumps(choice)}
 
 
 __all__ = ["FALLBACK_NAME", "ChatRequest", "chat_request", "sampling_from"]

@@ -148,11 +148,30 @@ def new_request_id(prefix: str = "req") -> str:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """One function call an assistant message made (OpenAI's `tool_calls[i]`, type "function")."""
+
+    id: str  # "call_..." as the server gave it; a tool message answers it by this id
+    name: str  # the function's name
+    arguments: str  # the arguments as JSON text, as the model wrote them (OpenAI sends text, not an object)
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    """One message of a conversation, as chat templates and OpenAI-compatible servers take it."""
+    """One message of a conversation, as chat templates and OpenAI-compatible servers take it.
+
+    The tool fields default to empty, so a message of a plain conversation (and every one saved before tool
+    calls existed) is what it was: role and content."""
 
     role: str  # "system" | "user" | "assistant" | "tool"
-    content: str
+    content: str  # "" for an assistant message that only calls tools (OpenAI's content null)
+    tool_calls: tuple[ToolCall, ...] = ()  # assistant: the calls it made, in order
+    tool_call_id: str | None = None  # tool: the id of the call this message answers
+    name: str | None = None  # tool: the function's name (some templates print it)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tool_calls, tuple):
+            object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
 
 
 @dataclass(frozen=True)
@@ -216,6 +235,10 @@ class Request:
     add_special: bool = True  # add BOS (per the model's add_bos_token) when tokenizing a text prompt
     messages: tuple[ChatMessage, ...] | None = None  # the conversation `prompt` was rendered from; None = raw
     constraint: Constraint | None = None  # constrained decoding (structured outputs, forced tool calls)
+    # the OpenAI `tools` array and `tool_choice` as JSON text, for a backend that applies the chat template
+    # itself (remote); local engines read the prompt, where the tools are rendered already.  None = no tools
+    tools: str | None = None
+    tool_choice: str | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.prompt_token_ids is None):

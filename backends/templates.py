@@ -110,11 +110,13 @@ def _render_fallback(msgs: list[dict[str, Any]], add_generation_prompt: bool) ->
 
 
 def render_for_spec(spec: Any, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-                    template_override: str | None = None) -> RenderedPrompt:
-    """Render with a ModelSpec's template and special tokens (the common path for backends' callers)."""
+                    template_override: str | None = None, extra: Mapping[str, Any] | None = None) -> RenderedPrompt:
+    """Render with a ModelSpec's template and special tokens (the common path for backends' callers).
+    `extra`: more template variables (`tools=` for a template that renders tools, backends/tools/render.py)."""
     template = template_override if template_override is not None else spec.chat_template
     rendered = render_chat(messages, template=template, bos_token=spec.bos_token_text or "",
-                           eos_token=spec.eos_token_text or "", add_generation_prompt=add_generation_prompt)
+                           eos_token=spec.eos_token_text or "", add_generation_prompt=add_generation_prompt,
+                           extra=extra)
     if template_override is not None and template is not None:
         return RenderedPrompt(rendered.text, rendered.add_special, "custom", rendered.stop)
     return rendered

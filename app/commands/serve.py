@@ -22,7 +22,12 @@ nested at most 64 deep; the model's chat template renders within 2 s, 512 MiB an
 max_tokens <= context; --max-concurrency requests run at once (default 16; a backend without batching, e.g.
 llama.cpp, runs one at a time and the rest queue); at most --queue-limit (default 64) wait, beyond that 429
 with Retry-After.  SIGINT/SIGTERM: stop accepting, give running requests --shutdown-grace seconds (default
-10), abort the rest, exit 0."""
+10), abort the rest, exit 0.
+
+Tool calling: tools (at most 128), tool_choice and tool messages, in the model's own template format
+(Hermes/Qwen, Llama 3.x, Mistral) or, for a template without tool support, hearth's Hermes-style block in the
+system message; tool_choice "required" or a named function forces one call valid for the function's schema
+(constrained decoding).  README "Tool calling" has the formats."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -27,13 +27,17 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from app.defaults import SAMPLING
+from app.requests import ChatRequest, chat_request
 from app.server.errors import APIError
 from app.server.metrics import ServerMetrics
 from app.server.runner import Generation, Limits, Runner
 from app.server.body import decode_body
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
+from app.server.tool_replies import ToolReply
 from backends.api import Backend, EventKind, Request, SamplingParams
 from backends.errors import HearthError, InvalidRequestError
+from backends.tools.render import ToolReading
+from backends.tools.spec import ToolRequest, ToolRequestError, tool_request_from_openai
 
 
 @dataclass
@@ -146,10 +150,13 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
         body = await _parse(request, ChatCompletionRequest, config)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         sampling = _sampling(body, max_tokens, backend, config)
+        tools = _tools(body)
         # the template runs in its own budgeted process; this thread only waits for it
-        req = await run_in_threadpool(_chat_request, backend, [m.model_dump() for m in body.messages], sampling)
-        req = await run_in_threadpool(_constrained, req, body)
-        return await _respond(request, runner, req, body, chat=True, model_name=config.model_name)
+        built = await run_in_threadpool(_chat_request, backend, [m.as_dict() for m in body.messages], sampling,
+                                        tools)
+        req = await run_in_threadpool(_constrained, built.request, body)
+        return await _respond(request, runner, req, body, chat=True, model_name=config.model_name,
+                              tools=built.tools)
 
     @app.post("/v1/completions")
     async def completions(request: HTTPRequest) -> Response:
@@ -203,14 +210,35 @@ def _validate(raw: bytes, schema: type[BaseModel], config: ServerConfig) -> Any:
     return body
 
 
-def _chat_request(backend: Backend, messages: list[dict], sampling: SamplingParams) -> Request:
-    """The one request builder (app/requests.py), as `hearth run` and the TUI use it."""
-    from app.requests import chat_request
-
+def _tools(body: Any) -> ToolRequest | None:
+    """The request's tools, tool_choice and parallel_tool_calls, checked (a 400 naming the field)."""
+    if body.tools is None and body.tool_choice is None:
+        return None
+    tools = [t.model_dump(exclude_none=True) for t in body.tools or ()]
+    choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
     try:
-        return chat_request(backend.spec, messages, sampling, request_id=_request_id()).request
+        return tool_request_from_openai(tools, choice, body.parallel_tool_calls)
+    except ToolRequestError as exc:
+        raise APIError(400, exc.one_line(), param=exc.param) from None
+
+
+def _chat_request(backend: Backend, messages: list[dict], sampling: SamplingParams,
+                  tools: ToolRequest | None = None) -> ChatRequest:
+    """The one request builder (app/requests.py), as `hearth run` and the TUI use it."""
+    try:
+        built = chat_request(backend.spec, messages, sampling, request_id=_request_id(), tools=tools)
+    except ToolRequestError as exc:
+        raise APIError(400, exc.one_line(), param=exc.param) from None
     except HearthError as exc:  # TemplateError (a failing or over-budget template), InvalidRequestError
         raise APIError(400, exc.one_line(), param="messages", code="template_error") from None
+    if built.request.constraint is not None:  # a forced call: its schema is the tools' own, checked like any
+        from backends.constrained import check_constraint
+
+        try:
+            check_constraint(built.request.constraint)
+        except InvalidRequestError as exc:
+            raise APIError(400, f"tools: {exc.one_line()}", param="tools") from None
+    return built
 
 
 def _completion_request(body: Any, sampling: SamplingParams, backend: Backend) -> Request:
@@ -231,6 +259,9 @@ def _constrained(req: Request, body: Any) -> Request:
     from app.server.response_format import constraint_of
 
     constraint = constraint_of(body.response_format)
+    if constraint is not None and req.constraint is not None:  # a forced tool_choice constrains it already
+        raise APIError(400, "response_format and a forced tool_choice both constrain the reply; send one of them",
+                       param="response_format")
     return req if constraint is None else dataclasses.replace(req, constraint=constraint)
 
 
@@ -299,15 +330,19 @@ async def _unless_gone(request: HTTPRequest, work: Awaitable[_T]) -> _T:
 
 
 async def _respond(request: HTTPRequest, runner: Runner, req: Request, body: Any, *, chat: bool,
-                   model_name: str) -> Response:
+                   model_name: str, tools: ToolReading | None = None) -> Response:
     try:
-        return await _unless_gone(request, _answer(runner, req, body, chat=chat, model_name=model_name))
+        return await _unless_gone(request, _answer(runner, req, body, chat=chat, model_name=model_name,
+                                                   tools=tools))
     except _ClientGone:
         return Response(status_code=499)  # nobody reads it; the metrics count it as "client closed request"
 
 
-async def _answer(runner: Runner, req: Request, body: Any, *, chat: bool, model_name: str) -> Response:
-    """Waits for a slot and, unless streaming, for the whole reply: both end early when the client leaves."""
+async def _answer(runner: Runner, req: Request, body: Any, *, chat: bool, model_name: str,
+                  tools: ToolReading | None = None) -> Response:
+    """Waits for a slot and, unless streaming, for the whole reply: both end early when the client leaves.
+    With tools, the reply's calls are parsed out of its text (app/server/tool_replies.py)."""
+    reply = ToolReply(tools) if tools is not None else None
     gen = await runner.open(req)
     created = int(time.time())
     rid = ("chatcmpl-" if chat else "cmpl-") + req.request_id[4:]
@@ -322,7 +357,10 @@ async def _answer(runner: Runner, req: Request, body: Any, *, chat: bool, model_
                            code=gen.finished.error_code)
         text = "".join(parts)
         choice: dict = {"index": 0, "finish_reason": _finish(gen), "logprobs": None}
-        if chat:
+        if reply is not None:
+            choice["message"] = reply.message(text)
+            choice["finish_reason"] = reply.finish_reason(choice["finish_reason"])
+        elif chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
@@ -346,19 +384,29 @@ async def _answer(runner: Runner, req: Request, body: Any, *, chat: bool, model_
             return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
         return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
 
+    def pieces(text: str, final: bool = False) -> list[bytes]:
+        if reply is None:
+            return [sse([choice(text, None)])] if text else []
+        deltas = reply.feed(text) + (reply.finish() if final else [])
+        return [sse([{"index": 0, "delta": d, "finish_reason": None, "logprobs": None}]) for d in deltas]
+
     async def stream():
         try:
             if chat:
                 yield sse([choice(None, None, first=True)])
             async for event in gen.events():
                 if event.kind is EventKind.TOKEN and event.text:
-                    yield sse([choice(event.text, None)])
+                    for chunk in pieces(event.text):
+                        yield chunk
                 elif event.kind is EventKind.FINISHED:
+                    for chunk in pieces("", final=True):
+                        yield chunk
                     if event.finish_reason.value == "error":
                         err = APIError(500, f"generation failed: {event.error}", type="server_error",
                                        code=event.error_code)
                         yield f"data: {json.dumps(err.body())}\n\n".encode()
-                    yield sse([choice(None, _finish(gen))])
+                    finish = _finish(gen)
+                    yield sse([choice(None, reply.finish_reason(finish) if reply is not None else finish)])
             if include_usage:
                 yield sse([], _usage(gen))
             yield b"data: [DONE]\n\n"

@@ -12,7 +12,9 @@ URL is a BackendUnavailableError naming it; a 400 about the context length is a 
 4xx an InvalidRequestError (all exit 2, raised before STARTED); a 5xx or a stream cut short ends the stream with
 FinishReason.ERROR.  Sampling sends OpenAI's own fields (temperature, top_p, max_tokens, seed, stop) and
 ignore_eos when asked; top_k, min_p and repeat_penalty are the server's own business (OpenAI has no such fields
-and some servers refuse unknown ones).
+and some servers refuse unknown ones).  Tools pass through: the request's `tools` / `tool_choice` and the
+messages' tool calls and results go as OpenAI sends them, and the server's `delta.tool_calls` come back written
+into the text in the Hermes format (tool_text.py), which hearth's tool parser reads like a local model's.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from typing import Any
 
 import httpx
 
-from backends.api import (Backend, Capabilities, EventKind, FinishReason, GenerationEvent, LoadOptions,
-                          Constraint, ProgressCallback, Request, RequestStats)
+from backends.api import (Backend, Capabilities, ChatMessage, Constraint, EventKind, FinishReason, GenerationEvent,
+                          LoadOptions, ProgressCallback, Request, RequestStats)
 from backends.errors import BackendUnavailableError, ContextOverflowError, InvalidRequestError
 from backends.remote.spec import RemoteTarget, api_base, remote_spec
+from backends.remote.tool_text import ToolCallText
 from backends.modelspec import ModelSpec
 from hwprobe.errors import ConfigError
 
@@ -150,6 +153,7 @@ class RemoteBackend(Backend):
         reason: FinishReason | None = None
         error: str | None = None
         pieces = 0
+        calls = ToolCallText()  # the server's delta.tool_calls, written into the text (tool_text.py)
         try:
             for line in response.iter_lines():
                 if not line.startswith("data:"):
@@ -165,6 +169,10 @@ class RemoteBackend(Backend):
                 _usage(chunk.get("usage"), stats)
                 for choice in chunk.get("choices") or ():
                     text = ((choice.get("delta") or {}).get("content") if chat else choice.get("text")) or ""
+                    if chat:
+                        text += calls.feed((choice.get("delta") or {}).get("tool_calls"))
+                        if choice.get("finish_reason"):
+                            text += calls.close()
                     if text:
                         if pieces == 0:
                             stats.ttft_s = time.perf_counter() - t0
@@ -252,12 +260,30 @@ def _body(model: str, request: Request) -> tuple[str, dict[str, Any]]:
     if request.constraint is not None:
         body["response_format"] = _response_format(request.constraint)
     if request.messages is not None:
-        body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+        body["messages"] = [_message_body(m) for m in request.messages]
+        if request.tools is not None:
+            body["tools"] = json.loads(request.tools)
+        if request.tool_choice is not None:
+            body["tool_choice"] = json.loads(request.tool_choice)
         return "/chat/completions", body
     if request.prompt is None:
         raise InvalidRequestError("the remote backend takes text, not token ids", "send a text prompt")
     body["prompt"] = request.prompt
     return "/completions", body
+
+
+def _message_body(m: ChatMessage) -> dict[str, Any]:
+    """A message as OpenAI takes it, tool calls and results included."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["content"] = m.content or None
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
 
 
 def _response_format(constraint: Constraint) -> dict[str, Any]:
