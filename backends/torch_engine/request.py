@@ -11,7 +11,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from backends.api import SamplingParams
+from backends.api import SamplingParams, TokenLogprob
 
 
 class RequestStatus(enum.IntEnum):
@@ -50,10 +50,16 @@ class EngineRequest:
     first_scheduled_time: float | None = None  # perf_counter when its prefill first ran
     first_token_time: float | None = None  # perf_counter when its first output token was sampled
     finished_time: float | None = None
+    # sampling.prompt_logprobs: the entries scored so far, position by position (the engine fills them chunk by
+    # chunk; complete when there is one per prompt token)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+        if self.sampling.prompt_logprobs and not self.prompt_logprobs:
+            # the first prompt token has nothing before it: no log-probability (OpenAI's echo gives null)
+            self.prompt_logprobs = [TokenLogprob(self.prompt_token_ids[0], None)]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -79,6 +85,10 @@ class EngineRequest:
     def is_prefilling(self) -> bool:
         """More than the last sampled token is still to be computed (a prompt, or a recompute)."""
         return self.num_tokens - self.num_computed_tokens > 1
+
+    @property
+    def prompt_logprobs_ready(self) -> bool:
+        return len(self.prompt_logprobs) == self.num_prompt_tokens
 
     def append_output(self, token_id: int) -> None:
         self.token_ids.append(int(token_id))

@@ -1,8 +1,10 @@
 """Batched next-token sampling with per-request generators.
 
-Order of the filters follows llama.cpp's default chain (what the llama.cpp backend does with the same
-SamplingParams): repetition penalty -> top-k -> top-p -> min-p (on the un-tempered distribution) -> temperature
--> draw.  Greedy rows (temperature 0) are one argmax for the whole batch.
+Order of the steps follows llama.cpp's chain (what the llama.cpp backend does with the same SamplingParams):
+logit_bias and OpenAI's presence/frequency penalties (backends.torch_engine.penalties; the llama.cpp backend
+applies the same two in its logits processor, first in its chain) -> repetition penalty -> top-k -> top-p ->
+min-p (on the un-tempered distribution) -> temperature -> draw.  Greedy rows (temperature 0) are one argmax for
+the whole batch, taken after the same logit steps.
 
 Reproducibility: each request owns a `torch.Generator` seeded from `SamplingParams.seed` (or from the
 sampler's own seeded source when None), and draws exactly one uniform number from it per sampled token.  Every
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from backends.api import SamplingParams, seed_u64
+from backends.torch_engine.penalties import apply_bias_and_openai_penalties
 
 REPEAT_LAST_N = 64  # tokens looked back at by the repetition penalty (llama.cpp's penalty_last_n default)
 
@@ -46,10 +49,12 @@ class Sampler:
         return g
 
     def sample(self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams],
-               histories: Sequence[Sequence[int]]) -> list[int | Exception]:
+               histories: Sequence[Sequence[int]], num_prompt_tokens: Sequence[int] | None = None,
+               ) -> list[int | Exception]:
         """One token per row, or the exception that row raised: one request's failure is that request's alone.
         logits: (num_rows, vocab); histories: each row's tokens so far (prompt and output), for the repetition
-        penalty.
+        penalty; num_prompt_tokens: how many of them are the prompt (OpenAI's presence/frequency penalties count
+        only the rest, the generated tokens); None = 0 each.
 
         The batch is sampled in one go; if that raises, every generator is put back as it was and the rows are
         sampled one by one, so the rows that can be sampled get the token they would have got in the batch
@@ -57,8 +62,9 @@ class Sampler:
         assert logits.dim() == 2 and logits.shape[0] == len(request_ids) == len(params) == len(histories)
         # ~11 us for 16 seeded rows (Zen 4), against ~18 ms to sample them over a 49152-token vocabulary
         states = {rid: self._generators[rid].get_state() for rid in request_ids if rid in self._generators}
+        outputs = [h[n:] for h, n in zip(histories, num_prompt_tokens or [0] * len(histories))]
         try:
-            return list(self._sample_rows(logits, request_ids, params, histories))
+            return list(self._sample_rows(logits, request_ids, params, histories, outputs))
         except Exception:  # noqa: BLE001 - find the rows that fail, below
             pass
         for rid in request_ids:  # undo the draws of the failed attempt
@@ -70,14 +76,14 @@ class Sampler:
         for i in range(len(request_ids)):
             try:
                 out.extend(self._sample_rows(logits[i:i + 1], request_ids[i:i + 1], params[i:i + 1],
-                                             histories[i:i + 1]))
+                                             histories[i:i + 1], outputs[i:i + 1]))
             except Exception as exc:  # noqa: BLE001 - that request's error, reported on its stream
                 out.append(exc)
         return out
 
     def _sample_rows(self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams],
-                     histories: Sequence[Sequence[int]]) -> list[int]:
-        logits = logits.float()
+                     histories: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> list[int]:
+        logits = apply_bias_and_openai_penalties(logits.float(), params, outputs)
         tokens = torch.empty(logits.shape[0], dtype=torch.long)
         greedy = [i for i, p in enumerate(params) if p.greedy]
         if greedy:

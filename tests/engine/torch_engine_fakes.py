@@ -182,8 +182,8 @@ def inject_failures(backend, monkeypatch) -> None:
             raise InjectedFailure(f"cannot prepare {request_id}")
         return prepare(request_id, params)
 
-    def bad_sample_rows(logits, request_ids, params, histories):
-        tokens = sample_rows(logits, request_ids, params, histories)  # every row has drawn from its generator
+    def bad_sample_rows(logits, request_ids, params, histories, *rest):
+        tokens = sample_rows(logits, request_ids, params, histories, *rest)  # every row has drawn
         if any(r.startswith("bad-sample") for r in request_ids):
             raise InjectedFailure("cannot sample")
         return tokens
