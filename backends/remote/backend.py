@@ -248,6 +248,13 @@ def _body(model: str, request: Request) -> tuple[str, dict[str, Any]]:
         body["stop"] = list(s.stop)
     if s.ignore_eos:
         body["ignore_eos"] = True
+    # OpenAI's own fields, forwarded as given (never dropped: the contract honours or refuses)
+    if s.presence_penalty:
+        body["presence_penalty"] = s.presence_penalty
+    if s.frequency_penalty:
+        body["frequency_penalty"] = s.frequency_penalty
+    if s.logit_bias:
+        body["logit_bias"] = {str(t): b for t, b in s.logit_bias}
     if request.messages is not None:
         body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
         return "/chat/completions", body
