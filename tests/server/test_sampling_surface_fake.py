@@ -50,3 +50,17 @@ def test_the_remote_backend_forwards_penalties_and_logit_bias() -> None:
     assert sent["logit_bias"] == {"12": -100}
     _, plain = _body("m", Request(prompt="x"))
     assert not {"presence_penalty", "frequency_penalty", "logit_bias"} & plain.keys()
+
+
+def test_logprobs_cross_the_runner_boundary_unchanged() -> None:
+    """Events reach the server from the runner process as msgpack (backends/runner/protocol.py)."""
+    import msgspec
+
+    from backends.api import EventKind, GenerationEvent, TokenLogprob
+    from backends.runner.protocol import Event, FromRunner
+
+    entry = TokenLogprob(5, -0.25, ((5, -0.25), (9, -1.5)), b"\xe2\x80", (b"\xe2\x80", b" x"))
+    event = GenerationEvent(EventKind.STARTED, "r", prompt_logprobs=(TokenLogprob(1, None, (), b"A"), entry),
+                            logprobs=(entry,))
+    back = msgspec.msgpack.Decoder(FromRunner).decode(msgspec.msgpack.Encoder().encode(Event(event)))
+    assert back.event == event
