@@ -14,6 +14,8 @@ import torch
 
 from backends.api import TokenLogprob
 
+ROWS_AT_ONCE = 64  # prompt rows log-softmaxed together
+
 
 def sampled_logprobs(logits: torch.Tensor, tokens: Sequence[int], ks: Sequence[int]) -> list[TokenLogprob]:
     """One TokenLogprob per row: row i's log-probability of tokens[i] and its ks[i] best tokens.
@@ -36,8 +38,9 @@ def chunk_prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], start: in
     start .. start + m - 1, so row j scores prompt[start + j + 1]; rows past the prompt's end are ignored.
     Returns the entries for positions start + 1 .. min(start + m, len(prompt) - 1)."""
     end = min(start + logits.shape[0], len(prompt) - 1)  # last position scored
-    if end <= start:
-        return []
-    rows = logits[: end - start]
-    return sampled_logprobs(rows, prompt[start + 1: end + 1], [k] * (end - start))
+    out: list[TokenLogprob] = []
+    for lo in range(start, end, ROWS_AT_ONCE):  # bounds the log-softmax's copy (a 262k vocabulary: 64 MiB)
+        hi = min(lo + ROWS_AT_ONCE, end)
+        out += sampled_logprobs(logits[lo - start: hi - start], prompt[lo + 1: hi + 1], [k] * (hi - lo))
+    return out
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from backends.api import SamplingParams, seed_u64
-from backends.torch_engine.penalties import apply_bias_and_openai_penalties
+from backends.torch_engine.penalties import apply_bias_and_openai_penalties, has_openai_adjustments
 
 REPEAT_LAST_N = 64  # tokens looked back at by the repetition penalty (llama.cpp's penalty_last_n default)
 
@@ -62,7 +62,9 @@ class Sampler:
         assert logits.dim() == 2 and logits.shape[0] == len(request_ids) == len(params) == len(histories)
         # ~11 us for 16 seeded rows (Zen 4), against ~18 ms to sample them over a 49152-token vocabulary
         states = {rid: self._generators[rid].get_state() for rid in request_ids if rid in self._generators}
-        outputs = [h[n:] for h, n in zip(histories, num_prompt_tokens or [0] * len(histories))]
+        # the generated tokens, for the rows whose penalties count them (the others skip the copy)
+        outputs = [h[n:] if has_openai_adjustments(p) else ()
+                   for h, n, p in zip(histories, num_prompt_tokens or [0] * len(histories), params)]
         try:
             return list(self._sample_rows(logits, request_ids, params, histories, outputs))
         except Exception:  # noqa: BLE001 - find the rows that fail, below

@@ -119,3 +119,13 @@ def test_a_request_with_prompt_logprobs_skips_the_prefix_cache_and_scores_every_
         chunks += [x for x in out.scheduled if x.request_id == "b"]
         s.update(out, {x.request_id: 0 for x in out.scheduled if x.needs_logits})
     assert [c.all_logits for c in chunks] == [True, True, True]  # 16 + 16 + 8 tokens, every one scores
+
+
+def test_a_long_chunk_is_scored_in_slices_with_the_same_values() -> None:
+    prompt = [(7 * i) % VOCAB for i in range(150)]  # more rows than ROWS_AT_ONCE
+    logits = torch.randn(150, VOCAB, generator=torch.Generator().manual_seed(9))
+    ref = torch.log_softmax(logits.double(), dim=-1)
+    entries = chunk_prompt_logprobs(logits, prompt, 0, 1)
+    assert [e.token_id for e in entries] == prompt[1:]
+    assert [e.logprob for e in entries] == pytest.approx([ref[p - 1, prompt[p]].item() for p in range(1, 150)],
+                                                         abs=1e-5)
