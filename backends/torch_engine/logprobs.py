@@ -23,7 +23,8 @@ def sampled_logprobs(logits: torch.Tensor, tokens: Sequence[int], ks: Sequence[i
     if not len(tokens):
         return []
     lsm = logits.float().log_softmax(dim=-1)  # (rows, vocab)
-    chosen = lsm.gather(1, torch.tensor(list(tokens), dtype=torch.long).unsqueeze(1)).squeeze(1).tolist()
+    index = torch.tensor(list(tokens), dtype=torch.long, device=lsm.device).unsqueeze(1)
+    chosen = lsm.gather(1, index).squeeze(1).tolist()
     k_max = max(ks)
     top_v, top_i = (lsm.topk(k_max, dim=-1) if k_max else (None, None))
     out = []

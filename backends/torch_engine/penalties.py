@@ -33,9 +33,11 @@ def apply_bias_and_openai_penalties(logits: torch.Tensor, params: Sequence[Sampl
     for i in rows:
         p = params[i]
         if (p.presence_penalty or p.frequency_penalty) and outputs[i]:
-            ids, counts = torch.unique(torch.tensor(list(outputs[i]), dtype=torch.long), return_counts=True)
+            ids, counts = torch.unique(torch.tensor(list(outputs[i]), dtype=torch.long, device=logits.device),
+                                       return_counts=True)
             logits[i, ids] -= p.presence_penalty + p.frequency_penalty * counts.to(logits.dtype)
         if p.logit_bias:
-            ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long)
-            logits[i].index_add_(0, ids, torch.tensor([b for _, b in p.logit_bias], dtype=logits.dtype))
+            ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=logits.device)
+            logits[i].index_add_(0, ids, torch.tensor([b for _, b in p.logit_bias], dtype=logits.dtype,
+                                                      device=logits.device))
     return logits
