@@ -11,6 +11,7 @@ ask for none of it pay nothing: the input tensor is returned untouched when no r
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import torch
@@ -25,19 +26,27 @@ def has_openai_adjustments(params: SamplingParams) -> bool:
 def apply_bias_and_openai_penalties(logits: torch.Tensor, params: Sequence[SamplingParams],
                                     outputs: Sequence[Sequence[int]]) -> torch.Tensor:
     """logits: (rows, vocab) float32; outputs: each row's generated tokens so far.  Returns a new tensor when
-    some row changes, else `logits` itself."""
-    rows = [i for i, p in enumerate(params) if has_openai_adjustments(p)]
+    some row changes, else `logits` itself.  Every change of every row is one scatter-add: the counting is
+    plain Python over the generated tokens (a few hundred per row), the tensor work one op whatever the batch."""
+    rows: list[int] = []
+    tokens: list[int] = []
+    deltas: list[float] = []
+    for i, p in enumerate(params):
+        if not has_openai_adjustments(p):
+            continue
+        if p.presence_penalty or p.frequency_penalty:
+            for token, count in Counter(outputs[i]).items():
+                rows.append(i)
+                tokens.append(token)
+                deltas.append(-(p.presence_penalty + p.frequency_penalty * count))
+        for token, bias in p.logit_bias:
+            rows.append(i)
+            tokens.append(token)
+            deltas.append(bias)
     if not rows:
         return logits
-    logits = logits.clone()
-    for i in rows:
-        p = params[i]
-        if (p.presence_penalty or p.frequency_penalty) and outputs[i]:
-            ids, counts = torch.unique(torch.tensor(list(outputs[i]), dtype=torch.long, device=logits.device),
-                                       return_counts=True)
-            logits[i, ids] -= p.presence_penalty + p.frequency_penalty * counts.to(logits.dtype)
-        if p.logit_bias:
-            ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=logits.device)
-            logits[i].index_add_(0, ids, torch.tensor([b for _, b in p.logit_bias], dtype=logits.dtype,
-                                                      device=logits.device))
+    device = logits.device
+    logits = logits.clone()  # the raw logits stay as they are: log-probabilities are read from them
+    logits.index_put_((torch.tensor(rows, device=device), torch.tensor(tokens, device=device)),
+                      torch.tensor(deltas, dtype=logits.dtype, device=device), accumulate=True)
     return logits
