@@ -20,7 +20,7 @@ from typing import Any
 
 from app.server.errors import APIError
 from app.server.runner import Generation, Runner
-from backends.api import SEED_MAX, GenerationEvent, Request, seed_u64
+from backends.api import SEED_MAX, Request, seed_u64
 
 
 def choice_requests(request: Request, n: int) -> list[Request]:
@@ -86,7 +86,3 @@ class Choices:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def is_event(item: Any) -> bool:
-    return isinstance(item, GenerationEvent)
