@@ -109,7 +109,7 @@ def test_completions_echo_with_logprobs_agrees_with_the_logits(served) -> None:
 
 
 def test_n_choices_use_seed_plus_i_and_stream_with_an_index_each(served) -> None:
-    client, _, _ = served
+    client, backend, _ = served
     kw = dict(model=MODEL, messages=MESSAGES, temperature=1.0, max_tokens=5, extra_body={"ignore_eos": True})
     r = client.chat.completions.create(n=3, seed=41, **kw)
     assert [c.index for c in r.choices] == [0, 1, 2]
@@ -126,6 +126,11 @@ def test_n_choices_use_seed_plus_i_and_stream_with_an_index_each(served) -> None
             if c.finish_reason:
                 finished.add(c.index)
     assert finished == {0, 1, 2} and [parts[i] for i in range(3)] == texts
+    if backend.capabilities.prefix_cache:  # the torch engine: choices 1.. take choice 0's prompt from the cache
+        before = backend.stats().prefix_hit_tokens
+        fresh = [{"role": "user", "content": "A prompt no other test sends, about rivers, lakes and mountains."}]
+        client.chat.completions.create(model=MODEL, messages=fresh, n=3, max_tokens=2)
+        assert backend.stats().prefix_hit_tokens - before >= 2 * 16  # at least one full block each
     completions = client.completions.create(model=MODEL, prompt=PROMPT, n=2, max_tokens=3, temperature=0)
     assert [c.index for c in completions.choices] == [0, 1]
     assert completions.choices[0].text == completions.choices[1].text  # greedy: both the same
