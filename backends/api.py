@@ -213,6 +213,10 @@ class TokenLogprob:
     token_id: int
     logprob: float | None  # None only for the first prompt token (nothing comes before it)
     top: tuple[tuple[int, float], ...] = ()  # (token id, logprob) best first: SamplingParams.logprobs of them
+    # The bytes of token_id and of each `top` token, in order, as the backend's tokenizer has them (special
+    # tokens as their text): the API reports a token's text and bytes, and only the backend holds the tokenizer
+    token_bytes: bytes = b""
+    top_bytes: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)

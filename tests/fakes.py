@@ -100,6 +100,7 @@ class FakeBackend(Backend):
     def stream(self, request: Request) -> Iterator[GenerationEvent]:
         assert self.loaded, "stream() before load()"
         self.requests.append(request)
+        self.refuse_unsupported(request)  # as every backend's stream() does (the contract)
         if self.fail_next is not None:
             exc, self.fail_next = self.fail_next, None
             raise exc

@@ -22,7 +22,9 @@ nested at most 64 deep; the model's chat template renders within 2 s, 512 MiB an
 max_tokens <= context; --max-concurrency requests run at once (default 16; a backend without batching, e.g.
 llama.cpp, runs one at a time and the rest queue); at most --queue-limit (default 64) wait, beyond that 429
 with Retry-After.  SIGINT/SIGTERM: stop accepting, give running requests --shutdown-grace seconds (default
-10), abort the rest, exit 0.
+10), abort the rest, exit 0.  Sampling: logprobs/top_logprobs (chat), logprobs/echo (completions), n <= 16,
+presence/frequency penalty, logit_bias, and top_k/min_p/repeat_penalty/ignore_eos; any other field is a 400
+naming it (README: "Sampling fields").
 
 Tool calling: tools (at most 128), tool_choice and tool messages, in the model's own template format
 (Hermes/Qwen, Llama 3.x, Mistral) or, for a template without tool support, hearth's Hermes-style block in the

@@ -32,9 +32,11 @@ from app.server.errors import APIError
 from app.server.metrics import ServerMetrics
 from app.server.runner import Generation, Limits, Runner
 from app.server.body import decode_body
-from app.server.schemas import ChatCompletionRequest, CompletionRequest
+from app.server.choices import Choices, choice_requests
+from app.server.logprobs import CompletionLogprobs, chat_logprobs
+from app.server.schemas import OPENAI_FIELDS, ChatCompletionRequest, CompletionRequest
 from app.server.tool_replies import ToolReply
-from backends.api import Backend, EventKind, Request, SamplingParams
+from backends.api import MAX_LOGIT_BIAS, Backend, EventKind, Request, SamplingParams
 from backends.errors import HearthError, InvalidRequestError
 from backends.tools.render import ToolReading
 from backends.tools.spec import ToolRequest, ToolRequestError, tool_request_from_openai
@@ -154,16 +156,23 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
         # the template runs in its own budgeted process; this thread only waits for it
         built = await run_in_threadpool(_chat_request, backend, [m.as_dict() for m in body.messages], sampling,
                                         tools)
+        if built.tools is not None and body.logprobs:  # held-back call text no longer lines up with its tokens
+            raise APIError(400, "logprobs with tools is not supported: ask for one of them", param="logprobs")
         req = await run_in_threadpool(_constrained, built.request, body)
-        return await _respond(request, runner, req, body, chat=True, model_name=config.model_name,
-                              tools=built.tools)
+        return await _respond(request, runner, choice_requests(req, body.n), body, chat=True,
+                              model_name=config.model_name, tools=built.tools)
 
     @app.post("/v1/completions")
     async def completions(request: HTTPRequest) -> Response:
         body = await _parse(request, CompletionRequest, config)
         req = _completion_request(body, _sampling(body, body.max_tokens, backend, config), backend)
         req = await run_in_threadpool(_constrained, req, body)
-        return await _respond(request, runner, req, body, chat=False, model_name=config.model_name)
+        echo = None
+        if body.echo:  # the prompt's text as given, or its token ids' text
+            echo = body.prompt if isinstance(body.prompt, str) else await run_in_threadpool(
+                backend.detokenize, body.prompt)
+        return await _respond(request, runner, choice_requests(req, body.n), body, chat=False,
+                              model_name=config.model_name, echo=echo)
 
     app.add_middleware(_Guard, config=config, metrics=metrics)
     return app
@@ -195,18 +204,24 @@ async def _parse(request: HTTPRequest, schema: type[BaseModel], config: ServerCo
 
 def _validate(raw: bytes, schema: type[BaseModel], config: ServerConfig) -> Any:
     data = decode_body(raw, config.max_json_depth, config.max_messages if schema is ChatCompletionRequest else None)
+    data = {k: v for k, v in data.items() if v is not None}  # null asks for nothing: the default
     try:
         body = schema.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
+        if first.get("type") == "extra_forbidden":  # a field hearth does not serve: named, never ignored
+            name = ".".join(str(p) for p in first.get("loc", ()))
+            what = "OpenAI's field" if name in OPENAI_FIELDS else "unknown field"
+            raise APIError(400, f"{what} {name!r} is not supported by this server (hearth refuses what it would "
+                           f"otherwise ignore)", param=name, code="unsupported_parameter") from None
         # union members add their type to the location ("temperature.float"): drop those tags
         loc = [str(p) for p in first.get("loc", ()) if str(p) not in _UNION_TAGS and "[" not in str(p)]
         param = ".".join(loc) or None
         raise APIError(400, f"{param or 'body'}: {first.get('msg')}", param=param) from None
     if body.model != config.model_name:
         raise _unknown_model(body.model, config.model_name)
-    if body.n != 1:
-        raise APIError(400, f"n must be 1 (one reply per request), got {body.n}", param="n")
+    if isinstance(body, ChatCompletionRequest) and body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     return body
 
 
@@ -279,17 +294,56 @@ def _sampling(body: Any, max_tokens: int | None, backend: Backend, config: Serve
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if any(not s for s in stop):
         raise APIError(400, "stop strings must not be empty", param="stop")
+    if isinstance(body, ChatCompletionRequest):
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        prompt_logprobs = False
+    else:  # completions: logprobs=k; echo + logprobs also scores the prompt
+        logprobs, prompt_logprobs = body.logprobs, body.echo and body.logprobs is not None
     return SamplingParams(
         temperature=float(body.temperature) if body.temperature is not None else 1.0,
-        top_p=float(body.top_p) if body.top_p is not None else 1.0, top_k=0, min_p=0.0, seed=body.seed,
+        top_p=float(body.top_p) if body.top_p is not None else 1.0,
+        top_k=body.top_k if body.top_k is not None else 0,
+        min_p=float(body.min_p) if body.min_p is not None else 0.0,
+        repeat_penalty=float(body.repeat_penalty) if body.repeat_penalty is not None else 1.0, seed=body.seed,
         max_tokens=max_tokens if max_tokens is not None else min(config.default_max_tokens, n_ctx),
-        stop=stop, ignore_eos=body.ignore_eos)
+        stop=stop, ignore_eos=body.ignore_eos, presence_penalty=float(body.presence_penalty),
+        frequency_penalty=float(body.frequency_penalty), logit_bias=_logit_bias(body.logit_bias, backend),
+        logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
 
-def _usage(gen: Generation) -> dict:
-    stats = gen.finished.stats if gen.finished and gen.finished.stats else gen.started.stats
-    p = stats.prompt_tokens if stats else 0
-    c = stats.completion_tokens if stats else 0
+def _logit_bias(given: dict | None, backend: Backend) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias ({"token id": bias}, keys are strings in JSON) as (id, bias) pairs, checked."""
+    if not given:
+        return ()
+    if len(given) > MAX_LOGIT_BIAS:
+        raise APIError(400, f"logit_bias has {len(given)} entries; at most {MAX_LOGIT_BIAS} are allowed",
+                       param="logit_bias")
+    vocab = backend.spec.vocab_size
+    out = []
+    for key, bias in given.items():
+        if not (key.isascii() and key.isdigit()):
+            raise APIError(400, f"logit_bias keys are token ids (decimal strings), got {key!r}", param="logit_bias")
+        token = int(key)
+        if vocab > 0 and token >= vocab:
+            raise APIError(400, f"logit_bias token id {token} is outside the vocabulary (0..{vocab - 1})",
+                           param="logit_bias")
+        if not -100 <= bias <= 100:
+            raise APIError(400, f"logit_bias values are in [-100, 100], got {bias} for token {token}",
+                           param="logit_bias")
+        out.append((token, float(bias)))
+    return tuple(sorted(out))
+
+
+def _usage(gens: list[Generation | None]) -> dict:
+    """The prompt counts once (every choice has the same prompt); completions add up over the choices."""
+    p = c = 0
+    for i, gen in enumerate(gens):
+        if gen is None:
+            continue
+        stats = gen.finished.stats if gen.finished and gen.finished.stats else gen.started.stats
+        if stats is not None:
+            p = stats.prompt_tokens if i == 0 else p
+            c += stats.completion_tokens
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -329,45 +383,74 @@ async def _unless_gone(request: HTTPRequest, work: Awaitable[_T]) -> _T:
     return task.result()
 
 
-async def _respond(request: HTTPRequest, runner: Runner, req: Request, body: Any, *, chat: bool,
-                   model_name: str, tools: ToolReading | None = None) -> Response:
+async def _respond(request: HTTPRequest, runner: Runner, reqs: list[Request], body: Any, *, chat: bool,
+                   model_name: str, echo: str | None = None, tools: ToolReading | None = None) -> Response:
     try:
-        return await _unless_gone(request, _answer(runner, req, body, chat=chat, model_name=model_name,
+        return await _unless_gone(request, _answer(runner, reqs, body, chat=chat, model_name=model_name, echo=echo,
                                                    tools=tools))
     except _ClientGone:
         return Response(status_code=499)  # nobody reads it; the metrics count it as "client closed request"
 
 
-async def _answer(runner: Runner, req: Request, body: Any, *, chat: bool, model_name: str,
-                  tools: ToolReading | None = None) -> Response:
+def _failed(event: Any) -> APIError:
+    return APIError(500, f"generation failed: {event.error}", type="server_error", code=event.error_code)
+
+
+async def _answer(runner: Runner, reqs: list[Request], body: Any, *, chat: bool, model_name: str,
+                  echo: str | None, tools: ToolReading | None = None) -> Response:
     """Waits for a slot and, unless streaming, for the whole reply: both end early when the client leaves.
-    With tools, the reply's calls are parsed out of its text (app/server/tool_replies.py)."""
-    reply = ToolReply(tools) if tools is not None else None
-    gen = await runner.open(req)
+    `reqs`: one request per choice (app/server/choices.py); `echo`: the prompt's text when it is echoed.
+    With tools, each choice's calls are parsed out of its text (app/server/tool_replies.py)."""
+    choices = Choices(runner, reqs)
+    await choices.open()  # choice 0's errors (prompt too long, queue full) are the HTTP status
+    n = len(reqs)
+    replies = [ToolReply(tools) if tools is not None else None for _ in range(n)]
     created = int(time.time())
-    rid = ("chatcmpl-" if chat else "cmpl-") + req.request_id[4:]
+    rid = ("chatcmpl-" if chat else "cmpl-") + reqs[0].request_id[4:]
     obj = "chat.completion" if chat else "text_completion"
+    want_logprobs = body.logprobs if chat else body.logprobs is not None
+    gens: list[Generation | None] = [None] * n
     if not body.stream:
-        parts = []
-        async for event in gen.events():
-            if event.kind is EventKind.TOKEN:
-                parts.append(event.text)
-        if gen.finished and gen.finished.finish_reason.value == "error":
-            raise APIError(500, f"generation failed: {gen.finished.error}", type="server_error",
-                           code=gen.finished.error_code)
-        text = "".join(parts)
-        choice: dict = {"index": 0, "finish_reason": _finish(gen), "logprobs": None}
-        if reply is not None:
-            choice["message"] = reply.message(text)
-            choice["finish_reason"] = reply.finish_reason(choice["finish_reason"])
-        elif chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
+        texts: list[list[str]] = [[] for _ in range(n)]
+        logprobs: list[list] = [[] for _ in range(n)]
+        events = choices.events()
+        try:
+            async for index, gen, item in events:
+                if isinstance(item, APIError):
+                    raise item
+                if item is None:
+                    gens[index] = gen
+                    if echo is not None and want_logprobs:
+                        logprobs[index].extend(gen.started.prompt_logprobs)
+                elif item.kind is EventKind.TOKEN:
+                    texts[index].append(item.text)
+                    logprobs[index].extend(item.logprobs)
+                elif item.kind is EventKind.FINISHED and item.finish_reason.value == "error":
+                    raise _failed(item)
+        finally:
+            await events.aclose()
+        out = []
+        for i, gen in enumerate(gens):
+            text = "".join(texts[i])
+            choice: dict = {"index": i, "finish_reason": _finish(gen), "logprobs": None}
+            reply = replies[i]
+            if reply is not None:
+                choice["message"] = reply.message(text)
+                choice["finish_reason"] = reply.finish_reason(choice["finish_reason"])
+            elif chat:
+                choice["message"] = {"role": "assistant", "content": text}
+                if want_logprobs:
+                    choice["logprobs"] = chat_logprobs(logprobs[i])
+            else:
+                choice["text"] = (echo or "") + text
+                if want_logprobs:
+                    choice["logprobs"] = CompletionLogprobs().part(logprobs[i])
+            out.append(choice)
         return JSONResponse({"id": rid, "object": obj, "created": created, "model": model_name,
-                             "choices": [choice], "usage": _usage(gen)})
+                             "choices": out, "usage": _usage(gens)})
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+    offsets = [CompletionLogprobs() for _ in range(n)]
 
     def sse(choices: list, usage: dict | None = None) -> bytes:
         payload: dict = {"id": rid, "object": chunk_obj, "created": created, "model": model_name,
@@ -376,43 +459,51 @@ async def _answer(runner: Runner, req: Request, body: Any, *, chat: bool, model_
             payload["usage"] = usage
         return f"data: {json.dumps(payload)}\n\n".encode()
 
-    def choice(text: str | None, finish: str | None, first: bool = False) -> dict:
+    def choice(index: int, text: str | None, finish: str | None, entries: tuple = (), first: bool = False) -> dict:
         if chat:
             delta: dict = {"role": "assistant", "content": ""} if first else {}
             if text:
                 delta["content"] = text
-            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            lp = chat_logprobs(entries) if want_logprobs and entries else None
+            return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
+        lp = offsets[index].part(entries) if want_logprobs and entries else None
+        return {"index": index, "text": text or "", "finish_reason": finish, "logprobs": lp}
 
-    def pieces(text: str, final: bool = False) -> list[bytes]:
+    def pieces(index: int, text: str, entries: tuple = (), final: bool = False) -> list[bytes]:
+        reply = replies[index]
         if reply is None:
-            return [sse([choice(text, None)])] if text else []
+            return [sse([choice(index, text, None, entries)])] if text or entries else []
         deltas = reply.feed(text) + (reply.finish() if final else [])
-        return [sse([{"index": 0, "delta": d, "finish_reason": None, "logprobs": None}]) for d in deltas]
+        return [sse([{"index": index, "delta": d, "finish_reason": None, "logprobs": None}]) for d in deltas]
 
     async def stream():
+        events = choices.events()
         try:
-            if chat:
-                yield sse([choice(None, None, first=True)])
-            async for event in gen.events():
-                if event.kind is EventKind.TOKEN and event.text:
-                    for chunk in pieces(event.text):
+            async for index, gen, item in events:
+                if isinstance(item, APIError):
+                    yield f"data: {json.dumps(item.body())}\n\n".encode()
+                elif item is None:  # this choice started
+                    gens[index] = gen
+                    if chat:
+                        yield sse([choice(index, None, None, first=True)])
+                    elif echo is not None:
+                        prompt_lps = gen.started.prompt_logprobs if want_logprobs else ()
+                        yield sse([choice(index, echo, None, prompt_lps)])
+                elif item.kind is EventKind.TOKEN and (item.text or item.logprobs):
+                    for chunk in pieces(index, item.text, item.logprobs):
                         yield chunk
-                elif event.kind is EventKind.FINISHED:
-                    for chunk in pieces("", final=True):
+                elif item.kind is EventKind.FINISHED:
+                    for chunk in pieces(index, "", final=True):
                         yield chunk
-                    if event.finish_reason.value == "error":
-                        err = APIError(500, f"generation failed: {event.error}", type="server_error",
-                                       code=event.error_code)
-                        yield f"data: {json.dumps(err.body())}\n\n".encode()
-                    finish = _finish(gen)
-                    yield sse([choice(None, reply.finish_reason(finish) if reply is not None else finish)])
+                    if item.finish_reason.value == "error":
+                        yield f"data: {json.dumps(_failed(item).body())}\n\n".encode()
+                    finish, reply = _finish(gen), replies[index]
+                    yield sse([choice(index, None, reply.finish_reason(finish) if reply is not None else finish)])
             if include_usage:
-                yield sse([], _usage(gen))
+                yield sse([], _usage(gens))
             yield b"data: [DONE]\n\n"
         finally:
-            if gen.finished is None:
-                gen.abort()
+            await events.aclose()  # cancels every choice still running (client gone): their requests abort
 
     return StreamingResponse(stream(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -32,6 +32,7 @@ from backends.api import (
     ProgressCallback,
     Request,
     RequestStats,
+    TokenLogprob,
     seed_u64,
 )
 from backends.errors import (
@@ -115,7 +116,8 @@ def known_architectures() -> frozenset[str]:
 class LlamaCppBackend(Backend):
     name = "llama.cpp"
     capabilities = Capabilities(concurrent_requests=False, prefix_cache=False, gpu_offload=True, gguf=True,
-                                safetensors=False, logits=True, extra_bufts=True, constraints=True)
+                                safetensors=False, logits=True, extra_bufts=True, constraints=True,
+                                logprobs=True)
 
     def __init__(self, spec: ModelSpec, options: LoadOptions | None = None) -> None:
         super().__init__(spec, options)
@@ -129,6 +131,7 @@ class LlamaCppBackend(Backend):
         self._overrides: Any = None  # overrides.BuftOverrides the loaded model was given (kept alive)
         self._constraints: Any = None  # backends.constrained.ConstraintCompiler, built at the first constraint
         self._constraints_lock = threading.Lock()
+        self._bytes_of: dict[int, bytes] = {}  # token id -> its bytes (special tokens as text), for logprobs
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def load(self, progress: ProgressCallback | None = None) -> None:
@@ -225,6 +228,13 @@ class LlamaCppBackend(Backend):
         # special=False: control tokens (end-of-turn markers) never show up in a reply's text.
         return self._require().detokenize(list(token_ids), special=False)
 
+    def _one_token_bytes(self, token_id: int) -> bytes:
+        """A token's bytes as the API reports them (special tokens as their text); cached per id."""
+        b = self._bytes_of.get(token_id)
+        if b is None:
+            b = self._bytes_of[token_id] = self._require().detokenize([token_id], special=True)
+        return b
+
     def logits(self, token_ids: Sequence[int]) -> Any:
         import numpy as np
 
@@ -266,6 +276,11 @@ class LlamaCppBackend(Backend):
         llm = self._require()
         submitted = time.perf_counter()
         ids = self._prompt_ids(request)
+        vocab = llm.n_vocab()
+        bad = next((t for t in [*ids, *(t for t, _ in request.sampling.logit_bias)] if not 0 <= t < vocab), None)
+        if bad is not None:  # llama.cpp would crash on it (a prompt id) or ignore it silently (a logit_bias key)
+            raise InvalidRequestError(f"token id {bad} is outside the vocabulary of {vocab} tokens",
+                                      f"send token ids from 0 to {vocab - 1}")
         if len(ids) >= self.n_ctx:
             raise ContextOverflowError(
                 f"the prompt is {len(ids)} tokens but the context is {self.n_ctx}",
@@ -301,14 +316,34 @@ class LlamaCppBackend(Backend):
                 stats.cached_tokens = _common_prefix(llm._input_ids[: llm.n_tokens], ids)
                 if stats.cached_tokens >= len(ids):
                     stats.cached_tokens = len(ids) - 1  # llama.cpp replays the last prompt token
-                yield GenerationEvent(EventKind.STARTED, rid, stats=stats)
-                reason, error = yield from self._generate(llm, request, ids, stats, submitted, matcher)
+                prompt_logprobs, error = self._score_prompt(llm, request, ids)
+                if request.sampling.prompt_logprobs:
+                    stats.cached_tokens = 0  # the whole prompt was evaluated to keep every position's logits
+                yield GenerationEvent(EventKind.STARTED, rid, stats=stats, prompt_logprobs=prompt_logprobs)
+                if error is not None:
+                    reason = FinishReason.ERROR
+                else:
+                    reason, error = yield from self._generate(llm, request, ids, stats, submitted, matcher)
             finally:
                 self._running = None
                 with self._abort_lock:
                     self._aborted.discard(rid)
         stats.total_s = time.perf_counter() - submitted
         yield GenerationEvent(EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error)
+
+    def _score_prompt(self, llm: Any, request: Request, ids: list[int]) -> tuple[tuple[TokenLogprob, ...], str | None]:
+        """(the prompt's log-probabilities, None) when the request asks for them, or ((), the error)."""
+        if not request.sampling.prompt_logprobs:
+            return (), None
+        from backends.llama_cpp.logit_steps import eval_prompt_scored
+
+        try:
+            return self._worker.call(eval_prompt_scored, llm, ids, request.sampling.logprobs or 0,
+                                     self._one_token_bytes), None
+        except MemoryError as exc:
+            return (), f"out of memory while scoring the prompt: {exc}"
+        except (RuntimeError, ValueError) as exc:
+            return (), f"llama.cpp failed while scoring the prompt: {exc}"
 
     def _generate(self, llm: Any, request: Request, ids: list[int], stats: RequestStats,
                   submitted: float, matcher: Any = None) -> Iterator[GenerationEvent]:
@@ -328,8 +363,15 @@ class LlamaCppBackend(Backend):
         seed = seed_u64(sp.seed) if sp.seed is not None else random.randrange(2**31)
         llm.set_seed((seed ^ (seed >> 32)) & 0xFFFFFFFF)
         # Greedy: temperature 0 in llama.cpp's sampler chain is argmax; the other filters are then moot.
+        # logit_bias, OpenAI's penalties and logprobs: backends/llama_cpp/logit_steps.py (llama.cpp's own
+        # frequency/presence penalties stay 0: they count a 64-token window, OpenAI's every generated token)
+        from backends.llama_cpp.logit_steps import LogitSteps
+
+        steps = LogitSteps(sp, len(ids), self._one_token_bytes) if LogitSteps.wanted(sp) else None
         gen = llm.generate(ids, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,
-                           repeat_penalty=sp.repeat_penalty, reset=True, logits_processor=processors)
+                           repeat_penalty=sp.repeat_penalty, reset=True,
+                           # bias/penalties and the raw logprobs first, the grammar's mask last
+                           logits_processor=([steps] if steps is not None else []) + (processors or []) or None)
         reason = FinishReason.LENGTH
         end = object()
         try:
@@ -343,7 +385,9 @@ class LlamaCppBackend(Backend):
                     reason = FinishReason.STOP
                     break
                 out, stopped = text.push([token])
-                yield GenerationEvent(EventKind.TOKEN, rid, text=out, token_ids=(token,))
+                entry = steps.entry(token) if steps is not None else None
+                yield GenerationEvent(EventKind.TOKEN, rid, text=out, token_ids=(token,),
+                                      logprobs=(entry,) if entry is not None else ())
                 if stopped:
                     reason = FinishReason.STOP
                     break

@@ -259,6 +259,13 @@ def _body(model: str, request: Request) -> tuple[str, dict[str, Any]]:
         body["ignore_eos"] = True
     if request.constraint is not None:
         body["response_format"] = _response_format(request.constraint)
+    # OpenAI's own fields, forwarded as given (never dropped: the contract honours or refuses)
+    if s.presence_penalty:
+        body["presence_penalty"] = s.presence_penalty
+    if s.frequency_penalty:
+        body["frequency_penalty"] = s.frequency_penalty
+    if s.logit_bias:
+        body["logit_bias"] = {str(t): b for t, b in s.logit_bias}
     if request.messages is not None:
         body["messages"] = [_message_body(m) for m in request.messages]
         if request.tools is not None:

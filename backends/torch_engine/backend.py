@@ -41,6 +41,7 @@ from backends.api import (peak_rss_bytes,
     Request,
     RequestStats,
     SamplingParams,
+    TokenLogprob,
 )
 from backends.errors import ContextOverflowError, InvalidRequestError, ModelLoadError
 from backends.modelspec import ModelSpec
@@ -91,7 +92,7 @@ class _Channel:
 class TorchBackend(Backend):
     name = "torch"
     capabilities = Capabilities(concurrent_requests=True, prefix_cache=True, gpu_offload=True, gguf=True,
-                                safetensors=True, logits=True, constraints=True)
+                                safetensors=True, logits=True, constraints=True, logprobs=True)
 
     def __init__(self, spec: ModelSpec, options: LoadOptions | None = None,
                  build: Callable[[ModelSpec, LoadOptions, ProgressCallback | None], EngineParts] = build_parts,
@@ -211,13 +212,13 @@ class TorchBackend(Backend):
 
         return self._call(run)
 
-    def _check_token_ids(self, ids: Sequence[int]) -> None:
+    def _check_token_ids(self, ids: Sequence[int], where: str = "") -> None:
         """Token ids outside the vocabulary would fail the batched forward (everyone's step): refuse them here."""
         vocab = self.spec.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None) if vocab > 0 else None
         if bad is not None:
-            raise InvalidRequestError(f"token id {bad} is outside the vocabulary of {vocab} tokens",
-                                      f"send token ids from 0 to {vocab - 1}")
+            raise InvalidRequestError(f"{where + ': ' if where else ''}token id {bad} is outside the vocabulary "
+                                      f"of {vocab} tokens", f"send token ids from 0 to {vocab - 1}")
 
     # -- generation --------------------------------------------------------------------------------------
     def stream(self, request: Request) -> Iterator[GenerationEvent]:
@@ -239,6 +240,7 @@ class TorchBackend(Backend):
                 f"the prompt is {len(ids)} tokens but the context is {max_len}",
                 f"shorten the conversation, or load the model with a larger --ctx (trained on "
                 f"{self.spec.context_length})")
+        self._check_token_ids([t for t, _ in request.sampling.logit_bias], "logit_bias")
         eos = frozenset() if request.sampling.ignore_eos else self.eos_token_ids
         matcher, sampling = None, request.sampling
         if request.constraint is not None:  # compiled here, in the caller's thread: the batch never waits on it
@@ -277,11 +279,13 @@ class TorchBackend(Backend):
         try:
             while True:
                 msg: StreamMessage = out.get()
+                prompt_logprobs: tuple[TokenLogprob, ...] = ()
                 if isinstance(msg, Started):
                     stats.cached_tokens, stats.queue_s = msg.cached_tokens, msg.queue_s
+                    prompt_logprobs = tuple(self._with_bytes(e) for e in msg.prompt_logprobs)
                 if not started:
                     started = True
-                    yield GenerationEvent(EventKind.STARTED, rid, stats=stats)
+                    yield GenerationEvent(EventKind.STARTED, rid, stats=stats, prompt_logprobs=prompt_logprobs)
                 if isinstance(msg, Token):
                     if stats.completion_tokens == 0:
                         stats.ttft_s = msg.at - er.arrival_time
@@ -295,7 +299,8 @@ class TorchBackend(Backend):
                         reason, error = FinishReason.ERROR, error_line("detokenizing failed", exc)
                         self._post(Finish(rid, RequestStatus.FINISHED_ERROR, notify=False))
                         break
-                    yield GenerationEvent(EventKind.TOKEN, rid, text=piece, token_ids=(msg.token_id,))
+                    yield GenerationEvent(EventKind.TOKEN, rid, text=piece, token_ids=(msg.token_id,),
+                                          logprobs=(self._with_bytes(msg.logprob),) if msg.logprob else ())
                     if stopped:
                         reason = FinishReason.STOP
                         self._post(Finish(rid, RequestStatus.FINISHED_STOPPED, notify=False))
@@ -319,6 +324,16 @@ class TorchBackend(Backend):
         finally:
             if not done:  # the caller stopped reading (closed the generator): free the request's blocks
                 self._post(Finish(rid, RequestStatus.FINISHED_ABORTED, notify=False))
+
+    def _with_bytes(self, entry: TokenLogprob) -> TokenLogprob:
+        """The entry with its tokens' bytes (special tokens as their text), from the tokenizer."""
+        return dataclasses.replace(entry, token_bytes=self._one_token_bytes(entry.token_id),
+                                   top_bytes=tuple(self._one_token_bytes(t) for t, _ in entry.top))
+
+    def _one_token_bytes(self, token_id: int) -> bytes:
+        assert self._parts is not None
+        tokenizer = self._parts.tokenizer
+        return tokenizer.token_bytes([token_id]) or tokenizer.decode([token_id]).encode()
 
     # -- the engine thread -------------------------------------------------------------------------------
     def _post(self, message: InboxMessage) -> None:
@@ -380,8 +395,9 @@ class TorchBackend(Backend):
                 channel.out.put(Finished(RequestStatus.FINISHED_ERROR, u.error))
                 continue
             self._generated_tokens += len(u.new_token_ids)
-            for token in u.new_token_ids:
-                channel.out.put(Token(token, u.request.status if u.finished else None, now))
+            for i, token in enumerate(u.new_token_ids):
+                logprob = u.logprobs[i] if i < len(u.logprobs) else None
+                channel.out.put(Token(token, u.request.status if u.finished else None, now, logprob))
 
     def _handle(self, engine: Engine, channels: dict[str, _Channel], message: InboxMessage) -> None:
         if isinstance(message, Add):
@@ -408,8 +424,11 @@ class TorchBackend(Backend):
         for channel in channels.values():
             r = channel.request
             if not channel.announced and r.first_scheduled_time is not None:
+                if r.sampling.prompt_logprobs and not r.prompt_logprobs_ready:
+                    continue  # announced once the whole prompt is scored (Started carries the entries)
                 channel.announced = True
-                channel.out.put(Started(r.num_cached_tokens, r.first_scheduled_time - r.arrival_time))
+                channel.out.put(Started(r.num_cached_tokens, r.first_scheduled_time - r.arrival_time,
+                                        tuple(r.prompt_logprobs)))
 
     def _fail_all(self, engine: Engine, channels: dict[str, _Channel], error: str) -> None:
         for r in engine.scheduler.abort_all(RequestStatus.FINISHED_ERROR):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from backends.api import TokenLogprob
 from backends.torch_engine.request import EngineRequest, RequestStatus
 
 
@@ -52,6 +53,9 @@ class Started:
 
     cached_tokens: int  # prompt tokens taken from the prefix cache
     queue_s: float  # seconds from submission to the first step
+    # sampling.prompt_logprobs: one entry per prompt token (ids only; the caller's thread adds the bytes).  Such
+    # a request is announced once its whole prompt is scored, not after its first step
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class Token:
     token_id: int
     status: RequestStatus | None  # None: more tokens follow
     at: float  # perf_counter when it was sampled
+    logprob: TokenLogprob | None = None  # sampling.logprobs: this token's (ids only, as Started's)
 
 
 @dataclass(frozen=True)

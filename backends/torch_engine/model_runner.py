@@ -229,10 +229,11 @@ class ModelRunner:
         return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
 
     @torch.inference_mode()
-    def forward(self, seqs: list[tuple[Sequence[int], int, Sequence[int]]], logit_rows: str = "last",
+    def forward(self, seqs: list[tuple[Sequence[int], int, Sequence[int]]], logit_rows: str | Sequence[bool] = "last",
                 num_decodes: int | None = None) -> torch.Tensor:
         """seqs: (token_ids, start_position, block_table) per sequence.  Returns float32 logits: "last" ->
-        (num_seqs, vocab) after each sequence's last token; "all" -> (num_tokens, vocab) after every token.
+        (num_seqs, vocab) after each sequence's last token; "all" -> (num_tokens, vocab) after every token; a
+        flag per sequence -> every token's row for the flagged ones, the last token's for the others, in order.
         num_decodes: the first so many sequences are one-token decodes and the rest prompt chunks; their rows
         take the quantized and the dense kernels of layers that have both (quantize.QUANTIZED_ROWS).  None:
         each layer chooses by the number of rows."""
@@ -252,6 +253,11 @@ class ModelRunner:
             hidden = self.model(input_ids, pos, self.kv_caches, meta)
             if logit_rows == "last":  # one row per sequence: the decodes' rows still come first
                 hidden = hidden.index_select(0, torch.tensor(meta.query_start[1:], device=self.device) - 1)
+            elif logit_rows != "all":  # prompt log-probabilities: every row of the flagged sequences
+                qs = meta.query_start
+                rows = [r for j, flag in enumerate(logit_rows)
+                        for r in (range(qs[j], qs[j + 1]) if flag else (qs[j + 1] - 1,))]
+                hidden = hidden.index_select(0, torch.tensor(rows, device=self.device))
             return self.model.compute_logits(hidden)
         finally:
             QUANTIZED_ROWS.reset(token)
@@ -264,14 +270,26 @@ class ModelRunner:
         scheduled = sorted(out.scheduled, key=lambda s: not s.is_decode)  # decodes first (stable)
         logits = self._graph_step(scheduled)
         extra = {} if logits is None else {"cuda_graph": True}
+        prompt_logits: dict[str, torch.Tensor] = {}
         if logits is None:
+            wide = [s.all_logits for s in scheduled]
             logits = self.forward([(s.token_ids, s.start_position, s.block_table) for s in scheduled],
+                                  logit_rows=wide if any(wide) else "last",
                                   num_decodes=sum(s.is_decode for s in scheduled))
+            if any(wide):  # split the flagged requests' rows off; one row per request remains
+                last, at = [], 0
+                for s in scheduled:
+                    n = s.num_tokens if s.all_logits else 1
+                    if s.all_logits:
+                        prompt_logits[s.request_id] = logits[at:at + n]
+                    last.append(at + n - 1)
+                    at += n
+                logits = logits[last]
         keep = [i for i, s in enumerate(scheduled) if s.needs_logits]
         ids = tuple(scheduled[i].request_id for i in keep)
         rows = logits[keep] if len(keep) != len(scheduled) else logits
         # forward_s is host time: a graph step returns once its work is queued on the GPU
-        return RunnerOutput(ids, rows, {"forward_s": time.perf_counter() - t0, **extra})
+        return RunnerOutput(ids, rows, {"forward_s": time.perf_counter() - t0, **extra}, prompt_logits)
 
     def _graph_step(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
         """The logits of a decode-only step replayed as a CUDA graph, or None: the step runs eagerly."""

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.api import SamplingParams
+from backends.api import SamplingParams, TokenLogprob
 
 
 class RequestStatus(enum.IntEnum):
@@ -54,10 +54,16 @@ class EngineRequest:
     # constrained decoding: the grammar state (backends.constrained.Matcher), masked in the sampler and advanced
     # by the engine with each sampled token; None = unconstrained
     matcher: Any = None
+    # sampling.prompt_logprobs: the entries scored so far, position by position (the engine fills them chunk by
+    # chunk; complete when there is one per prompt token)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+        if self.sampling.prompt_logprobs and not self.prompt_logprobs:
+            # the first prompt token has nothing before it: no log-probability (OpenAI's echo gives null)
+            self.prompt_logprobs = [TokenLogprob(self.prompt_token_ids[0], None)]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -83,6 +89,10 @@ class EngineRequest:
     def is_prefilling(self) -> bool:
         """More than the last sampled token is still to be computed (a prompt, or a recompute)."""
         return self.num_tokens - self.num_computed_tokens > 1
+
+    @property
+    def prompt_logprobs_ready(self) -> bool:
+        return len(self.prompt_logprobs) == self.num_prompt_tokens
 
     def append_output(self, token_id: int) -> None:
         self.token_ids.append(int(token_id))

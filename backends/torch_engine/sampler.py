@@ -1,11 +1,13 @@
 """Batched next-token sampling with per-request generators.
 
-A constrained row (structured output) first gets its grammar mask (backends/torch_engine/grammar_mask.py): every
-token its grammar forbids is -inf before anything else looks at the logits.
+A constrained row (structured output) gets its grammar mask (backends/torch_engine/grammar_mask.py): every
+token its grammar forbids is -inf before the filters look at the logits.
 
-Order of the filters follows llama.cpp's default chain (what the llama.cpp backend does with the same
-SamplingParams): repetition penalty -> top-k -> top-p -> min-p (on the un-tempered distribution) -> temperature
--> draw.  Greedy rows (temperature 0) are one argmax for the whole batch.
+Order of the steps follows llama.cpp's chain (what the llama.cpp backend does with the same SamplingParams):
+logit_bias and OpenAI's presence/frequency penalties (backends.torch_engine.penalties; the llama.cpp backend
+applies the same two in its logits processor, first in its chain) -> repetition penalty -> top-k -> top-p ->
+min-p (on the un-tempered distribution) -> temperature -> draw.  Greedy rows (temperature 0) are one argmax for
+the whole batch, taken after the same logit steps.
 
 Reproducibility: each request owns a `torch.Generator` seeded from `SamplingParams.seed` (or from the
 sampler's own seeded source when None), and draws exactly one uniform number from it per sampled token.  Every
@@ -22,6 +24,7 @@ import torch
 
 from backends.api import SamplingParams, seed_u64
 from backends.torch_engine.grammar_mask import apply_grammar_masks
+from backends.torch_engine.penalties import apply_bias_and_openai_penalties, has_openai_adjustments
 
 REPEAT_LAST_N = 64  # tokens looked back at by the repetition penalty (llama.cpp's penalty_last_n default)
 
@@ -51,12 +54,14 @@ class Sampler:
         return g
 
     def sample(self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams],
-               histories: Sequence[Sequence[int]], matchers: Sequence[Any] | None = None,
-               ) -> list[int | Exception]:
+               histories: Sequence[Sequence[int]], num_prompt_tokens: Sequence[int] | None = None,
+               matchers: Sequence[Any] | None = None) -> list[int | Exception]:
         """One token per row, or the exception that row raised: one request's failure is that request's alone.
         logits: (num_rows, vocab); histories: each row's tokens so far (prompt and output), for the repetition
-        penalty; matchers: each row's grammar state (backends.constrained.Matcher) or None (unconstrained).
-        Matchers are only read here (their mask); the engine advances them with the tokens returned.
+        penalty; num_prompt_tokens: how many of them are the prompt (OpenAI's presence/frequency penalties count
+        only the rest, the generated tokens); None = 0 each; matchers: each row's grammar state
+        (backends.constrained.Matcher) or None (unconstrained).  Matchers are only read here (their mask); the
+        engine advances them with the tokens returned.
 
         The batch is sampled in one go; if that raises, every generator is put back as it was and the rows are
         sampled one by one, so the rows that can be sampled get the token they would have got in the batch
@@ -64,8 +69,11 @@ class Sampler:
         assert logits.dim() == 2 and logits.shape[0] == len(request_ids) == len(params) == len(histories)
         # ~11 us for 16 seeded rows (Zen 4), against ~18 ms to sample them over a 49152-token vocabulary
         states = {rid: self._generators[rid].get_state() for rid in request_ids if rid in self._generators}
+        # the generated tokens, for the rows whose penalties count them (the others skip the copy)
+        outputs = [h[n:] if has_openai_adjustments(p) else ()
+                   for h, n, p in zip(histories, num_prompt_tokens or [0] * len(histories), params)]
         try:
-            return list(self._sample_rows(logits, request_ids, params, histories, matchers))
+            return list(self._sample_rows(logits, request_ids, params, histories, outputs, matchers))
         except Exception:  # noqa: BLE001 - find the rows that fail, below
             pass
         for rid in request_ids:  # undo the draws of the failed attempt
@@ -77,14 +85,17 @@ class Sampler:
         for i in range(len(request_ids)):
             try:
                 out.extend(self._sample_rows(logits[i:i + 1], request_ids[i:i + 1], params[i:i + 1],
-                                             histories[i:i + 1], matchers[i:i + 1] if matchers else None))
+                                             histories[i:i + 1], outputs[i:i + 1],
+                                             matchers[i:i + 1] if matchers else None))
             except Exception as exc:  # noqa: BLE001 - that request's error, reported on its stream
                 out.append(exc)
         return out
 
     def _sample_rows(self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams],
-                     histories: Sequence[Sequence[int]], matchers: Sequence[Any] | None = None) -> list[int]:
-        logits = apply_grammar_masks(logits.float(), matchers)
+                     histories: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
+                     matchers: Sequence[Any] | None = None) -> list[int]:
+        logits = apply_bias_and_openai_penalties(logits.float(), params, outputs)
+        logits = apply_grammar_masks(logits, matchers)  # last: no bias brings a forbidden token back
         tokens = torch.empty(logits.shape[0], dtype=torch.long)
         greedy = [i for i, p in enumerate(params) if p.greedy]
         if greedy:

@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from backends.api import TokenLogprob
 from backends.errors import ContextOverflowError
 from backends.torch_engine.block_manager import BlockManager
 from backends.torch_engine.request import EngineRequest, RequestStatus
@@ -34,6 +35,7 @@ class RequestUpdate:
     new_token_ids: tuple[int, ...]  # tokens sampled this step (0 or 1)
     finished: bool  # the request ended this step (request.status says how)
     error: str | None = None  # set when this request alone failed this step (status FINISHED_ERROR); one line
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per new token when sampling.logprobs is set (the engine's)
 
 
 def error_line(what: str, exc: BaseException) -> str:
@@ -118,7 +120,9 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             request = self.waiting[0]
-            cached = self.block_manager.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
+            # a cached prefix has no logits: a request that wants its prompt's log-probabilities computes it all
+            fresh = request.num_computed_tokens == 0 and not request.sampling.prompt_logprobs
+            cached = self.block_manager.find_cached_prefix(request) if fresh else []
             start = request.num_computed_tokens + len(cached) * self.block_manager.block_size
             num_new = min(request.num_tokens - start, budget)
             if not self.block_manager.allocate(request, num_new, cached):
@@ -177,7 +181,8 @@ class Scheduler:
         end = start + num_new
         return ScheduledRequest(request.request_id, tuple(request.token_ids[start:end]), start,
                                 tuple(request.block_ids), needs_logits=end == request.num_tokens,
-                                is_decode=num_new == 1 and start >= request.num_prompt_tokens)
+                                is_decode=num_new == 1 and start >= request.num_prompt_tokens,
+                                all_logits=request.sampling.prompt_logprobs and start < request.num_prompt_tokens - 1)
 
     def _stop_status(self, request: EngineRequest, token: int) -> RequestStatus | None:
         if token in request.eos_token_ids and not request.sampling.ignore_eos:

@@ -25,6 +25,9 @@ class ScheduledRequest:
     # True when token_ids is the one token sampled last step (not prompt, not recompute after preemption).
     # The runner gives decode rows and prompt rows fixed kernels, so a row's numerics never depend on the batch.
     is_decode: bool = False
+    # True when the request wants its prompt's log-probabilities (SamplingParams.prompt_logprobs) and this chunk
+    # holds prompt tokens to score: the runner returns the logits after every token of the chunk (prompt_logits)
+    all_logits: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -60,3 +63,6 @@ class RunnerOutput:
     request_ids: tuple[str, ...]  # the scheduled requests with needs_logits, in batch order
     logits: Any  # torch.Tensor (len(request_ids), vocab_size), float32
     extra: dict[str, Any] = field(default_factory=dict)  # timings etc., for stats
+    # request id -> (num_tokens, vocab) float32 logits after every token of its chunk, for the scheduled
+    # requests with all_logits (prompt log-probabilities); the last row is also that request's row in `logits`
+    prompt_logits: dict[str, Any] = field(default_factory=dict)

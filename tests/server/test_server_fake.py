@@ -30,7 +30,10 @@ BAD = [
     ("unknown model", {**ok_body(), "model": "nope"}, 404, "model"),
     ("max_tokens zero", ok_body(max_tokens=0), 400, "max_tokens"),
     ("max_tokens above context", ok_body(max_tokens=10_000), 400, "max_tokens"),
-    ("n of 2", ok_body(n=2), 400, "n"),
+    ("n of 17", ok_body(n=17), 400, "n"),
+    ("n of 0", ok_body(n=0), 400, "n"),
+    ("a field hearth does not serve", ok_body(best_of=2), 400, "best_of"),
+    ("an unknown field", ok_body(temprature=0.5), 400, "temprature"),
     ("prompt longer than context", ok_body(messages=[{"role": "user", "content": "x"}]), 400, None),
 ]
 
@@ -53,7 +56,7 @@ def test_bad_input_gets_openai_error_and_server_keeps_serving(live) -> None:
         assert c.post(CHAT, json=ok_body()).status_code == 200
         assert c.post(CHAT, content=b"x" * ((1 << 20) + 1)).status_code == 413
         metrics = c.get("/metrics").text
-    assert 'hearth_http_requests_total{path="/v1/chat/completions",status="400"} 11.0' in metrics
+    assert 'hearth_http_requests_total{path="/v1/chat/completions",status="400"} 14.0' in metrics
     assert 'hearth_http_requests_total{path="/v1/chat/completions",status="200"} 1.0' in metrics
 
 
