@@ -134,7 +134,7 @@ def test_a_row_with_no_allowed_token_fails_alone() -> None:
 
     logits = torch.randn(2, VOCAB)
     greedy = SamplingParams(temperature=0)
-    rows = Sampler().sample(logits, ["free", "stuck"], [greedy, greedy], [[1], [1]], [None, _NothingAllowed()])
+    rows = Sampler().sample(logits, ["free", "stuck"], [greedy, greedy], [[1], [1]], matchers=[None, _NothingAllowed()])
     assert rows[0] == int(logits[0].argmax())
     assert isinstance(rows[1], ValueError) and "allows no next token" in str(rows[1])
 

@@ -3,6 +3,7 @@ schema is enforced end to end by the torch engine (fake model over the tiny voca
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import httpx
@@ -48,6 +49,8 @@ BAD = [
 
 def test_bad_response_formats_get_a_400_naming_the_field(live) -> None:
     backend = fake()
+    # the fake records the constraint it is given; it must say it takes one, or it refuses the request
+    backend.capabilities = dataclasses.replace(backend.capabilities, constraints=True)
     s = live(backend)
     with httpx.Client(base_url=s.url) as c:
         for name, rf, param in BAD:

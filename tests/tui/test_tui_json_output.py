@@ -3,6 +3,7 @@ schema file is refused in the panel with its reason."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -17,6 +18,8 @@ pytestmark = pytest.mark.tui
 async def test_json_output_setting_reaches_the_request(make_app, backend, tmp_path) -> None:
     schema = tmp_path / "person.json"
     schema.write_text(json.dumps({"type": "object", "properties": {"name": {"type": "string"}}}))
+    # the fake records the constraint it is given; it must say it takes one, or it refuses the request
+    backend.capabilities = dataclasses.replace(backend.capabilities, constraints=True)
     app = make_app()
     async with app.run_test(size=(100, 40)) as pilot:
         await wait_for(pilot, lambda: app.loaded is not None)
