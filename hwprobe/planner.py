@@ -348,7 +348,8 @@ def serving(prefs: Prefs) -> bool:
     return prefs.prefer_batching and prefs.backend == "auto" and prefs.max_num_seqs > 1
 
 
-def _serve_on_cpu(report, shape, prefs, lo, hi, llama: Candidate) -> tuple[Candidate, tuple[Candidate, float] | None]:  # noqa: ANN001,E501
+def _serve_on_cpu(report, shape, prefs, lo, hi,  # noqa: ANN001 - internal
+                  llama: Candidate) -> tuple[Candidate, tuple[Candidate, float] | None]:
     """Serving from host RAM: the torch engine (continuous batching) instead of llama.cpp's one request at a
     time, where it runs the model and its batch's KV pool fits RAM; else llama.cpp.  Returns the chosen plan and
     llama.cpp's single-stream candidate with its tokens/s (for the reasons), or None when llama.cpp stays."""

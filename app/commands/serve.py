@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
         raise ConfigError(f"hearth serve runs a local model, and the settings say backend = remote ({settings.url})",
                           "point your clients at that server directly, or pass --backend auto")
-    loaded = open_backend(settings, hardware_file=args.hardware, serving=True)  # one request at a time: the plan says so
+    # serving: the plan prefers the engine that batches (with max_concurrency 1 it says "single user")
+    loaded = open_backend(settings, hardware_file=args.hardware, serving=True)
     backend = loaded.backend
     try:
         err = sys.stderr

@@ -38,7 +38,8 @@ def test_wheel_dirs_come_from_the_env_pipx_metadata_and_pip(tmp_path: Path) -> N
     prefix = tmp_path / "venv"
     prefix.mkdir()
     (prefix / "pipx_metadata.json").write_text(json.dumps({"main_package": {
-        "pip_args": ["--no-index", "--find-links", str(b)], "package_or_url": str(c / "hearth_llm-0.1.0-py3-none-any.whl")}}))
+        "pip_args": ["--no-index", "--find-links", str(b)],
+        "package_or_url": str(c / "hearth_llm-0.1.0-py3-none-any.whl")}}))
     env = {"HEARTH_WHEELHOUSE": str(a), "PIP_FIND_LINKS": f"{d} https://example.invalid/wheels"}
     assert starter.wheel_dirs(str(prefix), env) == [a, b, c, d]
     (prefix / "pipx_metadata.json").write_text("{not json")
