@@ -45,8 +45,11 @@ JUNK = ("__pycache__", ".pyc", ".git/", ".venv/", "/.pytest_cache", "/tests/", "
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:  # noqa: ANN003 - subprocess's own options
+    """Run a tool without PYTHONPATH: hearth's source tree must not shadow installed packages in build tools
+    (its `kernels` package hides the PyPI `kernels` whose setuptools plugin the build backend loads)."""
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
-    return subprocess.run(cmd, check=True, **kw)
+    env = {k: v for k, v in kw.pop("env", os.environ).items() if k != "PYTHONPATH"}
+    return subprocess.run(cmd, check=True, env=env, **kw)
 
 
 def build(out: Path) -> tuple[Path, Path]:
@@ -190,7 +193,7 @@ def check_install(house: Path, scratch: Path) -> str:
     """pipx-install hearth from the wheelhouse offline; run `hearth --version` and a one-shot `hearth run`."""
     wheel = next(house.glob("hearth_llm-*.whl"))
     env = {**_no_pip_config(), "PIPX_HOME": str(scratch / "pipx"), "PIPX_BIN_DIR": str(scratch / "bin"),
-           "PIPX_MAN_DIR": str(scratch / "man"), "HEARTH_HOME": str(scratch / "home"), "PYTHONPATH": ""}
+           "PIPX_MAN_DIR": str(scratch / "man"), "HEARTH_HOME": str(scratch / "home")}
     env.pop("HEARTH_WHEELHOUSE", None)  # the starter's wheel must be found through the pipx install itself
     offline = _offline_prefix()
     run([*offline, sys.executable, "-m", "pipx", "install", "--pip-args", f"--no-index --find-links {house}",
