@@ -99,8 +99,9 @@ def _in_process(backend: Any, w: Workload) -> Callable[[tuple[int, ...], int], _
     return one
 
 
-def _remote_chat(backend: Any, w: Workload) -> Callable[[str, int], _Sample]:
-    """A remote model (--backend remote): each prompt is one user message through the one request builder;
+def _chat(backend: Any, w: Workload, *, remote: bool) -> Callable[[str, int], _Sample]:
+    """Each prompt is one user message through the one request builder (the model's chat template, as the
+    server does for /v1/chat/completions): --chat on a local model, or a remote model (--backend remote), whose
     generated tokens are the server's count (its usage chunk, else the streamed deltas)."""
     from app.requests import chat_request
     from backends.api import SamplingParams
@@ -108,10 +109,54 @@ def _remote_chat(backend: Any, w: Workload) -> Callable[[str, int], _Sample]:
     def one(prompt: str, seed: int) -> _Sample:
         params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
         c = backend.generate(chat_request(backend.spec, [{"role": "user", "content": prompt}], params).request)
-        return _Sample(c.stats.completion_tokens, c.stats.ttft_s, c.stats.prefill_tokens_per_s,
-                       c.stats.decode_tokens_per_s, c.error)
+        return _Sample(c.stats.completion_tokens if remote else len(c.token_ids), c.stats.ttft_s,
+                       c.stats.prefill_tokens_per_s, c.stats.decode_tokens_per_s, c.error)
 
     return one
+
+
+def _over_http_chat(url: str, w: Workload) -> Callable[[str, int], _Sample]:
+    """--chat over HTTP: a streaming POST /v1/chat/completions with one user message (what chat clients send)."""
+    import httpx
+
+    local = threading.local()
+
+    def one(prompt: str, seed: int) -> _Sample:
+        client = getattr(local, "client", None)
+        if client is None:
+            client = local.client = httpx.Client(base_url=url, timeout=600)
+        body = {"model": "bench", "messages": [{"role": "user", "content": prompt}], "max_tokens": w.gen_tokens,
+                "temperature": 0, "seed": seed, "stream": True, "stream_options": {"include_usage": True},
+                "ignore_eos": True}
+        return _read_sse(client, "/v1/chat/completions", body,
+                         lambda c: (c["choices"][0].get("delta") or {}).get("content"))
+
+    return one
+
+
+def _read_sse(client: Any, path: str, body: dict[str, Any], text_of: Callable[[dict], Any]) -> _Sample:
+    """POST `body` to `path`, read the SSE stream: time to the first text, the decode rate, the usage count."""
+    t0 = time.perf_counter()
+    first = last = None
+    tokens = prompt_tokens = 0
+    with client.stream("POST", path, json=body) as r:
+        if r.status_code != 200:
+            return _Sample(0, 0.0, 0.0, 0.0, f"HTTP {r.status_code}: {r.read().decode()[:200]}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and text_of(chunk):
+                last = time.perf_counter()
+                first = first or last
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+                prompt_tokens = chunk["usage"]["prompt_tokens"]
+    if first is None or last is None:
+        return _Sample(tokens, 0.0, 0.0, 0.0, "the stream carried no text")
+    ttft = first - t0
+    decode = (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0
+    return _Sample(tokens, ttft, prompt_tokens / ttft if ttft > 0 else 0.0, decode)
 
 
 def _over_http(url: str, w: Workload) -> Callable[[tuple[int, ...], int], _Sample]:
@@ -126,26 +171,7 @@ def _over_http(url: str, w: Workload) -> Callable[[tuple[int, ...], int], _Sampl
             client = local.client = httpx.Client(base_url=url, timeout=600)
         body = {"model": "bench", "prompt": list(prompt), "max_tokens": w.gen_tokens, "temperature": 0,
                 "seed": seed, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
-        t0 = time.perf_counter()
-        first = last = None
-        tokens = 0
-        with client.stream("POST", "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                return _Sample(0, 0.0, 0.0, 0.0, f"HTTP {r.status_code}: {r.read().decode()[:200]}")
-            for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
-                    last = time.perf_counter()
-                    first = first or last
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-        if first is None or last is None:
-            return _Sample(tokens, 0.0, 0.0, 0.0, "the stream carried no text")
-        ttft = first - t0
-        decode = (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0
-        return _Sample(tokens, ttft, len(prompt) / ttft if ttft > 0 else 0.0, decode)
+        return _read_sse(client, "/v1/completions", body, lambda c: c["choices"][0].get("text"))
 
     return one
 
@@ -175,14 +201,16 @@ def worker(w: Workload) -> None:
         specials.add(loaded.spec.bos_token_id)
     vocab = loaded.spec.vocab_size
     remote = w.backend == "remote"  # the model is on a server: text prompts, its memory is not ours to measure
-    modes: list[tuple[str, Any]] = [(w.backend, _remote_chat(backend, w) if remote else _in_process(backend, w))]
+    chat = bool(w.extra.get("chat")) and not remote  # text prompts as one user message, through the template
+    local = _chat(backend, w, remote=remote) if remote or chat else _in_process(backend, w)
+    modes: list[tuple[str, Any]] = [(w.backend, local)]
     server = None
     if w.extra.get("http") and not remote:
         from app.server.background import BackgroundServer
 
         server = BackgroundServer(backend, "bench", limits={"max_concurrency": max(w.concurrency),
                                                             "queue_limit": max(64, w.requests)})
-        modes.append((f"{w.backend}+http", _over_http(server.url, w)))
+        modes.append((f"{w.backend}+http", _over_http_chat(server.url, w) if chat else _over_http(server.url, w)))
     total = len(modes) * len(w.concurrency) * w.requests
     done = 0
     lock = threading.Lock()
@@ -193,7 +221,7 @@ def worker(w: Workload) -> None:
                 # Fresh prompts per level and path: a backend with a prefix cache must not get earlier
                 # prompts for free (the same seed gives the same prompts on every backend).
                 level_seed = w.seed + 7919 * level + 104729 * mode
-                prompts: list[Any] = (synthetic_texts(w.requests, w.prompt_tokens, level_seed) if remote else
+                prompts: list[Any] = (synthetic_texts(w.requests, w.prompt_tokens, level_seed) if remote or chat else
                                       synthetic_prompts(vocab, specials, w.requests, w.prompt_tokens, level_seed))
 
                 def one(i: int) -> _Sample:

@@ -75,9 +75,12 @@ def _torch_dtype(plan: Any, report: Any) -> str:
     return "bfloat16" if all(cc >= BF16_MIN_CC for cc in ccs) else "float16"
 
 
-def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None) -> Decision:
+def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None, *,
+           serving: bool = False) -> Decision:
     """Choose backend and LoadOptions for this model on this machine: hwprobe.plan() decides, and the flags the
-    user gave in `settings` (backend, ctx, n_gpu_layers, kv_cache_type, threads) always override it."""
+    user gave in `settings` (backend, ctx, n_gpu_layers, kv_cache_type, threads) always override it.
+    `serving` (`hearth serve`): concurrent clients are expected, so with backend auto and max_concurrency > 1
+    the plan prefers the engine that batches them (hwprobe.planner.serving)."""
     from hwprobe import plan as make_plan
     from hwprobe.plan_types import Prefs
 
@@ -86,7 +89,7 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
     # --tensor-parallel N > 1 is the torch engine's: with --backend auto it asks for the torch engine
     prefs = Prefs(backend="torch" if tp and tp > 1 and settings.backend == "auto" else settings.backend,
                   ctx=settings.ctx, kv_cache_type=settings.kv_cache_type, n_gpu_layers=settings.n_gpu_layers,
-                  max_num_seqs=settings.max_concurrency, tensor_parallel=tp)
+                  max_num_seqs=settings.max_concurrency, tensor_parallel=tp, prefer_batching=serving)
     plan = make_plan(report, spec.to_shape(), prefs)
     backend = prefs.backend if prefs.backend != "auto" else plan.backend
     torch = backend == "torch"
@@ -195,8 +198,10 @@ def llama_extra_bufts(memory: Any) -> bool:
 
 
 def open_backend(settings: Settings, *, hardware_file: str | None = None, progress: ProgressCallback | None = None,
-                 store: ModelStore | None = None, load: bool = True, logits_all: bool = False) -> Loaded:
-    """`logits_all` keeps the logits of every prompt position (only `hearth ppl` needs it: it costs memory)."""
+                 store: ModelStore | None = None, load: bool = True, logits_all: bool = False,
+                 serving: bool = False) -> Loaded:
+    """`logits_all` keeps the logits of every prompt position (only `hearth ppl` needs it: it costs memory);
+    `serving`: plan for concurrent clients (`hearth serve`, see decide)."""
     if settings.backend == "remote":
         from app.remote import open_remote
 
@@ -209,7 +214,7 @@ def open_backend(settings: Settings, *, hardware_file: str | None = None, progre
         return open_remote(settings, progress=progress, load=load)
     store = store or ModelStore()
     entry, spec = store.spec(settings.model)
-    decision = decide(spec, settings, hardware_file)
+    decision = decide(spec, settings, hardware_file, serving=serving)
     if logits_all:
         decision.options = dataclasses.replace(decision.options, logits_all=True)
     backend = make_backend(spec, decision, settings, hardware_file=hardware_file, logits_all=logits_all)

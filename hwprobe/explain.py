@@ -96,15 +96,59 @@ def _kv_pool(c: Candidate, devices: tuple[DeviceMemory, ...]) -> str:
             "exactly this")
 
 
+def _speed(tps: float) -> str:
+    return f"{tps:.1f}" if tps < 10 else f"{tps:.0f}"  # a partial offload's 2.4 is not "2"
+
+
+def serving_reason(shape: ModelShape, prefs: Prefs, c: Candidate, tps: float,
+                   single: tuple[Candidate, float] | None) -> str | None:
+    """One sentence for `hearth serve` (Prefs.prefer_batching): which engine serves concurrent clients and why,
+    with the numbers the planner has; None when the plan was not made for serving."""
+    if not prefs.prefer_batching:
+        return None
+    n = prefs.max_num_seqs
+    if prefs.backend != "auto":
+        return (f"serving: backend {prefs.backend} as asked (--backend wins over the serving plan)"
+                + ("; it answers one request at a time, the others queue" if c.backend == "llama.cpp" else ""))
+    if n <= 1:
+        return "single user (max concurrency 1): planned for the fastest single stream"
+    read_gib = m.decode_bytes_per_token(c.layout, shape) / 2**30
+    if c.backend == "torch":
+        out = (f"serving: up to {n} requests at once, batched by the torch engine (continuous batching: one "
+               f"forward a step, reading the {read_gib:.2f} GiB of weights once for every request in it)")
+        if single is not None:
+            ll, l_tps = single
+            out += (f"; llama.cpp here ({ll.quant}) would answer one request at a time: ~{_speed(l_tps)} tokens/s "
+                    f"in all, its single-stream estimate from memory bandwidth (the torch engine's single stream: "
+                    f"~{_speed(tps)})")
+        return out
+    one = "serving: llama.cpp answers one request at a time (the others queue), "
+    refusal = torch_engine_refusal(shape)
+    if refusal:
+        return one + f"because the torch engine, which batches, cannot run this model: {refusal}"
+    if c.gpus:
+        return one + (f"because the torch engine, which batches, does not fit {shape.name} entirely on the GPU "
+                      f"(llama.cpp's {c.quant} does)" if c.n_gpu_layers >= shape.n_layers else
+                      "because the torch engine, which batches, cannot stream this model's blocks from host RAM "
+                      "within the budgets")
+    return one + (f"because the torch engine's weights and KV pool for {n} sequences do not fit host RAM "
+                  "(try --max-concurrency 4 or a smaller --ctx)")
+
+
 def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidate,
             devices: tuple[DeviceMemory, ...], tps: float, quants: list[tuple[str, m.WeightLayout]],
             torch_tried: tuple[str, ...] = (), rival: tuple[Candidate, float] | None = None,
-            expert_race: tuple[Candidate, float, Candidate, float] | None = None) -> tuple[str, ...]:
+            expert_race: tuple[Candidate, float, Candidate, float] | None = None,
+            single: tuple[Candidate, float] | None = None) -> tuple[str, ...]:
     """torch_tried: the torch formats better than c's that did not fit (GPU plans of the torch engine; every
     format for one streaming blocks); rival: the partial offload of the other engine that c was faster than (or
     c lost to nothing: None), with its tokens/s; expert_race: (expert placement, its tokens/s, the layer offload
-    it raced, its tokens/s) for a MoE model that did not fit whole (hwprobe.experts)."""
+    it raced, its tokens/s) for a MoE model that did not fit whole (hwprobe.experts); single: when serving put
+    the torch engine on the CPU, the llama.cpp plan it replaced with its single-stream tokens/s."""
     out: list[str] = []
+    serve = serving_reason(shape, prefs, c, tps, single)
+    if serve:
+        out.append(serve)
     offload = is_torch_offload(shape, c)
     if not report.gpus:
         out.append("no NVIDIA GPU found: the model runs from host RAM")
@@ -132,7 +176,8 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
         why = "the torch engine supports" if torch_engine_refusal(shape) is None else "asked for"
         out.append(f"backend torch: {why} {shape.architecture} and the {c.quant} weights fit entirely on {where}"
                    if c.gpus else f"backend torch on CPU ({c.quant}): "
-                   + ("asked for" if prefs.backend == "torch" else "safetensors weights or batching for serve"))
+                   + ("asked for" if prefs.backend == "torch" else
+                      "batching concurrent requests for serve" if single is not None else "safetensors weights"))
         if c.gpus:
             out.append(_torch_weights(shape, c, torch_tried))
         elif c.quant == m.TORCH_GGUF:
@@ -210,7 +255,6 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
         if offload:
             link, link_gbps, _ = _link(report, c)
             bw += f"; blocks over {link}, ~{link_gbps:.0f} GB/s"
-        speed = f"{tps:.1f}" if tps < 10 else f"{tps:.0f}"  # a partial offload's 2.4 is not "2"
-        out.append(f"expected decode ~{speed} tokens/s from memory bandwidth"
+        out.append(f"expected decode ~{_speed(tps)} tokens/s from memory bandwidth"
                    + (f" ({bw})" if bw else f" (host RAM {report.ram_bandwidth_gbps:.0f} GB/s)"))
     return tuple(out)

@@ -20,7 +20,10 @@ class Prefs:
     target_ctx: int = 8192  # a useful context: the first goal, capped by the model's training context
     min_ctx: int = 4096  # the planner lowers the context down to this before quantizing anything
     n_batch: int = 512  # prompt tokens per forward (llama.cpp n_batch = n_ubatch)
-    prefer_batching: bool = False  # `hearth serve`: the torch engine on CPU too, for its continuous batching
+    # `hearth serve` expecting concurrent clients (with backend auto and max_num_seqs > 1): the torch engine,
+    # which batches them, wherever it runs the model (GPU, streaming blocks, or the CPU) over llama.cpp's one
+    # request at a time (hwprobe.planner.serving)
+    prefer_batching: bool = False
     # the torch engine's most sequences at once (Settings.max_concurrency): its KV pool holds up to this many
     # full-context sequences, as many as the device's budget leaves room for
     max_num_seqs: int = 16
@@ -90,6 +93,7 @@ class Plan:
     # torch engine ranks: > 1 with split_mode "tensor" (one per GPU); 1 when none (llama.cpp plans report 1 and
     # keep their split_mode)
     tensor_parallel: int = 1
+    serving: bool = False  # planned for concurrent clients (Prefs.prefer_batching with backend auto)
 
     @property
     def fits(self) -> bool:
@@ -102,4 +106,5 @@ class Plan:
                 "kv_cache_type": self.kv_cache_type, "flash_attn": self.flash_attn,
                 "batch_size": self.batch_size, "devices": [d.as_dict() for d in self.devices],
                 "expected_tokens_per_s": self.expected_tokens_per_s, "reasons": list(self.reasons),
-                "tensor_parallel": self.tensor_parallel}
+                "tensor_parallel": self.tensor_parallel,
+                "serving": self.serving}

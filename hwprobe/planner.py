@@ -276,17 +276,19 @@ def _score(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[boo
     return _fits(report, shape, c), expected_tokens_per_s(report, shape, c, price(report, shape, c))
 
 
-def _faster(report: HardwareReport, shape: ModelShape, llama: Candidate,
-            streamed: Candidate | None) -> tuple[Candidate, tuple[Candidate, float] | None]:
+def _faster(report: HardwareReport, shape: ModelShape, llama: Candidate, streamed: Candidate | None, *,
+            batching: bool = False) -> tuple[Candidate, tuple[Candidate, float] | None]:
     """The faster of llama.cpp's partial offload and the torch engine streaming blocks (a candidate that does
-    not fit loses to one that does; a tie goes to llama.cpp), and the loser with its tokens/s for the reasons."""
+    not fit loses to one that does; a tie goes to llama.cpp), and the loser with its tokens/s for the reasons.
+    `batching` (serving): the torch engine wins whenever it fits, since each step streams the blocks once for
+    every request in the batch while llama.cpp answers one request at a time."""
     if streamed is None:
         return llama, None
     def score(c: Candidate) -> tuple[bool, float]:
         return _fits(report, shape, c), expected_tokens_per_s(report, shape, c, price(report, shape, c))
 
     by_llama, by_torch = score(llama), score(streamed)
-    if by_torch > by_llama:
+    if by_torch > by_llama or (batching and by_torch[0]):
         return streamed, (llama, by_llama[1])
     return llama, (streamed, by_torch[1])
 
@@ -324,9 +326,7 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
         chosen = _torch_cpu(report, shape, prefs, lo, hi)  # ranks on the CPU's cores (tests, CI)
     if chosen is None and prefs.backend == "torch" or (chosen is None and file_format == "safetensors"):
         chosen = _torch_cpu(report, shape, prefs, lo, hi)
-    if chosen is None and prefs.backend == "auto" and prefs.prefer_batching and not report.gpus and \
-            torch_engine_refusal(shape) is None:
-        chosen = _torch_cpu(report, shape, prefs, lo, hi)
+    single: tuple[Candidate, float] | None = None  # serving: the one-at-a-time plan the batching one replaced
     if chosen is None:
         chosen = _try_llama_full(report, shape, prefs, lo, hi, quants)
         if chosen is None:
@@ -334,9 +334,14 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
             if not chosen.gpus:  # CPU only: RAM is cheap, so the best quant at the target context if it fits
                 chosen = _cpu_only(report, shape, prefs, lo, hi, quants) or chosen
             if prefs.backend == "auto" and prefs.n_gpu_layers is None:
-                chosen, rival = _faster(report, shape, chosen, _torch_offload(report, shape, prefs, lo, hi))
+                chosen, rival = _faster(report, shape, chosen, _torch_offload(report, shape, prefs, lo, hi),
+                                        batching=serving(prefs))
+                if not chosen.gpus and serving(prefs):
+                    chosen, single = _serve_on_cpu(report, shape, prefs, lo, hi, chosen)
+            # serving keeps the batching torch engine it chose; expert placement races llama.cpp's plans
             experts = _expert_placement(report, shape, prefs, lo, quants) if chosen.gpus and \
-                prefs.backend in ("auto", "llama.cpp") and prefs.n_gpu_layers is None else None
+                prefs.backend in ("auto", "llama.cpp") and prefs.n_gpu_layers is None and \
+                not (serving(prefs) and chosen.backend == "torch") else None
             if experts is not None:
                 by_experts, by_layers = _score(report, shape, experts), _score(report, shape, chosen)
                 expert_race = (experts, by_experts[1], chosen, by_layers[1])
@@ -357,7 +362,7 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     device = "cpu" if not chosen.gpus else ("cuda" if len(chosen.gpus) > 1 else f"cuda:{chosen.gpus[0]}")
     tps = expected_tokens_per_s(report, shape, chosen, devices)
     tried = _torch_tried(report, shape, prefs, chosen)
-    why = reasons(report, shape, prefs, chosen, devices, tps, quants, tried, rival, expert_race)
+    why = reasons(report, shape, prefs, chosen, devices, tps, quants, tried, rival, expert_race, single)
     tensor_parallel = 1
     if chosen.backend == "torch" and chosen.split_mode == "tensor" and len(chosen.gpus) > 1:
         tensor_parallel = len(chosen.gpus)
@@ -375,7 +380,7 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
                 reasons=why, main_gpu=main, device=device,
                 kv_pool_bytes=_kv_pool_bytes(shape, chosen, devices, tensor_parallel),
                 max_num_seqs=chosen.max_num_seqs, cpu_expert_layers=chosen.cpu_expert_layers,
-                tensor_parallel=tensor_parallel)
+                tensor_parallel=tensor_parallel, serving=serving(prefs))
 
 
 def _kv_pool_bytes(shape: ModelShape, c: Candidate, devices: tuple, tensor_parallel: int = 1) -> int:  # noqa: ANN001
@@ -432,6 +437,24 @@ def _cpu_only(report, shape, prefs, lo, hi, quants) -> Candidate | None:  # noqa
         if ctx is not None:
             return make(ctx)
     return None
+
+
+def serving(prefs: Prefs) -> bool:
+    """Concurrent clients are expected (`hearth serve`, more than one at once) and the backend is the plan's."""
+    return prefs.prefer_batching and prefs.backend == "auto" and prefs.max_num_seqs > 1
+
+
+def _serve_on_cpu(report, shape, prefs, lo, hi,  # noqa: ANN001 - internal
+                  llama: Candidate) -> tuple[Candidate, tuple[Candidate, float] | None]:
+    """Serving from host RAM: the torch engine (continuous batching) instead of llama.cpp's one request at a
+    time, where it runs the model and its batch's KV pool fits RAM; else llama.cpp.  Returns the chosen plan and
+    llama.cpp's single-stream candidate with its tokens/s (for the reasons), or None when llama.cpp stays."""
+    if torch_engine_refusal(shape) is not None:
+        return llama, None
+    torch = _torch_cpu(report, shape, prefs, lo, hi)
+    if not _fits(report, shape, torch):
+        return llama, None
+    return torch, (llama, expected_tokens_per_s(report, shape, llama, price(report, shape, llama)))
 
 
 def _torch_cpu(report, shape, prefs, lo, hi) -> Candidate:  # noqa: ANN001 - internal

@@ -49,6 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http", action="store_true",
                    help="also run every level through hearth's OpenAI server on 127.0.0.1 (streaming "
                         "/v1/completions); rows '<backend>+http', and in --json 'http_vs_in_process'")
+    p.add_argument("--chat", action="store_true",
+                   help="chat prompts: one user message of --prompt-tokens common words through the model's chat "
+                        "template (in process: the one request builder; with --http: streaming "
+                        "/v1/chat/completions), as chat clients send them")
     p.add_argument("--json", action="store_true", help="print {\"results\": [...]} instead of a table")
     p.add_argument("--url", metavar="URL", help="with --backends remote: the OpenAI-compatible server's base URL "
                    "(prompts are then text of --prompt-tokens common words; --http does not apply)")
@@ -103,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
     workload = Workload(model=args.model, backend=backends[0], concurrency=args.concurrency,
                         prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, requests=args.requests,
                         seed=args.seed, threads=args.threads,
-                        extra={k: v for k, v in (("http", args.http or None), ("url", args.url),
-                                                 ("remote_model", args.remote_model),
+                        extra={k: v for k, v in (("http", args.http or None), ("chat", args.chat or None),
+                                                 ("url", args.url), ("remote_model", args.remote_model),
                                                  ("tensor_parallel", args.tensor_parallel)) if v is not None})
     tty = sys.stderr.isatty()
 

@@ -17,6 +17,7 @@ model folder, or a Hugging Face config.json (then the plan also picks the GGUF q
   hearth plan ~/models/Qwen2.5-14B/config.json --hardware 4090.json --json
   hearth plan config.json --quant Q3_K_M      (below Q4_K_M only when asked)
   hearth plan --backend torch --max-concurrency 4
+  hearth plan --serve                          as `hearth serve` plans it: batching for concurrent clients
 
 The plan is the allocation: the torch engine's KV pool is exactly the plan's KV (what is left of the device's
 budget after weights, compute buffers and overhead, at most --max-concurrency full-context sequences, at least
@@ -44,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel", "--tp", dest="tensor_parallel", type=int, metavar="N",
                    help="torch engine ranks, one per GPU (1 = none; default: the plan decides, tensor parallelism "
                         "over NVLink/P2P-joined GPUs when a better torch format fits them than one)")
+    p.add_argument("--serve", action="store_true",
+                   help="plan as `hearth serve` does: concurrent clients expected, so the engine that batches "
+                        "them (the torch engine) wherever it runs the model; JSON adds \"serving\": true")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (tensor_parallel: the torch "
                    "engine's rank count, 1 when none)")
 
@@ -91,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     tp = load_settings(tensor_parallel=args.tensor_parallel).tensor_parallel  # checked as `run` checks it
     backend = "torch" if tp and tp > 1 and args.backend == "auto" else args.backend  # as app.loading.decide
     prefs = Prefs(backend=backend, ctx=args.ctx, kv_cache_type=args.kv_cache_type,
-                  n_gpu_layers=args.n_gpu_layers, quant=quant, max_num_seqs=max_num_seqs, tensor_parallel=tp)
+                  n_gpu_layers=args.n_gpu_layers, quant=quant, max_num_seqs=max_num_seqs, tensor_parallel=tp,
+                  prefer_batching=args.serve)
     try:
         p = make_plan(report, shape, prefs)
     except PlanError as exc:  # nothing fits here: a bigger machine's server can run it (--backend remote)

@@ -29,7 +29,14 @@ naming it (README: "Sampling fields").
 Tool calling: tools (at most 128), tool_choice and tool messages, in the model's own template format
 (Hermes/Qwen, Llama 3.x, Mistral) or, for a template without tool support, hearth's Hermes-style block in the
 system message; tool_choice "required" or a named function forces one call valid for the function's schema
-(constrained decoding).  README "Tool calling" has the formats."""
+(constrained decoding).  README "Tool calling" has the formats.
+
+
+Planned for serving: concurrent clients are expected, so with --backend auto the plan prefers the engine that
+batches them, the torch engine, wherever it runs the model (GPU, streaming blocks from RAM, or the CPU),
+over llama.cpp's one request at a time; the start-up lines say why, with the planner's numbers (see them
+before starting with `hearth plan --serve`).  --single-user (or --max-concurrency 1) plans for the fastest
+single stream instead; --backend still wins."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", dest="api_key", metavar="KEY", help="require 'Authorization: Bearer KEY'")
     p.add_argument("--max-concurrency", dest="max_concurrency", type=int, metavar="N",
                    help="requests generating at once (default 16)")
+    p.add_argument("--single-user", dest="single_user", action="store_true",
+                   help="one client at a time: plan for the fastest single stream, not for batching "
+                        "(implies --max-concurrency 1)")
     p.add_argument("--queue-limit", dest="queue_limit", type=int, default=64, metavar="N",
                    help="requests waiting for a slot before 429 (default 64)")
     p.add_argument("--max-body-bytes", dest="max_body_bytes", type=int, default=1 << 20, metavar="N",
@@ -67,26 +77,39 @@ def run(args: argparse.Namespace) -> int:
 
     if args.queue_limit < 0 or args.max_body_bytes < 1 or args.shutdown_grace < 0:
         raise ConfigError("--queue-limit must be >= 0, --max-body-bytes >= 1 and --shutdown-grace >= 0")
+    if args.single_user:
+        if args.max_concurrency not in (None, 1):
+            raise ConfigError(f"--single-user runs one request at a time, but --max-concurrency is "
+                              f"{args.max_concurrency}", "give one of the two")
+        args.max_concurrency = 1
     settings = settings_from_args(args)
     if settings.backend == "remote":  # from settings.toml or HEARTH_BACKEND: a proxy would only add a hop
         from hwprobe.errors import ConfigError
 
         raise ConfigError(f"hearth serve runs a local model, and the settings say backend = remote ({settings.url})",
                           "point your clients at that server directly, or pass --backend auto")
-    loaded = open_backend(settings, hardware_file=args.hardware)
+    # serving: the plan prefers the engine that batches (with max_concurrency 1 it says "single user")
+    loaded = open_backend(settings, hardware_file=args.hardware, serving=True)
     backend = loaded.backend
     try:
         err = sys.stderr
+        why = [r for r in loaded.decision.reasons if r.startswith(("serving", "single user"))]
         for reason in loaded.decision.reasons:
-            print(f"plan: {reason}", file=err)
+            if reason not in why:
+                print(f"plan: {reason}", file=err)
         print("loaded: " + ", ".join(f"{k}={v}" for k, v in backend.describe().items()), file=err)
         limits = Limits(max_concurrency=settings.max_concurrency, queue_limit=args.queue_limit,
                         max_body_bytes=args.max_body_bytes, shutdown_grace_s=args.shutdown_grace)
         config = ServerConfig(model_name=loaded.entry.name, api_key=settings.api_key or None, limits=limits)
         app = create_app(backend, config)
-        mode = "batched" if backend.capabilities.concurrent_requests else "one at a time (others queue)"
+        slots = app.state.runner.slots
+        mode = (f"{backend.name}, up to {slots} requests batched" if slots > 1 else
+                f"{backend.name}, one request at a time (others queue)")
         print(f"serving {config.model_name!r} on http://{settings.host}:{settings.port}/v1 "
-              f"({mode}; auth {'on' if config.api_key else 'off'})", file=err, flush=True)
+              f"({mode}; auth {'on' if config.api_key else 'off'})", file=err)
+        for reason in why:  # the planner's reason for this engine, with its numbers
+            print(f"  why: {reason}", file=err)
+        err.flush()
         server = _GracefulServer(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                                timeout_graceful_shutdown=max(int(args.shutdown_grace), 1)))
         server.run()

@@ -1,7 +1,10 @@
 """Bridges the blocking `Backend.stream()` iterator to asyncio, with admission control.
 
 Each admitted request runs `backend.stream()` on its own thread, which hands events to the event loop through
-an asyncio.Queue, so the loop never blocks on the model.  Admission: at most `slots` generations run at once
+an asyncio.Queue, so the loop never blocks on the model.  A backend with `stream_to(request, sink)` (the
+RunnerBackend every served model runs behind) hands its events to the loop from the thread that receives them
+from the runner, with no thread per request: on a 2-core machine shared with the engine, every thread woken per
+token is time taken from the batch.  Admission: at most `slots` generations run at once
 (max-concurrency for a backend that batches; 1 for one that serialises, so "running" means what it says),
 and at most `queue_limit` more wait in arrival order; beyond that the request is refused (429, Retry-After).
 """
@@ -106,11 +109,33 @@ class Generation:
             except RuntimeError:  # the loop is closed (server gone)
                 pass
 
+    def _deliver(self, loop: asyncio.AbstractEventLoop, item: GenerationEvent | BaseException) -> None:
+        """stream_to's sink (any thread): the item, and after the last one the end marker, to the loop."""
+        last = isinstance(item, BaseException) or item.kind is EventKind.FINISHED
+        try:
+            loop.call_soon_threadsafe(self._put, item, last)
+        except RuntimeError:  # the loop is closed (server gone)
+            pass
+        if last:
+            self._thread_done.set()
+
+    def _put(self, item: GenerationEvent | BaseException, last: bool) -> None:
+        self.queue.put_nowait(item)
+        if last:
+            self.queue.put_nowait(_END)
+
     async def start(self) -> None:
         self.runner.active.add(self.request.request_id)
         loop = asyncio.get_running_loop()
-        threading.Thread(target=self._work, args=(loop,), name=f"gen-{self.request.request_id}",
-                         daemon=True).start()
+        stream_to = getattr(self.runner.backend, "stream_to", None)
+        if stream_to is None:
+            threading.Thread(target=self._work, args=(loop,), name=f"gen-{self.request.request_id}",
+                             daemon=True).start()
+        else:
+            try:  # a thread only to send it: the runner may be restarting, and that waits
+                await asyncio.to_thread(stream_to, self.request, lambda item: self._deliver(loop, item))
+            except Exception as exc:  # noqa: BLE001 - raised below as an APIError, as from the thread
+                self._put(exc, True)
         item = await self.queue.get()
         if isinstance(item, BaseException):
             raise _as_api_error(item)

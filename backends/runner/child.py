@@ -2,10 +2,14 @@
 
 Started by RunnerBackend as `python -m backends.runner.child --fd N`, with the socket on fd N and stdout/stderr
 in the runner log.  Threads: the main thread reads messages; each stream and each call runs on a thread of its
-own (a backend that serialises queues them itself, as in one process); a heartbeat thread says "alive" every
-HEARTBEAT_S, so hearth can tell a frozen runner from a busy one.  When hearth's end of the socket closes (hearth
-exited or was killed), the runner exits at once: it never outlives the app.  (Not PR_SET_PDEATHSIG: it
-fires when the *thread* that started the runner ends, and runners are started from worker threads.)
+own (a backend that serialises queues them itself, as in one process); a stream thread's event is sent before that
+thread goes on (so a crash never loses an event already produced), and whichever stream thread holds the socket
+sends every event that other streams queued meanwhile in one `Events` frame (a batching engine's step gives every
+stream a token at once: a few frames, and as few wake-ups of hearth's reader, instead of one per stream); a
+heartbeat thread says "alive" every HEARTBEAT_S, so hearth can tell a frozen runner from a busy one.  When
+hearth's end of the socket closes (hearth exited or was killed), the runner exits at once: it never outlives
+the app.  (Not PR_SET_PDEATHSIG: it fires when the *thread* that started the runner ends, and runners are
+started from worker threads.)
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import socket
 import sys
 import threading
+from collections import deque
 from typing import Any
 
 from backends.runner import protocol as p
@@ -40,6 +45,7 @@ class RunnerServer:
         self.backend: Any = None
         self._send_lock = threading.Lock()
         self._closing = threading.Event()
+        self._outbox: deque = deque()  # stream events not sent yet (append/popleft are atomic)
 
     def send(self, message: Any) -> None:
         with self._send_lock:
@@ -63,6 +69,20 @@ class RunnerServer:
         pid = os.getpid()
         while not self._closing.wait(HEARTBEAT_S):
             self.send(p.Heartbeat(pid))
+
+    def _emit(self, event: Any) -> None:
+        """Send a stream's event, with every event other streams queued meanwhile (see the module docstring)."""
+        self._outbox.append(event)
+        with self._send_lock:
+            events = []
+            while self._outbox:
+                events.append(self._outbox.popleft())
+            if not events:
+                return  # another stream thread sent ours with its own
+            try:
+                self.channel.send(p.Event(events[0]) if len(events) == 1 else p.Events(events))
+            except OSError:  # hearth is gone: nothing left to tell
+                os._exit(0)
 
     def _spawn(self, fn: Any, *args: Any) -> None:
         threading.Thread(target=fn, args=args, daemon=True).start()
@@ -97,14 +117,14 @@ class RunnerServer:
         try:
             for event in self.backend.stream(request):
                 started = True
-                self.send(p.Event(event))
+                self._emit(event)
         except Exception as exc:  # noqa: BLE001
             if not started:
                 self.send(p.StreamFailed(request.request_id, p.error_info(exc)))
             else:  # a backend broke the contract (exception after STARTED): end the stream as an error
-                self.send(p.Event(GenerationEvent(EventKind.FINISHED, request.request_id,
-                                                  finish_reason=FinishReason.ERROR, stats=RequestStats(),
-                                                  error=p.error_info(exc).message)))
+                self._emit(GenerationEvent(EventKind.FINISHED, request.request_id,
+                                           finish_reason=FinishReason.ERROR, stats=RequestStats(),
+                                           error=p.error_info(exc).message))
 
     def _call(self, m: Any) -> None:
         b = self.backend

@@ -85,6 +85,10 @@ class _StreamState:
     tokens: int = 0  # TOKEN events yielded
     replays: int = 0  # times sent again to a new runner
     aborted: bool = False
+    done: bool = False  # the last item (FINISHED or an exception) was handed over
+    # stream_to(): items are translated and handed to this from the thread that receives them, instead of
+    # being queued for a caller's thread
+    sink: Callable[[GenerationEvent | BaseException], None] | None = None
 
 
 class RunnerBackend(Backend):
@@ -234,8 +238,8 @@ class RunnerBackend(Backend):
             self._ready.notify_all()
         for state in states:  # close() aborts what still runs: each stream ends as aborted, with its text so far
             state.aborted = True
-            state.queue.put(GenerationEvent(EventKind.FINISHED, state.request.request_id,
-                                            finish_reason=FinishReason.ABORT, stats=RequestStats()))
+            self._route(state, GenerationEvent(EventKind.FINISHED, state.request.request_id,
+                                               finish_reason=FinishReason.ABORT, stats=RequestStats()))
         if runner is not None:
             runner.stop(CLOSE_TIMEOUT_S)
 
@@ -264,11 +268,16 @@ class RunnerBackend(Backend):
         if isinstance(m, p.Event):
             state = self._streams.get(m.event.request_id)
             if state is not None and state.runner is runner:
-                state.queue.put(m.event)
+                self._route(state, m.event)
+        elif isinstance(m, p.Events):  # one step's events of several streams, sent together
+            for event in m.events:
+                state = self._streams.get(event.request_id)
+                if state is not None and state.runner is runner:
+                    self._route(state, event)
         elif isinstance(m, p.StreamFailed):
             state = self._streams.get(m.request_id)
             if state is not None and state.runner is runner:
-                state.queue.put(m.error)
+                self._route(state, m.error)
         elif isinstance(m, p.Progress):
             if self._progress is not None:
                 self._progress(m.fraction, m.what)
@@ -318,7 +327,7 @@ class RunnerBackend(Backend):
                     replays.append(state)  # nothing shown yet: it runs again on the new runner
                 else:
                     lost = "this reply is cut off" if state.tokens else "this request failed"
-                    state.queue.put(_Crash(f"{message}: {lost}; hearth is {plan}" if nxt is not None else
+                    self._route(state, _Crash(f"{message}: {lost}; hearth is {plan}" if nxt is not None else
                                            self._gave_up.message if self._gave_up else message))
         self._notice(f"{message}; hearth is {plan}" if nxt is not None else str(self._gave_up))
         if nxt is not None:
@@ -333,7 +342,7 @@ class RunnerBackend(Backend):
                                                                                                    exc.hint)
                 self._ready.notify_all()
             for state in replays:
-                state.queue.put(_Crash(self._gave_up.message))
+                self._route(state, _Crash(self._gave_up.message))
             self._notice(f"could not restart the runner: {exc.one_line()}")
             return
         with self._lock:
@@ -346,8 +355,8 @@ class RunnerBackend(Backend):
         with self._lock:
             for state in replays:
                 if state.aborted:
-                    state.queue.put(GenerationEvent(EventKind.FINISHED, state.request.request_id,
-                                                    finish_reason=FinishReason.ABORT, stats=RequestStats()))
+                    self._route(state, GenerationEvent(EventKind.FINISHED, state.request.request_id,
+                                                       finish_reason=FinishReason.ABORT, stats=RequestStats()))
                     continue
                 state.replays += 1
                 state.runner = runner
@@ -367,48 +376,77 @@ class RunnerBackend(Backend):
 
     # -- generation ---------------------------------------------------------------------------------------
     def stream(self, request: Request) -> Iterator[GenerationEvent]:
+        state = self._open(request, None)
+        try:
+            while not state.done:
+                for item in self._translate(state, state.queue.get()):
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
+        finally:
+            with self._lock:
+                self._streams.pop(request.request_id, None)
+            if not state.done:  # the caller stopped reading: stop the request in the runner
+                state.aborted = True
+                state.runner.send(p.Abort(request.request_id), f"abort({request.request_id})")
+
+    def stream_to(self, request: Request, sink: Callable[[GenerationEvent | BaseException], None]) -> None:
+        """stream() without a thread per request: each event, or the exception stream() would raise, is handed to
+        `sink` from the thread that receives it from the runner (keep `sink` short and thread-safe, e.g.
+        loop.call_soon_threadsafe); the last item is a FINISHED event or an exception.  `abort(request_id)`
+        stops it.  The API server serves its streams this way: one hand-off per event instead of two threads."""
+        self._open(request, sink)
+
+    def _open(self, request: Request, sink: Callable[[GenerationEvent | BaseException], None] | None) -> _StreamState:
         rid = request.request_id
         with self._lock:
             runner = self._current()
-            state = _StreamState(request, runner)
+            state = _StreamState(request, runner, sink=sink)
             self._streams[rid] = state
             runner.send(p.Stream(request), f"stream({rid})")
-        done = False
-        try:
-            while True:
-                item = state.queue.get()
-                if isinstance(item, GenerationEvent):
-                    if item.kind is EventKind.STARTED:
-                        if state.started:
-                            continue  # the STARTED of a request sent again after a crash
-                        state.started = True
-                    elif item.kind is EventKind.TOKEN:
-                        state.tokens += 1
-                    elif item.kind is EventKind.FINISHED:
-                        done = True
-                        if item.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
-                            self._finished_ok()
-                    yield item
-                    if done:
-                        return
-                elif isinstance(item, p.ErrorInfo):  # stream() raised in the runner before STARTED
-                    done = True
-                    if not state.started:
-                        p.raise_error(item)
-                    yield self._error_event(rid, item.message, None)
-                    return
-                else:  # _Crash
-                    done = True
-                    if not state.started:
-                        raise RunnerCrashedError(item.message)
-                    yield self._error_event(rid, item.message, "runner_crashed")
-                    return
-        finally:
+        return state
+
+    def _route(self, state: _StreamState, item: Any) -> None:
+        """An item for a stream (event, ErrorInfo, _Crash): queued for its reader, or translated for its sink."""
+        if state.sink is None:
+            state.queue.put(item)
+            return
+        for out in self._translate(state, item):
+            state.sink(out)
+        if state.done:
             with self._lock:
-                self._streams.pop(rid, None)
-            if not done:  # the caller stopped reading: stop the request in the runner
-                state.aborted = True
-                state.runner.send(p.Abort(rid), f"abort({rid})")
+                self._streams.pop(state.request.request_id, None)
+
+    def _translate(self, state: _StreamState, item: Any) -> list[GenerationEvent | BaseException]:
+        """What the caller gets for one item from the runner: events, or the exception to raise (an error before
+        STARTED); sets state.done on the last one."""
+        rid = state.request.request_id
+        if state.done:
+            return []
+        if isinstance(item, GenerationEvent):
+            if item.kind is EventKind.STARTED:
+                if state.started:
+                    return []  # the STARTED of a request sent again after a crash
+                state.started = True
+            elif item.kind is EventKind.TOKEN:
+                state.tokens += 1
+            elif item.kind is EventKind.FINISHED:
+                state.done = True
+                if item.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+                    self._finished_ok()
+            return [item]
+        state.done = True
+        if isinstance(item, p.ErrorInfo):  # stream() raised in the runner before STARTED
+            if not state.started:
+                try:
+                    p.raise_error(item)
+                except Exception as exc:  # noqa: BLE001 - handed to the caller as it is
+                    return [exc]
+            return [self._error_event(rid, item.message, None)]
+        # _Crash
+        if not state.started:
+            return [RunnerCrashedError(item.message)]
+        return [self._error_event(rid, item.message, "runner_crashed")]
 
     @staticmethod
     def _error_event(rid: str, message: str, code: str | None) -> GenerationEvent:

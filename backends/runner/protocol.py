@@ -101,6 +101,13 @@ class Event(msgspec.Struct, tag="event", frozen=True):
     event: GenerationEvent
 
 
+class Events(msgspec.Struct, tag="events", frozen=True):
+    """Events of several streams at once (one engine step's tokens): one frame, one wake-up of hearth's reader,
+    instead of one each."""
+
+    events: list[GenerationEvent]
+
+
 class StreamFailed(msgspec.Struct, tag="stream_failed", frozen=True):
     """stream() raised before its STARTED event (prompt too long, bad request): nothing ran."""
 
@@ -146,7 +153,7 @@ class Closed(msgspec.Struct, tag="closed", frozen=True):
 
 
 ToRunner = Union[Load, Stream, Abort, Tokenize, Detokenize, Logits, Describe, Stats, Close]
-FromRunner = Union[Heartbeat, Progress, Loaded, LoadFailed, Event, StreamFailed, TokensReply, TextReply,
+FromRunner = Union[Heartbeat, Progress, Loaded, LoadFailed, Event, Events, StreamFailed, TokensReply, TextReply,
                    ArrayReply, DescribeReply, StatsReply, CallFailed, Closed]
 Reply = Union[TokensReply, TextReply, ArrayReply, DescribeReply, StatsReply, CallFailed]
 

@@ -122,3 +122,20 @@ def test_runtime_baseline_is_a_fresh_process_importing_torch_and_the_cli():
     assert baseline is not None and baseline * 2**20 > bare + 50 * 2**20  # torch's libraries are in it
     assert format_baseline(baseline).startswith(f"runtime baseline: {baseline:.0f} MiB peak RSS of")
     assert "import torch, app.cli" in format_baseline(baseline)
+
+
+def test_chat_rows_send_one_user_message_through_the_template_and_the_chat_endpoint(fake_loaded, capsys):
+    import json
+
+    from app.bench import Workload, worker
+
+    backend = fake_loaded
+    worker(Workload(model=None, backend="torch", concurrency=[2], prompt_tokens=8, gen_tokens=3, requests=2,
+                    extra={"http": True, "chat": True}))
+    results = [json.loads(line)["result"] for line in capsys.readouterr().out.splitlines() if '"result"' in line]
+    assert [r["backend"] for r in results] == ["torch", "torch+http"], results
+    assert all("error" not in r and r["aggregate_tokens_per_s"] > 0 for r in results), results
+    assert len(backend.requests) == 4
+    for r in backend.requests:  # both paths: the chat template's prompt text with 8 common words, not token ids
+        assert r.prompt_token_ids is None and r.messages and len(r.messages[-1].content.split()) == 8
+        assert r.sampling.ignore_eos and r.sampling.max_tokens == 3

@@ -85,3 +85,13 @@ def test_a_quantized_plan_on_a_turing_card_computes_in_fp16(tmp_path: Path) -> N
     (tmp_path / "turing.json").write_text(json.dumps(report))
     d = decide(_safetensors_13b_spec(), Settings(), str(tmp_path / "turing.json"))
     assert (d.plan.quant, d.options.weight_quant, d.options.dtype) == ("W8A16", "int8", "float16")
+
+
+def test_serving_plans_the_batching_engine_unless_one_client_or_a_backend_is_given(starter_spec) -> None:
+    """`hearth serve` (serving=True) on this GPU-less machine: the torch engine on the CPU; one request at a time
+    (max_concurrency 1) or an explicit backend keep llama.cpp."""
+    d = decide(starter_spec, Settings(), serving=True)
+    assert (d.backend, d.options.device, d.options.max_num_seqs, d.plan.serving) == ("torch", "cpu", 16, True)
+    assert d.reasons[0].startswith("serving: up to 16 requests at once, batched by the torch engine")
+    assert decide(starter_spec, Settings(max_concurrency=1), serving=True).backend == "llama.cpp"
+    assert decide(starter_spec, Settings(backend="llama.cpp"), serving=True).backend == "llama.cpp"

@@ -29,6 +29,8 @@ FROM_RUNNER = [
     p.Event(GenerationEvent(EventKind.TOKEN, "r", text="é", token_ids=(5, 6))),
     p.Event(GenerationEvent(EventKind.FINISHED, "r", finish_reason=FinishReason.ERROR, stats=RequestStats(),
                             error="boom", error_code="runner_crashed")),
+    p.Events([GenerationEvent(EventKind.TOKEN, "a", text="x", token_ids=(7,)),
+              GenerationEvent(EventKind.TOKEN, "b", text="y", token_ids=(8,))]),
     p.StreamFailed("r", p.ErrorInfo("ContextOverflowError", "too long")), p.TokensReply(1, [1, 2]),
     p.TextReply(2, "text"), p.ArrayReply(3, [2, 3], bytes(range(24)) * (1 << 12)), p.DescribeReply(4, {"a": 1}),
     p.StatsReply(5, EngineStats(running=1, kv_blocks=10, rss_bytes=1 << 30)), p.CallFailed(6, p.ErrorInfo("X", "y")),

@@ -26,7 +26,9 @@ def server(tmp_path_factory):
     env = {**os.environ, "HEARTH_HOME": str(tmp_path_factory.mktemp("home")), "HEARTH_API_KEY": "k3y"}
     log = tmp_path_factory.mktemp("log") / "serve.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([HEARTH, "serve", "--port", str(port), "--ctx", "1024"], env=env, stdout=out,
+        # llama.cpp as asked: the default serve plans the torch engine on this CPU (tests/server/test_serve_plan.py)
+        proc = subprocess.Popen([HEARTH, "serve", "--port", str(port), "--ctx", "1024", "--backend", "llama.cpp"],
+                                env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
