@@ -14,6 +14,7 @@ deep copy (microseconds) instead of a compile.  Thread-safe: callers of Backend.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -152,4 +153,8 @@ def compiler_for_llama(llm: Any, eos_token_ids: Sequence[int]) -> ConstraintComp
 
     eos = list(eos_token_ids) or [int(llm.token_eos())]
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
-    return ConstraintCompiler(lltokenizer_from_vocab(vocab, eos_token=eos), int(llm.n_vocab()))
+    with warnings.catch_warnings():  # llguidance asks each token's attributes through llama-cpp-python's
+        # deprecated llama_token_get_attr: one DeprecationWarning per token (49,152 for the starter) otherwise
+        warnings.simplefilter("ignore", DeprecationWarning)
+        tokenizer = lltokenizer_from_vocab(vocab, eos_token=eos)
+    return ConstraintCompiler(tokenizer, int(llm.n_vocab()))
