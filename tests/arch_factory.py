@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.gguf_factory import _starter_tokenizer, spm_vocab
+from tests.gguf_factory import write_tokenizer
 
 ARCHS = ("qwen3", "gemma3", "phi3")
 
@@ -60,26 +60,7 @@ def write_tiny_arch(path: str | Path, architecture: str, *, n_layers: int = 2, h
         w.add_rope_scaling_orig_ctx_len(longrope_original)
         w.add_rope_scaling_attn_factors(1.19)
     w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7}[weight_type])
-    if tokenizer == "spm":
-        tokens, scores, types = spm_vocab()
-        w.add_tokenizer_model("llama")
-        w.add_token_list(tokens)
-        w.add_token_scores(scores)
-        w.add_token_types(types)
-        w.add_unk_token_id(0)
-        w.add_add_bos_token(True)
-    else:
-        md = _starter_tokenizer()
-        tokens = md["tokenizer.ggml.tokens"]
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("smollm")
-        w.add_token_list(tokens)
-        w.add_token_merges(md["tokenizer.ggml.merges"])
-        w.add_token_types(md["tokenizer.ggml.token_type"])
-        w.add_add_bos_token(False)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    vocab = len(tokens)
+    vocab = len(write_tokenizer(w, tokenizer))
 
     def add(name: str, shape: tuple[int, ...], scale: float = 0.02) -> None:
         if name.endswith("norm.weight"):

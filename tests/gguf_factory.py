@@ -44,6 +44,31 @@ def spm_vocab(size: int = 700) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
+def write_tokenizer(w: Any, tokenizer: str) -> list[str]:
+    """Write a tokenizer's fields into a GGUFWriter, BOS 1 and EOS 2; returns its tokens.  "spm": a SentencePiece
+    "llama" vocab (spm_vocab), BOS added; anything else: SmolLM2's byte-level BPE (the starter's), no BOS."""
+    if tokenizer == "spm":
+        tokens, scores, types = spm_vocab()
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_add_bos_token(True)
+    else:
+        md = _starter_tokenizer()
+        tokens = md["tokenizer.ggml.tokens"]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("smollm")
+        w.add_token_list(tokens)
+        w.add_token_merges(md["tokenizer.ggml.merges"])
+        w.add_token_types(md["tokenizer.ggml.token_type"])
+        w.add_add_bos_token(False)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    return list(tokens)
+
+
 def write_tiny_llama(
     path: str | Path,
     *,
@@ -84,29 +109,9 @@ def write_tiny_llama(
     ftype = {"F32": 0, "F16": 1, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3}[weight_type]
     w.add_file_type(ftype)
 
-    if tokenizer == "spm":
-        tokens, scores, types = spm_vocab()
-        w.add_tokenizer_model("llama")
-        w.add_token_list(tokens)
-        w.add_token_scores(scores)
-        w.add_token_types(types)
-        w.add_unk_token_id(0)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-        w.add_add_bos_token(True)
-    else:
-        md = _starter_tokenizer()
-        tokens = md["tokenizer.ggml.tokens"]
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("smollm")
-        w.add_token_list(tokens)
-        w.add_token_merges(md["tokenizer.ggml.merges"])
-        w.add_token_types(md["tokenizer.ggml.token_type"])
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
+    vocab = len(write_tokenizer(w, tokenizer))
+    if tokenizer != "spm":
         w.add_pad_token_id(2)
-        w.add_add_bos_token(False)
-    vocab = len(tokens)
     if chat_template == "starter":
         from app.store import starter_model_path
         from backends.modelspec import load_spec

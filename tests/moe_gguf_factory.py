@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.gguf_factory import spm_vocab
+from tests.gguf_factory import write_tokenizer
 
 
 def write_tiny_moe(path: str | Path, architecture: str = "llama", *, n_layers: int = 2, hidden: int = 64,
@@ -52,15 +52,7 @@ def write_tiny_moe(path: str | Path, architecture: str = "llama", *, n_layers: i
     if architecture == "qwen2moe":
         w.add_expert_shared_feed_forward_length(shared_ffn)
     w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7}[weight_type])
-    tokens, scores, types = spm_vocab()
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
+    tokens = write_tokenizer(w, "spm")
 
     def add(name: str, shape: tuple[int, ...], scale: float = 0.05) -> None:
         data = (rng.standard_normal(shape) * scale).astype(np.float32)

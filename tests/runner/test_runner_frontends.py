@@ -17,6 +17,8 @@ import httpx
 import openai
 import pytest
 
+from tests.serve_process import wait_healthy
+
 pytestmark = pytest.mark.server
 ROOT = str(Path(__file__).resolve().parents[2])
 MODEL = "smollm2-135m-instruct.q4_1"  # the name `hearth serve --model PATH` serves the starter file under
@@ -44,16 +46,9 @@ def serve(starter_path: Path):
                                 text=True, cwd=ROOT)
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    return url + "/v1"
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "hearth serve did not start"
-            time.sleep(0.1)
+        wait_healthy(proc, url, 60, lambda: (proc.stderr.read() if proc.stderr else "") if proc.poll() is not None
+                     else "hearth serve did not start", interval_s=0.1)
+        return url + "/v1"
 
     yield start
     for proc in procs:

@@ -14,14 +14,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from app.server.background import free_port
 from tests.gguf_factory import write_tiny_llama
+from tests.serve_process import wait_healthy
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -47,16 +46,7 @@ def served(tmp_path_factory):
                                  str(port), "--ctx", "512", "--threads", "2"],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, log.read_text()
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
+    wait_healthy(proc, f"http://127.0.0.1:{port}", 120, log)
     home = tmp / "llm"
     home.mkdir()
     (home / "extra-openai-models.yaml").write_text(

@@ -8,14 +8,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 from pydantic import BaseModel, Field
 
 from app.server.background import free_port
+from tests.serve_process import wait_healthy
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -39,17 +38,8 @@ def url(request, tmp_path_factory):
         proc = subprocess.Popen([HEARTH, "serve", "--port", str(port), "--ctx", "1024", "--backend", request.param],
                                 env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
     try:
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.3)
+        wait_healthy(proc, base, 180, log, interval_s=0.3)
         yield base
     finally:
         proc.terminate()

@@ -7,13 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from app.server.background import free_port
+from tests.serve_process import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,16 +47,7 @@ def test_start_up_lines_say_which_engine_serves_and_why(starter_path: Path, tmp_
                                         *flags), env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+        wait_healthy(proc, url, 120, log)
         text = log.read_text()
         serving = next(line for line in text.splitlines() if line.startswith("serving "))
         assert engine in serving, text

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from app.server.background import free_port
+from tests.serve_process import wait_healthy
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -31,16 +32,7 @@ def server(tmp_path_factory):
                                 env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, log.read_text()
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
+    wait_healthy(proc, url, 60, log)
     yield proc, url, log
     if proc.poll() is None:
         proc.kill()

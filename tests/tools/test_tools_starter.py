@@ -14,13 +14,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from app.server.background import free_port
+from tests.serve_process import wait_healthy
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -50,17 +49,8 @@ def client(request, starter_path, tmp_path_factory):
                                  "--backend", request.param], env=env, stdout=out, stderr=subprocess.STDOUT,
                                 cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
     try:
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+        wait_healthy(proc, url, 120, log)
         from openai import OpenAI
 
         yield OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
