@@ -231,6 +231,19 @@ def _quantize_on_load(weight: torch.Tensor, config: QuantConfig, device: torch.d
 LOAD_QUANTS = ("none", "gguf", "int8", "int4", "fp8")
 
 
+def complete_params(model: DecoderModel, params: dict, spec: ModelSpec, what: str) -> set[str]:
+    """Drop a tied head's own entry (it shares the embedding's weight), then check that `params` holds every
+    parameter `model` has: a ModelFormatError naming the first missing one.  Returns the model's parameter names."""
+    if model.cfg.tied_embeddings:
+        params.pop("lm_head.weight", None)
+    expected = {n for n, _ in model.named_parameters()}
+    missing = expected - set(params)
+    if missing:
+        raise ModelFormatError(f"{spec.path} lacks {len(missing)} weights the {what} needs, "
+                               f"e.g. {sorted(missing)[0]}", "the file is incomplete or not a supported model")
+    return expected
+
+
 def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torch.device,
                weight_quant: str = "none", host_layers: int = 0, n_ctx: int = 0) -> DecoderModel:
     """Build the model and fill every parameter from the file; ModelFormatError if one is missing.
@@ -296,13 +309,7 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
             shards.setdefault(target, {})[SHARDS[shard]] = tensor
     for target, parts in shards.items():
         params[target] = _merge([parts[i] for i in sorted(parts)], dtype)
-    if cfg.tied_embeddings:
-        params.pop("lm_head.weight", None)
-    expected = {n for n, _ in model.named_parameters()}
-    missing = expected - set(params)
-    if missing:
-        raise ModelFormatError(f"{spec.path} lacks {len(missing)} weights the {spec.architecture} model needs, "
-                               f"e.g. {sorted(missing)[0]}", "the file is incomplete or not a supported model")
+    complete_params(model, params, spec, f"{spec.architecture} model")
     quantized = {k: v for k, v in params.items() if isinstance(v, QuantWeight)}
     model.load_state_dict({k: v for k, v in params.items() if k not in quantized}, strict=False, assign=True)
     if quantized:

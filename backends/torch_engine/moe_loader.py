@@ -21,6 +21,7 @@ import torch
 
 from backends.errors import ConfigError, ModelFormatError, UnsupportedArchitectureError
 from backends.modelspec import ModelSpec
+from backends.torch_engine.loader import complete_params
 from backends.torch_engine.models.moe import MoEConfig, MoEModel
 from backends.weight_map import SHARDS, template
 from backends.weight_map import names as weight_names
@@ -152,13 +153,7 @@ def load_moe_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: 
             tensor = tensor.reshape(1, cfg.hidden_size)
         pieces.setdefault(target, {})[(SHARDS[shard] if shard else 0, expert or 0)] = tensor
     params = {t: _assemble(t, p, cfg.n_experts) for t, p in pieces.items()}
-    if cfg.tied_embeddings:
-        params.pop("lm_head.weight", None)
-    expected = {n for n, _ in model.named_parameters()}
-    missing = expected - set(params)
-    if missing:
-        raise ModelFormatError(f"{spec.path} lacks {len(missing)} weights the {spec.architecture} MoE model needs, "
-                               f"e.g. {sorted(missing)[0]}", "the file is incomplete or not a supported model")
+    expected = complete_params(model, params, spec, f"{spec.architecture} MoE model")
     for target in expected:
         want = tuple(model.get_parameter(target).shape)
         if tuple(params[target].shape) != want:
