@@ -1,7 +1,8 @@
 """`hearth bench` workload: a fixed-seed synthetic prompt set run on one backend per fresh subprocess.
 
 The parent (`run_bench`) starts `python -m app.bench WORKLOAD_JSON` once per backend, so load time is a cold
-start and peak memory belongs to that backend alone (the peak is that of the runner that holds the model).  The worker prints one JSON object per line on stdout:
+start and peak memory belongs to that backend alone (the peak is that of the runner that holds the model).
+The worker prints one JSON object per line on stdout:
 {"progress": done, "total": n} while it runs, then {"result": {...}} per concurrency, or {"error": "..."}.
 """
 
@@ -14,12 +15,21 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-FIGURES = ("load_s", "ttft_ms_p50", "ttft_ms_p95", "prefill_tokens_per_s", "decode_tokens_per_s",
-           "aggregate_tokens_per_s", "peak_rss_mib", "peak_gpu_mib")
+FIGURES = (
+    "load_s",
+    "ttft_ms_p50",
+    "ttft_ms_p95",
+    "prefill_tokens_per_s",
+    "decode_tokens_per_s",
+    "aggregate_tokens_per_s",
+    "peak_rss_mib",
+    "peak_gpu_mib",
+)
 
 
 @dataclass
@@ -49,10 +59,58 @@ def synthetic_prompts(vocab: int, specials: set[int], n: int, length: int, seed:
     return out
 
 
-_WORDS = ("the", "of", "and", "to", "in", "is", "was", "for", "on", "with", "as", "by", "at", "from", "that",
-          "it", "his", "her", "they", "time", "year", "people", "way", "day", "man", "thing", "woman", "life",
-          "child", "world", "school", "state", "family", "group", "country", "problem", "hand", "part", "place",
-          "case", "week", "company", "system", "program", "question", "work", "number", "night", "point", "home")
+_WORDS = (
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "that",
+    "it",
+    "his",
+    "her",
+    "they",
+    "time",
+    "year",
+    "people",
+    "way",
+    "day",
+    "man",
+    "thing",
+    "woman",
+    "life",
+    "child",
+    "world",
+    "school",
+    "state",
+    "family",
+    "group",
+    "country",
+    "problem",
+    "hand",
+    "part",
+    "place",
+    "case",
+    "week",
+    "company",
+    "system",
+    "program",
+    "question",
+    "work",
+    "number",
+    "night",
+    "point",
+    "home",
+)
 
 
 def synthetic_texts(n: int, length: int, seed: int) -> list[str]:
@@ -93,8 +151,9 @@ def _in_process(backend: Any, w: Workload) -> Callable[[tuple[int, ...], int], _
     def one(prompt: tuple[int, ...], seed: int) -> _Sample:
         params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
         c = backend.generate(Request(prompt_token_ids=prompt, sampling=params))
-        return _Sample(len(c.token_ids), c.stats.ttft_s, c.stats.prefill_tokens_per_s,
-                       c.stats.decode_tokens_per_s, c.error)
+        return _Sample(
+            len(c.token_ids), c.stats.ttft_s, c.stats.prefill_tokens_per_s, c.stats.decode_tokens_per_s, c.error
+        )
 
     return one
 
@@ -109,8 +168,13 @@ def _chat(backend: Any, w: Workload, *, remote: bool) -> Callable[[str, int], _S
     def one(prompt: str, seed: int) -> _Sample:
         params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
         c = backend.generate(chat_request(backend.spec, [{"role": "user", "content": prompt}], params).request)
-        return _Sample(c.stats.completion_tokens if remote else len(c.token_ids), c.stats.ttft_s,
-                       c.stats.prefill_tokens_per_s, c.stats.decode_tokens_per_s, c.error)
+        return _Sample(
+            c.stats.completion_tokens if remote else len(c.token_ids),
+            c.stats.ttft_s,
+            c.stats.prefill_tokens_per_s,
+            c.stats.decode_tokens_per_s,
+            c.error,
+        )
 
     return one
 
@@ -125,11 +189,19 @@ def _over_http_chat(url: str, w: Workload) -> Callable[[str, int], _Sample]:
         client = getattr(local, "client", None)
         if client is None:
             client = local.client = httpx.Client(base_url=url, timeout=600)
-        body = {"model": "bench", "messages": [{"role": "user", "content": prompt}], "max_tokens": w.gen_tokens,
-                "temperature": 0, "seed": seed, "stream": True, "stream_options": {"include_usage": True},
-                "ignore_eos": True}
-        return _read_sse(client, "/v1/chat/completions", body,
-                         lambda c: (c["choices"][0].get("delta") or {}).get("content"))
+        body = {
+            "model": "bench",
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": w.gen_tokens,
+            "temperature": 0,
+            "seed": seed,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
+        return _read_sse(
+            client, "/v1/chat/completions", body, lambda c: (c["choices"][0].get("delta") or {}).get("content")
+        )
 
     return one
 
@@ -169,8 +241,16 @@ def _over_http(url: str, w: Workload) -> Callable[[tuple[int, ...], int], _Sampl
         client = getattr(local, "client", None)
         if client is None:
             client = local.client = httpx.Client(base_url=url, timeout=600)
-        body = {"model": "bench", "prompt": list(prompt), "max_tokens": w.gen_tokens, "temperature": 0,
-                "seed": seed, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+        body = {
+            "model": "bench",
+            "prompt": list(prompt),
+            "max_tokens": w.gen_tokens,
+            "temperature": 0,
+            "seed": seed,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
         return _read_sse(client, "/v1/completions", body, lambda c: c["choices"][0].get("text"))
 
     return one
@@ -184,12 +264,17 @@ def worker(w: Workload) -> None:
 
     t0 = time.perf_counter()
     try:
-        settings = load_settings(model=w.model, backend=w.backend, threads=w.threads,
-                                 ctx=max(512, w.prompt_tokens + w.gen_tokens + 16),
-                                 max_concurrency=max(w.concurrency), url=w.extra.get("url"),
-                                 remote_model=w.extra.get("remote_model"),
-                                 # --tensor-parallel is the torch engine's; llama.cpp splits GPUs itself
-                                 tensor_parallel=w.extra.get("tensor_parallel") if w.backend == "torch" else None)
+        settings = load_settings(
+            model=w.model,
+            backend=w.backend,
+            threads=w.threads,
+            ctx=max(512, w.prompt_tokens + w.gen_tokens + 16),
+            max_concurrency=max(w.concurrency),
+            url=w.extra.get("url"),
+            remote_model=w.extra.get("remote_model"),
+            # --tensor-parallel is the torch engine's; llama.cpp splits GPUs itself
+            tensor_parallel=w.extra.get("tensor_parallel") if w.backend == "torch" else None,
+        )
         loaded = open_backend(settings)
     except Exception as e:  # any load failure becomes one line in the table, not a dead run
         _emit({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
@@ -208,8 +293,9 @@ def worker(w: Workload) -> None:
     if w.extra.get("http") and not remote:
         from app.server.background import BackgroundServer
 
-        server = BackgroundServer(backend, "bench", limits={"max_concurrency": max(w.concurrency),
-                                                            "queue_limit": max(64, w.requests)})
+        server = BackgroundServer(
+            backend, "bench", limits={"max_concurrency": max(w.concurrency), "queue_limit": max(64, w.requests)}
+        )
         modes.append((f"{w.backend}+http", _over_http_chat(server.url, w) if chat else _over_http(server.url, w)))
     total = len(modes) * len(w.concurrency) * w.requests
     done = 0
@@ -221,8 +307,11 @@ def worker(w: Workload) -> None:
                 # Fresh prompts per level and path: a backend with a prefix cache must not get earlier
                 # prompts for free (the same seed gives the same prompts on every backend).
                 level_seed = w.seed + 7919 * level + 104729 * mode
-                prompts: list[Any] = (synthetic_texts(w.requests, w.prompt_tokens, level_seed) if remote or chat else
-                                      synthetic_prompts(vocab, specials, w.requests, w.prompt_tokens, level_seed))
+                prompts: list[Any] = (
+                    synthetic_texts(w.requests, w.prompt_tokens, level_seed)
+                    if remote or chat
+                    else synthetic_prompts(vocab, specials, w.requests, w.prompt_tokens, level_seed)
+                )
 
                 def one(i: int) -> _Sample:
                     nonlocal done
@@ -239,22 +328,35 @@ def worker(w: Workload) -> None:
                 errors = [s.error for s in samples if s.error]
                 short = [s.tokens for s in samples if s.tokens != w.gen_tokens]
                 if errors or short:
-                    _emit({"result": {"backend": name, "concurrency": conc,
-                                      "error": errors[0] if errors else f"generated {short[0]} tokens, "
-                                                                        f"not {w.gen_tokens}"}})
+                    _emit(
+                        {
+                            "result": {
+                                "backend": name,
+                                "concurrency": conc,
+                                "error": errors[0] if errors else f"generated {short[0]} tokens, not {w.gen_tokens}",
+                            }
+                        }
+                    )
                     continue
                 ttft = [s.ttft_s * 1000 for s in samples]
                 aggregate = sum(s.tokens for s in samples) / wall
                 result = {
-                    "backend": name, "concurrency": conc, "load_s": load_s,
-                    "ttft_ms_p50": percentile(ttft, 50), "ttft_ms_p95": percentile(ttft, 95),
+                    "backend": name,
+                    "concurrency": conc,
+                    "load_s": load_s,
+                    "ttft_ms_p50": percentile(ttft, 50),
+                    "ttft_ms_p95": percentile(ttft, 95),
                     "prefill_tokens_per_s": statistics.mean(s.prefill_tokens_per_s for s in samples),
                     "decode_tokens_per_s": statistics.mean(s.decode_tokens_per_s for s in samples),
                     "aggregate_tokens_per_s": aggregate,
                     # the process that holds the model (the runner): its own VmHWM, loading's peak included
                     "peak_rss_mib": None if remote else backend.stats().peak_rss_bytes / 2**20,
-                    "peak_gpu_mib": None if remote else (backend.stats().gpu_bytes / 2**20) or None, "wall_s": wall, "requests": w.requests,
-                    "prompt_tokens": w.prompt_tokens, "gen_tokens": w.gen_tokens}
+                    "peak_gpu_mib": None if remote else (backend.stats().gpu_bytes / 2**20) or None,
+                    "wall_s": wall,
+                    "requests": w.requests,
+                    "prompt_tokens": w.prompt_tokens,
+                    "gen_tokens": w.gen_tokens,
+                }
                 if mode == 0:
                     in_process[conc] = aggregate
                 elif conc in in_process:
@@ -266,15 +368,20 @@ def worker(w: Workload) -> None:
         backend.close()
 
 
-def run_bench(workload: Workload, backends: list[str],
-              progress: Callable[[str, int, int], None] | None = None) -> list[dict[str, Any]]:
+def run_bench(
+    workload: Workload, backends: list[str], progress: Callable[[str, int, int], None] | None = None
+) -> list[dict[str, Any]]:
     """Run `workload` on each backend in its own fresh subprocess; results in backend, concurrency order,
     each with ratios to the first backend's figures at the same concurrency (`ratio_<figure>`)."""
     results: list[dict[str, Any]] = []
     for name in backends:
         w = Workload(**{**asdict(workload), "backend": name})
-        proc = subprocess.Popen([sys.executable, "-m", "app.bench", json.dumps(asdict(w))],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.bench", json.dumps(asdict(w))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         got: list[dict[str, Any]] = []
         assert proc.stdout is not None
         for line in proc.stdout:

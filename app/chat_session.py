@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from app.loading import Loaded
-from app.settings import Settings
 from app.requests import FALLBACK_NAME, chat_request, sampling_from
+from app.settings import Settings
 from app.structured import constraint_for
 from backends.api import Completion, EventKind, FinishReason, Request
 
@@ -34,9 +34,11 @@ class ChatSession:
     def print_plan(self, out: TextIO) -> None:
         d = self.loaded.decision
         info = self.loaded.backend.describe()
-        print(f"hearth: {self.loaded.entry.name} on {d.backend} "
-              f"({', '.join(f'{k}={v}' for k, v in info.items() if k not in ('backend', 'model', 'path'))})",
-              file=out)
+        print(
+            f"hearth: {self.loaded.entry.name} on {d.backend} "
+            f"({', '.join(f'{k}={v}' for k, v in info.items() if k not in ('backend', 'model', 'path'))})",
+            file=out,
+        )
         for reason in d.reasons:
             print(f"  - {reason}", file=out)
 
@@ -54,19 +56,29 @@ class ChatSession:
         An aborted or failed turn keeps the history as it was, plus what was generated."""
         backend = self.loaded.backend
         if raw:
-            request = Request(prompt=text, sampling=sampling_from(self.settings, stop=self.stop),
-                              constraint=constraint_for(self.settings.json_output))
+            request = Request(
+                prompt=text,
+                sampling=sampling_from(self.settings, stop=self.stop),
+                constraint=constraint_for(self.settings.json_output),
+            )
         else:
             self.messages.append({"role": "user", "content": text})
             try:
-                built = chat_request(self.loaded.spec, self.messages, sampling_from(self.settings, stop=self.stop),
-                                     constraint=constraint_for(self.settings.json_output))
+                built = chat_request(
+                    self.loaded.spec,
+                    self.messages,
+                    sampling_from(self.settings, stop=self.stop),
+                    constraint=constraint_for(self.settings.json_output),
+                )
             except BaseException:
                 self.messages.pop()  # a refused template or setting keeps the history as it was
                 raise
             if built.template_source == FALLBACK_NAME and not self.fallback_warned:
-                print(f"hearth: {self.loaded.entry.name} has no chat template; using hearth's plain "
-                      "'User:/Assistant:' format", file=sys.stderr)
+                print(
+                    f"hearth: {self.loaded.entry.name} has no chat template; using hearth's plain "
+                    "'User:/Assistant:' format",
+                    file=sys.stderr,
+                )
                 self.fallback_warned = True
             request = built.request
         self.current_request = request.request_id
@@ -85,8 +97,15 @@ class ChatSession:
                     reply = "".join(parts)
                     if not raw:
                         self.messages.append({"role": "assistant", "content": reply})
-                    return Completion(request.request_id, reply, tuple(ids), event.finish_reason, event.stats,
-                                      event.error, event.error_code)
+                    return Completion(
+                        request.request_id,
+                        reply,
+                        tuple(ids),
+                        event.finish_reason,
+                        event.stats,
+                        event.error,
+                        event.error_code,
+                    )
         except BaseException:
             backend.abort(request.request_id)
             if not raw and self.messages and self.messages[-1]["role"] == "user":
@@ -102,10 +121,12 @@ class ChatSession:
 
 def print_stats(result: Completion, out: TextIO) -> None:
     s = result.stats
-    line = (f"[{result.finish_reason.value}] prompt {s.prompt_tokens} tok"
-            f"{f' ({s.cached_tokens} cached)' if s.cached_tokens else ''}, "
-            f"reply {s.completion_tokens} tok, first token {s.ttft_s * 1000:.0f} ms, "
-            f"prefill {s.prefill_tokens_per_s:.1f} tok/s, decode {s.decode_tokens_per_s:.1f} tok/s")
+    line = (
+        f"[{result.finish_reason.value}] prompt {s.prompt_tokens} tok"
+        f"{f' ({s.cached_tokens} cached)' if s.cached_tokens else ''}, "
+        f"reply {s.completion_tokens} tok, first token {s.ttft_s * 1000:.0f} ms, "
+        f"prefill {s.prefill_tokens_per_s:.1f} tok/s, decode {s.decode_tokens_per_s:.1f} tok/s"
+    )
     print(line, file=out)
     if result.finish_reason is FinishReason.ERROR and result.error:
         print(f"hearth: error: {result.error}", file=out)

@@ -40,18 +40,25 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     parser = argparse.ArgumentParser(
         prog="hearth",
         description="Local LLM inference on your own GPU or CPU. Run `hearth` to chat, "
-                    "`hearth COMMAND --help` for a command.",
+        "`hearth COMMAND --help` for a command.",
         epilog="Environment: HEARTH_HOME relocates everything hearth writes; HEARTH_MODEL, HEARTH_BACKEND, "
-               "HEARTH_CTX, HEARTH_API_KEY set defaults (settings file < environment < flags).",
+        "HEARTH_CTX, HEARTH_API_KEY set defaults (settings file < environment < flags).",
     )
-    parser.add_argument("--version", action="store_true", help="print the version and exit "
-                        "(with --verbose: libraries and GPU offload support)")
+    parser.add_argument(
+        "--version",
+        action="store_true",
+        help="print the version and exit (with --verbose: libraries and GPU offload support)",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="more detail (with --version, or per command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules: dict[str, ModuleType] = {}
     for mod in _command_modules():
-        p = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            mod.NAME,
+            help=mod.HELP,
+            description=getattr(mod, "DESCRIPTION", mod.HELP),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         mod.add_arguments(p)
         modules[mod.NAME] = mod
         for alias in getattr(mod, "ALIASES", ()):

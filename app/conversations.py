@@ -102,7 +102,7 @@ class ConversationStore:
         self.path = path
 
     @classmethod
-    def open(cls, path: Path | None = None) -> "ConversationStore":
+    def open(cls, path: Path | None = None) -> ConversationStore:
         if path is None:
             from app.paths import get_paths
 
@@ -136,7 +136,8 @@ class ConversationStore:
             cur = self._conn.execute(
                 "INSERT INTO conversations (system_prompt, temperature, top_p, max_tokens, seed, model, "
                 "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.seed, model, now, now))
+                (s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.seed, model, now, now),
+            )
         conv = self.get(int(cur.lastrowid or 0))
         assert conv is not None
         return conv
@@ -149,7 +150,9 @@ class ConversationStore:
             Message(r["role"], r["content"], r["position"], json.loads(r["stats"]) if r["stats"] else None)
             for r in self._conn.execute(
                 "SELECT role, content, position, stats FROM messages WHERE conversation_id = ? ORDER BY position",
-                (conversation_id,)))
+                (conversation_id,),
+            )
+        )
         return _conversation(row, msgs)
 
     def list(self, query: str = "") -> list[Conversation]:
@@ -159,7 +162,8 @@ class ConversationStore:
             rows = self._conn.execute(
                 "SELECT * FROM conversations c WHERE c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m "
                 "WHERE m.conversation_id = c.id AND m.content LIKE ? ESCAPE '\\') ORDER BY updated_at DESC, id DESC",
-                (like, like)).fetchall()
+                (like, like),
+            ).fetchall()
         else:
             rows = self._conn.execute("SELECT * FROM conversations ORDER BY updated_at DESC, id DESC").fetchall()
         return [_conversation(r, ()) for r in rows]
@@ -171,8 +175,11 @@ class ConversationStore:
         self._update(conversation_id, "title = ?, renamed = 1", (title,))
 
     def update_settings(self, conversation_id: int, s: ChatSettings) -> None:
-        self._update(conversation_id, "system_prompt = ?, temperature = ?, top_p = ?, max_tokens = ?, seed = ?",
-                     (s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.seed))
+        self._update(
+            conversation_id,
+            "system_prompt = ?, temperature = ?, top_p = ?, max_tokens = ?, seed = ?",
+            (s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.seed),
+        )
 
     def set_model(self, conversation_id: int, model: str) -> None:
         self._update(conversation_id, "model = ?", (model,))
@@ -182,44 +189,61 @@ class ConversationStore:
             self._conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     # -- messages -----------------------------------------------------------------------------------------
-    def add_message(self, conversation_id: int, role: str, content: str,
-                    stats: dict[str, Any] | None = None) -> Message:
+    def add_message(
+        self, conversation_id: int, role: str, content: str, stats: dict[str, Any] | None = None
+    ) -> Message:
         """Append a message (committed before this returns).  The first user message titles the conversation
         unless it was renamed."""
         now = time.time()
         with _transaction(self._conn):
-            row = self._conn.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE conversation_id = ?",
-                                     (conversation_id,)).fetchone()
+            row = self._conn.execute(
+                "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE conversation_id = ?", (conversation_id,)
+            ).fetchone()
             position = int(row[0])
             self._conn.execute(
                 "INSERT INTO messages (conversation_id, position, role, content, stats, created_at) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (conversation_id, position, role, content, json.dumps(stats) if stats else None, now))
+                (conversation_id, position, role, content, json.dumps(stats) if stats else None, now),
+            )
             self._conn.execute(
                 "UPDATE conversations SET updated_at = ?, title = CASE WHEN renamed = 0 AND title = '' AND ? = 'user' "
-                "THEN ? ELSE title END WHERE id = ?", (now, role, title_from(content), conversation_id))
+                "THEN ? ELSE title END WHERE id = ?",
+                (now, role, title_from(content), conversation_id),
+            )
         return Message(role, content, position, stats)
 
     def truncate(self, conversation_id: int, position: int) -> None:
         """Drop the messages at `position` and after (regenerate, edit-and-resend)."""
         with _transaction(self._conn):
-            self._conn.execute("DELETE FROM messages WHERE conversation_id = ? AND position >= ?",
-                               (conversation_id, position))
+            self._conn.execute(
+                "DELETE FROM messages WHERE conversation_id = ? AND position >= ?", (conversation_id, position)
+            )
 
     # -- export -------------------------------------------------------------------------------------------
     def export_json(self, conversation_id: int) -> str:
         conv = self._require(conversation_id)
-        data = {"hearth_conversation": SCHEMA_VERSION, "id": conv.id, "title": conv.title, "model": conv.model,
-                "settings": asdict(conv.settings), "created_at": conv.created_at, "updated_at": conv.updated_at,
-                "messages": [asdict(m) for m in conv.messages]}
+        data = {
+            "hearth_conversation": SCHEMA_VERSION,
+            "id": conv.id,
+            "title": conv.title,
+            "model": conv.model,
+            "settings": asdict(conv.settings),
+            "created_at": conv.created_at,
+            "updated_at": conv.updated_at,
+            "messages": [asdict(m) for m in conv.messages],
+        }
         return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
     def export_markdown(self, conversation_id: int) -> str:
         conv = self._require(conversation_id)
         s = conv.settings
-        lines = [f"# {conv.title or 'Untitled conversation'}", "",
-                 f"- model: {conv.model or 'unknown'}",
-                 f"- temperature {s.temperature}, top-p {s.top_p}, max tokens {s.max_tokens}, seed {s.seed}", ""]
+        lines = [
+            f"# {conv.title or 'Untitled conversation'}",
+            "",
+            f"- model: {conv.model or 'unknown'}",
+            f"- temperature {s.temperature}, top-p {s.top_p}, max tokens {s.max_tokens}, seed {s.seed}",
+            "",
+        ]
         if s.system_prompt:
             lines += ["## System", "", s.system_prompt, ""]
         for m in conv.messages:
@@ -235,14 +259,17 @@ class ConversationStore:
 
     def _update(self, conversation_id: int, assignments: str, values: tuple[Any, ...]) -> None:
         with _transaction(self._conn):
-            self._conn.execute(f"UPDATE conversations SET {assignments}, updated_at = ? WHERE id = ?",
-                               (*values, time.time(), conversation_id))
+            self._conn.execute(
+                f"UPDATE conversations SET {assignments}, updated_at = ? WHERE id = ?",
+                (*values, time.time(), conversation_id),
+            )
 
 
 def _conversation(row: sqlite3.Row, msgs: tuple[Message, ...]) -> Conversation:
     s = ChatSettings(row["system_prompt"], row["temperature"], row["top_p"], row["max_tokens"], row["seed"])
-    return Conversation(row["id"], row["title"], bool(row["renamed"]), s, row["model"], row["created_at"],
-                        row["updated_at"], msgs)
+    return Conversation(
+        row["id"], row["title"], bool(row["renamed"]), s, row["model"], row["created_at"], row["updated_at"], msgs
+    )
 
 
 def _escape_like(text: str) -> str:
@@ -261,9 +288,10 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
 
 
 def _corrupt(path: Path, exc: Exception) -> ConfigError:
-    return ConfigError(f"the conversations database {path} is damaged or not a database ({exc}); "
-                       "hearth left it untouched",
-                       f"move it away (e.g. `mv {path} {path}.bad`) to start with an empty one")
+    return ConfigError(
+        f"the conversations database {path} is damaged or not a database ({exc}); hearth left it untouched",
+        f"move it away (e.g. `mv {path} {path}.bad`) to start with an empty one",
+    )
 
 
 def _is_locked(exc: Exception) -> bool:
@@ -275,9 +303,11 @@ def _is_locked(exc: Exception) -> bool:
 
 
 def _locked(path: Path) -> ConfigError:
-    return ConfigError(f"the conversations database {path} is locked by another process (waited "
-                       f"{LOCK_WAIT_S:g} s); it is not damaged and hearth left it untouched",
-                       "close the other hearth (or whatever holds the file) and try again")
+    return ConfigError(
+        f"the conversations database {path} is locked by another process (waited "
+        f"{LOCK_WAIT_S:g} s); it is not damaged and hearth left it untouched",
+        "close the other hearth (or whatever holds the file) and try again",
+    )
 
 
 def _expected_columns() -> dict[str, list[str]]:
@@ -303,16 +333,21 @@ def _check_existing(path: Path) -> None:
             version = ro.execute("PRAGMA user_version").fetchone()[0]
             ok = ro.execute("PRAGMA quick_check").fetchone()[0]
             tables = {r[0] for r in ro.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            columns = {t: [r[1] for r in ro.execute(f"PRAGMA table_info({t})")]
-                       for t in ("conversations", "messages") if t in tables}
+            columns = {
+                t: [r[1] for r in ro.execute(f"PRAGMA table_info({t})")]
+                for t in ("conversations", "messages")
+                if t in tables
+            }
         finally:
             ro.close()
     except sqlite3.DatabaseError as exc:
         raise (_locked(path) if _is_locked(exc) else _corrupt(path, exc)) from None
     if version > SCHEMA_VERSION:
-        raise ConfigError(f"the conversations database {path} has schema version {version}, newer than this "
-                          f"hearth's {SCHEMA_VERSION}; hearth left it untouched",
-                          "upgrade hearth (pip install -U hearth-llm), or move the file away")
+        raise ConfigError(
+            f"the conversations database {path} has schema version {version}, newer than this "
+            f"hearth's {SCHEMA_VERSION}; hearth left it untouched",
+            "upgrade hearth (pip install -U hearth-llm), or move the file away",
+        )
     if ok != "ok":
         raise _corrupt(path, ValueError(f"integrity check: {ok}"))
     if version < 1 or not {"conversations", "messages"} <= tables:
@@ -321,10 +356,12 @@ def _check_existing(path: Path) -> None:
         if columns[table] != want:
             missing = [c for c in want if c not in columns[table]]
             extra = [c for c in columns[table] if c not in want]
-            raise ConfigError(f"the conversations database {path} says schema version {version} but its {table} "
-                              f"table has other columns (missing: {', '.join(missing) or 'none'}; unknown: "
-                              f"{', '.join(extra) or 'none'}); hearth left it untouched",
-                              f"it was not written by this hearth: move it away (e.g. `mv {path} {path}.bad`)")
+            raise ConfigError(
+                f"the conversations database {path} says schema version {version} but its {table} "
+                f"table has other columns (missing: {', '.join(missing) or 'none'}; unknown: "
+                f"{', '.join(extra) or 'none'}); hearth left it untouched",
+                f"it was not written by this hearth: move it away (e.g. `mv {path} {path}.bad`)",
+            )
 
 
 __all__ = ["ConversationStore", "Conversation", "Message", "ChatSettings", "SCHEMA_VERSION", "title_from"]

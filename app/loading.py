@@ -1,8 +1,9 @@
 """From Settings to a loaded Backend: resolve the model, decide placement, load lazily.
 
 This is the one path every command (run, chat, serve, bench, ppl) and the TUI use, so a model behaves the same
-wherever it is opened.  The engine itself runs in a runner process (backends/runner), unless HEARTH_IN_PROCESS=1.  `decide()` is where the hardware plan (hwprobe.plan) turns into LoadOptions; flags the
-user gave always win over the plan.
+wherever it is opened.  The engine itself runs in a runner process (backends/runner), unless HEARTH_IN_PROCESS=1.
+`decide()` is where the hardware plan (hwprobe.plan) turns into LoadOptions; flags the user gave always win over
+the plan.
 """
 
 from __future__ import annotations
@@ -75,8 +76,7 @@ def _torch_dtype(plan: Any, report: Any) -> str:
     return "bfloat16" if all(cc >= BF16_MIN_CC for cc in ccs) else "float16"
 
 
-def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None, *,
-           serving: bool = False) -> Decision:
+def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None, *, serving: bool = False) -> Decision:
     """Choose backend and LoadOptions for this model on this machine: hwprobe.plan() decides, and the flags the
     user gave in `settings` (backend, ctx, n_gpu_layers, kv_cache_type, threads) always override it.
     `serving` (`hearth serve`): concurrent clients are expected, so with backend auto and max_concurrency > 1
@@ -87,9 +87,15 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
     report = hardware_report(hardware_file)
     tp = settings.tensor_parallel
     # --tensor-parallel N > 1 is the torch engine's: with --backend auto it asks for the torch engine
-    prefs = Prefs(backend="torch" if tp and tp > 1 and settings.backend == "auto" else settings.backend,
-                  ctx=settings.ctx, kv_cache_type=settings.kv_cache_type, n_gpu_layers=settings.n_gpu_layers,
-                  max_num_seqs=settings.max_concurrency, tensor_parallel=tp, prefer_batching=serving)
+    prefs = Prefs(
+        backend="torch" if tp and tp > 1 and settings.backend == "auto" else settings.backend,
+        ctx=settings.ctx,
+        kv_cache_type=settings.kv_cache_type,
+        n_gpu_layers=settings.n_gpu_layers,
+        max_num_seqs=settings.max_concurrency,
+        tensor_parallel=tp,
+        prefer_batching=serving,
+    )
     plan = make_plan(report, spec.to_shape(), prefs)
     backend = prefs.backend if prefs.backend != "auto" else plan.backend
     torch = backend == "torch"
@@ -97,9 +103,13 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
     options = LoadOptions(
         n_ctx=settings.ctx or plan.ctx,
         n_gpu_layers=settings.n_gpu_layers if settings.n_gpu_layers is not None else n_gpu_layers,
-        split_mode=plan.split_mode, tensor_split=plan.tensor_split, main_gpu=plan.main_gpu,
-        kv_cache_type=settings.kv_cache_type or plan.kv_cache_type, flash_attn=plan.flash_attn,
-        n_threads=settings.threads or physical_cores(), n_batch=plan.batch_size,
+        split_mode=plan.split_mode,
+        tensor_split=plan.tensor_split,
+        main_gpu=plan.main_gpu,
+        kv_cache_type=settings.kv_cache_type or plan.kv_cache_type,
+        flash_attn=plan.flash_attn,
+        n_threads=settings.threads or physical_cores(),
+        n_batch=plan.batch_size,
         max_num_seqs=settings.max_concurrency,
         # the plan is the allocation: the torch engine's KV pool is the bytes the plan gave it (whole blocks)
         kv_cache_bytes=plan.kv_pool_bytes if torch and plan.backend == "torch" and plan.kv_pool_bytes else None,
@@ -139,6 +149,7 @@ def runs_model(backend: str, spec: ModelSpec) -> bool:
 
 def _fallback(spec: ModelSpec, settings: Settings, hardware_file: str | None, logits_all: bool, memory: Any) -> Any:
     """LoadOptions of another backend for this model, or None where it cannot run it."""
+
     def options_for(backend: str) -> LoadOptions | None:
         if backend not in LOCAL_BACKENDS or not runs_model(backend, spec):
             return None
@@ -153,8 +164,14 @@ def _fallback(spec: ModelSpec, settings: Settings, hardware_file: str | None, lo
     return options_for
 
 
-def make_backend(spec: ModelSpec, decision: Decision, settings: Settings, *, hardware_file: str | None = None,
-                 logits_all: bool = False) -> Backend:
+def make_backend(
+    spec: ModelSpec,
+    decision: Decision,
+    settings: Settings,
+    *,
+    hardware_file: str | None = None,
+    logits_all: bool = False,
+) -> Backend:
     """The Backend for a decision: in a runner process (the default), or in this process (HEARTH_IN_PROCESS=1).
     HEARTH_BACKEND_CLASS=module:Class loads that Backend class instead of the planned one (tests, plugins)."""
     name = os.environ.get("HEARTH_BACKEND_CLASS") or decision.backend
@@ -167,8 +184,14 @@ def make_backend(spec: ModelSpec, decision: Decision, settings: Settings, *, har
     from app.paths import get_paths
     from backends.runner.client import RunnerBackend
 
-    return RunnerBackend(spec, options, backend=name, memory=memory, log_dir=get_paths().log_dir / "runners",
-                         fallback=_fallback(spec, settings, hardware_file, logits_all, memory))
+    return RunnerBackend(
+        spec,
+        options,
+        backend=name,
+        memory=memory,
+        log_dir=get_paths().log_dir / "runners",
+        fallback=_fallback(spec, settings, hardware_file, logits_all, memory),
+    )
 
 
 EXTRA_BUFTS_CHECK = "llama.cpp extra_bufts"
@@ -197,9 +220,16 @@ def llama_extra_bufts(memory: Any) -> bool:
     return extra_bufts_default(lambda: memory.check_passed(EXTRA_BUFTS_CHECK) is True)[0]
 
 
-def open_backend(settings: Settings, *, hardware_file: str | None = None, progress: ProgressCallback | None = None,
-                 store: ModelStore | None = None, load: bool = True, logits_all: bool = False,
-                 serving: bool = False) -> Loaded:
+def open_backend(
+    settings: Settings,
+    *,
+    hardware_file: str | None = None,
+    progress: ProgressCallback | None = None,
+    store: ModelStore | None = None,
+    load: bool = True,
+    logits_all: bool = False,
+    serving: bool = False,
+) -> Loaded:
     """`logits_all` keeps the logits of every prompt position (only `hearth ppl` needs it: it costs memory);
     `serving`: plan for concurrent clients (`hearth serve`, see decide)."""
     if settings.backend == "remote":
@@ -208,8 +238,10 @@ def open_backend(settings: Settings, *, hardware_file: str | None = None, progre
         if logits_all:
             from hwprobe.errors import ConfigError
 
-            raise ConfigError("hearth ppl needs a local model: OpenAI-compatible servers return no logits of the "
-                              "prompt", "pass --backend auto (settings.toml or HEARTH_BACKEND say remote)")
+            raise ConfigError(
+                "hearth ppl needs a local model: OpenAI-compatible servers return no logits of the prompt",
+                "pass --backend auto (settings.toml or HEARTH_BACKEND say remote)",
+            )
 
         return open_remote(settings, progress=progress, load=load)
     store = store or ModelStore()

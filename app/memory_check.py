@@ -91,23 +91,39 @@ def _load_here(req: LoadRequest) -> LoadPeak:
     try:
         if req.generate_tokens:
             prompt = "The plan is the allocation: every byte the engine holds was counted before it loaded"
-            backend.generate(Request(prompt=prompt, sampling=SamplingParams(
-                temperature=0, max_tokens=req.generate_tokens, ignore_eos=True)))
+            backend.generate(
+                Request(
+                    prompt=prompt,
+                    sampling=SamplingParams(temperature=0, max_tokens=req.generate_tokens, ignore_eos=True),
+                )
+            )
         info = backend.describe()
         stats = backend.stats()  # the runner's figures (this process's own with HEARTH_IN_PROCESS=1)
         gpu = stats.gpu_bytes or None  # torch.cuda.memory_reserved after the generation: the caching allocator
         #                                keeps what it reserved, so this is its high-water mark
         row = _plan_row(decision.plan)
-        return LoadPeak(decision.backend, decision.plan.device, row.total_mib * MIB, row.kv_mib * MIB,
-                        getattr(row, "kv_pool_tokens", 0), stats.peak_rss_bytes, gpu, info.get("kv_cache_bytes"))
+        return LoadPeak(
+            decision.backend,
+            decision.plan.device,
+            row.total_mib * MIB,
+            row.kv_mib * MIB,
+            getattr(row, "kv_pool_tokens", 0),
+            stats.peak_rss_bytes,
+            gpu,
+            info.get("kv_cache_bytes"),
+        )
     finally:
         backend.close()
 
 
 def measure_load(req: LoadRequest, python: str | None = None, timeout_s: float = 600) -> LoadPeak:
     """Plan and load `req` in a fresh process; its peak memory and the plan's figures."""
-    proc = subprocess.run([python or sys.executable, "-m", "app.memory_check", json.dumps(asdict(req))],
-                          capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run(
+        [python or sys.executable, "-m", "app.memory_check", json.dumps(asdict(req))],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]

@@ -47,7 +47,7 @@ class Paths:
     def spec_cache_dir(self) -> Path:
         return self.cache_dir / "specs"
 
-    def ensure(self) -> "Paths":
+    def ensure(self) -> Paths:
         for d in (self.data_dir, self.config_dir, self.cache_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
         return self

@@ -10,8 +10,9 @@ scored token up to ctx - stride tokens of extra left context.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from backends.errors import InvalidRequestError
 
@@ -43,11 +44,14 @@ def plan_windows(n_tokens: int, ctx: int, stride: int) -> list[Window]:
     if ctx < 2:
         raise InvalidRequestError(f"--ctx must be at least 2 tokens, got {ctx}", "use e.g. --ctx 512")
     if not 1 <= stride <= ctx:
-        raise InvalidRequestError(f"--stride must be between 1 and --ctx ({ctx}), got {stride}",
-                                  "a stride larger than the window would leave tokens unscored")
+        raise InvalidRequestError(
+            f"--stride must be between 1 and --ctx ({ctx}), got {stride}",
+            "a stride larger than the window would leave tokens unscored",
+        )
     if n_tokens < 2:
-        raise InvalidRequestError(f"the text has {n_tokens} token(s); perplexity needs at least 2",
-                                  "use a longer text file")
+        raise InvalidRequestError(
+            f"the text has {n_tokens} token(s); perplexity needs at least 2", "use a longer text file"
+        )
     out: list[Window] = []
     scored_upto = 1  # positions below this are scored already (position 0 never is: nothing predicts it)
     start = 0
@@ -62,7 +66,7 @@ def plan_windows(n_tokens: int, ctx: int, stride: int) -> list[Window]:
         start += stride
 
 
-def log_softmax(logits: "np.ndarray") -> "np.ndarray":
+def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise log-softmax in float64. (rows, vocab) -> (rows, vocab)."""
     import numpy as np
 
@@ -71,16 +75,21 @@ def log_softmax(logits: "np.ndarray") -> "np.ndarray":
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def window_logprobs(backend: "Backend", token_ids: Sequence[int], w: Window) -> "np.ndarray":
+def window_logprobs(backend: Backend, token_ids: Sequence[int], w: Window) -> np.ndarray:
     """Log-probabilities of the distributions that predict positions [w.first_scored, w.end). (scored, vocab)"""
-    logits = backend.logits(token_ids[w.start:w.end])  # (w.end - w.start, vocab); row i predicts token start+i+1
-    rows = logits[w.first_scored - 1 - w.start: w.end - 1 - w.start]
+    logits = backend.logits(token_ids[w.start : w.end])  # (w.end - w.start, vocab); row i predicts token start+i+1
+    rows = logits[w.first_scored - 1 - w.start : w.end - 1 - w.start]
     return log_softmax(rows)
 
 
-def perplexity(backend: "Backend", token_ids: Sequence[int], ctx: int, stride: int,
-               other: "Backend | None" = None,
-               progress: Callable[[int, int], None] | None = None) -> tuple[PplResult, PplResult | None]:
+def perplexity(
+    backend: Backend,
+    token_ids: Sequence[int],
+    ctx: int,
+    stride: int,
+    other: Backend | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[PplResult, PplResult | None]:
     """Perplexity of `backend` (and of `other` on the same windows, with the mean KL(backend || other))."""
     import numpy as np
 
@@ -89,14 +98,16 @@ def perplexity(backend: "Backend", token_ids: Sequence[int], ctx: int, stride: i
     kl_sum = 0.0
     scored = 0
     for i, w in enumerate(windows):
-        targets = np.asarray(token_ids[w.first_scored:w.end], dtype=np.int64)
+        targets = np.asarray(token_ids[w.first_scored : w.end], dtype=np.int64)
         lp = window_logprobs(backend, token_ids, w)
         nll[0] -= float(lp[np.arange(len(targets)), targets].sum())
         if other is not None:
             lq = window_logprobs(other, token_ids, w)
             if lq.shape != lp.shape:
-                raise InvalidRequestError(f"the two models have different vocabularies ({lp.shape[1]} vs "
-                                          f"{lq.shape[1]} tokens)", "compare quants of the same model")
+                raise InvalidRequestError(
+                    f"the two models have different vocabularies ({lp.shape[1]} vs {lq.shape[1]} tokens)",
+                    "compare quants of the same model",
+                )
             nll[1] -= float(lq[np.arange(len(targets)), targets].sum())
             kl_sum += float((np.exp(lp) * (lp - lq)).sum())
         scored += len(targets)

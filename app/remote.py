@@ -32,20 +32,27 @@ def open_remote(settings: Settings, *, progress: ProgressCallback | None = None,
     from backends.remote.spec import RemoteTarget, remote_spec
 
     if not settings.url:
-        raise ConfigError("--backend remote needs the server's URL",
-                          "pass --url URL (e.g. http://gpu-box:8000), or set url under [remote] in settings.toml")
+        raise ConfigError(
+            "--backend remote needs the server's URL",
+            "pass --url URL (e.g. http://gpu-box:8000), or set url under [remote] in settings.toml",
+        )
     target = RemoteTarget(settings.url, settings.remote_model, settings.remote_api_key, key_source(settings))
     backend = RemoteBackend(remote_spec(settings.remote_model or "", settings.url), LoadOptions(), target)
     if load:
         backend.load(progress)
     entry = ModelEntry(name=backend.spec.name or "remote", path=settings.url, source="remote")
-    decision = Decision("remote", backend.options, None, (f"served by {backend.base}: the server places the "
-                                                          "model, hearth's plan is not asked",))
+    decision = Decision(
+        "remote",
+        backend.options,
+        None,
+        (f"served by {backend.base}: the server places the model, hearth's plan is not asked",),
+    )
     return Loaded(backend, entry, backend.spec, decision)
 
 
 def remote_hint() -> str:
     """The line `hearth plan` prints when nothing fits this machine."""
-    return ("or serve it on a bigger machine (vLLM, SGLang, Ollama, `hearth serve`) and chat from here with "
-            "`hearth run --backend remote --url http://HOST:PORT`")
-
+    return (
+        "or serve it on a bigger machine (vLLM, SGLang, Ollama, `hearth serve`) and chat from here with "
+        "`hearth run --backend remote --url http://HOST:PORT`"
+    )

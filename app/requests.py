@@ -24,8 +24,14 @@ from backends.errors import TemplateError
 from backends.modelspec import REMOTE_FORMAT, ModelSpec
 from backends.templates import FALLBACK_NAME, check_messages, render_chat, render_for_spec
 from backends.tools.detect import detect
-from backends.tools.render import (ToolReading, constraint_for, has_tool_fields, message_from_dict, reading_for,
-                                   template_inputs)
+from backends.tools.render import (
+    ToolReading,
+    constraint_for,
+    has_tool_fields,
+    message_from_dict,
+    reading_for,
+    template_inputs,
+)
 from backends.tools.spec import ToolRequest, ToolRequestError
 
 
@@ -40,14 +46,27 @@ def sampling_from(settings: Any, chat: Any = None, stop: tuple[str, ...] = ()) -
     """SamplingParams from Settings; a TUI conversation's own settings (ChatSettings: temperature, top_p,
     max_tokens, seed) win over them where it has them."""
     source = chat if chat is not None else settings
-    return SamplingParams(temperature=source.temperature, top_p=source.top_p, top_k=settings.top_k,
-                          min_p=settings.min_p, repeat_penalty=settings.repeat_penalty, seed=source.seed,
-                          max_tokens=source.max_tokens, stop=stop)
+    return SamplingParams(
+        temperature=source.temperature,
+        top_p=source.top_p,
+        top_k=settings.top_k,
+        min_p=settings.min_p,
+        repeat_penalty=settings.repeat_penalty,
+        seed=source.seed,
+        max_tokens=source.max_tokens,
+        stop=stop,
+    )
 
 
-def chat_request(spec: ModelSpec, messages: Sequence[Mapping[str, Any]], sampling: SamplingParams, *,
-                 request_id: str | None = None, constraint: Constraint | None = None,
-                 tools: ToolRequest | None = None) -> ChatRequest:
+def chat_request(
+    spec: ModelSpec,
+    messages: Sequence[Mapping[str, Any]],
+    sampling: SamplingParams,
+    *,
+    request_id: str | None = None,
+    constraint: Constraint | None = None,
+    tools: ToolRequest | None = None,
+) -> ChatRequest:
     """The Request for a conversation: rendered with `spec`'s template (raises TemplateError / InvalidRequestError
     for a bad conversation or template), `sampling.stop` first, then the format's own stop strings.
 
@@ -70,8 +89,10 @@ def chat_request(spec: ModelSpec, messages: Sequence[Mapping[str, Any]], samplin
         checked, variables = template_inputs(chat, style, tools)
     if tools is not None:
         if tools.forced and constraint is not None:
-            raise ToolRequestError("a forced tool_choice and a JSON response format both constrain the reply; "
-                                   "send one of them", "tool_choice")
+            raise ToolRequestError(
+                "a forced tool_choice and a JSON response format both constrain the reply; send one of them",
+                "tool_choice",
+            )
         if not remote and tools.forced:
             constraint = constraint_for(style, tools)
         reading = reading_for(style, tools)
@@ -94,16 +115,23 @@ def chat_request(spec: ModelSpec, messages: Sequence[Mapping[str, Any]], samplin
     stop = sampling.stop + tuple(s for s in extra if s not in sampling.stop)
     ids = {"request_id": request_id} if request_id is not None else {}
     remote_tools = _remote_tools(tools) if remote and tools is not None else {}
-    request = Request(prompt=rendered.text, add_special=rendered.add_special,
-                      sampling=dataclasses.replace(sampling, stop=stop), messages=chat, constraint=constraint,
-                      **remote_tools, **ids)
+    request = Request(
+        prompt=rendered.text,
+        add_special=rendered.add_special,
+        sampling=dataclasses.replace(sampling, stop=stop),
+        messages=chat,
+        constraint=constraint,
+        **remote_tools,
+        **ids,
+    )
     return ChatRequest(request, source, reading)
 
 
 def _remote_tools(tools: ToolRequest) -> dict[str, Any]:
     """The tools as the remote backend forwards them (OpenAI JSON text); its server parses the calls itself."""
-    choice: Any = tools.choice if tools.choice != "function" else {"type": "function",
-                                                                  "function": {"name": tools.function}}
+    choice: Any = (
+        tools.choice if tools.choice != "function" else {"type": "function", "function": {"name": tools.function}}
+    )
     return {"tools": json.dumps([t.openai() for t in tools.tools]), "tool_choice": json.dumps(choice)}
 
 

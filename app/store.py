@@ -77,13 +77,17 @@ class ModelStore:
             raw = json.loads(f.read_text(encoding="utf-8"))
             return {name: ModelEntry(**{"name": name, **e}) for name, e in raw.get("models", {}).items()}
         except (json.JSONDecodeError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"the model registry {f} is corrupt: {exc}",
-                              "fix it, or move it away and re-add your models with `hearth models add`") from None
+            raise ConfigError(
+                f"the model registry {f} is corrupt: {exc}",
+                "fix it, or move it away and re-add your models with `hearth models add`",
+            ) from None
 
     def _write(self, entries: dict[str, ModelEntry]) -> None:
         self.paths.ensure()
-        data = {"version": 1, "models": {n: {k: v for k, v in e.as_dict().items() if k != "name"}
-                                          for n, e in sorted(entries.items())}}
+        data = {
+            "version": 1,
+            "models": {n: {k: v for k, v in e.as_dict().items() if k != "name"} for n, e in sorted(entries.items())},
+        }
         # Write atomically: a crash mid-write must never leave a half registry.
         fd, tmp = tempfile.mkstemp(dir=self.paths.data_dir, prefix=".registry-", suffix=".json")
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -103,9 +107,18 @@ class ModelStore:
     def get(self, name: str) -> ModelEntry | None:
         return next((e for e in self.entries() if e.name == name), None)
 
-    def add(self, path: str | os.PathLike[str], name: str | None = None, *, source: str = "local",
-            repo: str | None = None, revision: str | None = None, owned: bool = False,
-            files: list[str] | None = None, replace: bool = False) -> tuple[ModelEntry, ModelSpec]:
+    def add(
+        self,
+        path: str | os.PathLike[str],
+        name: str | None = None,
+        *,
+        source: str = "local",
+        repo: str | None = None,
+        revision: str | None = None,
+        owned: bool = False,
+        files: list[str] | None = None,
+        replace: bool = False,
+    ) -> tuple[ModelEntry, ModelSpec]:
         """Register a model file or folder, validated exactly as `hearth run` reads it (every header check of
         load_spec) and as `hearth models` lists it (its planner shape), so nothing registered can break either.
         Never copies it."""
@@ -116,10 +129,20 @@ class ModelStore:
         _check_name(name)
         reg = self._read()
         if (name in reg or name == STARTER_NAME) and not replace:
-            raise ConfigError(f"a model named {name!r} is already registered",
-                              "pick another with --name, or remove it first with `hearth rm`")
-        entry = ModelEntry(name, str(p), source=source, repo=repo, revision=revision, owned=owned,
-                           files=list(files or []), added_at=time.time())
+            raise ConfigError(
+                f"a model named {name!r} is already registered",
+                "pick another with --name, or remove it first with `hearth rm`",
+            )
+        entry = ModelEntry(
+            name,
+            str(p),
+            source=source,
+            repo=repo,
+            revision=revision,
+            owned=owned,
+            files=list(files or []),
+            added_at=time.time(),
+        )
         reg[name] = entry
         self._write(reg)
         return entry, spec
@@ -142,8 +165,10 @@ class ModelStore:
         entry = self.get(ref)
         if entry is not None:
             if not Path(entry.path).exists():
-                raise ModelNotFoundError(f"model {ref!r} is registered at {entry.path}, which no longer exists",
-                                         f"restore the file, or `hearth rm {ref}`")
+                raise ModelNotFoundError(
+                    f"model {ref!r} is registered at {entry.path}, which no longer exists",
+                    f"restore the file, or `hearth rm {ref}`",
+                )
             return entry
         p = Path(ref).expanduser()
         if p.exists() or p.is_symlink():
@@ -236,14 +261,18 @@ def _check_name(name: str) -> None:
     import re
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}", name):
-        raise ConfigError(f"model name {name!r} is not allowed",
-                          "use letters, digits and . _ : @ + - (up to 128 characters)")
+        raise ConfigError(
+            f"model name {name!r} is not allowed", "use letters, digits and . _ : @ + - (up to 128 characters)"
+        )
 
 
 def _known_hint(store: ModelStore) -> str:
     names = [e.name for e in store.entries()]
-    return ("known models: " + ", ".join(names) + "; add one with `hearth models add PATH`") if names else \
-        "add one with `hearth models add PATH` or `hearth pull REPO_ID`"
+    return (
+        ("known models: " + ", ".join(names) + "; add one with `hearth models add PATH`")
+        if names
+        else "add one with `hearth models add PATH` or `hearth pull REPO_ID`"
+    )
 
 
 __all__ = ["ModelStore", "ModelEntry", "STARTER_NAME", "starter_model_path", "ModelFormatError"]

@@ -29,13 +29,16 @@ def constraint_for(json_output: str | None) -> Constraint | None:
     try:
         size = path.stat().st_size
         if size > MAX_SCHEMA_BYTES:
-            raise ConfigError(f"{path}: the JSON schema is {size} bytes; at most {MAX_SCHEMA_BYTES} are allowed",
-                              "send a smaller schema")
+            raise ConfigError(
+                f"{path}: the JSON schema is {size} bytes; at most {MAX_SCHEMA_BYTES} are allowed",
+                "send a smaller schema",
+            )
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read the JSON schema file {path}: {getattr(exc, 'strerror', None) or exc}",
-                          "pass a readable JSON Schema file to --json-schema (or --json for any JSON object)") \
-            from None
+        raise ConfigError(
+            f"cannot read the JSON schema file {path}: {getattr(exc, 'strerror', None) or exc}",
+            "pass a readable JSON Schema file to --json-schema (or --json for any JSON object)",
+        ) from None
     constraint = Constraint("json_schema", text)
     from backends.constrained import check_constraint
 

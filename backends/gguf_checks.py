@@ -27,25 +27,42 @@ _PER_LAYER_TYPES = ("array[uint32]", "array[int32]")
 
 # "{arch}.KEY" -> (the GGUF type llama.cpp reads it with, whether a per-layer array is allowed instead)
 ARCH_KEYS: dict[str, tuple[str, bool]] = {
-    "block_count": ("uint32", False), "context_length": ("uint32", False), "embedding_length": ("uint32", False),
-    "feed_forward_length": ("uint32", True), "attention.head_count": ("uint32", True),
-    "attention.head_count_kv": ("uint32", True), "attention.key_length": ("uint32", False),
-    "attention.value_length": ("uint32", False), "vocab_size": ("uint32", False),
-    "expert_count": ("uint32", False), "expert_used_count": ("uint32", False),
-    "expert_feed_forward_length": ("uint32", False), "expert_shared_feed_forward_length": ("uint32", False),
+    "block_count": ("uint32", False),
+    "context_length": ("uint32", False),
+    "embedding_length": ("uint32", False),
+    "feed_forward_length": ("uint32", True),
+    "attention.head_count": ("uint32", True),
+    "attention.head_count_kv": ("uint32", True),
+    "attention.key_length": ("uint32", False),
+    "attention.value_length": ("uint32", False),
+    "vocab_size": ("uint32", False),
+    "expert_count": ("uint32", False),
+    "expert_used_count": ("uint32", False),
+    "expert_feed_forward_length": ("uint32", False),
+    "expert_shared_feed_forward_length": ("uint32", False),
     "attention.sliding_window": ("uint32", False),
-    "rope.dimension_count": ("uint32", False), "rope.freq_base": ("float32", False),
-    "rope.scaling.type": ("string", False), "rope.scaling.factor": ("float32", False),
+    "rope.dimension_count": ("uint32", False),
+    "rope.freq_base": ("float32", False),
+    "rope.scaling.type": ("string", False),
+    "rope.scaling.factor": ("float32", False),
     "rope.scaling.original_context_length": ("uint32", False),
-    "attention.layer_norm_rms_epsilon": ("float32", False), "attention.layer_norm_epsilon": ("float32", False),
+    "attention.layer_norm_rms_epsilon": ("float32", False),
+    "attention.layer_norm_epsilon": ("float32", False),
 }
 SPECIAL_TOKENS = ("bos", "eos", "eot", "eom", "unknown", "padding")  # tokenizer.ggml.NAME_token_id
 GENERAL_KEYS: dict[str, str] = {
-    "general.architecture": "string", "general.name": "string", "general.file_type": "uint32",
-    "tokenizer.ggml.model": "string", "tokenizer.ggml.pre": "string", "tokenizer.chat_template": "string",
-    "tokenizer.ggml.tokens": "array[string]", "tokenizer.ggml.merges": "array[string]",
-    "tokenizer.ggml.token_type": "array[int32]", "tokenizer.ggml.scores": "array[float32]",
-    "tokenizer.ggml.add_bos_token": "bool", "tokenizer.ggml.add_eos_token": "bool",
+    "general.architecture": "string",
+    "general.name": "string",
+    "general.file_type": "uint32",
+    "tokenizer.ggml.model": "string",
+    "tokenizer.ggml.pre": "string",
+    "tokenizer.chat_template": "string",
+    "tokenizer.ggml.tokens": "array[string]",
+    "tokenizer.ggml.merges": "array[string]",
+    "tokenizer.ggml.token_type": "array[int32]",
+    "tokenizer.ggml.scores": "array[float32]",
+    "tokenizer.ggml.add_bos_token": "bool",
+    "tokenizer.ggml.add_eos_token": "bool",
     **{f"tokenizer.ggml.{name}_token_id": "uint32" for name in SPECIAL_TOKENS},
 }
 
@@ -56,8 +73,11 @@ NO_TOKENIZER = ("none", "no_vocab")
 # (shape[0] = in_features) in terms of the layer's figures: h hidden, q = heads x key_length,
 # k = kv_heads x key_length, v = kv_heads x value_length, o = heads x value_length, f feed-forward.
 _LAYER_SHAPES = {
-    "attn_norm.weight": ("h",), "attn_q.weight": ("h", "q"), "attn_k.weight": ("h", "k"),
-    "attn_v.weight": ("h", "v"), "attn_output.weight": ("o", "h"),
+    "attn_norm.weight": ("h",),
+    "attn_q.weight": ("h", "q"),
+    "attn_k.weight": ("h", "k"),
+    "attn_v.weight": ("h", "v"),
+    "attn_output.weight": ("o", "h"),
 }
 _MLP_SHAPES = {"ffn_gate.weight": ("h", "f"), "ffn_up.weight": ("h", "f"), "ffn_down.weight": ("f", "h")}
 ARCH_TENSORS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
@@ -99,8 +119,10 @@ def check_gguf(first: GGUFHeader, shards: list[GGUFHeader]) -> GGUFFigures:
 def _architecture(h: GGUFHeader) -> str:
     arch = h.metadata.get("general.architecture")
     if arch is None:
-        raise ModelFormatError(f"{h.path} has no general.architecture in its metadata",
-                               "the file is not a model GGUF (or is damaged): download the model again")
+        raise ModelFormatError(
+            f"{h.path} has no general.architecture in its metadata",
+            "the file is not a model GGUF (or is damaged): download the model again",
+        )
     if h.type_of("general.architecture") != "string":
         raise type_error(h.path, "general.architecture", h.type_of("general.architecture"), "string")
     if not arch or len(arch) > 64 or not arch.replace("_", "").replace("-", "").isalnum():
@@ -113,12 +135,14 @@ def _check_types(h: GGUFHeader, arch: str) -> None:
     for key, got in (h.types or {}).items():
         if key in GENERAL_KEYS:
             expected, per_layer = GENERAL_KEYS[key], False
-        elif key.startswith(prefix) and key[len(prefix):] in ARCH_KEYS:
-            expected, per_layer = ARCH_KEYS[key[len(prefix):]]
+        elif key.startswith(prefix) and key[len(prefix) :] in ARCH_KEYS:
+            expected, per_layer = ARCH_KEYS[key[len(prefix) :]]
         else:
             continue
         if got != expected and not (per_layer and got in _PER_LAYER_TYPES):
-            raise type_error(h.path, key, got, expected + (" or an array of uint32, one per layer" if per_layer else ""))
+            raise type_error(
+                h.path, key, got, expected + (" or an array of uint32, one per layer" if per_layer else "")
+            )
 
 
 def _check_tokenizer(h: GGUFHeader) -> int:
@@ -126,12 +150,16 @@ def _check_tokenizer(h: GGUFHeader) -> int:
     md = h.metadata
     model = md.get("tokenizer.ggml.model")
     if model is None or model in NO_TOKENIZER:
-        raise ModelFormatError(f"{h.path} has no tokenizer (tokenizer.ggml.model is {model or 'missing'})",
-                               "hearth and llama.cpp need the vocabulary inside the GGUF: convert the model "
-                               "again with its tokenizer")
+        raise ModelFormatError(
+            f"{h.path} has no tokenizer (tokenizer.ggml.model is {model or 'missing'})",
+            "hearth and llama.cpp need the vocabulary inside the GGUF: convert the model again with its tokenizer",
+        )
     if model not in TOKENIZER_MODELS:
-        raise ModelFormatError(f"{h.path}: tokenizer.ggml.model is {model[:40]!r}, which llama.cpp does not know "
-                               f"(it knows {', '.join(TOKENIZER_MODELS)})", HINT)
+        raise ModelFormatError(
+            f"{h.path}: tokenizer.ggml.model is {model[:40]!r}, which llama.cpp does not know "
+            f"(it knows {', '.join(TOKENIZER_MODELS)})",
+            HINT,
+        )
     tokens = md.get("tokenizer.ggml.tokens")
     if tokens is None:
         raise ModelFormatError(f"{h.path} has no tokenizer.ggml.tokens: its tokenizer has no vocabulary", HINT)
@@ -148,8 +176,9 @@ def _check_tokenizer(h: GGUFHeader) -> int:
     return n
 
 
-def _per_layer(h: GGUFHeader, key: str, field: str, n_layers: int, default: int | None,
-               allow_zero: bool) -> tuple[int, ...]:
+def _per_layer(
+    h: GGUFHeader, key: str, field: str, n_layers: int, default: int | None, allow_zero: bool
+) -> tuple[int, ...]:
     """A uint32 or a per-layer array of them, as one value per layer, each within LIMITS[field]."""
     where = str(h.path)
     value = h.metadata.get(key, default)
@@ -157,8 +186,9 @@ def _per_layer(h: GGUFHeader, key: str, field: str, n_layers: int, default: int 
         raise ModelFormatError(f"{where} lacks {key}", "the file is incomplete or not a transformer model GGUF")
     if isinstance(value, (list, SkippedArray)):
         if len(value) != n_layers:
-            raise ModelFormatError(f"{where}: {key} has {len(value):,} entries for {n_layers} layers "
-                                   "(one per layer)", HINT)
+            raise ModelFormatError(
+                f"{where}: {key} has {len(value):,} entries for {n_layers} layers (one per layer)", HINT
+            )
         values = tuple(value)
     else:
         values = (value,) * n_layers
@@ -179,8 +209,9 @@ def _figures(h: GGUFHeader, arch: str, n_tokens: int) -> GGUFFigures:
     def scalar(suffix: str, field: str, default: int | None) -> int:
         if key(suffix) not in md:
             if default is None:
-                raise ModelFormatError(f"{where} lacks {key(suffix)}",
-                                       "the file is incomplete or not a transformer model GGUF")
+                raise ModelFormatError(
+                    f"{where} lacks {key(suffix)}", "the file is incomplete or not a transformer model GGUF"
+                )
             return default
         return check_limit(field, md[key(suffix)], key(suffix), where)
 
@@ -189,38 +220,64 @@ def _figures(h: GGUFHeader, arch: str, n_tokens: int) -> GGUFFigures:
     # hybrid architectures (Jamba, Granite 4) give their recurrent layers 0 heads / 0 KV heads
     lenient = arch not in ARCH_TENSORS
     heads = _per_layer(h, key("attention.head_count"), "n_heads", n_layers, None, lenient)
-    kv = _per_layer(h, key("attention.head_count_kv"), "n_kv_heads", n_layers, None, lenient) \
-        if key("attention.head_count_kv") in md else heads
+    kv = (
+        _per_layer(h, key("attention.head_count_kv"), "n_kv_heads", n_layers, None, lenient)
+        if key("attention.head_count_kv") in md
+        else heads
+    )
     for i, (q, k) in enumerate(zip(heads, kv)):
         if q and k:
-            check_heads(q, k, key("attention.head_count"), key("attention.head_count_kv"),
-                        where + (f" (layer {i})" if len(set(heads)) > 1 or len(set(kv)) > 1 else ""))
+            check_heads(
+                q,
+                k,
+                key("attention.head_count"),
+                key("attention.head_count_kv"),
+                where + (f" (layer {i})" if len(set(heads)) > 1 or len(set(kv)) > 1 else ""),
+            )
     n_heads, n_kv = max(heads), max(kv)
     if key("attention.key_length") not in md and hidden % n_heads:
-        raise ModelFormatError(f"{where}: {key('embedding_length')} {hidden} is not a multiple of "
-                               f"{key('attention.head_count')} {n_heads}, and there is no "
-                               f"{key('attention.key_length')}", HINT)
+        raise ModelFormatError(
+            f"{where}: {key('embedding_length')} {hidden} is not a multiple of "
+            f"{key('attention.head_count')} {n_heads}, and there is no "
+            f"{key('attention.key_length')}",
+            HINT,
+        )
     head_dim = scalar("attention.key_length", "head_dim", hidden // n_heads)
     value_dim = scalar("attention.value_length", "head_dim", head_dim)
     ffn = _per_layer(h, key("feed_forward_length"), "ffn_size", n_layers, 0, True)
     if key("vocab_size") in md and md[key("vocab_size")] != n_tokens:
-        raise ModelFormatError(f"{where}: {key('vocab_size')} is {md[key('vocab_size')]:,} but the tokenizer has "
-                               f"{n_tokens:,} tokens", HINT)
+        raise ModelFormatError(
+            f"{where}: {key('vocab_size')} is {md[key('vocab_size')]:,} but the tokenizer has {n_tokens:,} tokens", HINT
+        )
     n_experts = scalar("expert_count", "n_experts", 0)
     n_used = scalar("expert_used_count", "n_experts_used", 0)
     check_experts(n_experts, n_used, key("expert_count"), key("expert_used_count"), where)
-    for suffix, below in (("rope.freq_base", float("inf")), ("rope.scaling.factor", float("inf")),
-                          ("attention.layer_norm_rms_epsilon", 1.0), ("attention.layer_norm_epsilon", 1.0)):
+    for suffix, below in (
+        ("rope.freq_base", float("inf")),
+        ("rope.scaling.factor", float("inf")),
+        ("attention.layer_norm_rms_epsilon", 1.0),
+        ("attention.layer_norm_epsilon", 1.0),
+    ):
         if key(suffix) in md:
             check_positive_float(md[key(suffix)], key(suffix), where, below)
     return GGUFFigures(
-        architecture=arch, n_layers=n_layers, hidden_size=hidden, n_heads=n_heads, n_kv_heads=n_kv,
-        head_dim=head_dim, value_dim=value_dim, ffn_size=max(ffn) or scalar("expert_feed_forward_length",
-                                                                             "ffn_size", 0),
-        vocab_size=n_tokens, context_length=scalar("context_length", "context_length", 2048),
-        n_experts=n_experts, n_experts_used=n_used, sliding_window=scalar("attention.sliding_window",
-                                                                          "sliding_window", 0),
-        heads_per_layer=heads, kv_heads_per_layer=kv, ffn_per_layer=ffn)
+        architecture=arch,
+        n_layers=n_layers,
+        hidden_size=hidden,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        value_dim=value_dim,
+        ffn_size=max(ffn) or scalar("expert_feed_forward_length", "ffn_size", 0),
+        vocab_size=n_tokens,
+        context_length=scalar("context_length", "context_length", 2048),
+        n_experts=n_experts,
+        n_experts_used=n_used,
+        sliding_window=scalar("attention.sliding_window", "sliding_window", 0),
+        heads_per_layer=heads,
+        kv_heads_per_layer=kv,
+        ffn_per_layer=ffn,
+    )
 
 
 def _check_tensors(where: str, shards: list[GGUFHeader], fig: GGUFFigures) -> None:
@@ -228,20 +285,28 @@ def _check_tensors(where: str, shards: list[GGUFHeader], fig: GGUFFigures) -> No
     for h in shards:
         for t in h.tensors:
             if t.name in tensors:
-                raise ModelFormatError(f"{where}: tensor {t.name} is in two shards ({tensors[t.name].file_index + 1} "
-                                       f"and {t.file_index + 1})", HINT)
+                raise ModelFormatError(
+                    f"{where}: tensor {t.name} is in two shards ({tensors[t.name].file_index + 1} "
+                    f"and {t.file_index + 1})",
+                    HINT,
+                )
             tensors[t.name] = t
 
     def expect(name: str, shape: tuple[int, ...], required: bool = True) -> None:
         t = tensors.get(name)
         if t is None:
             if required:
-                raise ModelFormatError(f"{where} lacks tensor {name}, which a {fig.architecture} model needs",
-                                       "the file is incomplete or not a supported model: download it again")
+                raise ModelFormatError(
+                    f"{where} lacks tensor {name}, which a {fig.architecture} model needs",
+                    "the file is incomplete or not a supported model: download it again",
+                )
             return
         if t.shape != shape:
-            raise ModelFormatError(f"{where}: tensor {name} has shape {list(t.shape)}, but the metadata "
-                                   f"({fig.architecture}) implies {list(shape)}", HINT)
+            raise ModelFormatError(
+                f"{where}: tensor {name} has shape {list(t.shape)}, but the metadata "
+                f"({fig.architecture}) implies {list(shape)}",
+                HINT,
+            )
 
     expect("token_embd.weight", (fig.hidden_size, fig.vocab_size))
     expect("output.weight", (fig.hidden_size, fig.vocab_size), required=False)
@@ -252,21 +317,32 @@ def _check_tensors(where: str, shards: list[GGUFHeader], fig: GGUFFigures) -> No
             if not part.isdigit():
                 raise ModelFormatError(f"{where}: tensor {name} names no layer number", HINT)
             if int(part) >= fig.n_layers:
-                raise ModelFormatError(f"{where}: tensor {name} belongs to layer {int(part)}, but "
-                                       f"{fig.architecture}.block_count is {fig.n_layers}", HINT)
+                raise ModelFormatError(
+                    f"{where}: tensor {name} belongs to layer {int(part)}, but "
+                    f"{fig.architecture}.block_count is {fig.n_layers}",
+                    HINT,
+                )
             layers.add(int(part))
     missing = sorted(set(range(fig.n_layers)) - layers)
     if missing:
-        raise ModelFormatError(f"{where} has no tensors for layer {missing[0]} "
-                               f"({len(missing)} of {fig.n_layers} layers are missing; "
-                               f"{fig.architecture}.block_count is {fig.n_layers})", HINT)
+        raise ModelFormatError(
+            f"{where} has no tensors for layer {missing[0]} "
+            f"({len(missing)} of {fig.n_layers} layers are missing; "
+            f"{fig.architecture}.block_count is {fig.n_layers})",
+            HINT,
+        )
     if fig.architecture not in ARCH_TENSORS:
         return
     expect("output_norm.weight", (fig.hidden_size,))
     for i in range(fig.n_layers):
-        dims = {"h": fig.hidden_size, "q": fig.heads_per_layer[i] * fig.head_dim,
-                "k": fig.kv_heads_per_layer[i] * fig.head_dim, "v": fig.kv_heads_per_layer[i] * fig.value_dim,
-                "o": fig.heads_per_layer[i] * fig.value_dim, "f": fig.ffn_per_layer[i]}
+        dims = {
+            "h": fig.hidden_size,
+            "q": fig.heads_per_layer[i] * fig.head_dim,
+            "k": fig.kv_heads_per_layer[i] * fig.head_dim,
+            "v": fig.kv_heads_per_layer[i] * fig.value_dim,
+            "o": fig.heads_per_layer[i] * fig.value_dim,
+            "f": fig.ffn_per_layer[i],
+        }
         shapes: dict[str, Any] = dict(_LAYER_SHAPES)
         if not fig.n_experts:
             shapes.update(_MLP_SHAPES)

@@ -31,8 +31,12 @@ DEFAULT_ALIGNMENT = 32
 # Arrays longer than this are skipped (only their length is kept) unless their key is requested.
 SMALL_ARRAY_LIMIT = 64
 # Per-layer values (llama.cpp's get_key_or_arr keys) are read whole even past SMALL_ARRAY_LIMIT: one per layer.
-PER_LAYER_SUFFIXES = (".attention.head_count", ".attention.head_count_kv", ".feed_forward_length",
-                      ".attention.sliding_window_pattern")
+PER_LAYER_SUFFIXES = (
+    ".attention.head_count",
+    ".attention.head_count_kv",
+    ".feed_forward_length",
+    ".attention.sliding_window_pattern",
+)
 
 # Caps on what a header may claim, checked before any of it is read, so that a hostile or damaged header costs
 # milliseconds and a few MiB, never a hang or gigabytes.  Real models stay far below them: ~60 metadata keys,
@@ -53,8 +57,21 @@ MAX_SPLITS = 1_024  # shards of one split model
 # value type -> struct format (scalars)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-TYPE_NAMES = {0: "uint8", 1: "int8", 2: "uint16", 3: "int16", 4: "uint32", 5: "int32", 6: "float32", 7: "bool",
-              8: "string", 9: "array", 10: "uint64", 11: "int64", 12: "float64"}
+TYPE_NAMES = {
+    0: "uint8",
+    1: "int8",
+    2: "uint16",
+    3: "int16",
+    4: "uint32",
+    5: "int32",
+    6: "float32",
+    7: "bool",
+    8: "string",
+    9: "array",
+    10: "uint64",
+    11: "int64",
+    12: "float64",
+}
 # the fewest bytes one element of each type takes in the file: a claimed length is checked against what is left
 _MIN_BYTES = {**{t: struct.calcsize(f) for t, f in _SCALARS.items()}, _STRING: 8, _ARRAY: 12}
 
@@ -98,8 +115,10 @@ class GGUFHeader:
 
 def type_error(path: Path, key: str, got: str, expected: str) -> ModelFormatError:
     """Metadata of the wrong GGUF type, named with what was expected (the way llama.cpp reads that key)."""
-    return ModelFormatError(f"{path}: metadata {key} is {'an' if got[:1] in 'ai' else 'a'} {got}, expected {expected}",
-                            "the file's metadata is malformed: re-convert the model or download it again")
+    return ModelFormatError(
+        f"{path}: metadata {key} is {'an' if got[:1] in 'ai' else 'a'} {got}, expected {expected}",
+        "the file's metadata is malformed: re-convert the model or download it again",
+    )
 
 
 def _corrupt(path: Path, what: str) -> ModelFormatError:
@@ -124,8 +143,11 @@ class _Cursor:
     def charge(self, n: int, key: str) -> None:
         self.read_bytes += n
         if self.read_bytes > MAX_METADATA_READ_BYTES:
-            raise _corrupt(self.path, f"its metadata (at {key}) holds more than hearth's limit of "
-                                      f"{MAX_METADATA_READ_BYTES >> 20} MiB of values")
+            raise _corrupt(
+                self.path,
+                f"its metadata (at {key}) holds more than hearth's limit of "
+                f"{MAX_METADATA_READ_BYTES >> 20} MiB of values",
+            )
 
     def scalar(self, fmt: str) -> Any:
         n = struct.calcsize(fmt)
@@ -137,15 +159,16 @@ class _Cursor:
     def _length(self, what: str) -> int:
         n = self.scalar("<Q")
         if n > MAX_STRING_BYTES:
-            raise _corrupt(self.path, f"{what} claims a string of {n:,} bytes; hearth reads at most "
-                                      f"{MAX_STRING_BYTES:,} (1 MiB)")
+            raise _corrupt(
+                self.path, f"{what} claims a string of {n:,} bytes; hearth reads at most {MAX_STRING_BYTES:,} (1 MiB)"
+            )
         self.need(n)
         return n
 
     def string(self, what: str) -> str:
         n = self._length(what)
         self.charge(8 + n, what)
-        raw = bytes(self.buf[self.pos:self.pos + n])
+        raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         return raw.decode("utf-8", errors="replace")
 
@@ -162,23 +185,33 @@ def _read_value(cur: _Cursor, vtype: int, keep: int, key: str, depth: int = 0) -
     if vtype == _STRING:
         return cur.string(f"metadata {key}")
     if vtype != _ARRAY:
-        raise ModelFormatError(f"{cur.path} is corrupt: metadata {key} has unknown GGUF value type {vtype}",
-                               "the file is damaged or from a newer GGUF version: download it again")
+        raise ModelFormatError(
+            f"{cur.path} is corrupt: metadata {key} has unknown GGUF value type {vtype}",
+            "the file is damaged or from a newer GGUF version: download it again",
+        )
     if depth >= MAX_ARRAY_DEPTH:
-        raise _corrupt(cur.path, f"metadata {key} nests arrays more than {MAX_ARRAY_DEPTH} deep "
-                                 f"(hearth's limit; real models use flat arrays)")
+        raise _corrupt(
+            cur.path,
+            f"metadata {key} nests arrays more than {MAX_ARRAY_DEPTH} deep "
+            f"(hearth's limit; real models use flat arrays)",
+        )
     etype = cur.scalar("<I")
     length = cur.scalar("<Q")
     if etype not in _MIN_BYTES:
-        raise ModelFormatError(f"{cur.path} is corrupt: metadata {key} is an array of unknown GGUF type {etype}",
-                               "the file is damaged or from a newer GGUF version: download it again")
+        raise ModelFormatError(
+            f"{cur.path} is corrupt: metadata {key} is an array of unknown GGUF type {etype}",
+            "the file is damaged or from a newer GGUF version: download it again",
+        )
     if length > MAX_ARRAY_LENGTH:
-        raise _corrupt(cur.path, f"metadata {key} claims {length:,} elements; hearth reads arrays of at most "
-                                 f"{MAX_ARRAY_LENGTH:,}")
+        raise _corrupt(
+            cur.path, f"metadata {key} claims {length:,} elements; hearth reads arrays of at most {MAX_ARRAY_LENGTH:,}"
+        )
     if length * _MIN_BYTES[etype] > cur.size - cur.pos:
-        raise ModelFormatError(f"{cur.path} is truncated: metadata {key} claims {length:,} elements, more than "
-                               f"the file's remaining {cur.size - cur.pos:,} bytes hold",
-                               "the download or copy was cut short, or the file is damaged: download it again")
+        raise ModelFormatError(
+            f"{cur.path} is truncated: metadata {key} claims {length:,} elements, more than "
+            f"the file's remaining {cur.size - cur.pos:,} bytes hold",
+            "the download or copy was cut short, or the file is damaged: download it again",
+        )
     start = cur.pos
     if length <= keep:
         if etype in _SCALARS:
@@ -201,7 +234,7 @@ def _read_value(cur: _Cursor, vtype: int, keep: int, key: str, depth: int = 0) -
 
 
 def _type_name(cur: _Cursor, vtype: int, start: int) -> str:
-    """"uint32", "string", or "array[ELEMENT]" for the value that begins at `start` (just after its type)."""
+    """ "uint32", "string", or "array[ELEMENT]" for the value that begins at `start` (just after its type)."""
     if vtype != _ARRAY:
         return TYPE_NAMES.get(vtype, str(vtype))
     (etype,) = struct.unpack_from("<I", cur.buf, start)
@@ -217,13 +250,18 @@ def _tensor_bytes(ggml_type: int, shape: tuple[int, ...], path: Path, name: str)
         qtype = GGMLQuantizationType(ggml_type)
         block, type_size = GGML_QUANT_SIZES[qtype]
     except (ValueError, KeyError):
-        raise ModelFormatError(f"{path}: tensor {name} has unknown ggml type {ggml_type}",
-                               "the file is corrupt or needs a newer gguf package: pip install -U gguf") from None
+        raise ModelFormatError(
+            f"{path}: tensor {name} has unknown ggml type {ggml_type}",
+            "the file is corrupt or needs a newer gguf package: pip install -U gguf",
+        ) from None
     if not shape or min(shape) < 1:
         raise _corrupt(path, f"tensor {name} has shape {list(shape)}, with no elements")
     if shape[0] % block:
-        raise _corrupt(path, f"tensor {name} is {qtype.name} (blocks of {block}) but its rows hold {shape[0]} "
-                             "values, not a whole number of blocks")
+        raise _corrupt(
+            path,
+            f"tensor {name} is {qtype.name} (blocks of {block}) but its rows hold {shape[0]} "
+            "values, not a whole number of blocks",
+        )
     n_el = 1
     for d in shape:
         n_el *= d
@@ -236,26 +274,38 @@ def open_regular(path: Path, kind: str = "GGUF file") -> int:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise ModelFormatError(f"{path} does not exist", "check the path, or list models with `hearth models`") from None
+        raise ModelFormatError(
+            f"{path} does not exist", "check the path, or list models with `hearth models`"
+        ) from None
     except PermissionError:
-        raise ModelFormatError(f"{path} cannot be read: permission denied on a folder of its path",
-                               "check the folders' permissions") from None
+        raise ModelFormatError(
+            f"{path} cannot be read: permission denied on a folder of its path", "check the folders' permissions"
+        ) from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise ModelFormatError(f"{path} is a symlink loop: its links never reach a file",
-                                   "point the link at the real model file") from None
+            raise ModelFormatError(
+                f"{path} is a symlink loop: its links never reach a file", "point the link at the real model file"
+            ) from None
         raise ModelFormatError(f"{path} cannot be read: {exc.strerror}", "check the path") from None
     if stat.S_ISDIR(st.st_mode):
         raise ModelFormatError(f"{path} is a directory, not a {kind}", "point at the file inside it")
     if not stat.S_ISREG(st.st_mode):
-        what = "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) \
-            else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
+        what = (
+            "a FIFO (named pipe)"
+            if stat.S_ISFIFO(st.st_mode)
+            else "a socket"
+            if stat.S_ISSOCK(st.st_mode)
+            else "a device"
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+            else "not a regular file"
+        )
         raise ModelFormatError(f"{path} is {what}, not a {kind}", "point at a regular file")
     try:  # O_NONBLOCK: should the path have become a FIFO since the stat, opening it must not hang
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except PermissionError:
-        raise ModelFormatError(f"{path} cannot be read: permission denied",
-                               "check the file's permissions (chmod a+r)") from None
+        raise ModelFormatError(
+            f"{path} cannot be read: permission denied", "check the file's permissions (chmod a+r)"
+        ) from None
     except OSError as exc:
         raise ModelFormatError(f"{path} cannot be read: {exc.strerror}", "check the path") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -275,14 +325,21 @@ def _check_layout(path: Path, infos: list[GGUFTensorInfo], alignment: int) -> No
             raise _corrupt(path, f"tensor {t.name} appears twice in its tensor table")
         seen.add(t.name)
         if t.offset % alignment:
-            raise _corrupt(path, f"tensor {t.name} starts at data offset {t.offset:,}, not a multiple of the "
-                                 f"file's alignment {alignment}")
+            raise _corrupt(
+                path,
+                f"tensor {t.name} starts at data offset {t.offset:,}, not a multiple of the "
+                f"file's alignment {alignment}",
+            )
         if t.offset < expected:
-            raise _corrupt(path, f"tensor {t.name} (data offset {t.offset:,}) overlaps {previous}, which ends at "
-                                 f"{expected:,}")
+            raise _corrupt(
+                path, f"tensor {t.name} (data offset {t.offset:,}) overlaps {previous}, which ends at {expected:,}"
+            )
         if t.offset > expected:
-            raise _corrupt(path, f"tensor {t.name} starts at data offset {t.offset:,}, leaving a gap after "
-                                 f"{previous or 'the start'} (expected {expected:,})")
+            raise _corrupt(
+                path,
+                f"tensor {t.name} starts at data offset {t.offset:,}, leaving a gap after "
+                f"{previous or 'the start'} (expected {expected:,})",
+            )
         expected = (t.offset + t.n_bytes + alignment - 1) // alignment * alignment
         previous = t.name
 
@@ -307,23 +364,31 @@ def read_header(path: str | os.PathLike[str], keep_arrays: Iterable[str] = (), f
     with os.fdopen(fd, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size < 24:
-            raise ModelFormatError(f"{path} is not a GGUF file ({size} bytes)",
-                                   "hearth loads .gguf model files: check the path")
+            raise ModelFormatError(
+                f"{path} is not a GGUF file ({size} bytes)", "hearth loads .gguf model files: check the path"
+            )
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             if buf[:4] != GGUF_MAGIC:
-                raise ModelFormatError(f"{path} is not a GGUF file (it starts with {bytes(buf[:4])!r}, not b'GGUF')",
-                                       "hearth loads .gguf model files: convert or download a GGUF")
+                raise ModelFormatError(
+                    f"{path} is not a GGUF file (it starts with {bytes(buf[:4])!r}, not b'GGUF')",
+                    "hearth loads .gguf model files: convert or download a GGUF",
+                )
             cur = _Cursor(buf, path)
             cur.pos = 4
             version = cur.scalar("<I")
             if version not in (2, 3):
-                raise ModelFormatError(f"{path} has GGUF version {version}; hearth reads versions 2 and 3",
-                                       "re-convert the model with a current llama.cpp")
+                raise ModelFormatError(
+                    f"{path} has GGUF version {version}; hearth reads versions 2 and 3",
+                    "re-convert the model with a current llama.cpp",
+                )
             n_tensors = cur.scalar("<Q")
             n_kv = cur.scalar("<Q")
             if n_tensors > MAX_TENSORS or n_kv > MAX_METADATA_KEYS:
-                raise _corrupt(path, f"it claims {n_tensors:,} tensors and {n_kv:,} metadata keys; hearth reads "
-                                     f"at most {MAX_TENSORS:,} and {MAX_METADATA_KEYS:,}")
+                raise _corrupt(
+                    path,
+                    f"it claims {n_tensors:,} tensors and {n_kv:,} metadata keys; hearth reads "
+                    f"at most {MAX_TENSORS:,} and {MAX_METADATA_KEYS:,}",
+                )
             metadata: dict[str, Any] = {}
             types: dict[str, str] = {}
             for _ in range(n_kv):
@@ -331,17 +396,26 @@ def read_header(path: str | os.PathLike[str], keep_arrays: Iterable[str] = (), f
                 if key in metadata:
                     raise _corrupt(path, f"metadata key {key} appears twice")
                 vtype = cur.scalar("<I")
-                types[key] = _type_name(cur, vtype, cur.pos) if vtype == _ARRAY and cur.pos + 4 <= cur.size \
+                types[key] = (
+                    _type_name(cur, vtype, cur.pos)
+                    if vtype == _ARRAY and cur.pos + 4 <= cur.size
                     else TYPE_NAMES.get(vtype, str(vtype))
-                limit = MAX_ARRAY_LENGTH if key in keep else \
-                    PER_LAYER_ARRAY_LIMIT if key.endswith(PER_LAYER_SUFFIXES) else SMALL_ARRAY_LIMIT
+                )
+                limit = (
+                    MAX_ARRAY_LENGTH
+                    if key in keep
+                    else PER_LAYER_ARRAY_LIMIT
+                    if key.endswith(PER_LAYER_SUFFIXES)
+                    else SMALL_ARRAY_LIMIT
+                )
                 metadata[key] = _read_value(cur, vtype, limit, key)
             infos = []
             for _ in range(n_tensors):
                 name = cur.string("a tensor name")
                 if len(name.encode("utf-8")) > MAX_TENSOR_NAME_BYTES:
-                    raise _corrupt(path, f"tensor name {name[:40]!r}... is longer than ggml's "
-                                         f"{MAX_TENSOR_NAME_BYTES} bytes")
+                    raise _corrupt(
+                        path, f"tensor name {name[:40]!r}... is longer than ggml's {MAX_TENSOR_NAME_BYTES} bytes"
+                    )
                 n_dims = cur.scalar("<I")
                 if not 1 <= n_dims <= MAX_DIMS:
                     raise _corrupt(path, f"tensor {name} claims {n_dims} dimensions (ggml has 1 to {MAX_DIMS})")
@@ -368,8 +442,10 @@ def split_paths(first: Path, count: int) -> list[Path]:
 
     m = re.match(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$", first.name)
     if not m:
-        raise ModelFormatError(f"{first} says it is split into {count} files, but its name is not "
-                               "NAME-00001-of-0000N.gguf", "keep the shards' original names")
+        raise ModelFormatError(
+            f"{first} says it is split into {count} files, but its name is not NAME-00001-of-0000N.gguf",
+            "keep the shards' original names",
+        )
     return [first.with_name(f"{m.group(1)}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
 
 
@@ -385,7 +461,9 @@ def _split_count(header: GGUFHeader) -> int:
     return int(count)
 
 
-def read_model_header(path: str | os.PathLike[str], keep_arrays: Iterable[str] = ()) -> tuple[GGUFHeader, list[GGUFHeader]]:
+def read_model_header(
+    path: str | os.PathLike[str], keep_arrays: Iterable[str] = ()
+) -> tuple[GGUFHeader, list[GGUFHeader]]:
     """Read a GGUF and, when it is the first shard of a split model, the tensor infos of every shard.
 
     Returns (header of the first file, headers of all shards including the first)."""
@@ -396,13 +474,18 @@ def read_model_header(path: str | os.PathLike[str], keep_arrays: Iterable[str] =
     shards = [first]
     for i, shard in enumerate(split_paths(first.path, count)[1:], start=1):
         if not shard.exists():
-            raise ModelFormatError(f"{first.path} is shard 1 of {count}, but {shard.name} is missing",
-                                   "download every shard of the model into the same folder")
+            raise ModelFormatError(
+                f"{first.path} is shard 1 of {count}, but {shard.name} is missing",
+                "download every shard of the model into the same folder",
+            )
         header = read_header(shard, (), file_index=i)
         if _split_count(header) != count or header.metadata.get("split.no", i) != i:
-            raise _corrupt(shard, f"it says it is shard {header.metadata.get('split.no')} of "
-                                  f"{header.metadata.get('split.count')}, expected {i} of {count} "
-                                  "(split.no counts from 0)")
+            raise _corrupt(
+                shard,
+                f"it says it is shard {header.metadata.get('split.no')} of "
+                f"{header.metadata.get('split.count')}, expected {i} of {count} "
+                "(split.no counts from 0)",
+            )
         shards.append(header)
     return first, shards
 

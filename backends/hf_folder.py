@@ -17,13 +17,36 @@ from backends.model_limits import HINT, check_experts, check_heads, check_limit,
 from backends.modelspec import ModelSpec, TensorSpec
 
 _HF_ARCH = {
-    "LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3",
-    "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2", "PhiForCausalLM": "phi2",
-    "Phi3ForCausalLM": "phi3", "Qwen2MoeForCausalLM": "qwen2moe", "Qwen3MoeForCausalLM": "qwen3moe",
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "llama",
+    "Gemma3ForCausalLM": "gemma3",
+    "GemmaForCausalLM": "gemma",
+    "Gemma2ForCausalLM": "gemma2",
+    "PhiForCausalLM": "phi2",
+    "Phi3ForCausalLM": "phi3",
+    "Qwen2MoeForCausalLM": "qwen2moe",
+    "Qwen3MoeForCausalLM": "qwen3moe",
 }
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-                "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 MAX_JSON_BYTES = 64 << 20  # config.json / tokenizer_config.json (a big chat template is tens of KiB)
 MAX_SAFETENSORS_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
 
@@ -39,8 +62,9 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ModelFormatError(f"{path} is not UTF-8 text, so not a {what}", HINT) from None
     except json.JSONDecodeError as exc:
-        raise ModelFormatError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                               HINT) from None
+        raise ModelFormatError(
+            f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", HINT
+        ) from None
     except RecursionError:
         raise ModelFormatError(f"{path} nests JSON too deep to be a {what}", HINT) from None
     if not isinstance(data, dict):
@@ -64,8 +88,10 @@ def hf_config_shape(config: Any, name: str, where: str = "config.json") -> dict[
         raise ModelFormatError(f"{where} holds a JSON {type(config).__name__}, not an object", HINT)
     archs = config.get("architectures") or []
     archs = archs if isinstance(archs, list) else []
-    arch = next((_HF_ARCH[a] for a in archs if isinstance(a, str) and a in _HF_ARCH), None) \
+    arch = (
+        next((_HF_ARCH[a] for a in archs if isinstance(a, str) and a in _HF_ARCH), None)
         or str(config.get("model_type", "unknown"))[:64]
+    )
     text = config.get("text_config", config)
     if not isinstance(text, dict):
         raise ModelFormatError(f"{where}: text_config is a {type(text).__name__}, expected an object", HINT)
@@ -74,10 +100,14 @@ def hf_config_shape(config: Any, name: str, where: str = "config.json") -> dict[
     n_kv = _int(text, "num_key_value_heads", "n_kv_heads", where, n_heads)
     check_heads(n_heads, n_kv, "num_attention_heads", "num_key_value_heads", where)
     if text.get("head_dim") is None and hidden % n_heads:
-        raise ModelFormatError(f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {n_heads}, "
-                               "and there is no head_dim", HINT)
-    n_experts = _int(text, "num_local_experts", "n_experts", where, 0) or _int(text, "num_experts", "n_experts",
-                                                                              where, 0)
+        raise ModelFormatError(
+            f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {n_heads}, "
+            "and there is no head_dim",
+            HINT,
+        )
+    n_experts = _int(text, "num_local_experts", "n_experts", where, 0) or _int(
+        text, "num_experts", "n_experts", where, 0
+    )
     n_used = _int(text, "num_experts_per_tok", "n_experts_used", where, 0)
     check_experts(n_experts, n_used, "num_local_experts", "num_experts_per_tok", where)
     rs = text.get("rope_scaling") or {}
@@ -86,19 +116,27 @@ def hf_config_shape(config: Any, name: str, where: str = "config.json") -> dict[
     # Gemma 3 and Mistral (v0.1: 4096) use their sliding_window; Qwen2's configs name one but switch it off
     use_window = text.get("use_sliding_window", arch == "gemma3" or "MistralForCausalLM" in archs)
     return dict(
-        name=name, architecture=arch, n_layers=_int(text, "num_hidden_layers", "n_layers", where),
-        hidden_size=hidden, n_heads=n_heads, n_kv_heads=n_kv,
+        name=name,
+        architecture=arch,
+        n_layers=_int(text, "num_hidden_layers", "n_layers", where),
+        hidden_size=hidden,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
         head_dim=_int(text, "head_dim", "head_dim", where, hidden // n_heads),
         # MoE: each routed expert's width (Qwen2/3-MoE's moe_intermediate_size; Mixtral's intermediate_size)
-        ffn_size=_int(text, "moe_intermediate_size", "ffn_size", where, 0) if n_experts and \
-        text.get("moe_intermediate_size") is not None else _int(text, "intermediate_size", "ffn_size", where, 0),
+        ffn_size=_int(text, "moe_intermediate_size", "ffn_size", where, 0)
+        if n_experts and text.get("moe_intermediate_size") is not None
+        else _int(text, "intermediate_size", "ffn_size", where, 0),
         shared_ffn_size=_int(text, "shared_expert_intermediate_size", "ffn_size", where, 0),
-        vocab_size=_int(text, "vocab_size", "vocab_size", where, config.get("vocab_size") if text is not config
-                        else None),
+        vocab_size=_int(
+            text, "vocab_size", "vocab_size", where, config.get("vocab_size") if text is not config else None
+        ),
         context_length=_int(text, "max_position_embeddings", "context_length", where, 2048),
         rope_base=check_positive_float(text.get("rope_theta", 10000.0), "rope_theta", where),
-        rope_scaling=dict(rs), rms_eps=check_positive_float(text.get("rms_norm_eps", 1e-5), "rms_norm_eps", where, 1.0),
-        n_experts=n_experts, n_experts_used=n_used,
+        rope_scaling=dict(rs),
+        rms_eps=check_positive_float(text.get("rms_norm_eps", 1e-5), "rms_norm_eps", where, 1.0),
+        n_experts=n_experts,
+        n_experts_used=n_used,
         sliding_window=_int(text, "sliding_window", "sliding_window", where, 0) if use_window is True else 0,
         tied_embeddings=config.get("tie_word_embeddings", False) is True,
     )
@@ -114,15 +152,19 @@ def _safetensors_tensors(files: list[Path]) -> list[TensorSpec]:
                 raise ModelFormatError(f"{f} is truncated (no safetensors header)", "download the file again")
             n = int.from_bytes(raw, "little")
             if n > MAX_SAFETENSORS_HEADER_BYTES or 8 + n > size:
-                raise ModelFormatError(f"{f} is corrupt: its safetensors header claims {n:,} bytes of the file's "
-                                       f"{size:,}", "download it again")
+                raise ModelFormatError(
+                    f"{f} is corrupt: its safetensors header claims {n:,} bytes of the file's {size:,}",
+                    "download it again",
+                )
             try:
                 header = json.loads(fh.read(n))
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
                 raise ModelFormatError(f"{f} has a corrupt safetensors header: {exc}", "download it again") from None
         if not isinstance(header, dict) or len(header) > MAX_TENSORS:
-            raise ModelFormatError(f"{f} has a corrupt safetensors header: not an object of at most "
-                                   f"{MAX_TENSORS:,} tensors", "download it again")
+            raise ModelFormatError(
+                f"{f} has a corrupt safetensors header: not an object of at most {MAX_TENSORS:,} tensors",
+                "download it again",
+            )
         spans = []
         for name, info in header.items():
             if name == "__metadata__":
@@ -148,17 +190,26 @@ def _safetensors_tensor(f: Path, name: str, info: Any, data_bytes: int) -> Tenso
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     if dtype not in _DTYPE_BYTES:
         raise bad(f"has dtype {str(dtype)[:20]!r}, which hearth does not know")
-    if not isinstance(shape, list) or len(shape) > 8 or not all(
-            isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape):
+    if (
+        not isinstance(shape, list)
+        or len(shape) > 8
+        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape)
+    ):
         raise bad(f"has shape {str(shape)[:60]}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
-            and 0 <= offsets[0] <= offsets[1] <= data_bytes):
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(o, int) for o in offsets)
+        and 0 <= offsets[0] <= offsets[1] <= data_bytes
+    ):
         raise bad(f"has data_offsets {str(offsets)[:60]} outside the file's {data_bytes:,} data bytes")
     n_el = 1
     for d in shape:
         n_el *= d
     if offsets[1] - offsets[0] != n_el * _DTYPE_BYTES[dtype]:
-        raise bad(f"spans {offsets[1] - offsets[0]:,} bytes, but {dtype} x {shape} needs {n_el * _DTYPE_BYTES[dtype]:,}")
+        raise bad(
+            f"spans {offsets[1] - offsets[0]:,} bytes, but {dtype} x {shape} needs {n_el * _DTYPE_BYTES[dtype]:,}"
+        )
     return TensorSpec(name, dtype, tuple(shape), offsets[1] - offsets[0], n_el)
 
 
@@ -166,8 +217,9 @@ def _token_id(value: Any, key: str, where: str, vocab: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab:
-        raise ModelFormatError(f"{where}: {key} is {str(value)[:40]}, expected a token id below the vocabulary's "
-                               f"{vocab:,}", HINT)
+        raise ModelFormatError(
+            f"{where}: {key} is {str(value)[:40]}, expected a token id below the vocabulary's {vocab:,}", HINT
+        )
     return value
 
 
@@ -175,8 +227,10 @@ def spec_from_hf_folder(folder: str | os.PathLike[str]) -> ModelSpec:
     folder = Path(folder)
     cfg_path = folder / "config.json"
     if not cfg_path.exists():
-        raise ModelFormatError(f"{folder} has no config.json", "a Hugging Face model folder needs config.json, "
-                               "*.safetensors and tokenizer.json")
+        raise ModelFormatError(
+            f"{folder} has no config.json",
+            "a Hugging Face model folder needs config.json, *.safetensors and tokenizer.json",
+        )
     config = read_json_object(cfg_path, "model config")
     shape = hf_config_shape(config, folder.name, str(cfg_path))
     files = sorted(folder.glob("*.safetensors"))
@@ -195,25 +249,36 @@ def spec_from_hf_folder(folder: str | os.PathLike[str]) -> ModelSpec:
     vocab = shape["vocab_size"]
     eos = config.get("eos_token_id")
     eos_list = eos if isinstance(eos, list) else [eos]
-    eos_ids = tuple(i for i in (_token_id(e, "eos_token_id", str(cfg_path), vocab) for e in eos_list[:16])
-                    if i is not None)
+    eos_ids = tuple(
+        i for i in (_token_id(e, "eos_token_id", str(cfg_path), vocab) for e in eos_list[:16]) if i is not None
+    )
     pad = config.get("pad_token_id")
     type_counts = Counter(t.ggml_type for t in tensors)
     dominant = type_counts.most_common(1)[0][0] if type_counts else "F16"
     names = {t.name for t in tensors}
     shape["tied_embeddings"] = shape["tied_embeddings"] or "lm_head.weight" not in names
     return ModelSpec(
-        path=str(folder), format="safetensors", **shape,
-        file_type=dominant, file_size_bytes=sum(f.stat().st_size for f in files),
-        param_count=sum(t.n_elements for t in tensors), tensor_types=dict(type_counts), tensors=tensors,
-        chat_template=template, bos_token_id=_token_id(config.get("bos_token_id"), "bos_token_id", str(cfg_path),
-                                                       vocab),
+        path=str(folder),
+        format="safetensors",
+        **shape,
+        file_type=dominant,
+        file_size_bytes=sum(f.stat().st_size for f in files),
+        param_count=sum(t.n_elements for t in tensors),
+        tensor_types=dict(type_counts),
+        tensors=tensors,
+        chat_template=template,
+        bos_token_id=_token_id(config.get("bos_token_id"), "bos_token_id", str(cfg_path), vocab),
         # pad is only informational, and old configs say -1 for "none": out of range means none
-        eos_token_ids=eos_ids, pad_token_id=pad if isinstance(pad, int) and 0 <= pad < vocab else None,
-        add_bos_token=special.get("add_bos_token", True), add_eos_token=special.get("add_eos_token", False),
-        tokenizer_model="hf", tokenizer_pre="",
-        bos_token_text=_token_text(special.get("bos_token")), eos_token_text=_token_text(special.get("eos_token")),
-        files=tuple(str(f) for f in files), metadata={"config": config},
+        eos_token_ids=eos_ids,
+        pad_token_id=pad if isinstance(pad, int) and 0 <= pad < vocab else None,
+        add_bos_token=special.get("add_bos_token", True),
+        add_eos_token=special.get("add_eos_token", False),
+        tokenizer_model="hf",
+        tokenizer_pre="",
+        bos_token_text=_token_text(special.get("bos_token")),
+        eos_token_text=_token_text(special.get("eos_token")),
+        files=tuple(str(f) for f in files),
+        metadata={"config": config},
     )
 
 

@@ -46,8 +46,9 @@ def check_limit(field: str, value: object, key: str, where: str) -> int:
         raise ModelFormatError(f"{where}: {key} is {value!r}, expected an integer", HINT)
     lim = LIMITS[field]
     if not lim.low <= value <= lim.high:
-        raise ModelFormatError(f"{where}: {key} is {value:,}; hearth accepts {lim.low:,} to {lim.high:,} "
-                               f"({lim.note})", HINT)
+        raise ModelFormatError(
+            f"{where}: {key} is {value:,}; hearth accepts {lim.low:,} to {lim.high:,} ({lim.note})", HINT
+        )
     return value
 
 
@@ -64,11 +65,17 @@ def check_positive_float(value: object, key: str, where: str, below: float = mat
 def check_heads(n_heads: int, n_kv_heads: int, heads_key: str, kv_key: str, where: str) -> None:
     """Grouped-query attention: every KV head serves the same number of query heads."""
     if n_kv_heads > n_heads or n_heads % n_kv_heads:
-        raise ModelFormatError(f"{where}: {kv_key} is {n_kv_heads} but {heads_key} is {n_heads}: the attention "
-                               "heads must be a whole multiple of the KV heads", HINT)
+        raise ModelFormatError(
+            f"{where}: {kv_key} is {n_kv_heads} but {heads_key} is {n_heads}: the attention "
+            "heads must be a whole multiple of the KV heads",
+            HINT,
+        )
 
 
 def check_experts(n_experts: int, n_used: int, count_key: str, used_key: str, where: str) -> None:
     if n_used > n_experts or (n_experts and not n_used):
-        raise ModelFormatError(f"{where}: {used_key} is {n_used} but {count_key} is {n_experts}: a mixture of "
-                               "experts routes each token to between 1 and all of them", HINT)
+        raise ModelFormatError(
+            f"{where}: {used_key} is {n_used} but {count_key} is {n_experts}: a mixture of "
+            "experts routes each token to between 1 and all of them",
+            HINT,
+        )

@@ -118,15 +118,28 @@ class ModelSpec:
         if self.format == "gguf":  # per layer (int4, int8) weights the torch engine keeps as the file's blocks
             extra["gguf_repacked"] = repacked_params(self.tensors, self.n_layers, self.architecture)
         return ModelShape(
-            name=self.name, architecture=self.architecture, n_layers=self.n_layers, hidden_size=self.hidden_size,
-            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, ffn_size=self.ffn_size,
-            vocab_size=self.vocab_size, context_length=self.context_length, n_experts=self.n_experts,
-            n_experts_used=self.n_experts_used, shared_ffn_size=self.shared_ffn_size, expert_bytes=self.expert_bytes(),
-            sliding_window=self.sliding_window, sliding_window_layers=_sliding_window_layers(self),
+            name=self.name,
+            architecture=self.architecture,
+            n_layers=self.n_layers,
+            hidden_size=self.hidden_size,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            head_dim=self.head_dim,
+            ffn_size=self.ffn_size,
+            vocab_size=self.vocab_size,
+            context_length=self.context_length,
+            n_experts=self.n_experts,
+            n_experts_used=self.n_experts_used,
+            shared_ffn_size=self.shared_ffn_size,
+            expert_bytes=self.expert_bytes(),
+            sliding_window=self.sliding_window,
+            sliding_window_layers=_sliding_window_layers(self),
             quant=self.file_type if self.format == "gguf" else None,
-            weight_bytes=self.weight_bytes, layer_bytes=self.layer_bytes(),
+            weight_bytes=self.weight_bytes,
+            layer_bytes=self.layer_bytes(),
             embedding_bytes=embed.n_bytes if embed else None,
-            output_bytes=(out.n_bytes if out else 0), tied_embeddings=self.tied_embeddings,
+            output_bytes=(out.n_bytes if out else 0),
+            tied_embeddings=self.tied_embeddings,
             param_count=self.param_count,
             tokenizer="hf" if self.format != "gguf" else f"{self.tokenizer_model}/{self.tokenizer_pre}",
             extra=extra,
@@ -139,7 +152,7 @@ class ModelSpec:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelSpec":
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
         data = dict(data)
         data["tensors"] = tuple(TensorSpec(**{**t, "shape": tuple(t["shape"])}) for t in data.get("tensors", ()))
         data["eos_token_ids"] = tuple(data["eos_token_ids"])
@@ -170,6 +183,7 @@ def _sliding_window_layers(spec: ModelSpec) -> int:
 
 # ---------------------------------------------------------------------------------------------------------
 # GGUF
+
 
 def _file_type_name(metadata: dict[str, Any], type_counts: Counter[str]) -> str:
     from gguf.constants import LlamaFileType
@@ -204,14 +218,18 @@ def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
 
     tensors = tuple(
         TensorSpec(t.name, GGMLQuantizationType(t.ggml_type).name, t.shape, t.n_bytes, t.n_elements)
-        for h in shards for t in h.tensors
+        for h in shards
+        for t in h.tensors
     )
     names = {t.name for t in tensors}
     tokens = md.get("tokenizer.ggml.tokens")
     scaling: dict[str, Any] = {}
     if a("rope.scaling.type") not in (None, "none"):
-        scaling = {"type": a("rope.scaling.type"), "factor": a("rope.scaling.factor"),
-                   "original_context_length": a("rope.scaling.original_context_length")}
+        scaling = {
+            "type": a("rope.scaling.type"),
+            "factor": a("rope.scaling.factor"),
+            "original_context_length": a("rope.scaling.original_context_length"),
+        }
     elif "rope_freqs.weight" in names:  # Llama 3.1+: the converter stores precomputed frequency factors
         scaling = {"type": "llama3", "rope_freqs_tensor": "rope_freqs.weight"}
     eos = md.get("tokenizer.ggml.eos_token_id")
@@ -220,8 +238,11 @@ def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
         if isinstance(md.get(key), int) and md[key] not in eos_ids:
             eos_ids.append(int(md[key]))
     type_counts = Counter(t.ggml_type for t in tensors)
-    small = {k: v for k, v in md.items()
-             if not isinstance(v, SkippedArray) and k != "tokenizer.chat_template" and not k.startswith("tokenizer.ggml.")}
+    small = {
+        k: v
+        for k, v in md.items()
+        if not isinstance(v, SkippedArray) and k != "tokenizer.chat_template" and not k.startswith("tokenizer.ggml.")
+    }
     bos = md.get("tokenizer.ggml.bos_token_id")
     pad = md.get("tokenizer.ggml.padding_token_id")
     files = tuple(str(h.path) for h in shards)
@@ -231,29 +252,46 @@ def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
     elif isinstance(tokens, list):
         texts = {i: tokens[i] for i in (bos, eos) if isinstance(i, int) and 0 <= i < len(tokens)}
     return ModelSpec(
-        path=str(header.path), format="gguf",
+        path=str(header.path),
+        format="gguf",
         name=str(md.get("general.name") or _stem(header.path)),
-        architecture=arch, n_layers=fig.n_layers, hidden_size=fig.hidden_size, n_heads=fig.n_heads,
-        n_kv_heads=fig.n_kv_heads, head_dim=fig.head_dim,
+        architecture=arch,
+        n_layers=fig.n_layers,
+        hidden_size=fig.hidden_size,
+        n_heads=fig.n_heads,
+        n_kv_heads=fig.n_kv_heads,
+        head_dim=fig.head_dim,
         # MoE: the width of one routed expert (Qwen2/3-MoE also store a dense feed_forward_length)
-        ffn_size=int(a("expert_feed_forward_length", 0) or 0) if fig.n_experts and a("expert_feed_forward_length")
-        else fig.ffn_size, shared_ffn_size=int(a("expert_shared_feed_forward_length", 0) or 0),
-        vocab_size=fig.vocab_size, context_length=fig.context_length,
-        rope_base=float(a("rope.freq_base", 10000.0)), rope_scaling=scaling,
+        ffn_size=int(a("expert_feed_forward_length", 0) or 0)
+        if fig.n_experts and a("expert_feed_forward_length")
+        else fig.ffn_size,
+        shared_ffn_size=int(a("expert_shared_feed_forward_length", 0) or 0),
+        vocab_size=fig.vocab_size,
+        context_length=fig.context_length,
+        rope_base=float(a("rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
         rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),
-        n_experts=fig.n_experts, n_experts_used=fig.n_experts_used, sliding_window=fig.sliding_window,
-        file_type=_file_type_name(md, type_counts), file_size_bytes=sum(h.file_size for h in shards),
-        param_count=sum(t.n_elements for t in tensors), tensor_types=dict(type_counts), tensors=tensors,
+        n_experts=fig.n_experts,
+        n_experts_used=fig.n_experts_used,
+        sliding_window=fig.sliding_window,
+        file_type=_file_type_name(md, type_counts),
+        file_size_bytes=sum(h.file_size for h in shards),
+        param_count=sum(t.n_elements for t in tensors),
+        tensor_types=dict(type_counts),
+        tensors=tensors,
         tied_embeddings="output.weight" not in names,
         chat_template=md.get("tokenizer.chat_template") if isinstance(md.get("tokenizer.chat_template"), str) else None,
-        bos_token_id=int(bos) if isinstance(bos, int) else None, eos_token_ids=tuple(eos_ids),
+        bos_token_id=int(bos) if isinstance(bos, int) else None,
+        eos_token_ids=tuple(eos_ids),
         pad_token_id=int(pad) if isinstance(pad, int) else None,
         add_bos_token=bool(md.get("tokenizer.ggml.add_bos_token", arch in ("llama", "gemma", "gemma2", "gemma3"))),
         add_eos_token=bool(md.get("tokenizer.ggml.add_eos_token", False)),
-        tokenizer_model=str(md.get("tokenizer.ggml.model", "")), tokenizer_pre=str(md.get("tokenizer.ggml.pre", "")),
+        tokenizer_model=str(md.get("tokenizer.ggml.model", "")),
+        tokenizer_pre=str(md.get("tokenizer.ggml.pre", "")),
         bos_token_text=texts.get(bos) if isinstance(bos, int) else None,
         eos_token_text=texts.get(eos) if isinstance(eos, int) else None,
-        files=files, metadata=small,
+        files=files,
+        metadata=small,
     )
 
 

@@ -44,27 +44,48 @@ class BackendInfo:
             missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
             raise BackendUnavailableError(
                 f"the {self.name} backend needs {', '.join(missing)}, which is not installed",
-                "run the README's set-up command, or pick another with --backend")
+                "run the README's set-up command, or pick another with --backend",
+            )
         module = importlib.import_module(self.module)
         return getattr(module, self.cls)
 
 
 BACKENDS: dict[str, BackendInfo] = {
     "llama.cpp": BackendInfo(
-        "llama.cpp", "backends.llama_cpp.backend", "LlamaCppBackend", ("llama_cpp",),
-        Capabilities(concurrent_requests=False, prefix_cache=False, gpu_offload=True, gguf=True,
-                     safetensors=False, logits=True, extra_bufts=True),
+        "llama.cpp",
+        "backends.llama_cpp.backend",
+        "LlamaCppBackend",
+        ("llama_cpp",),
+        Capabilities(
+            concurrent_requests=False,
+            prefix_cache=False,
+            gpu_offload=True,
+            gguf=True,
+            safetensors=False,
+            logits=True,
+            extra_bufts=True,
+        ),
         "llama-cpp-python: any GGUF, CPU or partial/full GPU offload; serves one request at a time",
-        gpu_offload_check="backends.llama_cpp.backend:gpu_offload_supported"),
+        gpu_offload_check="backends.llama_cpp.backend:gpu_offload_supported",
+    ),
     "torch": BackendInfo(
-        "torch", "backends.torch_engine.backend", "TorchBackend", ("torch",),
-        Capabilities(concurrent_requests=True, prefix_cache=True, gpu_offload=True, gguf=True,
-                     safetensors=True, logits=True),
-        "hearth's PyTorch engine: paged KV cache, prefix caching, continuous batching"),
+        "torch",
+        "backends.torch_engine.backend",
+        "TorchBackend",
+        ("torch",),
+        Capabilities(
+            concurrent_requests=True, prefix_cache=True, gpu_offload=True, gguf=True, safetensors=True, logits=True
+        ),
+        "hearth's PyTorch engine: paged KV cache, prefix caching, continuous batching",
+    ),
     "remote": BackendInfo(
-        "remote", "backends.remote.backend", "RemoteBackend", ("httpx",),
+        "remote",
+        "backends.remote.backend",
+        "RemoteBackend",
+        ("httpx",),
         Capabilities(concurrent_requests=True, gguf=False, logits=False, local=False),
-        "any OpenAI-compatible server (vLLM, SGLang, Ollama, llama.cpp's server, another hearth): --url URL"),
+        "any OpenAI-compatible server (vLLM, SGLang, Ollama, llama.cpp's server, another hearth): --url URL",
+    ),
 }
 
 # every backend except "remote" runs the model here, and hwprobe's planner chooses among exactly these

@@ -28,7 +28,7 @@ _HINTS = {
     "syntax": "this model file's chat template is broken: use a fixed or another model file",
     "security": "this model file's chat template is unsafe: use another model file",
     "raise": "the model's chat template does not accept this conversation (e.g. a system message, or roles "
-             "that do not alternate)",
+    "that do not alternate)",
     "failed": "the model's chat template does not accept this conversation (e.g. a system message)",
 }
 _BUDGET_HINT = "this model file's chat template is broken or hostile: use a fixed or another model file"
@@ -76,10 +76,13 @@ class TemplateProcess:
         late = answer is None
         self._stop()
         if late:
-            raise TemplateError(f"the chat template took longer than {self.time_limit_s:g} s to render (the time "
-                                "budget); refused", _BUDGET_HINT)
-        raise TemplateError(f"the chat template renderer died (exit {proc.returncode}) while rendering; refused",
-                            _BUDGET_HINT)
+            raise TemplateError(
+                f"the chat template took longer than {self.time_limit_s:g} s to render (the time budget); refused",
+                _BUDGET_HINT,
+            )
+        raise TemplateError(
+            f"the chat template renderer died (exit {proc.returncode}) while rendering; refused", _BUDGET_HINT
+        )
 
     def _ensure(self) -> subprocess.Popen:
         if self._pid != os.getpid():  # forked: the worker and its pipes are the parent's; leave them alone
@@ -88,15 +91,21 @@ class TemplateProcess:
             return self._proc
         self._stop()
         proc = self._proc = subprocess.Popen(
-            [sys.executable, _WORKER, str(self.memory_bytes), str(self.max_chars)], bufsize=0,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            start_new_session=True)  # Ctrl-C in the terminal is the parent's to handle, not the worker's
+            [sys.executable, _WORKER, str(self.memory_bytes), str(self.max_chars)],
+            bufsize=0,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # Ctrl-C in the terminal is the parent's to handle, not the worker's
         self.starts += 1
         ready = _read_line(proc, time.monotonic() + _START_TIMEOUT_S)
         if not ready or not ready.startswith(b'{"ready"'):
             self._stop()
-            raise TemplateError(f"the chat template renderer did not start within {_START_TIMEOUT_S:g} s "
-                                f"({sys.executable} {_WORKER})", "is jinja2 installed for this Python?")
+            raise TemplateError(
+                f"the chat template renderer did not start within {_START_TIMEOUT_S:g} s ({sys.executable} {_WORKER})",
+                "is jinja2 installed for this Python?",
+            )
         return proc
 
     def _stop(self) -> None:
@@ -117,7 +126,7 @@ def _write_all(fd: int, data: bytes) -> None:
     """os.write until all of `data` is in the pipe (a signal may cut one write short)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _read_line(proc: subprocess.Popen, deadline: float) -> bytes | None:

@@ -59,12 +59,16 @@ def _make_env() -> Any:
 
     def lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002 - jinja's names
         if not all(isinstance(v, int) for v in (n, min, max)) or n * max > MAX_LIPSUM_WORDS:
-            raise _Refusal("output", f"the chat template called lipsum(n={n!r}, max={max!r}), over the budget of "
-                           f"{MAX_LIPSUM_WORDS:,} words (n * max); refused")
+            raise _Refusal(
+                "output",
+                f"the chat template called lipsum(n={n!r}, max={max!r}), over the budget of "
+                f"{MAX_LIPSUM_WORDS:,} words (n * max); refused",
+            )
         return str(generate_lorem_ipsum(n=n, html=html, min=min, max=max))
 
-    env = StrictSandbox(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                        extensions=["jinja2.ext.loopcontrols"])
+    env = StrictSandbox(
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -94,8 +98,9 @@ def _render(source: str, variables: dict[str, Any], max_chars: int) -> str:
         for chunk in template.generate(**variables):
             size += len(chunk)
             if size > max_chars:
-                raise _Refusal("output", f"the chat template wrote more than {max_chars:,} characters (the output "
-                               "budget); refused")
+                raise _Refusal(
+                    "output", f"the chat template wrote more than {max_chars:,} characters (the output budget); refused"
+                )
             chunks.append(chunk)
     except SecurityError as exc:
         raise _Refusal("security", f"the chat template tried to reach Python internals ({exc}); refused") from None
@@ -114,13 +119,20 @@ def handle(line: bytes, max_chars: int, memory_bytes: int) -> dict[str, Any]:
     except _Refusal as exc:
         return {"ok": False, "kind": exc.kind, "message": _one_line(str(exc))}
     except MemoryError:
-        return {"ok": False, "kind": "memory", "message": f"the chat template needed more than "
-                f"{memory_bytes // 2**20} MiB of memory (the memory budget); refused"}
+        return {
+            "ok": False,
+            "kind": "memory",
+            "message": f"the chat template needed more than "
+            f"{memory_bytes // 2**20} MiB of memory (the memory budget); refused",
+        }
     except RecursionError:
         return {"ok": False, "kind": "failed", "message": "the chat template failed: it recursed too deeply"}
     except Exception as exc:  # noqa: BLE001 - the template is untrusted: every failure becomes a reply
-        return {"ok": False, "kind": "failed",
-                "message": _one_line(f"the chat template failed: {type(exc).__name__}: {exc}")}
+        return {
+            "ok": False,
+            "kind": "failed",
+            "message": _one_line(f"the chat template failed: {type(exc).__name__}: {exc}"),
+        }
 
 
 def _limit_memory(extra_bytes: int) -> None:
@@ -165,8 +177,12 @@ def main(argv: list[str]) -> int:
         try:
             data = json.dumps(reply).encode("ascii") + b"\n"
         except MemoryError:
-            reply = {"ok": False, "kind": "memory", "message": "the chat template's output did not fit the "
-                     f"memory budget ({memory_bytes // 2**20} MiB); refused"}
+            reply = {
+                "ok": False,
+                "kind": "memory",
+                "message": "the chat template's output did not fit the "
+                f"memory budget ({memory_bytes // 2**20} MiB); refused",
+            }
             data = json.dumps(reply).encode("ascii") + b"\n"
         del reply
         out.write(data)

@@ -40,7 +40,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
 ROLES = ("system", "user", "assistant", "tool")
 FALLBACK_NAME = "hearth-plain"  # what template_source says when the fallback format was used
 FALLBACK_STOP = ("\nUser:",)
@@ -75,15 +74,26 @@ def check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
     return out
 
 
-def render_chat(messages: Sequence[Mapping[str, Any]], *, template: str | None, bos_token: str = "",
-                eos_token: str = "", add_generation_prompt: bool = True,
-                extra: Mapping[str, Any] | None = None) -> RenderedPrompt:
+def render_chat(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    template: str | None,
+    bos_token: str = "",
+    eos_token: str = "",
+    add_generation_prompt: bool = True,
+    extra: Mapping[str, Any] | None = None,
+) -> RenderedPrompt:
     """Render `messages` with `template` (the model's) or, when None, the documented fallback."""
     msgs = check_messages(messages)
     if template is None:
         return _render_fallback(msgs, add_generation_prompt)
-    variables = {"messages": msgs, "add_generation_prompt": add_generation_prompt, "bos_token": bos_token,
-                 "eos_token": eos_token, **dict(extra or {})}
+    variables = {
+        "messages": msgs,
+        "add_generation_prompt": add_generation_prompt,
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+        **dict(extra or {}),
+    }
     text = renderer().render(template, variables)
     starts_with_bos = bool(bos_token) and text.startswith(bos_token)
     return RenderedPrompt(text, add_special=not starts_with_bos, template_source="gguf")
@@ -109,14 +119,25 @@ def _render_fallback(msgs: list[dict[str, Any]], add_generation_prompt: bool) ->
     return RenderedPrompt("".join(parts), add_special=True, template_source=FALLBACK_NAME, stop=FALLBACK_STOP)
 
 
-def render_for_spec(spec: Any, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-                    template_override: str | None = None, extra: Mapping[str, Any] | None = None) -> RenderedPrompt:
+def render_for_spec(
+    spec: Any,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    template_override: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> RenderedPrompt:
     """Render with a ModelSpec's template and special tokens (the common path for backends' callers).
     `extra`: more template variables (`tools=` for a template that renders tools, backends/tools/render.py)."""
     template = template_override if template_override is not None else spec.chat_template
-    rendered = render_chat(messages, template=template, bos_token=spec.bos_token_text or "",
-                           eos_token=spec.eos_token_text or "", add_generation_prompt=add_generation_prompt,
-                           extra=extra)
+    rendered = render_chat(
+        messages,
+        template=template,
+        bos_token=spec.bos_token_text or "",
+        eos_token=spec.eos_token_text or "",
+        add_generation_prompt=add_generation_prompt,
+        extra=extra,
+    )
     if template_override is not None and template is not None:
         return RenderedPrompt(rendered.text, rendered.add_special, "custom", rendered.stop)
     return rendered

@@ -45,7 +45,7 @@ class TextStream:
             return out, True
         keep = self._longest_partial_stop(self._held)
         out = self._held[: len(self._held) - keep]
-        self._held = self._held[len(self._held) - keep:]
+        self._held = self._held[len(self._held) - keep :]
         self.text += out
         return out, False
 

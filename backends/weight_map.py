@@ -1,6 +1,7 @@
-"""Which file tensor fills which parameter of the torch engine's decoder models (models/layers.py), and which projections
-a GGUF keeps as the file's own blocks under weight_quant "gguf".  Pure data and Python (no torch): ModelSpec.to_shape
-asks `repacked_params` so that the planner can price the "GGUF" torch format without importing the engine.
+"""Which file tensor fills which parameter of the torch engine's decoder models (models/layers.py), and which
+projections a GGUF keeps as the file's own blocks under weight_quant "gguf".  Pure data and Python (no torch):
+ModelSpec.to_shape asks `repacked_params` so that the planner can price the "GGUF" torch format without importing
+the engine.
 
 It lives in backends/ rather than backends/torch_engine/ because backends' core (modelspec) needs it and must not
 import the torch engine package (ARCHITECTURE.md: the arrows point from the engine to the core, never back); the
@@ -57,19 +58,27 @@ HF_NAMES: dict[str, tuple[str, str | None]] = {
 # Per architecture, the names that differ from the maps above (merged into them by `names`).
 ARCH_GGUF_NAMES: dict[str, dict[str, tuple[str, str | None]]] = {
     # Gemma 3: a norm after attention and one after the MLP ("sandwich"); ffn_norm stays the pre-MLP norm
-    "gemma3": {"blk.{i}.post_attention_norm.weight": ("layers.{i}.attn_post_norm.weight", None),
-               "blk.{i}.post_ffw_norm.weight": ("layers.{i}.ffn_post_norm.weight", None)},
+    "gemma3": {
+        "blk.{i}.post_attention_norm.weight": ("layers.{i}.attn_post_norm.weight", None),
+        "blk.{i}.post_ffw_norm.weight": ("layers.{i}.ffn_post_norm.weight", None),
+    },
     # Phi-3/4: Q/K/V in one tensor, and ffn_up holds gate and up (gate first): both are our merged layout
-    "phi3": {"blk.{i}.attn_qkv.weight": ("layers.{i}.attn.qkv_proj.weight", None),
-             "blk.{i}.ffn_up.weight": ("layers.{i}.mlp.gate_up_proj.weight", None)},
+    "phi3": {
+        "blk.{i}.attn_qkv.weight": ("layers.{i}.attn.qkv_proj.weight", None),
+        "blk.{i}.ffn_up.weight": ("layers.{i}.mlp.gate_up_proj.weight", None),
+    },
 }
 ARCH_HF_NAMES: dict[str, dict[str, tuple[str, str | None]]] = {
     # Hugging Face's Gemma 3 calls the post-attention norm post_attention_layernorm (Llama's pre-MLP name)
-    "gemma3": {"model.layers.{i}.post_attention_layernorm.weight": ("layers.{i}.attn_post_norm.weight", None),
-               "model.layers.{i}.pre_feedforward_layernorm.weight": ("layers.{i}.post_norm.weight", None),
-               "model.layers.{i}.post_feedforward_layernorm.weight": ("layers.{i}.ffn_post_norm.weight", None)},
-    "phi3": {"model.layers.{i}.self_attn.qkv_proj.weight": ("layers.{i}.attn.qkv_proj.weight", None),
-             "model.layers.{i}.mlp.gate_up_proj.weight": ("layers.{i}.mlp.gate_up_proj.weight", None)},
+    "gemma3": {
+        "model.layers.{i}.post_attention_layernorm.weight": ("layers.{i}.attn_post_norm.weight", None),
+        "model.layers.{i}.pre_feedforward_layernorm.weight": ("layers.{i}.post_norm.weight", None),
+        "model.layers.{i}.post_feedforward_layernorm.weight": ("layers.{i}.ffn_post_norm.weight", None),
+    },
+    "phi3": {
+        "model.layers.{i}.self_attn.qkv_proj.weight": ("layers.{i}.attn.qkv_proj.weight", None),
+        "model.layers.{i}.mlp.gate_up_proj.weight": ("layers.{i}.mlp.gate_up_proj.weight", None),
+    },
 }
 
 
@@ -96,11 +105,11 @@ class _Tensor(Protocol):  # backends.modelspec.TensorSpec (not imported: modelsp
 
 
 def template(name: str) -> tuple[str, int | None]:
-    """"blk.3.attn_q.weight" -> ("blk.{i}.attn_q.weight", 3); names outside the blocks -> (name, None)."""
+    """ "blk.3.attn_q.weight" -> ("blk.{i}.attn_q.weight", 3); names outside the blocks -> (name, None)."""
     m = _LAYER.search(name)
     if m is None:
         return name, None
-    return name[:m.start()] + ".{i}." + name[m.end():], int(m.group(1))
+    return name[: m.start()] + ".{i}." + name[m.end() :], int(m.group(1))
 
 
 def is_projection_param(target: str) -> bool:
@@ -109,8 +118,9 @@ def is_projection_param(target: str) -> bool:
     return target.startswith("layers.") and target.endswith("proj.weight")
 
 
-def repacked_params(tensors: Iterable[_Tensor], n_layers: int, architecture: str = "llama"
-                    ) -> tuple[tuple[int, int], ...]:
+def repacked_params(
+    tensors: Iterable[_Tensor], n_layers: int, architecture: str = "llama"
+) -> tuple[tuple[int, int], ...]:
     """Per layer, (weights kept as int4, weights kept as int8) when a GGUF loads with weight_quant "gguf" on a
     GPU: a projection keeps its blocks when every shard of its merged parameter is of one REPACK_KIND kind (the
     loader's _merge rule); the others are dequantized to the compute dtype."""

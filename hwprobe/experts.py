@@ -52,8 +52,9 @@ def cpu_expert_compute_bytes(shape: ModelShape, n_ubatch: int) -> int:
     return 4 * n_ubatch * (2 * shape.hidden_size + 2 * shape.ffn_size * max(shape.n_experts_used, 1))
 
 
-def with_host_experts(shape: ModelShape, layout: m.WeightLayout, cpu_expert_layers: int, n_ubatch: int,
-                      devices: tuple[DeviceMemory, ...]) -> tuple[DeviceMemory, ...]:
+def with_host_experts(
+    shape: ModelShape, layout: m.WeightLayout, cpu_expert_layers: int, n_ubatch: int, devices: tuple[DeviceMemory, ...]
+) -> tuple[DeviceMemory, ...]:
     """`devices` priced with every layer on one GPU, with the experts of the first `cpu_expert_layers` blocks
     moved from that GPU to host RAM (rounded so that neither side looks smaller than it is)."""
     moved = host_expert_bytes(shape, layout, cpu_expert_layers)
@@ -62,17 +63,30 @@ def with_host_experts(shape: ModelShape, layout: m.WeightLayout, cpu_expert_laye
         if d.kind == "gpu" and d.used:
             d = replace(d, weights_mib=d.weights_mib - moved // m.MIB)
         elif d.kind == "cpu":
-            d = replace(d, weights_mib=d.weights_mib + m.mib(moved),
-                        compute_mib=d.compute_mib + m.mib(cpu_expert_compute_bytes(shape, n_ubatch)))
+            d = replace(
+                d,
+                weights_mib=d.weights_mib + m.mib(moved),
+                compute_mib=d.compute_mib + m.mib(cpu_expert_compute_bytes(shape, n_ubatch)),
+            )
         out.append(d)
     return tuple(out)
 
 
-def expert_tokens_per_s(report: HardwareReport, shape: ModelShape, layout: m.WeightLayout, gpu_index: int,
-                        cpu_expert_layers: int, kv_bytes: int) -> float:
+def expert_tokens_per_s(
+    report: HardwareReport,
+    shape: ModelShape,
+    layout: m.WeightLayout,
+    gpu_index: int,
+    cpu_expert_layers: int,
+    kv_bytes: int,
+) -> float:
     """Single-stream decode speed with expert placement (the module docstring's assumptions)."""
-    from hwprobe.placement import (CPU_BANDWIDTH_EFFICIENCY, GPU_BANDWIDTH_EFFICIENCY, GPU_SECONDS_PER_LAYER,
-                                   UNKNOWN_GPU_BANDWIDTH_GBPS)
+    from hwprobe.placement import (
+        CPU_BANDWIDTH_EFFICIENCY,
+        GPU_BANDWIDTH_EFFICIENCY,
+        GPU_SECONDS_PER_LAYER,
+        UNKNOWN_GPU_BANDWIDTH_GBPS,
+    )
 
     gpu = next(g for g in report.gpus if g.index == gpu_index)
     used = shape.n_experts_used / shape.n_experts if shape.n_experts else 1.0
@@ -87,13 +101,23 @@ def expert_tokens_per_s(report: HardwareReport, shape: ModelShape, layout: m.Wei
     return round(1.0 / t, 1) if t > 0 else 0.0
 
 
-def race_sentence(shape: ModelShape, chosen_is_experts: bool, experts_tps: float, cpu_expert_layers: int,
-                  host_bytes: int, layer_tps: float, n_gpu_layers: int, gpu_index: int) -> str:
+def race_sentence(
+    shape: ModelShape,
+    chosen_is_experts: bool,
+    experts_tps: float,
+    cpu_expert_layers: int,
+    host_bytes: int,
+    layer_tps: float,
+    n_gpu_layers: int,
+    gpu_index: int,
+) -> str:
     """One sentence: expert placement against plain layer offload, both estimates, and which one the plan takes."""
     n = shape.n_layers
     winner = "expert placement is faster" if chosen_is_experts else "layer offload is faster"
-    return (f"MoE placement: attention, norms, router{', shared experts' if shape.shared_ffn_size else ''} and "
-            f"KV of all {n} layers on GPU {gpu_index} with the routed experts of the first {cpu_expert_layers} "
-            f"in host RAM ({host_bytes / 2**30:.1f} GiB, {shape.n_experts_used} of {shape.n_experts} read per "
-            f"token) gives ~{experts_tps:.1f} tokens/s; plain layer offload ({n_gpu_layers} of {n} layers on the "
-            f"GPU, the rest computed whole by the CPU) ~{layer_tps:.1f} tokens/s: {winner}")
+    return (
+        f"MoE placement: attention, norms, router{', shared experts' if shape.shared_ffn_size else ''} and "
+        f"KV of all {n} layers on GPU {gpu_index} with the routed experts of the first {cpu_expert_layers} "
+        f"in host RAM ({host_bytes / 2**30:.1f} GiB, {shape.n_experts_used} of {shape.n_experts} read per "
+        f"token) gives ~{experts_tps:.1f} tokens/s; plain layer offload ({n_gpu_layers} of {n} layers on the "
+        f"GPU, the rest computed whole by the CPU) ~{layer_tps:.1f} tokens/s: {winner}"
+    )

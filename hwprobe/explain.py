@@ -5,8 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 from hwprobe import memory as m
-from hwprobe.placement import (CPU_BANDWIDTH_EFFICIENCY, TORCH_OFFLOAD_BUFFERS, Candidate, is_torch_offload,
-                                pcie_gbps, pcie_link)
+from hwprobe.placement import (
+    CPU_BANDWIDTH_EFFICIENCY,
+    TORCH_OFFLOAD_BUFFERS,
+    Candidate,
+    is_torch_offload,
+    pcie_gbps,
+    pcie_link,
+)
 from hwprobe.plan_types import DeviceMemory, Prefs
 from hwprobe.report import HardwareReport
 from hwprobe.shape import ModelShape
@@ -19,7 +25,8 @@ def _gib(mib_value: float) -> str:
 
 # What each torch-engine weight format is, for the reasons (quality first: see hwprobe.planner._torch_formats).
 _TORCH_FORMAT_WHAT = {
-    "bf16": "bf16, the file's weights at full quality", "fp16": "fp16, the file's weights at full quality",
+    "bf16": "bf16, the file's weights at full quality",
+    "fp16": "fp16, the file's weights at full quality",
     "W8A16": "W8A16 (int8 per output channel, quantized while loading; +0.2 % perplexity on the starter)",
     "FP8": "FP8 (e4m3 per output channel, quantized while loading)",
     "W4A16": "W4A16 (int4 in groups of 128, round-to-nearest while loading: expect a clear quality loss)",
@@ -30,11 +37,16 @@ def _torch_weights(shape: ModelShape, c: Candidate, tried: tuple[str, ...]) -> s
     """One sentence: the torch format chosen, what it is, and which better ones did not fit."""
     if c.quant == m.TORCH_GGUF:
         int4, int8 = m.gguf_repacked_shares(shape)
-        kept = " and ".join(f"{100 * share:.0f} % as {kind}" for share, kind in
-                            ((int4, "int4 (5.0 bits)"), (int8, "int8 (8.5 bits)")) if share)
+        kept = " and ".join(
+            f"{100 * share:.0f} % as {kind}"
+            for share, kind in ((int4, "int4 (5.0 bits)"), (int8, "int8 (8.5 bits)"))
+            if share
+        )
         dense = "" if int4 + int8 > 0.999 else ", the rest dequantized to 16 bits (types that do not repack)"
-        what = (f"GGUF, the file's own {shape.quant} blocks repacked for the engine's kernels (the weights llama.cpp "
-                f"runs): projections {kept}{dense}")
+        what = (
+            f"GGUF, the file's own {shape.quant} blocks repacked for the engine's kernels (the weights llama.cpp "
+            f"runs): projections {kept}{dense}"
+        )
     else:
         what = _TORCH_FORMAT_WHAT.get(c.quant, c.quant)
     sizes = ", ".join(f"{f} {m.weights(shape, f).total_bytes / 2**30:.1f} GiB" for f in tried)
@@ -46,8 +58,11 @@ def _link(report: HardwareReport, c: Candidate) -> tuple[str, float, bool]:
     RAM's if slower: placement.torch_offload_tokens_per_s) and whether host RAM is what limits them."""
     gpu = next((g for g in report.gpus if g.index == c.gpus[0]), None)
     gen, width = pcie_link(gpu)
-    return (f"PCIe {gen}.0 x{width}", min(pcie_gbps(gpu), report.ram_bandwidth_gbps),
-            report.ram_bandwidth_gbps < pcie_gbps(gpu))
+    return (
+        f"PCIe {gen}.0 x{width}",
+        min(pcie_gbps(gpu), report.ram_bandwidth_gbps),
+        report.ram_bandwidth_gbps < pcie_gbps(gpu),
+    )
 
 
 def _streamed_bytes(shape: ModelShape, c: Candidate) -> int:
@@ -56,23 +71,30 @@ def _streamed_bytes(shape: ModelShape, c: Candidate) -> int:
     return sum(c.layout.layer_bytes[:streamed]) if streamed > TORCH_OFFLOAD_BUFFERS else 0
 
 
-def _offload_race(report: HardwareReport, shape: ModelShape, c: Candidate, tps: float,
-                  rival: tuple[Candidate, float]) -> str:
+def _offload_race(
+    report: HardwareReport, shape: ModelShape, c: Candidate, tps: float, rival: tuple[Candidate, float]
+) -> str:
     """One sentence: both partial offloads' estimates, and what made the winner faster (bytes per token and the
     rate each moves them at: the PCIe link for the torch engine, host RAM read by the CPU for llama.cpp)."""
     (t, t_tps), (ll, l_tps) = ((c, tps), rival) if c.backend == "torch" else (rival, (c, tps))
     link, link_gbps, ram_bound = _link(report, t)
     n = shape.n_layers
     limited = ", host RAM being slower than the link" if ram_bound else ""
-    torch_part = (f"the torch engine streaming {n - t.n_gpu_layers} of {n} layers ({t.quant}) over {link} "
-                  f"(~{link_gbps:.0f} GB/s{limited}) gives ~{t_tps:.1f} tokens/s")
+    torch_part = (
+        f"the torch engine streaming {n - t.n_gpu_layers} of {n} layers ({t.quant}) over {link} "
+        f"(~{link_gbps:.0f} GB/s{limited}) gives ~{t_tps:.1f} tokens/s"
+    )
     cpu_layers = n - ll.n_gpu_layers if ll.gpus else n
     cpu_gbps = report.ram_bandwidth_gbps * CPU_BANDWIDTH_EFFICIENCY
     cpu_bytes = sum(ll.layout.layer_bytes[:cpu_layers])
-    llama_part = (f"llama.cpp computing {cpu_layers} of them on the CPU ({ll.quant}, host RAM read at "
-                  f"~{cpu_gbps:.0f} GB/s) ~{l_tps:.1f} tokens/s")
-    moved = (f"{_streamed_bytes(shape, t) / 2**30:.1f} GiB of weights a token over the link against "
-             f"{cpu_bytes / 2**30:.1f} GiB read by the CPU")
+    llama_part = (
+        f"llama.cpp computing {cpu_layers} of them on the CPU ({ll.quant}, host RAM read at "
+        f"~{cpu_gbps:.0f} GB/s) ~{l_tps:.1f} tokens/s"
+    )
+    moved = (
+        f"{_streamed_bytes(shape, t) / 2**30:.1f} GiB of weights a token over the link against "
+        f"{cpu_bytes / 2**30:.1f} GiB read by the CPU"
+    )
     winner = "the torch engine" if c.backend == "torch" else "llama.cpp"
     return f"partial offload: {torch_part}; {llama_part}: {winner} is faster ({moved})"
 
@@ -88,58 +110,81 @@ def _kv_pool(c: Candidate, devices: tuple[DeviceMemory, ...]) -> str:
         where = "GPUs " + ", ".join(f"{x.index} ({_gib(x.kv_mib)})" for x in shared)
         d = dataclasses.replace(d, kv_mib=sum(x.kv_mib for x in shared))
         budget = "the tightest GPU's budget, for the rank with most KV heads,"
-    why = (f"max_num_seqs {c.max_num_seqs}" if seqs >= c.max_num_seqs else
-           f"what {budget} leaves after weights, compute and overhead; max_num_seqs {c.max_num_seqs} "
-           "would need more")
-    return (f"KV pool {c.kv_cache_type}: {_gib(d.kv_mib)} in {where}, {d.kv_pool_tokens} tokens = {seqs} "
-            f"full-context sequence{'s' if seqs != 1 else ''} of {c.ctx} tokens ({why}); the engine allocates "
-            "exactly this")
+    why = (
+        f"max_num_seqs {c.max_num_seqs}"
+        if seqs >= c.max_num_seqs
+        else f"what {budget} leaves after weights, compute and overhead; max_num_seqs {c.max_num_seqs} would need more"
+    )
+    return (
+        f"KV pool {c.kv_cache_type}: {_gib(d.kv_mib)} in {where}, {d.kv_pool_tokens} tokens = {seqs} "
+        f"full-context sequence{'s' if seqs != 1 else ''} of {c.ctx} tokens ({why}); the engine allocates "
+        "exactly this"
+    )
 
 
 def _speed(tps: float) -> str:
     return f"{tps:.1f}" if tps < 10 else f"{tps:.0f}"  # a partial offload's 2.4 is not "2"
 
 
-def serving_reason(shape: ModelShape, prefs: Prefs, c: Candidate, tps: float,
-                   single: tuple[Candidate, float] | None) -> str | None:
+def serving_reason(
+    shape: ModelShape, prefs: Prefs, c: Candidate, tps: float, single: tuple[Candidate, float] | None
+) -> str | None:
     """One sentence for `hearth serve` (Prefs.prefer_batching): which engine serves concurrent clients and why,
     with the numbers the planner has; None when the plan was not made for serving."""
     if not prefs.prefer_batching:
         return None
     n = prefs.max_num_seqs
     if prefs.backend != "auto":
-        return (f"serving: backend {prefs.backend} as asked (--backend wins over the serving plan)"
-                + ("; it answers one request at a time, the others queue" if c.backend == "llama.cpp" else ""))
+        return f"serving: backend {prefs.backend} as asked (--backend wins over the serving plan)" + (
+            "; it answers one request at a time, the others queue" if c.backend == "llama.cpp" else ""
+        )
     if n <= 1:
         return "single user (max concurrency 1): planned for the fastest single stream"
     read_gib = m.decode_bytes_per_token(c.layout, shape) / 2**30
     if c.backend == "torch":
-        out = (f"serving: up to {n} requests at once, batched by the torch engine (continuous batching: one "
-               f"forward a step, reading the {read_gib:.2f} GiB of weights once for every request in it)")
+        out = (
+            f"serving: up to {n} requests at once, batched by the torch engine (continuous batching: one "
+            f"forward a step, reading the {read_gib:.2f} GiB of weights once for every request in it)"
+        )
         if single is not None:
             ll, l_tps = single
-            out += (f"; llama.cpp here ({ll.quant}) would answer one request at a time: ~{_speed(l_tps)} tokens/s "
-                    f"in all, its single-stream estimate from memory bandwidth (the torch engine's single stream: "
-                    f"~{_speed(tps)})")
+            out += (
+                f"; llama.cpp here ({ll.quant}) would answer one request at a time: ~{_speed(l_tps)} tokens/s "
+                f"in all, its single-stream estimate from memory bandwidth (the torch engine's single stream: "
+                f"~{_speed(tps)})"
+            )
         return out
     one = "serving: llama.cpp answers one request at a time (the others queue), "
     refusal = torch_engine_refusal(shape)
     if refusal:
         return one + f"because the torch engine, which batches, cannot run this model: {refusal}"
     if c.gpus:
-        return one + (f"because the torch engine, which batches, does not fit {shape.name} entirely on the GPU "
-                      f"(llama.cpp's {c.quant} does)" if c.n_gpu_layers >= shape.n_layers else
-                      "because the torch engine, which batches, cannot stream this model's blocks from host RAM "
-                      "within the budgets")
-    return one + (f"because the torch engine's weights and KV pool for {n} sequences do not fit host RAM "
-                  "(try --max-concurrency 4 or a smaller --ctx)")
+        return one + (
+            f"because the torch engine, which batches, does not fit {shape.name} entirely on the GPU "
+            f"(llama.cpp's {c.quant} does)"
+            if c.n_gpu_layers >= shape.n_layers
+            else "because the torch engine, which batches, cannot stream this model's blocks from host RAM "
+            "within the budgets"
+        )
+    return one + (
+        f"because the torch engine's weights and KV pool for {n} sequences do not fit host RAM "
+        "(try --max-concurrency 4 or a smaller --ctx)"
+    )
 
 
-def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidate,
-            devices: tuple[DeviceMemory, ...], tps: float, quants: list[tuple[str, m.WeightLayout]],
-            torch_tried: tuple[str, ...] = (), rival: tuple[Candidate, float] | None = None,
-            expert_race: tuple[Candidate, float, Candidate, float] | None = None,
-            single: tuple[Candidate, float] | None = None) -> tuple[str, ...]:
+def reasons(
+    report: HardwareReport,
+    shape: ModelShape,
+    prefs: Prefs,
+    c: Candidate,
+    devices: tuple[DeviceMemory, ...],
+    tps: float,
+    quants: list[tuple[str, m.WeightLayout]],
+    torch_tried: tuple[str, ...] = (),
+    rival: tuple[Candidate, float] | None = None,
+    expert_race: tuple[Candidate, float, Candidate, float] | None = None,
+    single: tuple[Candidate, float] | None = None,
+) -> tuple[str, ...]:
     """torch_tried: the torch formats better than c's that did not fit (GPU plans of the torch engine; every
     format for one streaming blocks); rival: the partial offload of the other engine that c was faster than (or
     c lost to nothing: None), with its tokens/s; expert_race: (expert placement, its tokens/s, the layer offload
@@ -154,81 +199,133 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
         out.append("no NVIDIA GPU found: the model runs from host RAM")
     for g in report.gpus:
         held = g.memory_total_mib - g.memory_free_mib
-        out.append(f"GPU {g.index} {g.name}: {g.memory_free_mib} MiB free of {g.memory_total_mib}"
-                   f"{f' ({held} MiB held by other programs)' if held > 512 else ''}; plan budget "
-                   f"{m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) // m.MIB} MiB after the safety margin")
+        out.append(
+            f"GPU {g.index} {g.name}: {g.memory_free_mib} MiB free of {g.memory_total_mib}"
+            f"{f' ({held} MiB held by other programs)' if held > 512 else ''}; plan budget "
+            f"{m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) // m.MIB} MiB after the safety margin"
+        )
     used = [d for d in devices if d.kind == "gpu" and d.used]
     if offload:
         streamed = shape.n_layers - c.n_gpu_layers
         if prefs.n_gpu_layers is not None:
             why = "asked for" if prefs.backend == "torch" else "safetensors weights"
-            out.append(f"backend torch ({why}): "
-                       f"{c.n_gpu_layers} blocks resident on GPU {c.gpus[0]} (--n-gpu-layers), the first "
-                       f"{streamed} streamed from pinned host RAM")
+            out.append(
+                f"backend torch ({why}): "
+                f"{c.n_gpu_layers} blocks resident on GPU {c.gpus[0]} (--n-gpu-layers), the first "
+                f"{streamed} streamed from pinned host RAM"
+            )
         else:
             sizes = ", ".join(f"{f} {m.weights(shape, f).total_bytes / 2**30:.1f} GiB" for f in torch_tried)
-            out.append(f"backend torch: the torch engine supports {shape.architecture} but none of its formats "
-                       f"fits entirely on GPU {c.gpus[0]} ({sizes}), so it streams the first {streamed} layers "
-                       f"from pinned host RAM, in {c.quant}, the format that streams fastest")
+            out.append(
+                f"backend torch: the torch engine supports {shape.architecture} but none of its formats "
+                f"fits entirely on GPU {c.gpus[0]} ({sizes}), so it streams the first {streamed} layers "
+                f"from pinned host RAM, in {c.quant}, the format that streams fastest"
+            )
         out.append(_torch_weights(shape, c, ()))
     elif c.backend == "torch":
         where = "CPU" if not c.gpus else ", ".join(f"GPU {i}" for i in c.gpus)
         why = "the torch engine supports" if torch_engine_refusal(shape) is None else "asked for"
-        out.append(f"backend torch: {why} {shape.architecture} and the {c.quant} weights fit entirely on {where}"
-                   if c.gpus else f"backend torch on CPU ({c.quant}): "
-                   + ("asked for" if prefs.backend == "torch" else
-                      "batching concurrent requests for serve" if single is not None else "safetensors weights"))
+        out.append(
+            f"backend torch: {why} {shape.architecture} and the {c.quant} weights fit entirely on {where}"
+            if c.gpus
+            else f"backend torch on CPU ({c.quant}): "
+            + (
+                "asked for"
+                if prefs.backend == "torch"
+                else "batching concurrent requests for serve"
+                if single is not None
+                else "safetensors weights"
+            )
+        )
         if c.gpus:
             out.append(_torch_weights(shape, c, torch_tried))
         elif c.quant == m.TORCH_GGUF:
             copies = c.layout.prefill_copy_bytes
-            out.append(f"weights: the file's own {shape.quant} blocks repacked for torch's int4 CPU kernel"
-                       + (f", plus bf16 copies of them for prompt rows ({_gib(copies / m.MIB)})" if copies else
-                          " (no dense copies for prompt rows: they would pass "
-                          f"{_gib(m.torch_cpu_dense_copy_budget(report.ram_total_mib * m.MIB) / m.MIB)})"))
+            out.append(
+                f"weights: the file's own {shape.quant} blocks repacked for torch's int4 CPU kernel"
+                + (
+                    f", plus bf16 copies of them for prompt rows ({_gib(copies / m.MIB)})"
+                    if copies
+                    else " (no dense copies for prompt rows: they would pass "
+                    f"{_gib(m.torch_cpu_dense_copy_budget(report.ram_total_mib * m.MIB) / m.MIB)})"
+                )
+            )
     else:
         refusal = torch_engine_refusal(shape)
         if refusal and prefs.backend != "llama.cpp":
             out.append(f"backend llama.cpp: {refusal}")
         elif report.gpus and prefs.backend == "auto":
-            out.append("backend llama.cpp: the torch engine's formats do not fit entirely in VRAM"
-                       " (or the GPU is too old / of unknown compute capability)")
+            out.append(
+                "backend llama.cpp: the torch engine's formats do not fit entirely in VRAM"
+                " (or the GPU is too old / of unknown compute capability)"
+            )
         elif prefs.backend == "llama.cpp":
             out.append("backend llama.cpp (asked for)")
         else:  # which engine runs what: the torch engine could, llama.cpp is the faster single stream on CPU
-            out.append(f"backend llama.cpp (CPU): faster for one stream on a CPU; the torch engine runs "
-                       f"{shape.architecture} too (--backend torch, or hearth serve, which batches requests)")
+            out.append(
+                f"backend llama.cpp (CPU): faster for one stream on a CPU; the torch engine runs "
+                f"{shape.architecture} too (--backend torch, or hearth serve, which batches requests)"
+            )
     if rival is not None:
         out.append(_offload_race(report, shape, c, tps, rival))
     if expert_race is not None:
         from hwprobe.experts import host_expert_bytes, race_sentence
 
         ex, ex_tps, layers, layers_tps = expert_race
-        out.append(race_sentence(shape, c is ex, ex_tps, ex.cpu_expert_layers,
-                                 host_expert_bytes(shape, ex.layout, ex.cpu_expert_layers), layers_tps,
-                                 layers.n_gpu_layers, ex.gpus[0]))
+        out.append(
+            race_sentence(
+                shape,
+                c is ex,
+                ex_tps,
+                ex.cpu_expert_layers,
+                host_expert_bytes(shape, ex.layout, ex.cpu_expert_layers),
+                layers_tps,
+                layers.n_gpu_layers,
+                ex.gpus[0],
+            )
+        )
     if not shape.quant and c.backend == "llama.cpp" and len(quants) > 1:
         better = [q for q, _ in quants[: [q for q, _ in quants].index(c.quant)]]
-        out.append(f"quant {c.quant}: the best of the GGUF ladder that fits"
-                   + (f" ({', '.join(better)} do not)" if better else ""))
+        out.append(
+            f"quant {c.quant}: the best of the GGUF ladder that fits"
+            + (f" ({', '.join(better)} do not)" if better else "")
+        )
     if c.quant in m.QUANT_LADDER and m.QUANT_LADDER.index(c.quant) > m.QUANT_LADDER.index(m.LOWEST_DEFAULT_QUANT):
-        out.append(f"warning: {c.quant} is below {m.LOWEST_DEFAULT_QUANT}: expect clearly worse quality "
-                   "(measure it with `hearth ppl`)")
+        out.append(
+            f"warning: {c.quant} is below {m.LOWEST_DEFAULT_QUANT}: expect clearly worse quality "
+            "(measure it with `hearth ppl`)"
+        )
     if c.gpus:
         layers = "all" if c.n_gpu_layers >= shape.n_layers else str(c.n_gpu_layers)
         streamed = shape.n_layers - c.n_gpu_layers
         buffers = min(TORCH_OFFLOAD_BUFFERS, streamed)
-        rest = (f", the first {streamed} streamed from pinned host RAM through {buffers} GPU "
-                f"buffer{'s' if buffers > 1 else ''} of {m.mib(max(c.layout.layer_bytes[:streamed]))} MiB (every "
-                "layer's KV cache stays on the GPU)" if offload else f", {streamed} in host RAM (slower)")
-        out.append(f"{layers} of {shape.n_layers} layers on {'GPUs ' if len(c.gpus) > 1 else 'GPU '}"
-                   f"{', '.join(map(str, c.gpus))}" + ("" if c.n_gpu_layers >= shape.n_layers else rest)
-                   + (f", but the routed experts of the first {c.cpu_expert_layers} in host RAM (llama.cpp tensor "
-                      "buffer overrides)" if c.cpu_expert_layers else ""))
+        rest = (
+            f", the first {streamed} streamed from pinned host RAM through {buffers} GPU "
+            f"buffer{'s' if buffers > 1 else ''} of {m.mib(max(c.layout.layer_bytes[:streamed]))} MiB (every "
+            "layer's KV cache stays on the GPU)"
+            if offload
+            else f", {streamed} in host RAM (slower)"
+        )
+        out.append(
+            f"{layers} of {shape.n_layers} layers on {'GPUs ' if len(c.gpus) > 1 else 'GPU '}"
+            f"{', '.join(map(str, c.gpus))}"
+            + ("" if c.n_gpu_layers >= shape.n_layers else rest)
+            + (
+                f", but the routed experts of the first {c.cpu_expert_layers} in host RAM (llama.cpp tensor "
+                "buffer overrides)"
+                if c.cpu_expert_layers
+                else ""
+            )
+        )
         if len(c.gpus) > 1:
-            out.append(f"split {c.split_mode}: " + ("the GPUs are joined by NVLink/P2P, so each layer is split "
-                                                    "across them" if c.split_mode == "tensor" else
-                                                    "no P2P between the GPUs, so each holds whole layers"))
+            out.append(
+                f"split {c.split_mode}: "
+                + (
+                    "the GPUs are joined by NVLink/P2P, so each layer is split across them"
+                    if c.split_mode == "tensor"
+                    else "no P2P between the GPUs, so each holds whole layers"
+                )
+            )
     trained = shape.context_length
     asked = "asked for" if prefs.ctx else f"target {min(prefs.target_ctx, trained)}"
     out.append(f"context {c.ctx} tokens ({asked}; trained on {trained})")
@@ -236,25 +333,35 @@ def reasons(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidat
     if c.backend == "torch":
         out.append(_kv_pool(c, devices))
     else:
-        out.append(f"KV cache {c.kv_cache_type}: {_gib(kv_mib)} at {c.ctx} tokens"
-                   + ("" if c.kv_cache_type == "f16" else " (quantized to fit)" if not prefs.kv_cache_type else ""))
+        out.append(
+            f"KV cache {c.kv_cache_type}: {_gib(kv_mib)} at {c.ctx} tokens"
+            + ("" if c.kv_cache_type == "f16" else " (quantized to fit)" if not prefs.kv_cache_type else "")
+        )
     if shape.n_experts:
-        out.append(f"MoE: all {shape.n_experts} experts counted in memory, {shape.n_experts_used} read per token"
-                   + (" (those in host RAM by the CPU)" if c.cpu_expert_layers else ""))
+        out.append(
+            f"MoE: all {shape.n_experts} experts counted in memory, {shape.n_experts_used} read per token"
+            + (" (those in host RAM by the CPU)" if c.cpu_expert_layers else "")
+        )
     for d in devices:
         if d.used:
             name = "host RAM" if d.kind == "cpu" else f"GPU {d.index}"
-            out.append(f"{name}: {_gib(d.total_mib)} of {_gib(d.budget_mib)} (weights {_gib(d.weights_mib)}, KV "
-                       f"{_gib(d.kv_mib)}, compute {_gib(d.compute_mib)}, overhead {_gib(d.overhead_mib)}), "
-                       f"{_gib(d.headroom_mib)} headroom")
+            out.append(
+                f"{name}: {_gib(d.total_mib)} of {_gib(d.budget_mib)} (weights {_gib(d.weights_mib)}, KV "
+                f"{_gib(d.kv_mib)}, compute {_gib(d.compute_mib)}, overhead {_gib(d.overhead_mib)}), "
+                f"{_gib(d.headroom_mib)} headroom"
+            )
             if d.headroom_mib < 0:
-                out.append(f"warning: {name} is over its budget by {-d.headroom_mib} MiB: loading may run out "
-                           "of memory (from --n-gpu-layers)")
+                out.append(
+                    f"warning: {name} is over its budget by {-d.headroom_mib} MiB: loading may run out "
+                    "of memory (from --n-gpu-layers)"
+                )
     if used or not report.gpus or c.gpus == ():
         bw = ", ".join(f"{g.memory_bandwidth_gbps or 'unknown'} GB/s" for g in report.gpus if g.index in c.gpus)
         if offload:
             link, link_gbps, _ = _link(report, c)
             bw += f"; blocks over {link}, ~{link_gbps:.0f} GB/s"
-        out.append(f"expected decode ~{_speed(tps)} tokens/s from memory bandwidth"
-                   + (f" ({bw})" if bw else f" (host RAM {report.ram_bandwidth_gbps:.0f} GB/s)"))
+        out.append(
+            f"expected decode ~{_speed(tps)} tokens/s from memory bandwidth"
+            + (f" ({bw})" if bw else f" (host RAM {report.ram_bandwidth_gbps:.0f} GB/s)")
+        )
     return tuple(out)

@@ -45,9 +45,25 @@ MIB = 1024 * 1024
 
 # The GGUF quant ladder, best first, with llama.cpp's bits per weight.
 QUANT_LADDER = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
-QUANT_BPW = {"F32": 32.0, "BF16": 16.0, "F16": 16.0, "Q8_0": 8.50, "Q6_K": 6.56, "Q5_K_M": 5.70, "Q5_K_S": 5.57,
-             "Q5_0": 5.5, "Q5_1": 6.0, "Q4_K_M": 4.89, "Q4_K_S": 4.67, "Q4_0": 4.5, "Q4_1": 5.0,
-             "Q3_K_M": 4.00, "Q3_K_L": 4.30, "Q3_K_S": 3.64, "Q2_K": 3.16}
+QUANT_BPW = {
+    "F32": 32.0,
+    "BF16": 16.0,
+    "F16": 16.0,
+    "Q8_0": 8.50,
+    "Q6_K": 6.56,
+    "Q5_K_M": 5.70,
+    "Q5_K_S": 5.57,
+    "Q5_0": 5.5,
+    "Q5_1": 6.0,
+    "Q4_K_M": 4.89,
+    "Q4_K_S": 4.67,
+    "Q4_0": 4.5,
+    "Q4_1": 5.0,
+    "Q3_K_M": 4.00,
+    "Q3_K_L": 4.30,
+    "Q3_K_S": 3.64,
+    "Q2_K": 3.16,
+}
 LOWEST_DEFAULT_QUANT = "Q4_K_M"  # below this only when the user asks (quality drops fast)
 
 # The torch engine's weight formats: bits per weight of the linear layers (embeddings and head stay 16-bit).
@@ -173,8 +189,10 @@ def torch_gguf_weights(shape: ModelShape) -> WeightLayout | None:
         return None
     norms = 2 * shape.hidden_size
     projections = _params_per_layer(shape) - norms
-    layers = tuple(int(n4 * GGUF_REPACKED_INT4_BYTES + n8 * GGUF_REPACKED_INT8_BYTES
-                       + (projections - n4 - n8) * 2 + norms * 4) for n4, n8 in kept)
+    layers = tuple(
+        int(n4 * GGUF_REPACKED_INT4_BYTES + n8 * GGUF_REPACKED_INT8_BYTES + (projections - n4 - n8) * 2 + norms * 4)
+        for n4, n8 in kept
+    )
     embed = shape.vocab_size * shape.hidden_size * 2
     return WeightLayout(layers, embed, embed, shape.hidden_size * 4, shape.tied_embeddings)
 
@@ -205,13 +223,18 @@ def torch_cpu_weights(shape: ModelShape, fmt: str, ram_total_bytes: int) -> Weig
         raise ValueError(f"{shape.name}: no GGUF projections the torch engine keeps as blocks")
     norms = 2 * shape.hidden_size
     projections = _params_per_layer(shape) - norms
-    layers = tuple(int(n4 * TORCH_CPU_INT4_BYTES + n8 * TORCH_CPU_INT8_BYTES + (projections - n4 - n8) * 2
-                       + norms * 4) for n4, n8 in kept)
+    layers = tuple(
+        int(n4 * TORCH_CPU_INT4_BYTES + n8 * TORCH_CPU_INT8_BYTES + (projections - n4 - n8) * 2 + norms * 4)
+        for n4, n8 in kept
+    )
     embed_params = shape.vocab_size * shape.hidden_size
     embed = embed_params * 2
     head_kind = _cpu_head_kind(shape)
-    head = embed if head_kind is None else int(embed_params * (TORCH_CPU_INT4_BYTES if head_kind == "int4"
-                                                               else TORCH_CPU_INT8_BYTES))
+    head = (
+        embed
+        if head_kind is None
+        else int(embed_params * (TORCH_CPU_INT4_BYTES if head_kind == "int4" else TORCH_CPU_INT8_BYTES))
+    )
     quantized = sum(n4 + n8 for n4, n8 in kept) + (embed_params if head_kind else 0)
     copies = 2 * quantized if 2 * quantized <= torch_cpu_dense_copy_budget(ram_total_bytes) else 0
     return WeightLayout(layers, embed, head, shape.hidden_size * 4, shape.tied_embeddings, copies)
@@ -237,8 +260,9 @@ def kv_cells(shape: ModelShape, ctx: int, *, sliding: bool, swa_full: bool, n_ub
     return ctx
 
 
-def kv_bytes(shape: ModelShape, ctx: int, kv_type: str = "f16", *, swa_full: bool = LLAMA_CPP_SWA_FULL,
-             n_ubatch: int = 512) -> int:
+def kv_bytes(
+    shape: ModelShape, ctx: int, kv_type: str = "f16", *, swa_full: bool = LLAMA_CPP_SWA_FULL, n_ubatch: int = 512
+) -> int:
     """KV cache of all layers for one sequence of `ctx` tokens."""
     per_cell = 2 * shape.n_kv_heads * shape.head_dim * KV_BYTES_PER_ELEMENT[kv_type]
     n_swa = shape.sliding_window_layers if shape.sliding_window else 0
@@ -271,8 +295,9 @@ def torch_cpu_attention_bytes(shape: ModelShape, ctx: int, max_num_seqs: int, kv
     return tokens * kv_bytes_per_token(shape, kv_type) // max(shape.n_layers, 1) + 4 * tokens
 
 
-def compute_bytes(shape: ModelShape, ctx: int, *, n_ubatch: int = 512, flash_attn: bool = False,
-                  with_logits: bool = True) -> int:
+def compute_bytes(
+    shape: ModelShape, ctx: int, *, n_ubatch: int = 512, flash_attn: bool = False, with_logits: bool = True
+) -> int:
     """llama.cpp's compute buffer for a batch of n_ubatch tokens (see the module docstring for the fit)."""
     n = min(n_ubatch, ctx)
     ffn = shape.ffn_size * max(shape.n_experts_used, 1)

@@ -8,9 +8,10 @@ GPUs.  Failures of optional queries (NVLink on cards without it, PCIe on some la
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from hwprobe.gpus import known_bandwidth_gbps
 from hwprobe.report import GpuInfo, ProcessUse
@@ -75,8 +76,9 @@ def read_nvml(nvml: ModuleType) -> NvmlResult | None:
         cuda = f"{cuda_int // 1000}.{cuda_int % 1000 // 10}" if cuda_int else None
         count = nvml.nvmlDeviceGetCount()
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        bus_ids = [(_optional(lambda h=h: _text(nvml.nvmlDeviceGetPciInfo(h).busId), nvml) or "").lower()
-                   for h in handles]
+        bus_ids = [
+            (_optional(lambda h=h: _text(nvml.nvmlDeviceGetPciInfo(h).busId), nvml) or "").lower() for h in handles
+        ]
         read_caps = getattr(nvml, "NVML_P2P_CAPS_INDEX_READ", 0)
         status_ok = getattr(nvml, "NVML_P2P_STATUS_OK", 0)
         gpus = []
@@ -86,22 +88,50 @@ def read_nvml(nvml: ModuleType) -> NvmlResult | None:
             name = _text(nvml.nvmlDeviceGetName(h))
             links = _nvlink_bus_ids(nvml, h)
             nvlink = tuple(j for j, b in enumerate(bus_ids) if j != i and b and b in links)
-            p2p = tuple(j for j, other in enumerate(handles) if j != i and _optional(
-                lambda other=other: nvml.nvmlDeviceGetP2PStatus(h, other, read_caps), nvml) == status_ok)
+            p2p = tuple(
+                j
+                for j, other in enumerate(handles)
+                if j != i
+                and _optional(lambda other=other: nvml.nvmlDeviceGetP2PStatus(h, other, read_caps), nvml) == status_ok
+            )
             bw = known_bandwidth_gbps(name)
-            gpus.append(GpuInfo(
-                index=i, name=name, uuid=_optional(lambda: _text(nvml.nvmlDeviceGetUUID(h)), nvml) or "",
-                memory_total_mib=int(mem.total) // MIB, memory_free_mib=int(mem.free) // MIB,
-                memory_used_mib=int(mem.used) // MIB, compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
-                pcie_generation=_optional(lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h), nvml),
-                pcie_width=_optional(lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(h), nvml),
-                nvlink_peers=nvlink, p2p_peers=tuple(sorted(set(p2p) | set(nvlink))),
-                other_processes=_processes(nvml, h), memory_bandwidth_gbps=bw,
-                sources={"memory_bandwidth_gbps": "known-gpus" if bw else "default", **{
-                    k: "nvml" for k in ("index", "name", "uuid", "memory_total_mib", "memory_free_mib",
-                                        "memory_used_mib", "compute_capability", "pcie_generation",
-                                        "pcie_width", "nvlink_peers", "p2p_peers", "other_processes")}},
-            ))
+            gpus.append(
+                GpuInfo(
+                    index=i,
+                    name=name,
+                    uuid=_optional(lambda: _text(nvml.nvmlDeviceGetUUID(h)), nvml) or "",
+                    memory_total_mib=int(mem.total) // MIB,
+                    memory_free_mib=int(mem.free) // MIB,
+                    memory_used_mib=int(mem.used) // MIB,
+                    compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
+                    pcie_generation=_optional(lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h), nvml),
+                    pcie_width=_optional(lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(h), nvml),
+                    nvlink_peers=nvlink,
+                    p2p_peers=tuple(sorted(set(p2p) | set(nvlink))),
+                    other_processes=_processes(nvml, h),
+                    memory_bandwidth_gbps=bw,
+                    sources={
+                        "memory_bandwidth_gbps": "known-gpus" if bw else "default",
+                        **{
+                            k: "nvml"
+                            for k in (
+                                "index",
+                                "name",
+                                "uuid",
+                                "memory_total_mib",
+                                "memory_free_mib",
+                                "memory_used_mib",
+                                "compute_capability",
+                                "pcie_generation",
+                                "pcie_width",
+                                "nvlink_peers",
+                                "p2p_peers",
+                                "other_processes",
+                            )
+                        },
+                    },
+                )
+            )
         return NvmlResult(tuple(gpus), driver, cuda)
     finally:
         _optional(nvml.nvmlShutdown, nvml)

@@ -40,8 +40,9 @@ class Candidate:
 
 def shares(report: HardwareReport, gpus: tuple[int, ...]) -> dict[int, float]:
     """Each used GPU's share of the model: proportional to its budget (free minus margin)."""
-    budgets = {g.index: m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) for g in report.gpus
-               if g.index in gpus}
+    budgets = {
+        g.index: m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) for g in report.gpus if g.index in gpus
+    }
     total = sum(budgets.values()) or 1
     return {i: b / total for i, b in budgets.items()}
 
@@ -85,7 +86,7 @@ def _with_kv_pool(shape: ModelShape, c: Candidate, devices: tuple[DeviceMemory, 
     free = (d.budget_mib - d.weights_mib - d.compute_mib - d.overhead_mib) * m.MIB
     pool = m.torch_kv_pool_bytes(shape, c.ctx, c.kv_cache_type, c.max_num_seqs, free)
     tokens = pool // m.kv_bytes_per_token(shape, c.kv_cache_type)
-    return devices[:at] + (replace(d, kv_mib=m.mib(pool), kv_pool_tokens=tokens),) + devices[at + 1:]
+    return devices[:at] + (replace(d, kv_mib=m.mib(pool), kv_pool_tokens=tokens),) + devices[at + 1 :]
 
 
 def _tp_kv_pool(shape: ModelShape, c: Candidate, devices: tuple[DeviceMemory, ...]) -> tuple[DeviceMemory, ...]:
@@ -99,19 +100,28 @@ def _tp_kv_pool(shape: ModelShape, c: Candidate, devices: tuple[DeviceMemory, ..
     free = min((d.budget_mib - d.weights_mib - d.compute_mib - d.overhead_mib) * m.MIB for d in used)
     pool = m.torch_kv_pool_bytes(shape, c.ctx, c.kv_cache_type, c.max_num_seqs, int(free / busiest))
     tokens = pool // m.kv_bytes_per_token(shape, c.kv_cache_type)
-    return tuple(replace(d, kv_mib=m.mib(pool * heads[d.index] / shape.n_kv_heads), kv_pool_tokens=tokens)
-                 if d.kind == "gpu" and d.index in heads else d for d in devices)
+    return tuple(
+        replace(d, kv_mib=m.mib(pool * heads[d.index] / shape.n_kv_heads), kv_pool_tokens=tokens)
+        if d.kind == "gpu" and d.index in heads
+        else d
+        for d in devices
+    )
 
 
 def _price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[DeviceMemory, ...]:
     """price() of everything but the torch engine streaming blocks; the torch engine's KV is one sequence here
     (_with_kv_pool sizes its pool)."""
     lay = c.layout
-    kv_total = m.kv_bytes(shape, c.ctx, c.kv_cache_type,
-                          swa_full=m.LLAMA_CPP_SWA_FULL if c.backend == "llama.cpp" else False, n_ubatch=c.n_batch)
+    kv_total = m.kv_bytes(
+        shape,
+        c.ctx,
+        c.kv_cache_type,
+        swa_full=m.LLAMA_CPP_SWA_FULL if c.backend == "llama.cpp" else False,
+        n_ubatch=c.n_batch,
+    )
     kv_per_layer = kv_total / shape.n_layers
     full = c.n_gpu_layers >= shape.n_layers and bool(c.gpus)
-    gpu_layer_bytes = sum(lay.layer_bytes[shape.n_layers - c.n_gpu_layers:]) if c.gpus else 0
+    gpu_layer_bytes = sum(lay.layer_bytes[shape.n_layers - c.n_gpu_layers :]) if c.gpus else 0
     share = shares(report, c.gpus)
     main = c.gpus[-1] if c.gpus else None  # llama.cpp puts the head with the last layers
     if c.split_mode == "tensor" and c.gpus:
@@ -125,7 +135,7 @@ def _price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[Dev
         else:
             n_here = counts[i]
             start = shape.n_layers - c.n_gpu_layers + sum(counts[j] for j in c.gpus[: c.gpus.index(i)])
-            w = sum(lay.layer_bytes[start:start + n_here])
+            w = sum(lay.layer_bytes[start : start + n_here])
             kv = kv_per_layer * n_here
         head_here = full and (i == main or c.split_mode == "tensor")
         if head_here:
@@ -134,15 +144,24 @@ def _price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[Dev
             w += ((0 if tied_in_torch else lay.head_bytes) + lay.other_bytes) * head_share
         if c.backend == "torch":  # the torch engine keeps the embedding on the GPU too (replicated under TP)
             w += lay.embedding_bytes
-        compute = m.compute_bytes(shape, c.ctx, n_ubatch=c.n_batch, flash_attn=c.flash_attn,
-                                  with_logits=(i == main))
+        compute = m.compute_bytes(shape, c.ctx, n_ubatch=c.n_batch, flash_attn=c.flash_attn, with_logits=(i == main))
         overhead = m.TORCH_GPU_OVERHEAD_BYTES if c.backend == "torch" else m.LLAMA_CPP_GPU_OVERHEAD_BYTES
         gpu_rows[i] = (w, kv, compute, overhead)
     devices = []
     for g in report.gpus:
         w, kv, compute, overhead = gpu_rows.get(g.index, (0, 0, 0, 0))
-        devices.append(DeviceMemory("gpu", g.index, g.name, m.mib(w), m.mib(kv), m.mib(compute), m.mib(overhead),
-                                    m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) // m.MIB))
+        devices.append(
+            DeviceMemory(
+                "gpu",
+                g.index,
+                g.name,
+                m.mib(w),
+                m.mib(kv),
+                m.mib(compute),
+                m.mib(overhead),
+                m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) // m.MIB,
+            )
+        )
     cpu_layers = shape.n_layers - (c.n_gpu_layers if c.gpus else 0)
     cpu_overhead = 0.0
     if c.backend == "torch" and c.gpus:
@@ -161,8 +180,18 @@ def _price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[Dev
             cpu_w += lay.prefill_copy_bytes
             cpu_compute += m.torch_cpu_attention_bytes(shape, c.ctx, c.max_num_seqs, c.kv_cache_type)
             cpu_overhead = m.torch_tokenizer_bytes(shape)
-    devices.append(DeviceMemory("cpu", None, report.cpu_model, m.mib(cpu_w), m.mib(cpu_kv), m.mib(cpu_compute),
-                                m.mib(cpu_overhead), m.ram_budget_bytes(report.ram_available_mib) // m.MIB))
+    devices.append(
+        DeviceMemory(
+            "cpu",
+            None,
+            report.cpu_model,
+            m.mib(cpu_w),
+            m.mib(cpu_kv),
+            m.mib(cpu_compute),
+            m.mib(cpu_overhead),
+            m.ram_budget_bytes(report.ram_available_mib) // m.MIB,
+        )
+    )
     return tuple(devices)
 
 
@@ -175,23 +204,48 @@ def _price_torch_offload(report: HardwareReport, shape: ModelShape, c: Candidate
     lay = c.layout
     streamed = shape.n_layers - c.n_gpu_layers
     host_blocks = lay.layer_bytes[:streamed]
-    weights = (sum(lay.layer_bytes[streamed:]) + lay.embedding_bytes + (0 if lay.tied else lay.head_bytes)
-               + lay.other_bytes + m.offload_buffer_bytes(host_blocks, TORCH_OFFLOAD_BUFFERS))
+    weights = (
+        sum(lay.layer_bytes[streamed:])
+        + lay.embedding_bytes
+        + (0 if lay.tied else lay.head_bytes)
+        + lay.other_bytes
+        + m.offload_buffer_bytes(host_blocks, TORCH_OFFLOAD_BUFFERS)
+    )
     kv = m.kv_bytes(shape, c.ctx, c.kv_cache_type, swa_full=False, n_ubatch=c.n_batch)
     compute = m.compute_bytes(shape, c.ctx, n_ubatch=c.n_batch, flash_attn=c.flash_attn, with_logits=True)
     devices = []
     for g in report.gpus:
         here = g.index == c.gpus[0]
-        devices.append(DeviceMemory("gpu", g.index, g.name, m.mib(weights) if here else 0, m.mib(kv) if here else 0,
-                                    m.mib(compute) if here else 0, m.mib(m.TORCH_GPU_OVERHEAD_BYTES) if here else 0,
-                                    m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) // m.MIB))
-    devices.append(DeviceMemory("cpu", None, report.cpu_model, m.mib(sum(host_blocks)), 0, 0, 0,
-                                m.ram_budget_bytes(report.ram_available_mib) // m.MIB))
+        devices.append(
+            DeviceMemory(
+                "gpu",
+                g.index,
+                g.name,
+                m.mib(weights) if here else 0,
+                m.mib(kv) if here else 0,
+                m.mib(compute) if here else 0,
+                m.mib(m.TORCH_GPU_OVERHEAD_BYTES) if here else 0,
+                m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) // m.MIB,
+            )
+        )
+    devices.append(
+        DeviceMemory(
+            "cpu",
+            None,
+            report.cpu_model,
+            m.mib(sum(host_blocks)),
+            0,
+            0,
+            0,
+            m.ram_budget_bytes(report.ram_available_mib) // m.MIB,
+        )
+    )
     return tuple(devices)
 
 
-def expected_tokens_per_s(report: HardwareReport, shape: ModelShape, c: Candidate,
-                          devices: tuple[DeviceMemory, ...]) -> float:
+def expected_tokens_per_s(
+    report: HardwareReport, shape: ModelShape, c: Candidate, devices: tuple[DeviceMemory, ...]
+) -> float:
     """Single-stream decode speed: each token reads the weights (active experts only) and the KV cache once.
 
     Layer split and CPU offload run one device after another (times add up); tensor split runs in parallel
@@ -203,8 +257,7 @@ def expected_tokens_per_s(report: HardwareReport, shape: ModelShape, c: Candidat
 
         kv = m.kv_bytes(shape, c.ctx, c.kv_cache_type, swa_full=m.LLAMA_CPP_SWA_FULL, n_ubatch=c.n_batch)
         return expert_tokens_per_s(report, shape, c.layout, c.gpus[0], c.cpu_expert_layers, kv)
-    read_ratio = m.decode_bytes_per_token(c.layout, shape) / max(
-        sum(c.layout.layer_bytes) + c.layout.head_bytes, 1)
+    read_ratio = m.decode_bytes_per_token(c.layout, shape) / max(sum(c.layout.layer_bytes) + c.layout.head_bytes, 1)
     times = []
     for d, g in zip(devices, (*report.gpus, None)):
         if not d.used:
@@ -220,8 +273,9 @@ def expected_tokens_per_s(report: HardwareReport, shape: ModelShape, c: Candidat
         kv = d.kv_mib * m.MIB * (min(c.ctx / d.kv_pool_tokens, 1.0) if d.kv_pool_tokens else 1.0)
         t = (weights * read_ratio + kv) / (bw * 1e9)
         if g is not None:
-            t += GPU_SECONDS_PER_LAYER * (c.n_gpu_layers / max(len(c.gpus), 1) if c.split_mode != "tensor"
-                                          else c.n_gpu_layers)
+            t += GPU_SECONDS_PER_LAYER * (
+                c.n_gpu_layers / max(len(c.gpus), 1) if c.split_mode != "tensor" else c.n_gpu_layers
+            )
         times.append(t)
     if not times:
         return 0.0
@@ -288,5 +342,5 @@ def torch_offload_tokens_per_s(report: HardwareReport, shape: ModelShape, c: Can
     else:
         copy = [b / link for b in lay.layer_bytes[:streamed]]
         t = sum(max(copy[j + 1], compute[j]) for j in range(streamed - 1))
-        t += max(copy[0], sum(compute[streamed - 1:]) + head)
+        t += max(copy[0], sum(compute[streamed - 1 :]) + head)
     return round(1.0 / t, 1) if t > 0 else 0.0

@@ -60,10 +60,19 @@ class DeviceMemory:
         return self.total_mib > 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "index": self.index, "name": self.name, "weights_mib": self.weights_mib,
-                "kv_mib": self.kv_mib, "compute_mib": self.compute_mib, "overhead_mib": self.overhead_mib,
-                "total_mib": self.total_mib, "budget_mib": self.budget_mib, "headroom_mib": self.headroom_mib,
-                "kv_pool_tokens": self.kv_pool_tokens}
+        return {
+            "kind": self.kind,
+            "index": self.index,
+            "name": self.name,
+            "weights_mib": self.weights_mib,
+            "kv_mib": self.kv_mib,
+            "compute_mib": self.compute_mib,
+            "overhead_mib": self.overhead_mib,
+            "total_mib": self.total_mib,
+            "budget_mib": self.budget_mib,
+            "headroom_mib": self.headroom_mib,
+            "kv_pool_tokens": self.kv_pool_tokens,
+        }
 
 
 @dataclass(frozen=True)
@@ -100,11 +109,21 @@ class Plan:
         return all(d.headroom_mib >= 0 for d in self.devices)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"backend": self.backend, "quant": self.quant, "n_gpu_layers": self.n_gpu_layers,
-                "n_layers": self.n_layers, "split_mode": self.split_mode, "tensor_split": list(self.tensor_split),
-                "cpu_expert_layers": self.cpu_expert_layers, "ctx": self.ctx,
-                "kv_cache_type": self.kv_cache_type, "flash_attn": self.flash_attn,
-                "batch_size": self.batch_size, "devices": [d.as_dict() for d in self.devices],
-                "expected_tokens_per_s": self.expected_tokens_per_s, "reasons": list(self.reasons),
-                "tensor_parallel": self.tensor_parallel,
-                "serving": self.serving}
+        return {
+            "backend": self.backend,
+            "quant": self.quant,
+            "n_gpu_layers": self.n_gpu_layers,
+            "n_layers": self.n_layers,
+            "split_mode": self.split_mode,
+            "tensor_split": list(self.tensor_split),
+            "cpu_expert_layers": self.cpu_expert_layers,
+            "ctx": self.ctx,
+            "kv_cache_type": self.kv_cache_type,
+            "flash_attn": self.flash_attn,
+            "batch_size": self.batch_size,
+            "devices": [d.as_dict() for d in self.devices],
+            "expected_tokens_per_s": self.expected_tokens_per_s,
+            "reasons": list(self.reasons),
+            "tensor_parallel": self.tensor_parallel,
+            "serving": self.serving,
+        }

@@ -41,9 +41,15 @@ from hwprobe.placement import Candidate, expected_tokens_per_s, price, shares, t
 from hwprobe.plan_types import Plan, Prefs
 from hwprobe.report import GpuInfo, HardwareReport
 from hwprobe.shape import ModelShape
+from hwprobe.support import (
+    BF16_MIN_CC,
+    FP8_MIN_CC,
+    TORCH_ENGINE_MAX_GPUS,
+    TORCH_ENGINE_MIN_CC,
+    TORCH_ENGINE_RUNNABLE_FORMATS,
+    torch_engine_refusal,
+)
 from hwprobe.tensor_parallel import TORCH_QUALITY, no_tp_error, shape_tp_ok, tp_kv_fraction, tp_race_reason
-from hwprobe.support import (BF16_MIN_CC, FP8_MIN_CC, TORCH_ENGINE_MAX_GPUS, TORCH_ENGINE_MIN_CC,
-                             TORCH_ENGINE_RUNNABLE_FORMATS, torch_engine_refusal)
 
 KV_LADDER = ("f16", "q8_0", "q4_0")
 CTX_STEP = 256  # contexts are planned in multiples of this
@@ -96,8 +102,9 @@ def _ctx_range(shape: ModelShape, prefs: Prefs) -> tuple[int, int]:
     return min(prefs.min_ctx, hi), hi
 
 
-def _best_ctx(report: HardwareReport, shape: ModelShape, make: Callable[[int], Candidate], lo: int,
-              hi: int) -> int | None:
+def _best_ctx(
+    report: HardwareReport, shape: ModelShape, make: Callable[[int], Candidate], lo: int, hi: int
+) -> int | None:
     """The largest context in [lo, hi] (hi itself, else a multiple of CTX_STEP) whose candidate fits."""
     if _fits(report, shape, make(hi)):
         return hi
@@ -148,14 +155,21 @@ def _torch_gpu_sets(report: HardwareReport, shape: ModelShape, prefs: Prefs) -> 
     """GPU sets the torch engine runs on: one GPU; all of them when NVLink/P2P-joined (tensor parallelism, one
     rank per GPU), never a layer split.  --tensor-parallel N: the N GPUs with most budget, joined or not."""
     if prefs.tensor_parallel is not None and prefs.tensor_parallel > 1:
-        usable = sorted((g for g in report.gpus if m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) > 0),
-                        key=lambda g: -m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib))
+        usable = sorted(
+            (g for g in report.gpus if m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) > 0),
+            key=lambda g: -m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib),
+        )
         if len(usable) < prefs.tensor_parallel or not shape_tp_ok(shape, prefs.tensor_parallel):
             return []
         return [(tuple(sorted(g.index for g in usable[: prefs.tensor_parallel])), "tensor")]
-    return [(gpus, split) for gpus, split in _gpu_sets(report) if split != "layer"
-            and len(gpus) <= TORCH_ENGINE_MAX_GPUS and (len(gpus) == 1 or prefs.tensor_parallel is None)
-            and shape_tp_ok(shape, len(gpus))]
+    return [
+        (gpus, split)
+        for gpus, split in _gpu_sets(report)
+        if split != "layer"
+        and len(gpus) <= TORCH_ENGINE_MAX_GPUS
+        and (len(gpus) == 1 or prefs.tensor_parallel is None)
+        and shape_tp_ok(shape, len(gpus))
+    ]
 
 
 def _try_torch(report, shape, prefs, lo, hi) -> Candidate | None:  # noqa: ANN001 - internal
@@ -178,8 +192,9 @@ def _try_torch(report, shape, prefs, lo, hi) -> Candidate | None:  # noqa: ANN00
     return None
 
 
-def _tp_race(report: HardwareReport, shape: ModelShape, prefs: Prefs, lo: int, hi: int, quants, c: Candidate,
-             tps: float) -> str:  # noqa: ANN001
+def _tp_race(
+    report: HardwareReport, shape: ModelShape, prefs: Prefs, lo: int, hi: int, quants, c: Candidate, tps: float
+) -> str:  # noqa: ANN001
     """The reason a tensor-parallel torch plan gives: its estimate against llama.cpp's split of the same GPUs."""
     alt = _try_llama_full(report, shape, dataclasses.replace(prefs, backend="llama.cpp"), lo, hi, quants)
     alt_tps = expected_tokens_per_s(report, shape, alt, price(report, shape, alt)) if alt is not None else 0.0
@@ -191,9 +206,11 @@ def _try_llama_full(report, shape, prefs, lo, hi, quants) -> Candidate | None:  
     for quant, layout in quants:
         for gpus, split in _gpu_sets(report):
             for kv in kvs:
+
                 def make(ctx: int, kv: str = kv) -> Candidate:
-                    return Candidate("llama.cpp", quant, layout, ctx, kv, True, gpus, split, shape.n_layers,
-                                     prefs.n_batch)
+                    return Candidate(
+                        "llama.cpp", quant, layout, ctx, kv, True, gpus, split, shape.n_layers, prefs.n_batch
+                    )
 
                 ctx = _best_ctx(report, shape, make, lo, hi)
                 if ctx is not None:
@@ -262,8 +279,9 @@ def _expert_placement(report, shape, prefs, lo, quants) -> Candidate | None:  # 
     kv = prefs.kv_cache_type or "f16"
 
     def make(k: int) -> Candidate:
-        return Candidate("llama.cpp", quant, layout, lo, kv, True, gpus, "none", shape.n_layers, prefs.n_batch,
-                         cpu_expert_layers=k)
+        return Candidate(
+            "llama.cpp", quant, layout, lo, kv, True, gpus, "none", shape.n_layers, prefs.n_batch, cpu_expert_layers=k
+        )
 
     # on the GPU: monotone in the layers whose experts stay there (n_layers - k)
     on_gpu = _largest(0, shape.n_layers - 1, lambda j: _fits_gpus(report, shape, make(shape.n_layers - j)))
@@ -276,14 +294,16 @@ def _score(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[boo
     return _fits(report, shape, c), expected_tokens_per_s(report, shape, c, price(report, shape, c))
 
 
-def _faster(report: HardwareReport, shape: ModelShape, llama: Candidate, streamed: Candidate | None, *,
-            batching: bool = False) -> tuple[Candidate, tuple[Candidate, float] | None]:
+def _faster(
+    report: HardwareReport, shape: ModelShape, llama: Candidate, streamed: Candidate | None, *, batching: bool = False
+) -> tuple[Candidate, tuple[Candidate, float] | None]:
     """The faster of llama.cpp's partial offload and the torch engine streaming blocks (a candidate that does
     not fit loses to one that does; a tie goes to llama.cpp), and the loser with its tokens/s for the reasons.
     `batching` (serving): the torch engine wins whenever it fits, since each step streams the blocks once for
     every request in the batch while llama.cpp answers one request at a time."""
     if streamed is None:
         return llama, None
+
     def score(c: Candidate) -> tuple[bool, float]:
         return _fits(report, shape, c), expected_tokens_per_s(report, shape, c, price(report, shape, c))
 
@@ -299,8 +319,18 @@ def _with_flags(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Cand
         return c
     n = shape.n_layers if prefs.n_gpu_layers < 0 else min(prefs.n_gpu_layers, shape.n_layers)
     gpus = c.gpus or next((g for g, _ in _gpu_sets(report)), ())
-    return Candidate(c.backend, c.quant, c.layout, c.ctx, c.kv_cache_type, c.flash_attn,
-                     gpus if n else (), c.split_mode if n and gpus else "none", n if gpus else 0, c.n_batch)
+    return Candidate(
+        c.backend,
+        c.quant,
+        c.layout,
+        c.ctx,
+        c.kv_cache_type,
+        c.flash_attn,
+        gpus if n else (),
+        c.split_mode if n and gpus else "none",
+        n if gpus else 0,
+        c.n_batch,
+    )
 
 
 def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) -> Plan:
@@ -334,14 +364,20 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
             if not chosen.gpus:  # CPU only: RAM is cheap, so the best quant at the target context if it fits
                 chosen = _cpu_only(report, shape, prefs, lo, hi, quants) or chosen
             if prefs.backend == "auto" and prefs.n_gpu_layers is None:
-                chosen, rival = _faster(report, shape, chosen, _torch_offload(report, shape, prefs, lo, hi),
-                                        batching=serving(prefs))
+                chosen, rival = _faster(
+                    report, shape, chosen, _torch_offload(report, shape, prefs, lo, hi), batching=serving(prefs)
+                )
                 if not chosen.gpus and serving(prefs):
                     chosen, single = _serve_on_cpu(report, shape, prefs, lo, hi, chosen)
             # serving keeps the batching torch engine it chose; expert placement races llama.cpp's plans
-            experts = _expert_placement(report, shape, prefs, lo, quants) if chosen.gpus and \
-                prefs.backend in ("auto", "llama.cpp") and prefs.n_gpu_layers is None and \
-                not (serving(prefs) and chosen.backend == "torch") else None
+            experts = (
+                _expert_placement(report, shape, prefs, lo, quants)
+                if chosen.gpus
+                and prefs.backend in ("auto", "llama.cpp")
+                and prefs.n_gpu_layers is None
+                and not (serving(prefs) and chosen.backend == "torch")
+                else None
+            )
             if experts is not None:
                 by_experts, by_layers = _score(report, shape, experts), _score(report, shape, chosen)
                 expert_race = (experts, by_experts[1], chosen, by_layers[1])
@@ -357,8 +393,11 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
 
     share = shares(report, chosen.gpus)
     split = tuple(round(share.get(g.index, 0.0), 3) for g in report.gpus) if len(chosen.gpus) > 1 else ()
-    main = chosen.gpus[0] if chosen.split_mode == "tensor" or len(chosen.gpus) == 1 else (
-        chosen.gpus[-1] if chosen.gpus else 0)
+    main = (
+        chosen.gpus[0]
+        if chosen.split_mode == "tensor" or len(chosen.gpus) == 1
+        else (chosen.gpus[-1] if chosen.gpus else 0)
+    )
     device = "cpu" if not chosen.gpus else ("cuda" if len(chosen.gpus) > 1 else f"cuda:{chosen.gpus[0]}")
     tps = expected_tokens_per_s(report, shape, chosen, devices)
     tried = _torch_tried(report, shape, prefs, chosen)
@@ -370,17 +409,34 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     elif chosen.backend == "torch" and not chosen.gpus and prefs.tensor_parallel:  # CPU ranks, asked for
         tensor_parallel = prefs.tensor_parallel
         if tensor_parallel > 1:
-            why = (*why, f"tensor parallel: {tensor_parallel} ranks share the CPU's {report.cpu_cores} cores, each "
-                         "holding its share of the weights and of the KV pool's heads (a rank reads the whole file "
-                         "while loading); on a CPU this checks the split, it is slower than one rank")
-    return Plan(backend=chosen.backend, quant=chosen.quant, n_gpu_layers=chosen.n_gpu_layers,
-                n_layers=shape.n_layers, split_mode=chosen.split_mode, tensor_split=split, ctx=chosen.ctx,
-                kv_cache_type=chosen.kv_cache_type, flash_attn=chosen.flash_attn, batch_size=chosen.n_batch,
-                devices=devices, expected_tokens_per_s=tps,
-                reasons=why, main_gpu=main, device=device,
-                kv_pool_bytes=_kv_pool_bytes(shape, chosen, devices, tensor_parallel),
-                max_num_seqs=chosen.max_num_seqs, cpu_expert_layers=chosen.cpu_expert_layers,
-                tensor_parallel=tensor_parallel, serving=serving(prefs))
+            why = (
+                *why,
+                f"tensor parallel: {tensor_parallel} ranks share the CPU's {report.cpu_cores} cores, each "
+                "holding its share of the weights and of the KV pool's heads (a rank reads the whole file "
+                "while loading); on a CPU this checks the split, it is slower than one rank",
+            )
+    return Plan(
+        backend=chosen.backend,
+        quant=chosen.quant,
+        n_gpu_layers=chosen.n_gpu_layers,
+        n_layers=shape.n_layers,
+        split_mode=chosen.split_mode,
+        tensor_split=split,
+        ctx=chosen.ctx,
+        kv_cache_type=chosen.kv_cache_type,
+        flash_attn=chosen.flash_attn,
+        batch_size=chosen.n_batch,
+        devices=devices,
+        expected_tokens_per_s=tps,
+        reasons=why,
+        main_gpu=main,
+        device=device,
+        kv_pool_bytes=_kv_pool_bytes(shape, chosen, devices, tensor_parallel),
+        max_num_seqs=chosen.max_num_seqs,
+        cpu_expert_layers=chosen.cpu_expert_layers,
+        tensor_parallel=tensor_parallel,
+        serving=serving(prefs),
+    )
 
 
 def _kv_pool_bytes(shape: ModelShape, c: Candidate, devices: tuple, tensor_parallel: int = 1) -> int:  # noqa: ANN001
@@ -391,8 +447,11 @@ def _kv_pool_bytes(shape: ModelShape, c: Candidate, devices: tuple, tensor_paral
         return 0
     if tensor_parallel > 1:
         tokens = max(d.kv_pool_tokens for d in devices)
-        return int(tokens * m.kv_bytes_per_token(shape, c.kv_cache_type)
-                   * tp_kv_fraction(shape.n_heads, shape.n_kv_heads, tensor_parallel))
+        return int(
+            tokens
+            * m.kv_bytes_per_token(shape, c.kv_cache_type)
+            * tp_kv_fraction(shape.n_heads, shape.n_kv_heads, tensor_parallel)
+        )
     return sum(d.kv_pool_tokens for d in devices) * m.kv_bytes_per_token(shape, c.kv_cache_type)
 
 
@@ -409,7 +468,6 @@ def _torch_tried(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Can
 
 def _check(prefs: Prefs) -> None:
     from hwprobe.errors import ConfigError
-
     from hwprobe.plan_types import PLANNED_BACKENDS
 
     if prefs.backend not in ("auto", *PLANNED_BACKENDS):
@@ -423,13 +481,16 @@ def _check(prefs: Prefs) -> None:
     if prefs.tensor_parallel is not None and prefs.tensor_parallel < 1:
         raise ConfigError(f"--tensor-parallel must be 1 or more ranks, got {prefs.tensor_parallel}")
     if prefs.tensor_parallel and prefs.tensor_parallel > 1 and prefs.backend == "llama.cpp":
-        raise ConfigError("--tensor-parallel is the torch engine's; llama.cpp splits across GPUs by itself",
-                          "drop --tensor-parallel, or use --backend torch")
+        raise ConfigError(
+            "--tensor-parallel is the torch engine's; llama.cpp splits across GPUs by itself",
+            "drop --tensor-parallel, or use --backend torch",
+        )
 
 
 def _cpu_only(report, shape, prefs, lo, hi, quants) -> Candidate | None:  # noqa: ANN001 - internal
     kv = prefs.kv_cache_type or "f16"
     for quant, layout in quants:
+
         def make(ctx: int, quant: str = quant, layout: m.WeightLayout = layout) -> Candidate:
             return Candidate("llama.cpp", quant, layout, ctx, kv, kv != "f16", (), "none", 0, prefs.n_batch)
 
@@ -444,8 +505,14 @@ def serving(prefs: Prefs) -> bool:
     return prefs.prefer_batching and prefs.backend == "auto" and prefs.max_num_seqs > 1
 
 
-def _serve_on_cpu(report, shape, prefs, lo, hi,  # noqa: ANN001 - internal
-                  llama: Candidate) -> tuple[Candidate, tuple[Candidate, float] | None]:
+def _serve_on_cpu(
+    report,
+    shape,
+    prefs,
+    lo,
+    hi,  # noqa: ANN001 - internal
+    llama: Candidate,
+) -> tuple[Candidate, tuple[Candidate, float] | None]:
     """Serving from host RAM: the torch engine (continuous batching) instead of llama.cpp's one request at a
     time, where it runs the model and its batch's KV pool fits RAM; else llama.cpp.  Returns the chosen plan and
     llama.cpp's single-stream candidate with its tokens/s (for the reasons), or None when llama.cpp stays."""
@@ -484,4 +551,5 @@ def _no_fit(report: HardwareReport, shape: ModelShape, c: Candidate, devices) ->
         f"{d.kv_mib / 1024:.1f} at {c.ctx} tokens + compute {d.compute_mib / 1024:.1f}) but only "
         f"{d.budget_mib / 1024:.1f} GiB is available there",
         f"try a smaller --ctx, --kv-cache-type q4_0{', a smaller quant' if not shape.quant else ''}, or close "
-        "programs that hold memory")
+        "programs that hold memory",
+    )

@@ -44,13 +44,33 @@ def _torch_cuda_gpus() -> tuple[GpuInfo, ...]:
         free, total = torch.cuda.mem_get_info(i)
         peers = tuple(j for j in range(torch.cuda.device_count()) if j != i and torch.cuda.can_device_access_peer(i, j))
         bw = known_bandwidth_gbps(props.name)
-        gpus.append(GpuInfo(
-            index=i, name=props.name, memory_total_mib=total // MIB, memory_free_mib=free // MIB,
-            memory_used_mib=(total - free) // MIB, compute_capability=f"{props.major}.{props.minor}",
-            p2p_peers=peers, memory_bandwidth_gbps=bw,
-            sources={**{k: "torch.cuda" for k in ("index", "name", "memory_total_mib", "memory_free_mib",
-                                                  "memory_used_mib", "compute_capability", "p2p_peers")},
-                     "memory_bandwidth_gbps": "known-gpus" if bw else "default"}))
+        gpus.append(
+            GpuInfo(
+                index=i,
+                name=props.name,
+                memory_total_mib=total // MIB,
+                memory_free_mib=free // MIB,
+                memory_used_mib=(total - free) // MIB,
+                compute_capability=f"{props.major}.{props.minor}",
+                p2p_peers=peers,
+                memory_bandwidth_gbps=bw,
+                sources={
+                    **{
+                        k: "torch.cuda"
+                        for k in (
+                            "index",
+                            "name",
+                            "memory_total_mib",
+                            "memory_free_mib",
+                            "memory_used_mib",
+                            "compute_capability",
+                            "p2p_peers",
+                        )
+                    },
+                    "memory_bandwidth_gbps": "known-gpus" if bw else "default",
+                },
+            )
+        )
     return tuple(gpus)
 
 
@@ -98,8 +118,13 @@ def probe(model_dir: str | os.PathLike[str] | None = None) -> HardwareReport:
     logical = psutil.cpu_count(logical=True) or os.cpu_count() or 1
     physical = psutil.cpu_count(logical=False) or logical
     vm = psutil.virtual_memory()
-    src.update(cpu_cores="psutil", cpu_threads="psutil", ram_total_mib="psutil", ram_available_mib="psutil",
-               ram_bandwidth_gbps="default")
+    src.update(
+        cpu_cores="psutil",
+        cpu_threads="psutil",
+        ram_total_mib="psutil",
+        ram_available_mib="psutil",
+        ram_bandwidth_gbps="default",
+    )
     disk_free = None
     disk_path = None
     if model_dir is not None:
@@ -113,8 +138,19 @@ def probe(model_dir: str | os.PathLike[str] | None = None) -> HardwareReport:
         except OSError as exc:
             notes.append(f"free disk at {p} unknown: {exc}")
     return HardwareReport(
-        gpus=nv.gpus, cpu_model=model or "unknown CPU", cpu_cores=physical, cpu_threads=logical,
-        cpu_avx2="avx2" in flags, cpu_avx512="avx512f" in flags, ram_total_mib=vm.total // MIB,
-        ram_available_mib=vm.available // MIB, ram_bandwidth_gbps=DEFAULT_RAM_BANDWIDTH_GBPS,
-        disk_free_mib=disk_free, disk_path=disk_path, driver_version=nv.driver_version,
-        cuda_version=nv.cuda_version, sources=src, notes=tuple(notes))
+        gpus=nv.gpus,
+        cpu_model=model or "unknown CPU",
+        cpu_cores=physical,
+        cpu_threads=logical,
+        cpu_avx2="avx2" in flags,
+        cpu_avx512="avx512f" in flags,
+        ram_total_mib=vm.total // MIB,
+        ram_available_mib=vm.available // MIB,
+        ram_bandwidth_gbps=DEFAULT_RAM_BANDWIDTH_GBPS,
+        disk_free_mib=disk_free,
+        disk_path=disk_path,
+        driver_version=nv.driver_version,
+        cuda_version=nv.cuda_version,
+        sources=src,
+        notes=tuple(notes),
+    )

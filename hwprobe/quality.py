@@ -13,7 +13,9 @@ def delta_ppl_warning(base_ppl: float, other_ppl: float) -> str | None:
     base; None when the loss is within both limits."""
     delta = other_ppl - base_ppl
     if delta > DELTA_PPL_ABS_LIMIT or delta > DELTA_PPL_REL_LIMIT * base_ppl:
-        return (f"perplexity rises by {delta:.3f} ({100 * delta / base_ppl:.1f}% of {base_ppl:.3f}): "
-                f"above the limit of {DELTA_PPL_ABS_LIMIT:g} or {100 * DELTA_PPL_REL_LIMIT:g}%, "
-                "generation quality may suffer noticeably")
+        return (
+            f"perplexity rises by {delta:.3f} ({100 * delta / base_ppl:.1f}% of {base_ppl:.3f}): "
+            f"above the limit of {DELTA_PPL_ABS_LIMIT:g} or {100 * DELTA_PPL_REL_LIMIT:g}%, "
+            "generation quality may suffer noticeably"
+        )
     return None

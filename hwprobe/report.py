@@ -92,17 +92,26 @@ class HardwareReport:
 
 _GPU_DEFAULTS = {"name": "unknown GPU", "compute_capability": None, "nvlink_peers": [], "uuid": ""}
 _MACHINE_DEFAULTS: dict[str, Any] = {
-    "cpu_model": "unknown CPU", "cpu_cores": 4, "cpu_avx2": True, "cpu_avx512": False, "ram_total_mib": 16384,
-    "ram_bandwidth_gbps": DEFAULT_RAM_BANDWIDTH_GBPS, "disk_free_mib": None, "disk_path": None,
-    "driver_version": None, "cuda_version": None,
+    "cpu_model": "unknown CPU",
+    "cpu_cores": 4,
+    "cpu_avx2": True,
+    "cpu_avx512": False,
+    "ram_total_mib": 16384,
+    "ram_bandwidth_gbps": DEFAULT_RAM_BANDWIDTH_GBPS,
+    "disk_free_mib": None,
+    "disk_path": None,
+    "driver_version": None,
+    "cuda_version": None,
 }
 
 
 def _int(data: dict[str, Any], key: str, where: str, *, minimum: int = 0) -> int:
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum or value != int(value):
-        raise HardwareReportError(f"{where}: {key} must be a whole number >= {minimum}, got {value!r}",
-                                  "fix the file or write a new one with `hearth probe --json > FILE`")
+        raise HardwareReportError(
+            f"{where}: {key} must be a whole number >= {minimum}, got {value!r}",
+            "fix the file or write a new one with `hearth probe --json > FILE`",
+        )
     return int(value)
 
 
@@ -116,13 +125,17 @@ def _gpu_from_dict(d: Any, pos: int) -> tuple[GpuInfo, list[str]]:
     notes: list[str] = []
     vals: dict[str, Any] = {"index": _int(d, "index", where) if "index" in d else pos}
     vals["memory_total_mib"] = _int(d, "memory_total_mib", where, minimum=1)
-    vals["memory_free_mib"] = _int(d, "memory_free_mib", where) if "memory_free_mib" in d else vals[
-        "memory_total_mib"]
+    vals["memory_free_mib"] = _int(d, "memory_free_mib", where) if "memory_free_mib" in d else vals["memory_total_mib"]
     if vals["memory_free_mib"] > vals["memory_total_mib"]:
-        raise HardwareReportError(f"{where}: memory_free_mib {vals['memory_free_mib']} > memory_total_mib "
-                                  f"{vals['memory_total_mib']}", "free memory cannot exceed the total")
-    vals["memory_used_mib"] = (_int(d, "memory_used_mib", where) if "memory_used_mib" in d
-                               else vals["memory_total_mib"] - vals["memory_free_mib"])
+        raise HardwareReportError(
+            f"{where}: memory_free_mib {vals['memory_free_mib']} > memory_total_mib {vals['memory_total_mib']}",
+            "free memory cannot exceed the total",
+        )
+    vals["memory_used_mib"] = (
+        _int(d, "memory_used_mib", where)
+        if "memory_used_mib" in d
+        else vals["memory_total_mib"] - vals["memory_free_mib"]
+    )
     for key, default in _GPU_DEFAULTS.items():
         vals[key] = d.get(key, default)
         if key not in d:
@@ -130,22 +143,33 @@ def _gpu_from_dict(d: Any, pos: int) -> tuple[GpuInfo, list[str]]:
     if vals["compute_capability"] is not None:
         cc = str(vals["compute_capability"])
         if not cc.replace(".", "", 1).isdigit():
-            raise HardwareReportError(f"{where}: compute_capability must look like \"8.6\", got {cc!r}",
-                                      "see https://developer.nvidia.com/cuda-gpus")
+            raise HardwareReportError(
+                f'{where}: compute_capability must look like "8.6", got {cc!r}',
+                "see https://developer.nvidia.com/cuda-gpus",
+            )
         vals["compute_capability"] = cc
     for key in ("pcie_generation", "pcie_width"):
         vals[key] = _int(d, key, where) if d.get(key) is not None else None
     vals["nvlink_peers"] = tuple(int(p) for p in vals["nvlink_peers"])
     vals["p2p_peers"] = tuple(int(p) for p in d.get("p2p_peers", vals["nvlink_peers"]))
-    vals["other_processes"] = tuple(ProcessUse(int(p["pid"]), int(p.get("used_mib", 0)))
-                                    for p in d.get("other_processes", ()))
+    vals["other_processes"] = tuple(
+        ProcessUse(int(p["pid"]), int(p.get("used_mib", 0))) for p in d.get("other_processes", ())
+    )
     bw = d.get("memory_bandwidth_gbps")
     if bw is None:
         bw = known_bandwidth_gbps(str(vals["name"]))
         src["memory_bandwidth_gbps"] = "known-gpus" if bw else "default"
     vals["memory_bandwidth_gbps"] = float(bw) if bw else None
-    for key in ("index", "memory_total_mib", "memory_free_mib", "memory_used_mib", "name", "compute_capability",
-                "nvlink_peers", "p2p_peers"):
+    for key in (
+        "index",
+        "memory_total_mib",
+        "memory_free_mib",
+        "memory_used_mib",
+        "name",
+        "compute_capability",
+        "nvlink_peers",
+        "p2p_peers",
+    ):
         src.setdefault(key, "hardware-file")
     return GpuInfo(**vals, sources=src), notes
 
@@ -153,11 +177,15 @@ def _gpu_from_dict(d: Any, pos: int) -> tuple[GpuInfo, list[str]]:
 def report_from_dict(data: Any) -> HardwareReport:
     """A HardwareReport from its JSON form (full or minimal); HardwareReportError naming the bad field."""
     if not isinstance(data, dict):
-        raise HardwareReportError(f"a hardware report must be a JSON object, got {type(data).__name__}",
-                                  "write one with `hearth probe --json > FILE`")
+        raise HardwareReportError(
+            f"a hardware report must be a JSON object, got {type(data).__name__}",
+            "write one with `hearth probe --json > FILE`",
+        )
     if data.get("schema", SCHEMA) > SCHEMA:
-        raise HardwareReportError(f"hardware report schema {data['schema']} is newer than this hearth ({SCHEMA})",
-                                  "update hearth or write the file again with this version")
+        raise HardwareReportError(
+            f"hardware report schema {data['schema']} is newer than this hearth ({SCHEMA})",
+            "update hearth or write the file again with this version",
+        )
     raw_gpus = data.get("gpus", [])
     if not isinstance(raw_gpus, list):
         raise HardwareReportError(f"gpus must be a list, got {raw_gpus!r}", "use [] for a machine without GPUs")
@@ -175,9 +203,15 @@ def report_from_dict(data: Any) -> HardwareReport:
         missing = sorted(set(g.nvlink_peers + g.p2p_peers) - indices)
         if missing:
             notes.append(f"GPU {g.index} lists peers {missing} that are not in the report; ignored")
-        cleaned.append(GpuInfo(**{**{f.name: getattr(g, f.name) for f in fields(g)},
-                                  "nvlink_peers": tuple(p for p in g.nvlink_peers if p in indices),
-                                  "p2p_peers": tuple(p for p in g.p2p_peers if p in indices)}))
+        cleaned.append(
+            GpuInfo(
+                **{
+                    **{f.name: getattr(g, f.name) for f in fields(g)},
+                    "nvlink_peers": tuple(p for p in g.nvlink_peers if p in indices),
+                    "p2p_peers": tuple(p for p in g.p2p_peers if p in indices),
+                }
+            )
+        )
     src = dict(data.get("sources") or {})
     vals: dict[str, Any] = {}
     for key, default in _MACHINE_DEFAULTS.items():
@@ -185,11 +219,15 @@ def report_from_dict(data: Any) -> HardwareReport:
         src.setdefault(key, "hardware-file" if key in data else "default")
     for key in ("cpu_cores", "ram_total_mib"):
         vals[key] = _int({key: vals[key]}, key, "hardware report", minimum=1)
-    vals["cpu_threads"] = _int(data, "cpu_threads", "hardware report", minimum=1) if "cpu_threads" in data \
-        else 2 * vals["cpu_cores"]
+    vals["cpu_threads"] = (
+        _int(data, "cpu_threads", "hardware report", minimum=1) if "cpu_threads" in data else 2 * vals["cpu_cores"]
+    )
     src.setdefault("cpu_threads", "hardware-file" if "cpu_threads" in data else "default")
-    vals["ram_available_mib"] = (_int(data, "ram_available_mib", "hardware report") if "ram_available_mib" in data
-                                 else vals["ram_total_mib"] * 3 // 4)
+    vals["ram_available_mib"] = (
+        _int(data, "ram_available_mib", "hardware report")
+        if "ram_available_mib" in data
+        else vals["ram_total_mib"] * 3 // 4
+    )
     src.setdefault("ram_available_mib", "hardware-file" if "ram_available_mib" in data else "default")
     vals["ram_bandwidth_gbps"] = float(vals["ram_bandwidth_gbps"])
     return HardwareReport(gpus=tuple(cleaned), **vals, sources=src, notes=tuple(notes))
@@ -201,11 +239,13 @@ def load_report(path: str | Path) -> HardwareReport:
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise HardwareReportError(f"cannot read hardware file {p}: {exc.strerror or exc}",
-                                  "write one with `hearth probe --json > FILE`") from None
+        raise HardwareReportError(
+            f"cannot read hardware file {p}: {exc.strerror or exc}", "write one with `hearth probe --json > FILE`"
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise HardwareReportError(f"{p} is not valid JSON: {exc.msg} at line {exc.lineno}",
-                                  "write one with `hearth probe --json > FILE`") from None
+        raise HardwareReportError(
+            f"{p} is not valid JSON: {exc.msg} at line {exc.lineno}", "write one with `hearth probe --json > FILE`"
+        ) from None
     return report_from_dict(data)

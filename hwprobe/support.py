@@ -39,17 +39,22 @@ FP8_MIN_CC = (8, 9)
 BF16_MIN_CC = (8, 0)
 
 
-def torch_engine_refusal(shape: "ModelShape") -> str | None:
+def torch_engine_refusal(shape: ModelShape) -> str | None:
     """Why the torch engine cannot run this model, or None when it can (architecture, experts, tokenizer)."""
     if shape.n_experts:
         if shape.architecture not in TORCH_ENGINE_MOE_ARCHITECTURES:
             return f"the torch engine does not implement {shape.architecture} mixture-of-experts models"
-        return (f"the planner sends mixture-of-experts models ({shape.n_experts} experts) to the torch engine only "
-                "when asked (--backend torch): it loads their experts dense, unquantized")
+        return (
+            f"the planner sends mixture-of-experts models ({shape.n_experts} experts) to the torch engine only "
+            "when asked (--backend torch): it loads their experts dense, unquantized"
+        )
     if shape.architecture not in TORCH_ENGINE_ARCHITECTURES:
         return f"the torch engine does not implement {shape.architecture}"
     model, _, pre = shape.tokenizer.partition("/")
-    if model and model not in ("hf", TORCH_ENGINE_GGUF_SPM) and (
-            model != "gpt2" or pre not in TORCH_ENGINE_GGUF_PRE_TOKENIZERS):
+    if (
+        model
+        and model not in ("hf", TORCH_ENGINE_GGUF_SPM)
+        and (model != "gpt2" or pre not in TORCH_ENGINE_GGUF_PRE_TOKENIZERS)
+    ):
         return f"the torch engine does not build the {shape.tokenizer} tokenizer"
     return None

@@ -44,38 +44,50 @@ def tp_kv_fraction(n_heads: int, n_kv_heads: int, world: int) -> float:
     return max(tp_kv_heads(n_heads, n_kv_heads, world)) / n_kv_heads
 
 
-def shape_tp_ok(shape: "ModelShape", world: int) -> bool:
+def shape_tp_ok(shape: ModelShape, world: int) -> bool:
     """tp_ranks_ok for a model; experts are not split yet (backends/torch_engine/tp refuses them)."""
     if world > 1 and shape.n_experts:
         return False
     return tp_ranks_ok(shape.n_heads, shape.n_kv_heads, world)
 
 
-def tp_race_reason(gpus: tuple[int, ...], quant: str, tps: float, alt: tuple[str, str] | None,
-                   alt_tps: float) -> str:
+def tp_race_reason(gpus: tuple[int, ...], quant: str, tps: float, alt: tuple[str, str] | None, alt_tps: float) -> str:
     """The sentence a tensor-parallel plan gives: its estimate, and what llama.cpp's split (alt: its split mode
     and quant, None when none fits) would have run."""
-    out = (f"tensor parallel: the torch engine in {len(gpus)} ranks, one per GPU ({', '.join(map(str, gpus))}), "
-           f"each holding a share of every layer, {quant} at ~{tps:.0f} tokens/s")
+    out = (
+        f"tensor parallel: the torch engine in {len(gpus)} ranks, one per GPU ({', '.join(map(str, gpus))}), "
+        f"each holding a share of every layer, {quant} at ~{tps:.0f} tokens/s"
+    )
     if alt is None:
         return out + "; llama.cpp fits no quant of the ladder on these GPUs"
     split, alt_quant = alt
-    why = ("better weights first" if TORCH_QUALITY.get(quant, 9) < LLAMA_CPP_QUALITY.get(alt_quant, 5) else
-           "the same precision: the torch engine comes first, for its continuous batching")
+    why = (
+        "better weights first"
+        if TORCH_QUALITY.get(quant, 9) < LLAMA_CPP_QUALITY.get(alt_quant, 5)
+        else "the same precision: the torch engine comes first, for its continuous batching"
+    )
     return f"{out}; llama.cpp's {split} split would run {alt_quant} at ~{alt_tps:.0f} tokens/s ({why})"
 
 
-def no_tp_error(report: "HardwareReport", shape: "ModelShape", n: int) -> PlanError:
+def no_tp_error(report: HardwareReport, shape: ModelShape, n: int) -> PlanError:
     """Why --tensor-parallel N cannot be planned here, with the numbers."""
     if shape.n_experts:
-        return PlanError(f"tensor parallelism does not split {shape.name}'s {shape.n_experts} experts yet",
-                         "drop --tensor-parallel")
+        return PlanError(
+            f"tensor parallelism does not split {shape.name}'s {shape.n_experts} experts yet", "drop --tensor-parallel"
+        )
     if not shape_tp_ok(shape, n):
-        return PlanError(f"{n} tensor-parallel ranks cannot share {shape.name}'s {shape.n_heads} query heads and "
-                         f"{shape.n_kv_heads} KV heads", f"use --tensor-parallel {min(shape.n_kv_heads, n)}")
+        return PlanError(
+            f"{n} tensor-parallel ranks cannot share {shape.name}'s {shape.n_heads} query heads and "
+            f"{shape.n_kv_heads} KV heads",
+            f"use --tensor-parallel {min(shape.n_kv_heads, n)}",
+        )
     usable = sum(m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) > 0 for g in report.gpus)
     if usable < n:
-        return PlanError(f"--tensor-parallel {n} needs {n} GPUs with free memory, this machine has {usable}",
-                         f"use --tensor-parallel {max(usable, 1)}")
-    return PlanError(f"{shape.name} fits no torch format on {n} GPUs", "drop --tensor-parallel to let the plan "
-                     "choose (llama.cpp's split, or partial offload)")
+        return PlanError(
+            f"--tensor-parallel {n} needs {n} GPUs with free memory, this machine has {usable}",
+            f"use --tensor-parallel {max(usable, 1)}",
+        )
+    return PlanError(
+        f"{shape.name} fits no torch format on {n} GPUs",
+        "drop --tensor-parallel to let the plan choose (llama.cpp's split, or partial offload)",
+    )

@@ -24,7 +24,7 @@ def silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
 def gelu_tanh_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
     """x: (num_tokens, 2 * ffn) -> (num_tokens, ffn), the tanh formula written out, in float64."""
     gate, up = x.double().chunk(2, dim=-1)
-    gelu = 0.5 * gate * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (gate + 0.044715 * gate ** 3)))
+    gelu = 0.5 * gate * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (gate + 0.044715 * gate**3)))
     return (gelu * up).to(x.dtype)
 
 

@@ -35,6 +35,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[0], ffn, dtype=x.dtype, device=x.device)
     if x.shape[0]:
         block = min(1024, triton.next_power_of_2(ffn))
-        _silu_and_mul_kernel[(x.shape[0], triton.cdiv(ffn, block))](x, out, ffn, x.stride(0), out.stride(0),
-                                                                     BLOCK=block)
+        _silu_and_mul_kernel[(x.shape[0], triton.cdiv(ffn, block))](
+            x, out, ffn, x.stride(0), out.stride(0), BLOCK=block
+        )
     return out

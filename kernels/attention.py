@@ -66,8 +66,9 @@ def with_sliding_window(meta: AttentionMetadata, window: int) -> AttentionMetada
     return cached  # type: ignore[return-value]
 
 
-def build_attention_metadata(seqs: list[tuple[int, int, tuple[int, ...]]], block_size: int,
-                             device: torch.device | str = "cpu") -> AttentionMetadata:
+def build_attention_metadata(
+    seqs: list[tuple[int, int, tuple[int, ...]]], block_size: int, device: torch.device | str = "cpu"
+) -> AttentionMetadata:
     """seqs: (start_position, q_len, block_table) per sequence, in batch order (rows are flattened in it).
 
     The fast path batches all single-token sequences (decodes) into one group and gives every longer chunk its
@@ -87,19 +88,29 @@ def build_attention_metadata(seqs: list[tuple[int, int, tuple[int, ...]]], block
     for ids in ([decode_ids] if decode_ids else []) + [[s] for s in chunk_ids]:
         groups.append(_group(ids, seqs, starts, ctx_lens, block_size, device))
     return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device), query_start=tuple(starts),
-        context_lens=tuple(ctx_lens), block_tables=tuple(tuple(t) for _, _, t in seqs), groups=tuple(groups),
-        block_size=block_size)
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        query_start=tuple(starts),
+        context_lens=tuple(ctx_lens),
+        block_tables=tuple(tuple(t) for _, _, t in seqs),
+        groups=tuple(groups),
+        block_size=block_size,
+    )
 
 
-def _group(ids: list[int], seqs: list[tuple[int, int, tuple[int, ...]]], starts: list[int], ctx_lens: list[int],
-           block_size: int, device: torch.device | str) -> AttentionGroup:
+def _group(
+    ids: list[int],
+    seqs: list[tuple[int, int, tuple[int, ...]]],
+    starts: list[int],
+    ctx_lens: list[int],
+    block_size: int,
+    device: torch.device | str,
+) -> AttentionGroup:
     q_len = seqs[ids[0]][1]
     max_blocks = max((ctx_lens[s] + block_size - 1) // block_size for s in ids)
     tables = torch.zeros(len(ids), max_blocks, dtype=torch.int64)
     for row, s in enumerate(ids):
         used = seqs[s][2][:max_blocks]
-        tables[row, :len(used)] = torch.tensor(used, dtype=torch.int64)
+        tables[row, : len(used)] = torch.tensor(used, dtype=torch.int64)
     ctx = torch.tensor([ctx_lens[s] for s in ids])[:, None, None]  # (n, 1, 1)
     i = torch.arange(q_len)[None, :, None]  # query index within the chunk
     j = torch.arange(max_blocks * block_size)[None, None, :]  # key position
@@ -108,8 +119,15 @@ def _group(ids: list[int], seqs: list[tuple[int, int, tuple[int, ...]]], starts:
     return AttentionGroup(token_index.to(device), tables.to(device), mask[:, None].to(device), q_len)
 
 
-def allocate_kv_cache(num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                      device: torch.device | str, head_major: bool = False) -> torch.Tensor:
+def allocate_kv_cache(
+    num_blocks: int,
+    block_size: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    head_major: bool = False,
+) -> torch.Tensor:
     """One layer's K (or V) cache, always indexed (num_blocks, block_size, kv_heads, D).
 
     head_major: the memory holds (num_blocks, kv_heads, block_size, D) and the tensor is a permuted view of it.
@@ -136,8 +154,14 @@ def _head_major_memory(cache: torch.Tensor) -> torch.Tensor | None:
     return memory
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor, memo: dict[object, torch.Tensor] | None = None) -> None:
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    memo: dict[object, torch.Tensor] | None = None,
+) -> None:
     """Store the new tokens' K/V: k, v (num_tokens, kv_heads, D) into their slots of the caches.
     memo: the step's AttentionMetadata.memo; a head-major cache's memory rows are computed once per step
     there instead of once per layer (~10 small ops a layer, ~0.5 ms of a 30-layer batch-1 CPU step)."""
@@ -165,8 +189,9 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     v_cache[blocks, offsets] = v.to(v_cache.dtype)
 
 
-def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                              meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def paged_attention_reference(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
     """Slow version: per sequence, gather its positions one slot at a time and do softmax by hand in float32.
     q: (num_tokens, num_heads, D) -> (num_tokens, num_heads, D)."""
     num_heads, head_dim = q.shape[1:]
@@ -195,8 +220,9 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     return out
 
 
-def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def paged_attention_torch(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
     """Fast plain-torch path: per group, gather the blocks (k_cache[block_tables]), one masked SDPA call."""
     num_tokens, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
@@ -226,8 +252,9 @@ def paged_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                 out.index_copy_(0, g.token_index, o)
             continue
         qs = q.index_select(0, g.token_index).view(n, g.q_len, num_heads, head_dim).transpose(1, 2)  # (n, H, q, D)
-        o = torch.nn.functional.scaled_dot_product_attention(qs, keys, vals, attn_mask=g.mask, scale=scale,
-                                                             enable_gqa=kv_heads != num_heads)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qs, keys, vals, attn_mask=g.mask, scale=scale, enable_gqa=kv_heads != num_heads
+        )
         out.index_copy_(0, g.token_index, o.transpose(1, 2).reshape(n * g.q_len, num_heads, head_dim))
     return out
 
@@ -248,8 +275,9 @@ def _mask_bias(g: AttentionGroup) -> torch.Tensor:
     return bias
 
 
-def _decode_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, bias: torch.Tensor,
-                      scale: float) -> torch.Tensor:
+def _decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
     """One new token per sequence: q (n, H, D); keys/vals (n, kv_heads, L, D) padded to whole blocks; bias
     (n, 1, 1, L) float32, 0 or -inf (_mask_bias) -> (n, H, D).  One SDPA call with the GQA group folded into
     the query rows (q viewed (n, kv_heads, group, D): no K/V repeat, no enable_gqa).
@@ -267,5 +295,6 @@ def _decode_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, b
         # here, so two float32 matmuls, which do not (and lose nothing: their scores are float32 already)
         scores = torch.add(bias, torch.matmul(qs, keys.transpose(-1, -2)), alpha=scale)
         return torch.matmul(torch.softmax(scores, dim=-1), vals).view(n, num_heads, head_dim)
-    return torch.nn.functional.scaled_dot_product_attention(qs, keys, vals, attn_mask=bias, scale=scale
-                                                            ).view(n, num_heads, head_dim)
+    return torch.nn.functional.scaled_dot_product_attention(qs, keys, vals, attn_mask=bias, scale=scale).view(
+        n, num_heads, head_dim
+    )

@@ -49,8 +49,14 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.
     return torch.einsum("hnl,lhd->nhd", scores.softmax(dim=-1), v)
 
 
-def paged_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_decode_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """q: (batch, num_heads, head_dim), the last token of each sequence -> (batch, num_heads, head_dim)."""
     out = torch.empty_like(q)
     for b, length in enumerate(seq_lens.tolist()):
@@ -59,9 +65,15 @@ def paged_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
-def paged_prefill_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                            block_tables: torch.Tensor, seq_lens: torch.Tensor, cu_query_lens: torch.Tensor,
-                            scale: float) -> torch.Tensor:
+def paged_prefill_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_query_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """q: (total_query_tokens, num_heads, head_dim), sequences packed one after another (cu_query_lens (batch+1,))
     -> same shape: each chunk attends to its cached prefix and causally to itself."""
     out = torch.empty_like(q)
@@ -105,10 +117,38 @@ def _online_softmax_step(q, k, v, allowed, scale, m, l, acc, IEEE: tl.constexpr)
 
 
 @triton.jit
-def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, acc_ptr, ml_ptr, scale, head_dim, window,
-                   s_qb, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_bt, s_ab, s_ah, s_as, s_mb, s_mh, s_ms,
-                   GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+def _decode_kernel(
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    bt_ptr,
+    lens_ptr,
+    acc_ptr,
+    ml_ptr,
+    scale,
+    head_dim,
+    window,
+    s_qb,
+    s_qh,
+    s_kb,
+    s_ks,
+    s_kh,
+    s_vb,
+    s_vs,
+    s_vh,
+    s_bt,
+    s_ab,
+    s_ah,
+    s_as,
+    s_mb,
+    s_mh,
+    s_ms,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -127,8 +167,9 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, acc_ptr, ml_ptr, sca
     heads = kvh * GROUP + g
     g_mask = g < GROUP
     d_mask = d < head_dim
-    q = tl.load(q_ptr + b * s_qb + heads[:, None] * s_qh + d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # (BLOCK_G, BLOCK_D)
+    q = tl.load(
+        q_ptr + b * s_qb + heads[:, None] * s_qh + d[None, :], mask=g_mask[:, None] & d_mask[None, :], other=0.0
+    )  # (BLOCK_G, BLOCK_D)
     m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
@@ -146,11 +187,13 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, acc_ptr, ml_ptr, sca
     tl.store(ml_ptr + b * s_mb + heads * s_mh + split * s_ms + 1, l, mask=g_mask)
 
 
-def _check_common(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                  seq_lens: torch.Tensor) -> None:
+def _check_common(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor
+) -> None:
     if q.dim() != 3 or q.stride(-1) != 1:
-        raise ValueError(f"q must be (tokens or batch, num_heads, head_dim) with unit last stride, "
-                         f"got {tuple(q.shape)}")
+        raise ValueError(
+            f"q must be (tokens or batch, num_heads, head_dim) with unit last stride, got {tuple(q.shape)}"
+        )
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[3] != q.shape[2]:
         raise ValueError(f"caches {tuple(k_cache.shape)} must be (blocks, block_size, kv_heads, {q.shape[2]})")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
@@ -163,15 +206,24 @@ def _check_common(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         raise ValueError("block_tables (batch, max_blocks) and seq_lens (batch,) must be int32")
     floats = (torch.float16, torch.bfloat16, torch.float32)
     if q.dtype not in floats or k_cache.dtype not in floats or v_cache.dtype != k_cache.dtype:
-        raise TypeError(f"q and the caches must be fp16/bf16/fp32 (both caches alike), got {q.dtype}, "
-                        f"{k_cache.dtype} and {v_cache.dtype}")
+        raise TypeError(
+            f"q and the caches must be fp16/bf16/fp32 (both caches alike), got {q.dtype}, "
+            f"{k_cache.dtype} and {v_cache.dtype}"
+        )
     if not (q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         raise RuntimeError("Triton paged attention runs on CUDA tensors (or under TRITON_INTERPRET=1)")
 
 
-def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                        seq_lens: torch.Tensor, scale: float, blocks_per_split: int | None = None,
-                        window: int = 0) -> torch.Tensor:
+def paged_decode_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    blocks_per_split: int | None = None,
+    window: int = 0,
+) -> torch.Tensor:
     """Same contract as paged_decode_reference; every seq_len must be >= 1 and fit its block table.
     window > 0: the query sees only its last `window` positions (kernels/attention.py's sliding window).
     blocks_per_split: the widest table is cut into splits of at most this many blocks, which sets the split
@@ -180,8 +232,9 @@ def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     batch, num_heads, head_dim = q.shape
     kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     if block_tables.shape[0] != batch or seq_lens.shape != (batch,):
-        raise ValueError(f"block_tables {tuple(block_tables.shape)} / seq_lens {tuple(seq_lens.shape)} "
-                         f"do not match batch {batch}")
+        raise ValueError(
+            f"block_tables {tuple(block_tables.shape)} / seq_lens {tuple(seq_lens.shape)} do not match batch {batch}"
+        )
     max_blocks = block_tables.shape[1]
     if blocks_per_split is None:  # aim for ~4 programs per SM-ish worth of work without tiny splits
         target = 512 if q.is_cuda else max_blocks
@@ -191,13 +244,37 @@ def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     ml = torch.empty(batch, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
     group = num_heads // kv_heads
     _decode_kernel[(batch, kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, acc, ml, scale, head_dim, window,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-        acc.stride(0), acc.stride(1), acc.stride(2), ml.stride(0), ml.stride(1), ml.stride(2),
-        GROUP=group, BLOCK_SIZE=block_size,
-        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        IEEE=q.dtype == torch.float32)
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        acc,
+        ml,
+        scale,
+        head_dim,
+        window,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        acc.stride(0),
+        acc.stride(1),
+        acc.stride(2),
+        ml.stride(0),
+        ml.stride(1),
+        ml.stride(2),
+        GROUP=group,
+        BLOCK_SIZE=block_size,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        IEEE=q.dtype == torch.float32,
+    )
     # Merge the splits: splits past a sequence's end (or wholly behind its window) hold max = -inf and weigh 0.
     m, l = ml[..., 0], ml[..., 1]
     weight = torch.exp(m - m.amax(dim=2, keepdim=True))  # (batch, heads, splits)
@@ -209,10 +286,34 @@ def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, cu_ptr, out_ptr, scale, head_dim, window,
-                    s_qt, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_bt, s_ot, s_oh,
-                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                    BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+def _prefill_kernel(
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    bt_ptr,
+    lens_ptr,
+    cu_ptr,
+    out_ptr,
+    scale,
+    head_dim,
+    window,
+    s_qt,
+    s_qh,
+    s_kb,
+    s_ks,
+    s_kh,
+    s_vb,
+    s_vs,
+    s_vh,
+    s_bt,
+    s_ot,
+    s_oh,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     b = tl.program_id(0)
     h = tl.program_id(1)
     tile = tl.program_id(2)
@@ -227,8 +328,11 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, cu_ptr, out_ptr, sc
         t = tl.arange(0, BLOCK_SIZE)
         row_mask = rows < q_len
         d_mask = d < head_dim
-        q = tl.load(q_ptr + (q_start + rows)[:, None] * s_qt + h * s_qh + d[None, :],
-                    mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+        q = tl.load(
+            q_ptr + (q_start + rows)[:, None] * s_qt + h * s_qh + d[None, :],
+            mask=row_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )  # (BLOCK_M, BLOCK_D)
         q_pos = prefix + rows
         m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
         l = tl.zeros((BLOCK_M,), tl.float32)
@@ -246,20 +350,32 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, lens_ptr, cu_ptr, out_ptr, sc
             allowed = allowed & ((window == 0) | (tok[None, :] > q_pos[:, None] - window))
             m, l, acc = _online_softmax_step(q, k, v, allowed, scale, m, l, acc, IEEE)
         out = acc / tl.where(l > 0, l, 1.0)[:, None]  # l = 0 only in padding rows past q_len (not stored)
-        tl.store(out_ptr + (q_start + rows)[:, None] * s_ot + h * s_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+        tl.store(
+            out_ptr + (q_start + rows)[:, None] * s_ot + h * s_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_mask[:, None] & d_mask[None, :],
+        )
 
 
-def paged_prefill_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                         seq_lens: torch.Tensor, cu_query_lens: torch.Tensor, scale: float,
-                         max_query_len: int | None = None, window: int = 0) -> torch.Tensor:
+def paged_prefill_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_query_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int | None = None,
+    window: int = 0,
+) -> torch.Tensor:
     """Same contract as paged_prefill_reference.  Pass max_query_len (the scheduler knows it) to avoid a sync.
     window > 0: each query sees only its last `window` positions."""
     _check_common(q, k_cache, v_cache, block_tables, seq_lens)
     batch = seq_lens.shape[0]
     if cu_query_lens.shape != (batch + 1,) or cu_query_lens.dtype != torch.int32:
-        raise ValueError(f"cu_query_lens must be int32 ({batch + 1},), got {cu_query_lens.dtype} "
-                         f"{tuple(cu_query_lens.shape)}")
+        raise ValueError(
+            f"cu_query_lens must be int32 ({batch + 1},), got {cu_query_lens.dtype} {tuple(cu_query_lens.shape)}"
+        )
     if block_tables.shape[0] != batch:
         raise ValueError(f"block_tables has {block_tables.shape[0]} rows for {batch} sequences")
     if max_query_len is None:
@@ -270,11 +386,33 @@ def paged_prefill_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_m = 16
     _prefill_kernel[(batch, num_heads, triton.cdiv(max_query_len, block_m))](
-        q, k_cache, v_cache, block_tables, seq_lens, cu_query_lens, out, scale, head_dim, window,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=num_heads // k_cache.shape[2], BLOCK_M=block_m, BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), IEEE=q.dtype == torch.float32)
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        cu_query_lens,
+        out,
+        scale,
+        head_dim,
+        window,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=num_heads // k_cache.shape[2],
+        BLOCK_M=block_m,
+        BLOCK_SIZE=k_cache.shape[1],
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        IEEE=q.dtype == torch.float32,
+    )
     return out
 
 
@@ -302,8 +440,9 @@ def step_tables(meta, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]
     return table, meta.memo[SEQ_LENS]
 
 
-def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float
-                           ) -> torch.Tensor:
+def paged_attention_triton(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float
+) -> torch.Tensor:
     """Same contract as kernels.attention.paged_attention_reference (a mixed batch of decodes and chunks,
     meta: AttentionMetadata).  All-decode steps take the split decode kernel; any step with a longer chunk runs
     the prefill kernel over every sequence (a decode is a chunk of one).  Reads the step's tables from
@@ -316,5 +455,6 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     cu = meta.memo.get(CU_QUERY_LENS)
     if cu is None:
         cu = meta.memo[CU_QUERY_LENS] = torch.tensor(meta.query_start, dtype=torch.int32).to(q.device)
-    return paged_prefill_triton(q, k_cache, v_cache, table, seq_lens, cu, scale, max_query_len=max(q_lens),
-                                window=meta.window)
+    return paged_prefill_triton(
+        q, k_cache, v_cache, table, seq_lens, cu, scale, max_query_len=max(q_lens), window=meta.window
+    )

@@ -41,19 +41,33 @@ class KernelSet:
 def _reference() -> KernelSet:
     from kernels import activation, attention, moe, rmsnorm, rope
 
-    return KernelSet("reference", rmsnorm.rms_norm_reference, rmsnorm.fused_add_rms_norm_reference,
-                     rope.rope_reference, activation.silu_and_mul_reference, attention.write_kv,
-                     attention.paged_attention_reference, activation.gelu_tanh_and_mul_reference,
-                     moe_experts=moe.moe_experts_reference)
+    return KernelSet(
+        "reference",
+        rmsnorm.rms_norm_reference,
+        rmsnorm.fused_add_rms_norm_reference,
+        rope.rope_reference,
+        activation.silu_and_mul_reference,
+        attention.write_kv,
+        attention.paged_attention_reference,
+        activation.gelu_tanh_and_mul_reference,
+        moe_experts=moe.moe_experts_reference,
+    )
 
 
 def _torch() -> KernelSet:
     from kernels import activation, attention, moe, rmsnorm, rope
 
-    return KernelSet("torch", rmsnorm.rms_norm_torch, rmsnorm.fused_add_rms_norm_torch, rope.rope_torch,
-                     activation.silu_and_mul_torch, attention.write_kv, attention.paged_attention_torch,
-                     activation.gelu_tanh_and_mul_torch,
-                     moe_experts=moe.moe_experts_torch)
+    return KernelSet(
+        "torch",
+        rmsnorm.rms_norm_torch,
+        rmsnorm.fused_add_rms_norm_torch,
+        rope.rope_torch,
+        activation.silu_and_mul_torch,
+        attention.write_kv,
+        attention.paged_attention_torch,
+        activation.gelu_tanh_and_mul_torch,
+        moe_experts=moe.moe_experts_torch,
+    )
 
 
 def _triton() -> KernelSet:
@@ -66,9 +80,17 @@ def _triton() -> KernelSet:
     from kernels.rmsnorm_triton import fused_add_rms_norm_triton, rms_norm_triton
     from kernels.rope_triton import rope_triton
 
-    return KernelSet("triton", rms_norm_triton, fused_add_rms_norm_triton, rope_triton, silu_and_mul_triton,
-                     kv_write_triton, paged_attention_triton, gelu_tanh_and_mul_torch,
-                     moe_experts=moe_experts_triton)
+    return KernelSet(
+        "triton",
+        rms_norm_triton,
+        fused_add_rms_norm_triton,
+        rope_triton,
+        silu_and_mul_triton,
+        kv_write_triton,
+        paged_attention_triton,
+        gelu_tanh_and_mul_torch,
+        moe_experts=moe_experts_triton,
+    )
 
 
 def _default() -> str:

@@ -36,8 +36,9 @@ def route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[tor
     return weights, ids
 
 
-def moe_experts_reference(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
-                          ids: torch.Tensor) -> torch.Tensor:
+def moe_experts_reference(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
     """x (T, H), gate_up (E, 2F, H), down (E, H, F), weights/ids (T, k) -> (T, H) in x's dtype; float32 math,
     token by token, slot by slot."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
@@ -77,9 +78,15 @@ def grouped_matmul_torch(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor
 GroupedMatmul = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def moe_experts_grouped(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
-                        ids: torch.Tensor, grouped_matmul: GroupedMatmul = grouped_matmul_torch,
-                        silu_and_mul: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+def moe_experts_grouped(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    grouped_matmul: GroupedMatmul = grouped_matmul_torch,
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """moe_experts_reference's result through two grouped matmuls over expert-sorted rows (module docstring)."""
     from kernels.activation import silu_and_mul_torch
 
@@ -93,7 +100,8 @@ def moe_experts_grouped(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tens
     return (y.view(n, k, -1).float() * weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)
 
 
-def moe_experts_torch(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
-                      ids: torch.Tensor) -> torch.Tensor:
+def moe_experts_torch(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
     """The plain-torch path: moe_experts_grouped with one matmul per used expert."""
     return moe_experts_grouped(x, gate_up, down, weights, ids)

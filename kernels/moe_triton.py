@@ -26,9 +26,25 @@ BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 32
 
 
 @triton.jit
-def _grouped_mm_kernel(x_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_start_ptr, tile_end_ptr, N, K,
-                       stride_xm, stride_we, stride_wn, stride_wk, stride_om,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+def _grouped_mm_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    tile_expert_ptr,
+    tile_start_ptr,
+    tile_end_ptr,
+    N,
+    K,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     tile = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_expert_ptr + tile).to(tl.int64)
@@ -43,16 +59,25 @@ def _grouped_mm_kernel(x_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_start_ptr, t
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < K
-        a = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + ks[None, :],
-                    mask=row_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
-        b = tl.load(w_base + cols[None, :].to(tl.int64) * stride_wn + ks[:, None] * stride_wk,
-                    mask=k_mask[:, None] & col_mask[None, :], other=0.0)  # (BLOCK_K, BLOCK_N)
+        a = tl.load(
+            x_ptr + rows[:, None].to(tl.int64) * stride_xm + ks[None, :],
+            mask=row_mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )  # (BLOCK_M, BLOCK_K)
+        b = tl.load(
+            w_base + cols[None, :].to(tl.int64) * stride_wn + ks[:, None] * stride_wk,
+            mask=k_mask[:, None] & col_mask[None, :],
+            other=0.0,
+        )  # (BLOCK_K, BLOCK_N)
         if IEEE:  # float32 inputs: full-precision products, not TF32 (the reference is exact float32)
             acc += tl.dot(a, b, input_precision="ieee")
         else:
             acc += tl.dot(a, b)
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=row_mask[:, None] & col_mask[None, :])
+    tl.store(
+        out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & col_mask[None, :],
+    )
 
 
 def tile_table(offsets: torch.Tensor, n_rows: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -78,8 +103,9 @@ def tile_table(offsets: torch.Tensor, n_rows: int, block_m: int) -> tuple[torch.
 def grouped_matmul_triton(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """x (M, K) rows sorted by expert, w (E, N, K), offsets (E + 1,) -> (M, N) in x's dtype."""
     if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2]:
-        raise ValueError(f"grouped_matmul: x {tuple(x.shape)} and w {tuple(w.shape)} do not multiply "
-                         "(want x (M, K), w (E, N, K))")
+        raise ValueError(
+            f"grouped_matmul: x {tuple(x.shape)} and w {tuple(w.shape)} do not multiply (want x (M, K), w (E, N, K))"
+        )
     if offsets.numel() != w.shape[0] + 1:
         raise ValueError(f"grouped_matmul: {offsets.numel()} offsets for {w.shape[0]} experts (want E + 1)")
     if x.stride(1) != 1:
@@ -92,14 +118,31 @@ def grouped_matmul_triton(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tenso
         return out
     experts, starts, ends = tile_table(offsets, m, BLOCK_M)
     grid = (experts.numel(), triton.cdiv(n, BLOCK_N))
-    _grouped_mm_kernel[grid](x, w, out, experts, starts, ends, n, x.shape[1],
-                             x.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
-                             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32)
+    _grouped_mm_kernel[grid](
+        x,
+        w,
+        out,
+        experts,
+        starts,
+        ends,
+        n,
+        x.shape[1],
+        x.stride(0),
+        w.stride(0),
+        w.stride(1),
+        w.stride(2),
+        out.stride(0),
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
+        IEEE=x.dtype == torch.float32,
+    )
     return out
 
 
-def moe_experts_triton(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
-                       ids: torch.Tensor) -> torch.Tensor:
+def moe_experts_triton(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
     """kernels/moe.py moe_experts_reference's result with two grouped Triton matmuls."""
     from kernels.activation_triton import silu_and_mul_triton
 

@@ -37,10 +37,19 @@ class QuantWeight:
     in_features: int  # K
     out_features: int  # N
 
-    def to(self, device: torch.device | str) -> "QuantWeight":
-        move = (lambda t: None if t is None else t.to(device))
-        return QuantWeight(self.kind, move(self.qweight), move(self.scales), move(self.offsets),
-                           self.group_size, self.in_features, self.out_features)
+    def to(self, device: torch.device | str) -> QuantWeight:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return QuantWeight(
+            self.kind,
+            move(self.qweight),
+            move(self.scales),
+            move(self.offsets),
+            self.group_size,
+            self.in_features,
+            self.out_features,
+        )
 
     @property
     def nbytes(self) -> int:
@@ -50,18 +59,27 @@ class QuantWeight:
 
 # ---- packing -------------------------------------------------------------------------------------------------
 
+
 def concat_rows(parts: list[QuantWeight]) -> QuantWeight:
     """QuantWeights of the same kind and group size stacked along the outputs (every layout here keeps its
     scales per output row, so row blocks concatenate as they are): merged projections, chunked quantization."""
     first = parts[0]
-    assert all(p.kind == first.kind and p.group_size == first.group_size and p.in_features == first.in_features
-               for p in parts), "concat_rows needs one kind, group size and input width"
+    assert all(
+        p.kind == first.kind and p.group_size == first.group_size and p.in_features == first.in_features for p in parts
+    ), "concat_rows needs one kind, group size and input width"
 
     def cat(field: str) -> torch.Tensor:
         return torch.cat([getattr(p, field) for p in parts], dim=0)
 
-    return QuantWeight(first.kind, cat("qweight"), cat("scales"), None if first.offsets is None else cat("offsets"),
-                       first.group_size, first.in_features, sum(p.out_features for p in parts))
+    return QuantWeight(
+        first.kind,
+        cat("qweight"),
+        cat("scales"),
+        None if first.offsets is None else cat("offsets"),
+        first.group_size,
+        first.in_features,
+        sum(p.out_features for p in parts),
+    )
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -78,6 +96,7 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 
 # ---- dequantize (the reference semantics of each layout) -----------------------------------------------------
+
 
 def _per_column(t: torch.Tensor, group_size: int) -> torch.Tensor:
     """(N, K // G) -> (N, K): each group's value repeated over its G columns."""
@@ -112,8 +131,10 @@ def quant_matmul_torch(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | Non
 
 # ---- round-to-nearest quantizers (fp16/bf16/fp32 dense weight -> layout) --------------------------------------
 
-def quantize_int8(weight: torch.Tensor, group_size: int | None = None, scale_dtype: torch.dtype | None = None
-                  ) -> QuantWeight:
+
+def quantize_int8(
+    weight: torch.Tensor, group_size: int | None = None, scale_dtype: torch.dtype | None = None
+) -> QuantWeight:
     """Symmetric round-to-nearest int8; per output channel when group_size is None."""
     n, k = weight.shape
     g = k if group_size is None else group_size
@@ -124,8 +145,12 @@ def quantize_int8(weight: torch.Tensor, group_size: int | None = None, scale_dty
     return QuantWeight("int8", q, scales.to(scale_dtype or weight.dtype), None, g, k, n)
 
 
-def quantize_int4(weight: torch.Tensor, group_size: int = 128, scale_dtype: torch.dtype | None = None,
-                  clip_ratios: tuple[float, ...] = (1.0,)) -> QuantWeight:
+def quantize_int4(
+    weight: torch.Tensor,
+    group_size: int = 128,
+    scale_dtype: torch.dtype | None = None,
+    clip_ratios: tuple[float, ...] = (1.0,),
+) -> QuantWeight:
     """Asymmetric round-to-nearest int4 per group: offset = group min, scale = (max - min) / 15.
 
     clip_ratios: shrink each group's [min, max] by these factors and keep, per group, the one with the least
@@ -160,7 +185,7 @@ def quantize_fp8(weight: torch.Tensor, scale_dtype: torch.dtype | None = None) -
     """Per-output-channel float8_e4m3fn: scale = absmax / 448."""
     n, k = weight.shape
     wf = weight.float()
-    scales = (wf.abs().amax(dim=1, keepdim=True).clamp(min=1e-10) / FP8_E4M3_MAX)  # (N, 1)
+    scales = wf.abs().amax(dim=1, keepdim=True).clamp(min=1e-10) / FP8_E4M3_MAX  # (N, 1)
     q = (wf / scales).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     return QuantWeight("fp8", q, scales.to(scale_dtype or weight.dtype), None, k, k, n)
 

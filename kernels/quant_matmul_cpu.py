@@ -61,11 +61,19 @@ def cpu_supported(w: QuantWeight, dtype: torch.dtype) -> bool:
 def pack_for_cpu(w: QuantWeight, dtype: torch.dtype = FAST_DTYPE) -> CpuPackedWeight:
     """Re-lay `w` for the CPU kernels (ValueError when `cpu_supported` says no)."""
     if not cpu_supported(w, dtype):
-        raise ValueError(f"no fast CPU kernel for {w.kind} weights with group size {w.group_size} of "
-                         f"{w.in_features} inputs and {dtype} activations")
+        raise ValueError(
+            f"no fast CPU kernel for {w.kind} weights with group size {w.group_size} of "
+            f"{w.in_features} inputs and {dtype} activations"
+        )
     if w.kind == "int8" and w.group_size == w.in_features:
-        return CpuPackedWeight("int8", w.qweight.contiguous(), w.scales.reshape(-1).to(dtype).contiguous(),
-                               w.group_size, w.in_features, w.out_features)
+        return CpuPackedWeight(
+            "int8",
+            w.qweight.contiguous(),
+            w.scales.reshape(-1).to(dtype).contiguous(),
+            w.group_size,
+            w.in_features,
+            w.out_features,
+        )
     if w.kind == "int8":
         # Group-wise int8 (GGUF Q8_0) as two int4 matmuls, exactly: with u = q + 128 = 16 * hi + lo,
         # d * q = [16 d (hi - 8) + 8 d] + d (lo - 8), i.e. hi with scale 16 d and zero 8 d, lo with scale d and
@@ -75,15 +83,22 @@ def pack_for_cpu(w: QuantWeight, dtype: torch.dtype = FAST_DTYPE) -> CpuPackedWe
         u = w.qweight.contiguous().view(torch.uint8) ^ 0x80  # q + 128, without a 4-byte-per-weight copy
         scales = w.scales.float()
         halves = [(u >> 4, 16.0 * scales, 8.0 * scales), (u & 15, scales, torch.zeros_like(scales))]
-        packed = torch.stack([torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
-                              for q, _, _ in halves])
+        packed = torch.stack(
+            [torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1) for q, _, _ in halves]
+        )
         scale_zero = torch.stack([_scale_zero(sc, z, dtype) for _, sc, z in halves])
         return CpuPackedWeight("int8-split", packed, scale_zero, w.group_size, w.in_features, w.out_features)
     q = unpack_int4(w.qweight).to(torch.int32).contiguous()  # (N, K) in 0..15
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
     scales = w.scales.float()
-    return CpuPackedWeight("int4", packed, _scale_zero(scales, w.offsets.float() + 8.0 * scales, dtype),
-                           w.group_size, w.in_features, w.out_features)
+    return CpuPackedWeight(
+        "int4",
+        packed,
+        _scale_zero(scales, w.offsets.float() + 8.0 * scales, dtype),
+        w.group_size,
+        w.in_features,
+        w.out_features,
+    )
 
 
 def _scale_zero(scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -116,8 +131,9 @@ def _bind(w: CpuPackedWeight) -> Callable[[torch.Tensor], torch.Tensor]:
 def quant_matmul_cpu(x: torch.Tensor, w: CpuPackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: (..., K) bf16 -> (..., N) bf16 through torch's packed CPU kernels."""
     if x.dtype != FAST_DTYPE or x.shape[-1] != w.in_features:
-        raise ValueError(f"quant_matmul_cpu takes (..., {w.in_features}) {FAST_DTYPE} activations, got "
-                         f"{tuple(x.shape)} {x.dtype}")
+        raise ValueError(
+            f"quant_matmul_cpu takes (..., {w.in_features}) {FAST_DTYPE} activations, got {tuple(x.shape)} {x.dtype}"
+        )
     lead = x.shape[:-1]
     out = cpu_rows_kernel(w)(x.reshape(-1, w.in_features).contiguous())
     if bias is not None:

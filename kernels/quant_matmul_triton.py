@@ -26,11 +26,29 @@ _QDTYPES = {"int8": torch.int8, "int4": torch.uint8, "fp8": torch.float8_e4m3fn}
 
 @triton.jit
 def _wq_matmul_kernel(
-    x_ptr, w_ptr, s_ptr, o_ptr, out_ptr,
-    M, N, K, group_size,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_sn, stride_sg, stride_om, stride_on,
-    KIND: tl.constexpr, SPLIT_K: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    o_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    group_size,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_sn,
+    stride_sg,
+    stride_om,
+    stride_on,
+    KIND: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -45,8 +63,9 @@ def _wq_matmul_kernel(
     for k0 in range(0, k_per_split, BLOCK_K):
         rk = k_begin + k0 + tl.arange(0, BLOCK_K)
         k_mask = rk < K
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk,
-                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
+        x = tl.load(
+            x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk, mask=m_mask[:, None] & k_mask[None, :], other=0.0
+        )  # (BLOCK_M, BLOCK_K)
         wk_mask = k_mask[:, None] & n_mask[None, :]
         if KIND == 1:
             # int4: byte k // 2 holds columns 2j (low nibble) and 2j + 1 (high nibble).
@@ -54,8 +73,7 @@ def _wq_matmul_kernel(
             shift = (rk[:, None] % 2) * 4
             w = ((wq.to(tl.int32) >> shift) & 0xF).to(tl.float32)
         else:
-            w = tl.load(w_ptr + rn[None, :] * stride_wn + rk[:, None] * stride_wk,
-                        mask=wk_mask, other=0).to(tl.float32)
+            w = tl.load(w_ptr + rn[None, :] * stride_wn + rk[:, None] * stride_wk, mask=wk_mask, other=0).to(tl.float32)
         g = rk[:, None] // group_size
         s = tl.load(s_ptr + rn[None, :] * stride_sn + g * stride_sg, mask=wk_mask, other=0.0).to(tl.float32)
         w = w * s  # (BLOCK_K, BLOCK_N)
@@ -121,8 +139,13 @@ def _pick_blocks(m: int, n: int, k: int, device: torch.device) -> tuple[int, int
     return block_m, block_n, block_k, split_k
 
 
-def quant_matmul_triton(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None, *,
-                        blocks: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+def quant_matmul_triton(
+    x: torch.Tensor,
+    w: QuantWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    blocks: tuple[int, int, int, int] | None = None,
+) -> torch.Tensor:
     """x: (..., K) -> (..., N) in x's dtype.  blocks = (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K) overrides the choice
     (tests use it to exercise edge tiles and split K on tiny shapes)."""
     _check(x, w)
@@ -137,12 +160,29 @@ def quant_matmul_triton(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | No
     offsets = w.offsets if w.offsets is not None else w.scales  # unused unless int4
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split_k)
     _wq_matmul_kernel[grid](
-        x2, w.qweight, w.scales, offsets, out,
-        m, n, k, w.group_size,
-        x2.stride(0), x2.stride(1), w.qweight.stride(0), w.qweight.stride(1),
-        w.scales.stride(0), w.scales.stride(1), out.stride(0), out.stride(1),
-        KIND=_KINDS[w.kind], SPLIT_K=split_k, IEEE=x.dtype == torch.float32,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        x2,
+        w.qweight,
+        w.scales,
+        offsets,
+        out,
+        m,
+        n,
+        k,
+        w.group_size,
+        x2.stride(0),
+        x2.stride(1),
+        w.qweight.stride(0),
+        w.qweight.stride(1),
+        w.scales.stride(0),
+        w.scales.stride(1),
+        out.stride(0),
+        out.stride(1),
+        KIND=_KINDS[w.kind],
+        SPLIT_K=split_k,
+        IEEE=x.dtype == torch.float32,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
     )
     out = out.to(x.dtype)
     if bias is not None:

@@ -15,16 +15,18 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return (xf / torch.sqrt(variance + eps) * weight.float()).to(x.dtype)
 
 
-def fused_add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm_reference(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x, residual: (num_tokens, hidden) -> (normed, x + residual), both in x's dtype: the residual stream the
     next layer adds to, and its RMSNorm (the Triton kernel does both in one pass over the row)."""
     summed = (x.float() + residual.float()).to(x.dtype)
     return rms_norm_reference(summed, weight, eps), summed
 
 
-def fused_add_rms_norm_torch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                             ) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm_torch(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as fused_add_rms_norm_reference: the add (one rounding to x's dtype, as a bf16 `x + r`
     does), then rms_norm_torch."""
     summed = x + residual
@@ -56,8 +58,9 @@ def _padded_weight(weight: torch.Tensor) -> torch.Tensor:
         version = -1
     cached = getattr(weight, "_hearth_padded", None)
     if cached is None or cached[0] != version:
-        padded = torch.cat([weight.detach().float(), torch.zeros(weight.shape, dtype=torch.float32,
-                                                                 device=weight.device)])
+        padded = torch.cat(
+            [weight.detach().float(), torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)]
+        )
         cached = (version, padded)
         weight._hearth_padded = cached
     return cached[1]

@@ -19,9 +19,21 @@ from kernels.rmsnorm import fused_add_rms_norm_reference, rms_norm_reference  # 
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, r_out_ptr, hidden, eps,
-                     stride_x, stride_r, stride_o, stride_ro,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    out_ptr,
+    r_out_ptr,
+    hidden,
+    eps,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -57,19 +69,44 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     _check(x, weight, None)
     out = torch.empty_like(x)
     if x.shape[0]:
-        _rms_norm_kernel[(x.shape[0],)](x, x, weight, out, out, x.shape[1], eps,
-                                        x.stride(0), 0, out.stride(0), 0,
-                                        HAS_RESIDUAL=False, BLOCK=triton.next_power_of_2(x.shape[1]))
+        _rms_norm_kernel[(x.shape[0],)](
+            x,
+            x,
+            weight,
+            out,
+            out,
+            x.shape[1],
+            eps,
+            x.stride(0),
+            0,
+            out.stride(0),
+            0,
+            HAS_RESIDUAL=False,
+            BLOCK=triton.next_power_of_2(x.shape[1]),
+        )
     return out
 
 
-def fused_add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                              ) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm_triton(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as fused_add_rms_norm_reference: returns (normed, x + residual)."""
     _check(x, weight, residual)
     out, r_out = torch.empty_like(x), torch.empty_like(x)
     if x.shape[0]:
-        _rms_norm_kernel[(x.shape[0],)](x, residual, weight, out, r_out, x.shape[1], eps,
-                                        x.stride(0), residual.stride(0), out.stride(0), r_out.stride(0),
-                                        HAS_RESIDUAL=True, BLOCK=triton.next_power_of_2(x.shape[1]))
+        _rms_norm_kernel[(x.shape[0],)](
+            x,
+            residual,
+            weight,
+            out,
+            r_out,
+            x.shape[1],
+            eps,
+            x.stride(0),
+            residual.stride(0),
+            out.stride(0),
+            r_out.stride(0),
+            HAS_RESIDUAL=True,
+            BLOCK=triton.next_power_of_2(x.shape[1]),
+        )
     return out, r_out

@@ -18,8 +18,9 @@ import math
 import torch
 
 
-def rope_inv_freq(head_dim: int, base: float, scaling: dict | None = None,
-                  freq_factors: torch.Tensor | None = None) -> torch.Tensor:
+def rope_inv_freq(
+    head_dim: int, base: float, scaling: dict | None = None, freq_factors: torch.Tensor | None = None
+) -> torch.Tensor:
     """(head_dim // 2,) float32 inverse frequencies.
 
     scaling: {"type": "linear", "factor": f} divides every frequency by f; {"type": "llama3", "factor",
@@ -56,10 +57,12 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch
     return angle.cos().float()[:, None, :], angle.sin().float()[:, None, :]
 
 
-def rope_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_reference(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Slow version, one token and one head at a time in float64.
     q: (num_tokens, num_heads, head_dim); k: (num_tokens, num_kv_heads, head_dim); cos/sin: (num_tokens, 1, D/2)."""
+
     def rotate(x: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)
         half = x.shape[-1] // 2
@@ -74,8 +77,9 @@ def rope_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
     return rotate(q), rotate(k)
 
 
-def rope_torch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_torch(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fast path, same contract as `rope_reference`; math in float32.  Q and K heads are rotated in one go, as
     x * [cos, cos] + roll(x, D/2) * [-sin, sin] (roll turns [a, b] into [b, a]), with the full-width tables
     built once per step (`_full_tables`): at batch 1 on CPU the op count is what costs (12 vs 18 us a layer)."""

@@ -15,9 +15,21 @@ import triton.language as tl
 
 
 @triton.jit
-def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, num_heads, half,
-                 stride_xt, stride_xh, stride_ot, stride_oh, stride_ct,
-                 BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rope_kernel(
+    x_ptr,
+    out_ptr,
+    cos_ptr,
+    sin_ptr,
+    num_heads,
+    half,
+    stride_xt,
+    stride_xh,
+    stride_ot,
+    stride_oh,
+    stride_ct,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     t = tl.program_id(0)
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
@@ -36,19 +48,34 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     out = torch.empty_like(x)
     t, h, d = x.shape
     if t:
-        _rope_kernel[(t,)](x, out, cos, sin, h, d // 2, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-                           cos.stride(0), BLOCK_H=triton.next_power_of_2(h), BLOCK_D=triton.next_power_of_2(d // 2))
+        _rope_kernel[(t,)](
+            x,
+            out,
+            cos,
+            sin,
+            h,
+            d // 2,
+            x.stride(0),
+            x.stride(1),
+            out.stride(0),
+            out.stride(1),
+            cos.stride(0),
+            BLOCK_H=triton.next_power_of_2(h),
+            BLOCK_D=triton.next_power_of_2(d // 2),
+        )
     return out
 
 
-def rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_triton(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q: (num_tokens, num_heads, head_dim); k: (num_tokens, num_kv_heads, head_dim); cos/sin float32
     (num_tokens, 1, head_dim // 2).  Returns rotated copies in q's / k's dtype."""
     for name, x in (("q", q), ("k", k)):
         if x.dim() != 3 or x.stride(-1) != 1 or x.shape[-1] % 2:
-            raise ValueError(f"{name} must be (num_tokens, heads, even head_dim) with unit last stride, "
-                             f"got {tuple(x.shape)}")
+            raise ValueError(
+                f"{name} must be (num_tokens, heads, even head_dim) with unit last stride, got {tuple(x.shape)}"
+            )
     if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree on tokens or head_dim")
     want = (q.shape[0], 1, q.shape[2] // 2)

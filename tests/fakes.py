@@ -17,25 +17,68 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from backends.api import (Backend, Capabilities, EventKind, FinishReason, GenerationEvent, LoadOptions,
-                          ProgressCallback, Request, RequestStats)
+from backends.api import (
+    Backend,
+    Capabilities,
+    EventKind,
+    FinishReason,
+    GenerationEvent,
+    LoadOptions,
+    ProgressCallback,
+    Request,
+    RequestStats,
+)
 from backends.modelspec import ModelSpec
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
-def fake_spec(name: str = "fake-model", chat_template: str | None = CHATML, context_length: int = 2048,
-              path: str = "/nonexistent/fake.gguf") -> ModelSpec:
+def fake_spec(
+    name: str = "fake-model",
+    chat_template: str | None = CHATML,
+    context_length: int = 2048,
+    path: str = "/nonexistent/fake.gguf",
+) -> ModelSpec:
     """A ModelSpec that describes no real file (enough for templates, the TUI and planners' shapes)."""
     return ModelSpec(
-        path=path, format="gguf", name=name, architecture="llama", n_layers=2, hidden_size=64, n_heads=4,
-        n_kv_heads=2, head_dim=16, ffn_size=128, vocab_size=256, context_length=context_length, rope_base=1e4,
-        rope_scaling={}, rms_eps=1e-5, n_experts=0, n_experts_used=0, sliding_window=0, file_type="Q4_0",
-        file_size_bytes=1_000_000, param_count=100_000, tensor_types={"Q4_0": 10}, tensors=(),
-        tied_embeddings=True, chat_template=chat_template, bos_token_id=1, eos_token_ids=(2,), pad_token_id=None,
-        add_bos_token=False, add_eos_token=False, tokenizer_model="gpt2", tokenizer_pre="", bos_token_text="<s>",
-        eos_token_text="</s>")
+        path=path,
+        format="gguf",
+        name=name,
+        architecture="llama",
+        n_layers=2,
+        hidden_size=64,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=16,
+        ffn_size=128,
+        vocab_size=256,
+        context_length=context_length,
+        rope_base=1e4,
+        rope_scaling={},
+        rms_eps=1e-5,
+        n_experts=0,
+        n_experts_used=0,
+        sliding_window=0,
+        file_type="Q4_0",
+        file_size_bytes=1_000_000,
+        param_count=100_000,
+        tensor_types={"Q4_0": 10},
+        tensors=(),
+        tied_embeddings=True,
+        chat_template=chat_template,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+        pad_token_id=None,
+        add_bos_token=False,
+        add_eos_token=False,
+        tokenizer_model="gpt2",
+        tokenizer_pre="",
+        bos_token_text="<s>",
+        eos_token_text="</s>",
+    )
 
 
 def split_tokens(text: str) -> list[str]:
@@ -56,9 +99,15 @@ class FakeBackend(Backend):
     name = "fake"
     capabilities = Capabilities(prefix_cache=True, logits=False)
 
-    def __init__(self, spec: ModelSpec | None = None, options: LoadOptions | None = None, *,
-                 replies: Sequence[str] = ("Hello from the fake backend.",), token_delay_s: float = 0.0,
-                 load_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec | None = None,
+        options: LoadOptions | None = None,
+        *,
+        replies: Sequence[str] = ("Hello from the fake backend.",),
+        token_delay_s: float = 0.0,
+        load_delay_s: float = 0.0,
+    ) -> None:
         super().__init__(spec or fake_spec(), options or LoadOptions(n_ctx=2048))
         self.replies = list(replies)
         self.token_delay_s = token_delay_s  # sleep before each token
@@ -105,8 +154,9 @@ class FakeBackend(Backend):
             exc, self.fail_next = self.fail_next, None
             raise exc
         start = time.perf_counter()
-        prompt_tokens = len(self.tokenize(request.prompt or "")) if request.prompt else len(
-            request.prompt_token_ids or ())
+        prompt_tokens = (
+            len(self.tokenize(request.prompt or "")) if request.prompt else len(request.prompt_token_ids or ())
+        )
         stats = RequestStats(prompt_tokens=prompt_tokens)
         yield GenerationEvent(EventKind.STARTED, request.request_id, stats=stats)
         tokens = split_tokens(self.next_reply())[: request.sampling.max_tokens]

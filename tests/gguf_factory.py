@@ -34,10 +34,12 @@ def spm_vocab(size: int = 700) -> tuple[list[str], list[float], list[int]]:
 
     text = (Path(__file__).parent / "data" / "english.txt").read_text()
     trainer = SentencePieceBPETokenizer()
-    trainer.train_from_iterator([text], vocab_size=size, min_frequency=2, special_tokens=["<unk>", "<s>", "</s>"],
-                                show_progress=False)
-    pieces = [t for t, _ in sorted(trainer.get_vocab().items(), key=lambda kv: kv[1]) if t not in
-              ("<unk>", "<s>", "</s>")]
+    trainer.train_from_iterator(
+        [text], vocab_size=size, min_frequency=2, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+    )
+    pieces = [
+        t for t, _ in sorted(trainer.get_vocab().items(), key=lambda kv: kv[1]) if t not in ("<unk>", "<s>", "</s>")
+    ]
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["<|user|>"] + pieces
     types = [2, 3, 3] + [6] * 256 + [4] + [1] * len(pieces)
     scores = [0.0] * 260 + [-float(i) for i in range(len(pieces))]

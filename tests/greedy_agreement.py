@@ -70,27 +70,42 @@ def near_tie_limit(row: np.ndarray, ulps: float = NEAR_TIE_ULPS) -> float:
     return ulps * bf16_ulp(float(np.max(row)))
 
 
-def assert_greedy_agree(reference: Sequence[int], reply: Sequence[int], reference_rows: Sequence[np.ndarray],
-                        what: str = "", ulps: float = NEAR_TIE_ULPS) -> None:
+def assert_greedy_agree(
+    reference: Sequence[int],
+    reply: Sequence[int],
+    reference_rows: Sequence[np.ndarray],
+    what: str = "",
+    ulps: float = NEAR_TIE_ULPS,
+) -> None:
     """`reply` equals the reference run's tokens, or first differs at a step whose reference logits
     (reference_rows[i]: the row the reference sampled token i from) hold a near-tie between the two tokens."""
     i = first_difference(reference, reply)
     if i is None:
         return
     assert i < min(len(reference), len(reply)), (
-        f"{what}: one reply is a prefix of the other ({len(reference)} vs {len(reply)} tokens)")
+        f"{what}: one reply is a prefix of the other ({len(reference)} vs {len(reply)} tokens)"
+    )
     row = np.asarray(reference_rows[i], dtype=np.float32)
     gap = float(row[reference[i]] - row[reply[i]])
     limit = near_tie_limit(row, ulps)
-    print(f"{what}: differs at token {i} ({reference[i]} vs {reply[i]}), a near-tie of {gap:.4f} "
-          f"(limit {limit:.4f} = {ulps} bf16 ulps at top logit {float(row.max()):.3f})")
-    assert 0 <= gap <= limit, (f"{what}: tokens differ at {i} ({reference[i]} vs {reply[i]}) but the reference "
-                               f"chose by {gap:.4f} logits, more than {ulps} bf16 ulps ({limit:.4f}): a real bug")
+    print(
+        f"{what}: differs at token {i} ({reference[i]} vs {reply[i]}), a near-tie of {gap:.4f} "
+        f"(limit {limit:.4f} = {ulps} bf16 ulps at top logit {float(row.max()):.3f})"
+    )
+    assert 0 <= gap <= limit, (
+        f"{what}: tokens differ at {i} ({reference[i]} vs {reply[i]}) but the reference "
+        f"chose by {gap:.4f} logits, more than {ulps} bf16 ulps ({limit:.4f}): a real bug"
+    )
 
 
-def assert_text_agrees(reference: Sequence[int], reference_rows: Sequence[np.ndarray],
-                       token_bytes: Callable[[Sequence[int]], bytes], text: str, what: str = "",
-                       ulps: float = NEAR_TIE_ULPS) -> None:
+def assert_text_agrees(
+    reference: Sequence[int],
+    reference_rows: Sequence[np.ndarray],
+    token_bytes: Callable[[Sequence[int]], bytes],
+    text: str,
+    what: str = "",
+    ulps: float = NEAR_TIE_ULPS,
+) -> None:
     """The same rule for a reply known only as text (an HTTP reply): equal to the reference's text, or the
     texts part inside reference token k, and the reference's top two logits at step k or k - 1 (a longer
     alternative token parts the texts one token later) are a near-tie."""
@@ -98,8 +113,11 @@ def assert_text_agrees(reference: Sequence[int], reference_rows: Sequence[np.nda
     if text == ref_text:
         return
     c = next((j for j, (x, y) in enumerate(zip(text, ref_text)) if x != y), min(len(text), len(ref_text)))
-    k = next(j for j in range(len(reference) + 1)
-             if j == len(reference) or len(token_bytes(list(reference[:j + 1])).decode("utf-8", "replace")) > c)
+    k = next(
+        j
+        for j in range(len(reference) + 1)
+        if j == len(reference) or len(token_bytes(list(reference[: j + 1])).decode("utf-8", "replace")) > c
+    )
     k = min(k, len(reference) - 1)
     gaps = []
     for j in sorted({max(k - 1, 0), k}):
@@ -108,7 +126,8 @@ def assert_text_agrees(reference: Sequence[int], reference_rows: Sequence[np.nda
     print(f"{what}: text parts at reference token {k}; top-2 gaps (gap, limit, step): {gaps}")
     assert any(gap <= limit for gap, limit, _ in gaps), (
         f"{what}: the reply parts from the reference at token {k} where the reference's choice was no near-tie "
-        f"{gaps}: {text!r} vs {ref_text!r}")
+        f"{gaps}: {text!r} vs {ref_text!r}"
+    )
 
 
 def reference_run(backend, prompt: Sequence[int], max_tokens: int) -> tuple[tuple[int, ...], list[np.ndarray]]:
@@ -143,8 +162,13 @@ def reference_run(backend, prompt: Sequence[int], max_tokens: int) -> tuple[tupl
     return c.token_ids, rows
 
 
-def assert_backends_agree(a: Sequence[int], b: Sequence[int], prompt: Sequence[int],
-                          logits: dict[str, Callable[[list[int]], np.ndarray]], tie: float = CROSS_TIE) -> None:
+def assert_backends_agree(
+    a: Sequence[int],
+    b: Sequence[int],
+    prompt: Sequence[int],
+    logits: dict[str, Callable[[list[int]], np.ndarray]],
+    tie: float = CROSS_TIE,
+) -> None:
     """Two backends' greedy replies are equal, or first differ where each backend's top two tokens are exactly
     the two that differ, within `tie` logits.  logits: backend name -> ids -> (len(ids), vocab) array."""
     i = first_difference(a, b)
@@ -157,4 +181,5 @@ def assert_backends_agree(a: Sequence[int], b: Sequence[int], prompt: Sequence[i
         top2 = np.argsort(-row)[:2]
         gap = float(row[top2[0]] - row[top2[1]])
         assert set(top2.tolist()) == {a[i], b[i]} and gap < tie, (
-            f"tokens differ at {i} ({a[i]} vs {b[i]}); {name}'s top two are {top2.tolist()} {gap:.3f} apart")
+            f"tokens differ at {i} ({a[i]} vs {b[i]}); {name}'s top two are {top2.tolist()} {gap:.3f} apart"
+        )

@@ -20,10 +20,22 @@ import numpy as np
 from tests.gguf_factory import write_tokenizer
 
 
-def write_tiny_moe(path: str | Path, architecture: str = "llama", *, n_layers: int = 2, hidden: int = 64,
-                   n_heads: int = 4, n_kv_heads: int = 2, n_experts: int = 4, n_experts_used: int = 2,
-                   expert_ffn: int = 48, shared_ffn: int = 80, weight_type: str = "F32", seed: int = 0,
-                   context_length: int = 256) -> Path:
+def write_tiny_moe(
+    path: str | Path,
+    architecture: str = "llama",
+    *,
+    n_layers: int = 2,
+    hidden: int = 64,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    n_experts: int = 4,
+    n_experts_used: int = 2,
+    expert_ffn: int = 48,
+    shared_ffn: int = 80,
+    weight_type: str = "F32",
+    seed: int = 0,
+    context_length: int = 256,
+) -> Path:
     import gguf
     from gguf.constants import GGMLQuantizationType as T
 

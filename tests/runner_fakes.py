@@ -34,8 +34,9 @@ class CrashingFake(FakeBackend):
     name = "crashing-fake"
 
     def __init__(self, spec=None, options=None) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(spec, options, replies=[REPLY],
-                         token_delay_s=float(os.environ.get("HEARTH_FAKE_TOKEN_DELAY", "0") or 0))
+        super().__init__(
+            spec, options, replies=[REPLY], token_delay_s=float(os.environ.get("HEARTH_FAKE_TOKEN_DELAY", "0") or 0)
+        )
 
     def stream(self, request: Request) -> Iterator[GenerationEvent]:
         with self._serial:  # one request at a time, like llama.cpp: the others wait in the runner, unstarted

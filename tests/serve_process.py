@@ -10,8 +10,9 @@ from pathlib import Path
 import httpx
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, log: Path | Callable[[], str],
-                 interval_s: float = 0.2) -> None:
+def wait_healthy(
+    proc: subprocess.Popen, url: str, timeout_s: float, log: Path | Callable[[], str], interval_s: float = 0.2
+) -> None:
     """Return once `url`/health answers 200.  Fails the test, with the server's output (`log`: its log file, or
     a function giving the text to show), when the process exits first or `timeout_s` passes."""
     why = log.read_text if isinstance(log, Path) else log

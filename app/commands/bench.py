@@ -34,38 +34,74 @@ def _int_list(text: str) -> list[int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", metavar="NAME|PATH", help="model (default: last used, else the starter)")
-    p.add_argument("--backends", default="llama.cpp,torch", metavar="B1,B2",
-                   help="backends in order; ratios are to the first (default llama.cpp,torch)")
-    p.add_argument("--concurrency", type=_int_list, default=[1, 4, 16], metavar="1,4,16",
-                   help="requests in flight at once (default 1,4,16)")
+    p.add_argument(
+        "--backends",
+        default="llama.cpp,torch",
+        metavar="B1,B2",
+        help="backends in order; ratios are to the first (default llama.cpp,torch)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=_int_list,
+        default=[1, 4, 16],
+        metavar="1,4,16",
+        help="requests in flight at once (default 1,4,16)",
+    )
     p.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, default=128, metavar="N")
     p.add_argument("--gen-tokens", dest="gen_tokens", type=int, default=128, metavar="N")
     p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per concurrency level")
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: physical cores)")
-    p.add_argument("--tensor-parallel", "--tp", dest="tensor_parallel", type=int, metavar="N",
-                   help="the torch engine's rows run in N tensor-parallel ranks (one per GPU; default: the plan "
-                        "decides); llama.cpp's rows keep its own split")
-    p.add_argument("--http", action="store_true",
-                   help="also run every level through hearth's OpenAI server on 127.0.0.1 (streaming "
-                        "/v1/completions); rows '<backend>+http', and in --json 'http_vs_in_process'")
-    p.add_argument("--chat", action="store_true",
-                   help="chat prompts: one user message of --prompt-tokens common words through the model's chat "
-                        "template (in process: the one request builder; with --http: streaming "
-                        "/v1/chat/completions), as chat clients send them")
-    p.add_argument("--json", action="store_true", help="print {\"results\": [...]} instead of a table")
-    p.add_argument("--url", metavar="URL", help="with --backends remote: the OpenAI-compatible server's base URL "
-                   "(prompts are then text of --prompt-tokens common words; --http does not apply)")
-    p.add_argument("--remote-model", dest="remote_model", metavar="NAME",
-                   help="with --backends remote: the model to ask for (default: the first at /v1/models)")
+    p.add_argument(
+        "--tensor-parallel",
+        "--tp",
+        dest="tensor_parallel",
+        type=int,
+        metavar="N",
+        help="the torch engine's rows run in N tensor-parallel ranks (one per GPU; default: the plan "
+        "decides); llama.cpp's rows keep its own split",
+    )
+    p.add_argument(
+        "--http",
+        action="store_true",
+        help="also run every level through hearth's OpenAI server on 127.0.0.1 (streaming "
+        "/v1/completions); rows '<backend>+http', and in --json 'http_vs_in_process'",
+    )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="chat prompts: one user message of --prompt-tokens common words through the model's chat "
+        "template (in process: the one request builder; with --http: streaming "
+        "/v1/chat/completions), as chat clients send them",
+    )
+    p.add_argument("--json", action="store_true", help='print {"results": [...]} instead of a table')
+    p.add_argument(
+        "--url",
+        metavar="URL",
+        help="with --backends remote: the OpenAI-compatible server's base URL "
+        "(prompts are then text of --prompt-tokens common words; --http does not apply)",
+    )
+    p.add_argument(
+        "--remote-model",
+        dest="remote_model",
+        metavar="NAME",
+        help="with --backends remote: the model to ask for (default: the first at /v1/models)",
+    )
 
 
 def format_table(results: list[dict]) -> str:
-    cols = [("backend", "backend", "{}"), ("conc", "concurrency", "{}"), ("load s", "load_s", "{:.2f}"),
-            ("TTFT p50 ms", "ttft_ms_p50", "{:.1f}"), ("TTFT p95 ms", "ttft_ms_p95", "{:.1f}"),
-            ("prefill tok/s", "prefill_tokens_per_s", "{:.0f}"), ("decode tok/s", "decode_tokens_per_s", "{:.1f}"),
-            ("aggr tok/s", "aggregate_tokens_per_s", "{:.1f}"), ("RSS MiB", "peak_rss_mib", "{:.0f}"),
-            ("GPU MiB", "peak_gpu_mib", "{:.0f}")]
+    cols = [
+        ("backend", "backend", "{}"),
+        ("conc", "concurrency", "{}"),
+        ("load s", "load_s", "{:.2f}"),
+        ("TTFT p50 ms", "ttft_ms_p50", "{:.1f}"),
+        ("TTFT p95 ms", "ttft_ms_p95", "{:.1f}"),
+        ("prefill tok/s", "prefill_tokens_per_s", "{:.0f}"),
+        ("decode tok/s", "decode_tokens_per_s", "{:.1f}"),
+        ("aggr tok/s", "aggregate_tokens_per_s", "{:.1f}"),
+        ("RSS MiB", "peak_rss_mib", "{:.0f}"),
+        ("GPU MiB", "peak_gpu_mib", "{:.0f}"),
+    ]
     rows = [[h for h, _, _ in cols]]
     for r in results:
         if r.get("error"):
@@ -76,8 +112,12 @@ def format_table(results: list[dict]) -> str:
             v = r.get(key)
             cell = "-" if v is None else fmt.format(v)
             ratio = r.get(f"ratio_{key}")
-            if ratio is not None and key not in ("backend", "concurrency") and r is not results[0] \
-                    and abs(ratio - 1) > 1e-9:
+            if (
+                ratio is not None
+                and key not in ("backend", "concurrency")
+                and r is not results[0]
+                and abs(ratio - 1) > 1e-9
+            ):
                 cell += f" ({ratio:.2f}x)"
             row.append(cell)
         rows.append(row)
@@ -96,20 +136,37 @@ def run(args: argparse.Namespace) -> int:
     from backends.errors import InvalidRequestError
 
     if min(args.prompt_tokens, args.gen_tokens, args.requests) < 1:
-        raise InvalidRequestError("--prompt-tokens, --gen-tokens and --requests must be at least 1",
-                                  "e.g. --prompt-tokens 128 --gen-tokens 128 --requests 16")
+        raise InvalidRequestError(
+            "--prompt-tokens, --gen-tokens and --requests must be at least 1",
+            "e.g. --prompt-tokens 128 --gen-tokens 128 --requests 16",
+        )
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if "remote" in backends:  # a wrong key or an unreachable URL: one line and exit 2, before any table
         from app.remote import open_remote
         from app.settings import load_settings
 
         open_remote(load_settings(backend="remote", url=args.url, remote_model=args.remote_model)).backend.close()
-    workload = Workload(model=args.model, backend=backends[0], concurrency=args.concurrency,
-                        prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, requests=args.requests,
-                        seed=args.seed, threads=args.threads,
-                        extra={k: v for k, v in (("http", args.http or None), ("chat", args.chat or None),
-                                                 ("url", args.url), ("remote_model", args.remote_model),
-                                                 ("tensor_parallel", args.tensor_parallel)) if v is not None})
+    workload = Workload(
+        model=args.model,
+        backend=backends[0],
+        concurrency=args.concurrency,
+        prompt_tokens=args.prompt_tokens,
+        gen_tokens=args.gen_tokens,
+        requests=args.requests,
+        seed=args.seed,
+        threads=args.threads,
+        extra={
+            k: v
+            for k, v in (
+                ("http", args.http or None),
+                ("chat", args.chat or None),
+                ("url", args.url),
+                ("remote_model", args.remote_model),
+                ("tensor_parallel", args.tensor_parallel),
+            )
+            if v is not None
+        },
+    )
     tty = sys.stderr.isatty()
 
     def progress(name: str, done: int, total: int) -> None:
@@ -126,9 +183,19 @@ def run(args: argparse.Namespace) -> int:
     results = run_bench(workload, backends, progress)
     baseline = runtime_baseline_mib()
     if args.json:
-        print(json.dumps({"workload": {k: getattr(workload, k) for k in ("model", "concurrency", "prompt_tokens",
-                                                                         "gen_tokens", "requests", "seed")},
-                          "runtime_baseline_mib": baseline, "results": results}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "workload": {
+                        k: getattr(workload, k)
+                        for k in ("model", "concurrency", "prompt_tokens", "gen_tokens", "requests", "seed")
+                    },
+                    "runtime_baseline_mib": baseline,
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
     else:
         print(format_table(results))
         print(format_baseline(baseline))
@@ -149,5 +216,7 @@ def runtime_baseline_mib() -> float | None:
 
 def format_baseline(mib: float | None) -> str:
     figure = "unknown (the subprocess failed)" if mib is None else f"{mib:.0f} MiB"
-    return (f"runtime baseline: {figure} peak RSS of `python -c \"import torch, app.cli\"` (inside every RSS "
-            "figure above; no plan counts it)")
+    return (
+        f'runtime baseline: {figure} peak RSS of `python -c "import torch, app.cli"` (inside every RSS '
+        "figure above; no plan counts it)"
+    )

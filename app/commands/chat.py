@@ -11,8 +11,10 @@ from app.commands.common import add_model_arguments
 
 NAME = "chat"
 HELP = "open the chat (the default when `hearth` runs with no command)"
-DESCRIPTION = ("Open the chat app. Keys: Enter sends, Ctrl+J inserts a newline, Esc stops a reply, F1 lists "
-               "every key. Conversations are saved as you go.")
+DESCRIPTION = (
+    "Open the chat app. Keys: Enter sends, Ctrl+J inserts a newline, Esc stops a reply, F1 lists "
+    "every key. Conversations are saved as you go."
+)
 ORDER = 5
 
 

@@ -12,43 +12,82 @@ def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, rem
 
     choices = BACKEND_CHOICES if remote else ("auto", *LOCAL_BACKENDS)
     g = p.add_argument_group("model and placement (the plan decides what you leave out)")
-    g.add_argument("--model", "-m", metavar="NAME|PATH",
-                   help="registered model name, GGUF file or HF folder (default: last used, else the starter model)")
+    g.add_argument(
+        "--model",
+        "-m",
+        metavar="NAME|PATH",
+        help="registered model name, GGUF file or HF folder (default: last used, else the starter model)",
+    )
     if backend:
-        g.add_argument("--backend", "-b", metavar="B", choices=choices,
-                       help=f"{', '.join(choices)} (default auto: the plan chooses)")
+        g.add_argument(
+            "--backend",
+            "-b",
+            metavar="B",
+            choices=choices,
+            help=f"{', '.join(choices)} (default auto: the plan chooses)",
+        )
     g.add_argument("--ctx", type=int, metavar="N", help="context length in tokens")
-    g.add_argument("--n-gpu-layers", "--ngl", dest="n_gpu_layers", type=int, metavar="N",
-                   help="transformer layers to put on GPUs (-1 = all)")
-    g.add_argument("--kv-cache-type", dest="kv_cache_type", choices=("f16", "q8_0", "q4_0"),
-                   help="KV cache precision")
+    g.add_argument(
+        "--n-gpu-layers",
+        "--ngl",
+        dest="n_gpu_layers",
+        type=int,
+        metavar="N",
+        help="transformer layers to put on GPUs (-1 = all)",
+    )
+    g.add_argument("--kv-cache-type", dest="kv_cache_type", choices=("f16", "q8_0", "q4_0"), help="KV cache precision")
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: physical cores)")
-    g.add_argument("--tensor-parallel", "--tp", dest="tensor_parallel", type=int, metavar="N",
-                   help="torch engine: split every layer over N processes, one per GPU (NVLink/P2P-joined cards; "
-                        "without GPUs, N processes share the CPU cores); 1 = never; default: the plan decides")
-    g.add_argument("--hardware", metavar="FILE",
-                   help="plan for the machine described by this HardwareReport JSON (from `hearth probe --json`)")
+    g.add_argument(
+        "--tensor-parallel",
+        "--tp",
+        dest="tensor_parallel",
+        type=int,
+        metavar="N",
+        help="torch engine: split every layer over N processes, one per GPU (NVLink/P2P-joined cards; "
+        "without GPUs, N processes share the CPU cores); 1 = never; default: the plan decides",
+    )
+    g.add_argument(
+        "--hardware",
+        metavar="FILE",
+        help="plan for the machine described by this HardwareReport JSON (from `hearth probe --json`)",
+    )
     if remote:
         r = p.add_argument_group("remote model (--backend remote: any OpenAI-compatible server)")
         r.add_argument("--url", metavar="URL", help="the server's base URL, e.g. http://gpu-box:8000 (or .../v1)")
-        r.add_argument("--remote-model", dest="remote_model", metavar="NAME",
-                       help="the model to ask the server for (default: the first it lists at /v1/models); the key "
-                            "comes from HEARTH_REMOTE_API_KEY or [remote] api_key in settings.toml")
+        r.add_argument(
+            "--remote-model",
+            dest="remote_model",
+            metavar="NAME",
+            help="the model to ask the server for (default: the first it lists at /v1/models); the key "
+            "comes from HEARTH_REMOTE_API_KEY or [remote] api_key in settings.toml",
+        )
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
-    from app.defaults import REPLY_MAX_TOKENS, SAMPLING as S
+    from app.defaults import REPLY_MAX_TOKENS
+    from app.defaults import SAMPLING as S
 
     g = p.add_argument_group("sampling")
     g.add_argument("--temperature", "-t", type=float, metavar="T", help=f"0 = greedy (default {S.temperature})")
     g.add_argument("--top-p", dest="top_p", type=float, metavar="P", help=f"nucleus sampling (default {S.top_p})")
     g.add_argument("--top-k", dest="top_k", type=int, metavar="K", help=f"0 = off (default {S.top_k})")
     g.add_argument("--min-p", dest="min_p", type=float, metavar="P", help=f"0 = off (default {S.min_p})")
-    g.add_argument("--repeat-penalty", dest="repeat_penalty", type=float, metavar="R",
-                   help=f"1 = off (default {S.repeat_penalty:g})")
+    g.add_argument(
+        "--repeat-penalty",
+        dest="repeat_penalty",
+        type=float,
+        metavar="R",
+        help=f"1 = off (default {S.repeat_penalty:g})",
+    )
     g.add_argument("--seed", type=int, metavar="S", help="same seed, same reply")
-    g.add_argument("--max-tokens", "-n", dest="max_tokens", type=int, metavar="N",
-                   help=f"most tokens to generate (default {REPLY_MAX_TOKENS})")
+    g.add_argument(
+        "--max-tokens",
+        "-n",
+        dest="max_tokens",
+        type=int,
+        metavar="N",
+        help=f"most tokens to generate (default {REPLY_MAX_TOKENS})",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:

@@ -30,19 +30,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(spec, backend: str, options) -> tuple[bool, str]:  # type: ignore[no-untyped-def]
+    from app.paths import get_paths
     from backends.api import Request, SamplingParams
     from backends.errors import HearthError
     from backends.runner.client import RunnerBackend
-
-    from app.paths import get_paths
 
     # No fallback and no memory: the check is of this configuration alone, so the ladder must not rescue it.
     runner = RunnerBackend(spec, options, backend=backend, log_dir=get_paths().log_dir / "runners")
     start = time.perf_counter()
     try:
         runner.load()
-        result = runner.generate(Request(prompt="The capital of France is",
-                                         sampling=SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)))
+        result = runner.generate(
+            Request(
+                prompt="The capital of France is",
+                sampling=SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True),
+            )
+        )
         if result.finish_reason.value == "error":
             return False, result.error or "the reply ended with an error"
         rate = result.stats.decode_tokens_per_s
@@ -68,8 +71,10 @@ def run(args: argparse.Namespace) -> int:
     checks = []
     if runs_model("llama.cpp", spec):
         options = decide(spec, settings.merged(backend="llama.cpp")).options
-        checks += [("llama.cpp", dataclasses.replace(options, extra_bufts=True), "llama.cpp, extra buffer types on"),
-                   ("llama.cpp", dataclasses.replace(options, extra_bufts=False), "llama.cpp, extra buffer types off")]
+        checks += [
+            ("llama.cpp", dataclasses.replace(options, extra_bufts=True), "llama.cpp, extra buffer types on"),
+            ("llama.cpp", dataclasses.replace(options, extra_bufts=False), "llama.cpp, extra buffer types off"),
+        ]
     if runs_model("torch", spec):
         checks.append(("torch", decide(spec, settings.merged(backend="torch")).options, "torch engine"))
     for backend, options, label in checks:

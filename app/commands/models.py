@@ -47,11 +47,20 @@ def human_count(n: int) -> str:
 
 def model_row(entry, spec) -> dict:
     return {
-        "name": entry.name, "path": entry.path, "source": entry.source, "repo": entry.repo,
-        "revision": entry.revision, "size_bytes": spec.file_size_bytes, "architecture": spec.architecture,
-        "parameters": spec.param_count, "quant": spec.file_type, "quant_types": spec.tensor_types,
-        "context_length": spec.context_length, "format": spec.format,
-        "size_on_disk": size_on_disk(entry, spec), "backends": runnable_backends(spec),
+        "name": entry.name,
+        "path": entry.path,
+        "source": entry.source,
+        "repo": entry.repo,
+        "revision": entry.revision,
+        "size_bytes": spec.file_size_bytes,
+        "architecture": spec.architecture,
+        "parameters": spec.param_count,
+        "quant": spec.file_type,
+        "quant_types": spec.tensor_types,
+        "context_length": spec.context_length,
+        "format": spec.format,
+        "size_on_disk": size_on_disk(entry, spec),
+        "backends": runnable_backends(spec),
     }
 
 
@@ -93,8 +102,10 @@ def run(args: argparse.Namespace) -> int:
     store = ModelStore()
     if args.models_action == "add":
         entry, spec = store.add(args.path, args.name)
-        print(f"registered {entry.name}: {spec.architecture}, {human_count(spec.param_count)} parameters, "
-              f"{spec.file_type}, {human_bytes(spec.file_size_bytes)} ({entry.path})")
+        print(
+            f"registered {entry.name}: {spec.architecture}, {human_count(spec.param_count)} parameters, "
+            f"{spec.file_type}, {human_bytes(spec.file_size_bytes)} ({entry.path})"
+        )
         return 0
     rows, problems = [], []
     for entry in store.entries():
@@ -106,10 +117,19 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
     else:
         header = ("NAME", "SIZE", "ARCH", "PARAMS", "QUANT", "CONTEXT", "SOURCE", "BACKENDS")
-        table = [header] + [(r["name"], human_bytes(r["size_on_disk"]), r["architecture"],
-                             human_count(r["parameters"]), _quant_text(r), str(r["context_length"]),
-                             f"{r['repo']}@{r['revision'][:7]}" if r["repo"] and r["revision"] else
-                             (r["repo"] or r["source"]), ",".join(r["backends"]) or "-") for r in rows]
+        table = [header] + [
+            (
+                r["name"],
+                human_bytes(r["size_on_disk"]),
+                r["architecture"],
+                human_count(r["parameters"]),
+                _quant_text(r),
+                str(r["context_length"]),
+                f"{r['repo']}@{r['revision'][:7]}" if r["repo"] and r["revision"] else (r["repo"] or r["source"]),
+                ",".join(r["backends"]) or "-",
+            )
+            for r in rows
+        ]
         widths = [max(len(row[i]) for row in table) for i in range(len(header))]
         for row in table:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

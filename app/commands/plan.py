@@ -31,25 +31,46 @@ architectures and tokenizers) and single streams on a CPU.  The "backend" reason
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from app.defaults import LOCAL_BACKENDS
 
-    p.add_argument("model", nargs="?", metavar="MODEL", help="name, GGUF path, HF folder or config.json "
-                   "(default: the last used model, else the starter)")
+    p.add_argument(
+        "model",
+        nargs="?",
+        metavar="MODEL",
+        help="name, GGUF path, HF folder or config.json (default: the last used model, else the starter)",
+    )
     p.add_argument("--hardware", metavar="FILE", help="plan for the machine in this HardwareReport JSON")
     p.add_argument("--ctx", type=int, metavar="N", help="context length in tokens (fixed)")
     p.add_argument("--backend", "-b", choices=("auto", *LOCAL_BACKENDS), default="auto")
     p.add_argument("--kv-cache-type", dest="kv_cache_type", choices=("f16", "q8_0", "q4_0"))
     p.add_argument("--n-gpu-layers", "--ngl", dest="n_gpu_layers", type=int, metavar="N")
     p.add_argument("--quant", metavar="Q", help="GGUF quant to plan for a config.json (F16, Q8_0, ... Q2_K)")
-    p.add_argument("--max-concurrency", dest="max_concurrency", type=int, metavar="N",
-                   help="torch engine: sequences batched at once, the KV pool's cap in full-context sequences "
-                        "(default: the settings' max_concurrency, 16)")
-    p.add_argument("--tensor-parallel", "--tp", dest="tensor_parallel", type=int, metavar="N",
-                   help="torch engine ranks, one per GPU (1 = none; default: the plan decides, tensor parallelism "
-                        "over NVLink/P2P-joined GPUs when a better torch format fits them than one)")
-    p.add_argument("--serve", action="store_true",
-                   help="plan as `hearth serve` does: concurrent clients expected, so the engine that batches "
-                        "them (the torch engine) wherever it runs the model; JSON adds \"serving\": true")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON (tensor_parallel: the torch "
-                   "engine's rank count, 1 when none)")
+    p.add_argument(
+        "--max-concurrency",
+        dest="max_concurrency",
+        type=int,
+        metavar="N",
+        help="torch engine: sequences batched at once, the KV pool's cap in full-context sequences "
+        "(default: the settings' max_concurrency, 16)",
+    )
+    p.add_argument(
+        "--tensor-parallel",
+        "--tp",
+        dest="tensor_parallel",
+        type=int,
+        metavar="N",
+        help="torch engine ranks, one per GPU (1 = none; default: the plan decides, tensor parallelism "
+        "over NVLink/P2P-joined GPUs when a better torch format fits them than one)",
+    )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="plan as `hearth serve` does: concurrent clients expected, so the engine that batches "
+        'them (the torch engine) wherever it runs the model; JSON adds "serving": true',
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the plan as JSON (tensor_parallel: the torch engine's rank count, 1 when none)",
+    )
 
 
 def _config_shape(path: Path) -> Any:
@@ -60,8 +81,9 @@ def _config_shape(path: Path) -> Any:
     try:
         values = hf_config_shape(json.loads(path.read_text(encoding="utf-8")), path.parent.name or path.stem)
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise ModelFormatError(f"{path} is not a usable Hugging Face config.json: {exc!r}",
-                               "give the config.json of a transformers model") from None
+        raise ModelFormatError(
+            f"{path} is not a usable Hugging Face config.json: {exc!r}", "give the config.json of a transformers model"
+        ) from None
     keep = {k: v for k, v in values.items() if k in ModelShape.__dataclass_fields__}
     if keep.get("sliding_window"):
         n = keep["n_layers"]
@@ -94,9 +116,16 @@ def run(args: argparse.Namespace) -> int:
     max_num_seqs = load_settings(max_concurrency=args.max_concurrency).max_concurrency  # as `run`/`serve` load
     tp = load_settings(tensor_parallel=args.tensor_parallel).tensor_parallel  # checked as `run` checks it
     backend = "torch" if tp and tp > 1 and args.backend == "auto" else args.backend  # as app.loading.decide
-    prefs = Prefs(backend=backend, ctx=args.ctx, kv_cache_type=args.kv_cache_type,
-                  n_gpu_layers=args.n_gpu_layers, quant=quant, max_num_seqs=max_num_seqs, tensor_parallel=tp,
-                  prefer_batching=args.serve)
+    prefs = Prefs(
+        backend=backend,
+        ctx=args.ctx,
+        kv_cache_type=args.kv_cache_type,
+        n_gpu_layers=args.n_gpu_layers,
+        quant=quant,
+        max_num_seqs=max_num_seqs,
+        tensor_parallel=tp,
+        prefer_batching=args.serve,
+    )
     try:
         p = make_plan(report, shape, prefs)
     except PlanError as exc:  # nothing fits here: a bigger machine's server can run it (--backend remote)

@@ -26,8 +26,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON object instead of text")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--compare", metavar="MODEL2", help="compare with another model (e.g. another quant)")
-    g.add_argument("--compare-backend", dest="compare_backend", metavar="B2", choices=LOCAL_BACKENDS,
-                   help="compare with the same model on another backend")
+    g.add_argument(
+        "--compare-backend",
+        dest="compare_backend",
+        metavar="B2",
+        choices=LOCAL_BACKENDS,
+        help="compare with the same model on another backend",
+    )
     add_model_arguments(p)
 
 
@@ -52,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         token_ids = base.backend.tokenize(text, add_special=True, parse_special=False)
         if args.compare or args.compare_backend:
-            s2 = dataclasses.replace(settings, model=args.compare or settings.model,
-                                     backend=args.compare_backend or settings.backend)
+            s2 = dataclasses.replace(
+                settings, model=args.compare or settings.model, backend=args.compare_backend or settings.backend
+            )
             other = open_backend(s2, hardware_file=args.hardware, logits_all=True)
         tty = sys.stderr.isatty()
 
@@ -63,29 +69,50 @@ def run(args: argparse.Namespace) -> int:
                 sys.stderr.write(f"\r  scoring windows {done}/{total}{end}")
                 sys.stderr.flush()
 
-        res, res2 = perplexity(base.backend, token_ids, args.ctx, stride,
-                               other.backend if other else None, progress=None if args.json else progress)
+        res, res2 = perplexity(
+            base.backend,
+            token_ids,
+            args.ctx,
+            stride,
+            other.backend if other else None,
+            progress=None if args.json else progress,
+        )
     finally:
         base.backend.close()
         if other:
             other.backend.close()
     label = f"{base.entry.name} ({base.backend.name})"
-    out: dict = {"model": base.entry.name, "backend": base.backend.name, "perplexity": res.perplexity,
-                 "tokens_scored": res.tokens_scored, "ctx": res.ctx, "stride": res.stride}
+    out: dict = {
+        "model": base.entry.name,
+        "backend": base.backend.name,
+        "perplexity": res.perplexity,
+        "tokens_scored": res.tokens_scored,
+        "ctx": res.ctx,
+        "stride": res.stride,
+    }
     warning = None
     if res2 is not None and other is not None:
         warning = delta_ppl_warning(res.perplexity, res2.perplexity)
-        out["compare"] = {"model": other.entry.name, "backend": other.backend.name, "perplexity": res2.perplexity,
-                          "delta_ppl": res2.perplexity - res.perplexity, "kl_mean": res.kl_mean,
-                          "warning": warning}
+        out["compare"] = {
+            "model": other.entry.name,
+            "backend": other.backend.name,
+            "perplexity": res2.perplexity,
+            "delta_ppl": res2.perplexity - res.perplexity,
+            "kl_mean": res.kl_mean,
+            "warning": warning,
+        }
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"{label}: perplexity {res.perplexity:.4f} over {res.tokens_scored} tokens "
-              f"(ctx {res.ctx}, stride {res.stride})")
+        print(
+            f"{label}: perplexity {res.perplexity:.4f} over {res.tokens_scored} tokens "
+            f"(ctx {res.ctx}, stride {res.stride})"
+        )
         if res2 is not None and other is not None:
-            print(f"{other.entry.name} ({other.backend.name}): perplexity {res2.perplexity:.4f}  "
-                  f"ΔPPL {res2.perplexity - res.perplexity:+.4f}  mean KL {res.kl_mean:.6f} nats")
+            print(
+                f"{other.entry.name} ({other.backend.name}): perplexity {res2.perplexity:.4f}  "
+                f"ΔPPL {res2.perplexity - res.perplexity:+.4f}  mean KL {res.kl_mean:.6f} nats"
+            )
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     return 0

@@ -26,8 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant", "-q", metavar="Q", help="the GGUF quant to fetch (Q4_K_M, Q8_0, IQ4_XS, F16, ...)")
     p.add_argument("--file", metavar="NAME", help="the exact GGUF file to fetch (first shard of a split one)")
     p.add_argument("--revision", metavar="R", help="branch, tag or commit (default: main)")
-    p.add_argument("--include", metavar="PATTERN", action="append",
-                   help="only files matching this glob (repeatable); for safetensors repos, extra files to fetch")
+    p.add_argument(
+        "--include",
+        metavar="PATTERN",
+        action="append",
+        help="only files matching this glob (repeatable); for safetensors repos, extra files to fetch",
+    )
     p.add_argument("--name", metavar="NAME", help="register under this name (default: repo name:quant)")
 
 
@@ -57,8 +61,10 @@ class _Bar:
         frac = done / total if total else 1.0
         rate = done / max(now - self.start, 1e-3)
         bar = "#" * int(frac * 30)
-        sys.stderr.write(f"\r[{p.index}/{p.count}] {name[-40:]} [{bar:<30}] {frac * 100:5.1f}% "  # type: ignore[attr-defined]
-                         f"{human_bytes(done)}/{human_bytes(total)} {human_bytes(int(rate))}/s ")
+        sys.stderr.write(
+            f"\r[{p.index}/{p.count}] {name[-40:]} [{bar:<30}] {frac * 100:5.1f}% "  # type: ignore[attr-defined]
+            f"{human_bytes(done)}/{human_bytes(total)} {human_bytes(int(rate))}/s "
+        )
         sys.stderr.flush()
 
     def close(self) -> None:
@@ -72,19 +78,32 @@ def run(args: argparse.Namespace) -> int:
 
     bar = _Bar()
     try:
-        entry = pull(args.repo_id, quant=args.quant, file=args.file, revision=args.revision, include=args.include,
-                     name=args.name, progress=bar, on_choice=lambda why: print(f"choosing {why}"))
+        entry = pull(
+            args.repo_id,
+            quant=args.quant,
+            file=args.file,
+            revision=args.revision,
+            include=args.include,
+            name=args.name,
+            progress=bar,
+            on_choice=lambda why: print(f"choosing {why}"),
+        )
     except KeyboardInterrupt:
         bar.close()
         bar.current = None  # the finally below must not end the line twice
-        print("hearth: pull interrupted; the partial file is kept and the same command resumes it "
-              "(nothing was registered)", file=sys.stderr)
+        print(
+            "hearth: pull interrupted; the partial file is kept and the same command resumes it "
+            "(nothing was registered)",
+            file=sys.stderr,
+        )
         return 130
     finally:
         bar.close()
     from pathlib import Path
 
     size = sum(Path(f).stat().st_size for f in entry.files if Path(f).is_file())
-    print(f"pulled {entry.name}: {args.repo_id}@{(entry.revision or '')[:12]}, {human_bytes(size)} "
-          f"({entry.path})\nrun it: hearth run -m {entry.name}")
+    print(
+        f"pulled {entry.name}: {args.repo_id}@{(entry.revision or '')[:12]}, {human_bytes(size)} "
+        f"({entry.path})\nrun it: hearth run -m {entry.name}"
+    )
     return 0

@@ -44,8 +44,11 @@ def run(args: argparse.Namespace) -> int:
     shared = {f for e in store.entries() if e.name != entry.name for f in e.files}  # e.g. one repo's config.json
     files = [f for f in owned_files(entry) if Path(f).exists() and f not in shared]
     size = sum(Path(f).stat().st_size for f in files if Path(f).is_file())
-    what = (f"delete {len(files)} file(s), {human_bytes(size)}" if files
-            else f"unregister it (its file {entry.path} is kept: hearth did not download it)")
+    what = (
+        f"delete {len(files)} file(s), {human_bytes(size)}"
+        if files
+        else f"unregister it (its file {entry.path} is kept: hearth did not download it)"
+    )
     if not args.yes:
         if not sys.stdin.isatty():
             print(f"hearth: `hearth rm {args.name}` would {what}; pass --yes to confirm", file=sys.stderr)
@@ -58,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
     for f in files:
         Path(f).unlink(missing_ok=True)
     _prune_empty(files)
-    print(f"removed {args.name}" + (f": deleted {len(files)} file(s), {human_bytes(size)}" if files
-                                    else " (file kept)"))
+    print(
+        f"removed {args.name}" + (f": deleted {len(files)} file(s), {human_bytes(size)}" if files else " (file kept)")
+    )
     return 0
 
 
@@ -74,8 +78,11 @@ def _prune_empty(files: list[str]) -> None:
     for folder in {Path(f).resolve().parent for f in files}:
         while folder != root and folder.is_relative_to(root) and folder.exists():
             # hf's .cache metadata and an empty .partial (no unfinished download of the repo) do not keep it
-            rest = [p for p in folder.iterdir()
-                    if not (p.name == ".cache" or (p.name == ".partial" and not any(p.iterdir())))]
+            rest = [
+                p
+                for p in folder.iterdir()
+                if not (p.name == ".cache" or (p.name == ".partial" and not any(p.iterdir())))
+            ]
             if rest:
                 break
             shutil.rmtree(folder, ignore_errors=True)

@@ -29,17 +29,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from app.defaults import SYSTEM_PROMPT
 
     p.add_argument("prompt", nargs="?", metavar="PROMPT", help="the prompt; - reads stdin; omit for a chat")
-    p.add_argument("--system", dest="system_prompt", metavar="TEXT",
-                   help=f'system prompt (default "{SYSTEM_PROMPT}"; "" sends none)')
+    p.add_argument(
+        "--system",
+        dest="system_prompt",
+        metavar="TEXT",
+        help=f'system prompt (default "{SYSTEM_PROMPT}"; "" sends none)',
+    )
     p.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--raw", action="store_true", help="send PROMPT as is, without the chat template")
     p.add_argument("--verbose", "-v", action="store_true", help="print the plan and stats to stderr")
     j = p.add_mutually_exclusive_group()
-    j.add_argument("--json-schema", dest="json_output", metavar="FILE",
-                   help="reply with JSON valid against the JSON Schema in FILE (constrained decoding: the reply "
-                        "always parses; a max-tokens cut leaves it unfinished)")
-    j.add_argument("--json", dest="json_output", action="store_const", const="object",
-                   help="reply with a JSON object (any keys)")
+    j.add_argument(
+        "--json-schema",
+        dest="json_output",
+        metavar="FILE",
+        help="reply with JSON valid against the JSON Schema in FILE (constrained decoding: the reply "
+        "always parses; a max-tokens cut leaves it unfinished)",
+    )
+    j.add_argument(
+        "--json", dest="json_output", action="store_const", const="object", help="reply with a JSON object (any keys)"
+    )
     add_model_arguments(p, remote=True)
     add_sampling_arguments(p)
 
@@ -76,8 +85,10 @@ def run(args: argparse.Namespace) -> int:
         if result.finish_reason.value != "error":
             return 0
         if not (args.verbose and result.error):  # never a non-zero exit without a line saying why
-            print(f"hearth: error: {result.error or 'the backend ended the reply with an error and gave no reason'}",
-                  file=sys.stderr)
+            print(
+                f"hearth: error: {result.error or 'the backend ended the reply with an error and gave no reason'}",
+                file=sys.stderr,
+            )
         return 4 if result.error_code == "runner_crashed" else 3
     finally:
         loaded.backend.close()

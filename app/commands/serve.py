@@ -43,17 +43,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", metavar="ADDR", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, metavar="N", help="port (default 8000)")
     p.add_argument("--api-key", dest="api_key", metavar="KEY", help="require 'Authorization: Bearer KEY'")
-    p.add_argument("--max-concurrency", dest="max_concurrency", type=int, metavar="N",
-                   help="requests generating at once (default 16)")
-    p.add_argument("--single-user", dest="single_user", action="store_true",
-                   help="one client at a time: plan for the fastest single stream, not for batching "
-                        "(implies --max-concurrency 1)")
-    p.add_argument("--queue-limit", dest="queue_limit", type=int, default=64, metavar="N",
-                   help="requests waiting for a slot before 429 (default 64)")
-    p.add_argument("--max-body-bytes", dest="max_body_bytes", type=int, default=1 << 20, metavar="N",
-                   help="largest request body (default 1 MiB)")
-    p.add_argument("--shutdown-grace", dest="shutdown_grace", type=float, default=10.0, metavar="S",
-                   help="seconds running requests get to finish on shutdown (default 10)")
+    p.add_argument(
+        "--max-concurrency",
+        dest="max_concurrency",
+        type=int,
+        metavar="N",
+        help="requests generating at once (default 16)",
+    )
+    p.add_argument(
+        "--single-user",
+        dest="single_user",
+        action="store_true",
+        help="one client at a time: plan for the fastest single stream, not for batching (implies --max-concurrency 1)",
+    )
+    p.add_argument(
+        "--queue-limit",
+        dest="queue_limit",
+        type=int,
+        default=64,
+        metavar="N",
+        help="requests waiting for a slot before 429 (default 64)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        dest="max_body_bytes",
+        type=int,
+        default=1 << 20,
+        metavar="N",
+        help="largest request body (default 1 MiB)",
+    )
+    p.add_argument(
+        "--shutdown-grace",
+        dest="shutdown_grace",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds running requests get to finish on shutdown (default 10)",
+    )
     add_model_arguments(p)
 
 
@@ -79,15 +105,19 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--queue-limit must be >= 0, --max-body-bytes >= 1 and --shutdown-grace >= 0")
     if args.single_user:
         if args.max_concurrency not in (None, 1):
-            raise ConfigError(f"--single-user runs one request at a time, but --max-concurrency is "
-                              f"{args.max_concurrency}", "give one of the two")
+            raise ConfigError(
+                f"--single-user runs one request at a time, but --max-concurrency is {args.max_concurrency}",
+                "give one of the two",
+            )
         args.max_concurrency = 1
     settings = settings_from_args(args)
     if settings.backend == "remote":  # from settings.toml or HEARTH_BACKEND: a proxy would only add a hop
         from hwprobe.errors import ConfigError
 
-        raise ConfigError(f"hearth serve runs a local model, and the settings say backend = remote ({settings.url})",
-                          "point your clients at that server directly, or pass --backend auto")
+        raise ConfigError(
+            f"hearth serve runs a local model, and the settings say backend = remote ({settings.url})",
+            "point your clients at that server directly, or pass --backend auto",
+        )
     # serving: the plan prefers the engine that batches (with max_concurrency 1 it says "single user")
     loaded = open_backend(settings, hardware_file=args.hardware, serving=True)
     backend = loaded.backend
@@ -98,20 +128,37 @@ def run(args: argparse.Namespace) -> int:
             if reason not in why:
                 print(f"plan: {reason}", file=err)
         print("loaded: " + ", ".join(f"{k}={v}" for k, v in backend.describe().items()), file=err)
-        limits = Limits(max_concurrency=settings.max_concurrency, queue_limit=args.queue_limit,
-                        max_body_bytes=args.max_body_bytes, shutdown_grace_s=args.shutdown_grace)
+        limits = Limits(
+            max_concurrency=settings.max_concurrency,
+            queue_limit=args.queue_limit,
+            max_body_bytes=args.max_body_bytes,
+            shutdown_grace_s=args.shutdown_grace,
+        )
         config = ServerConfig(model_name=loaded.entry.name, api_key=settings.api_key or None, limits=limits)
         app = create_app(backend, config)
         slots = app.state.runner.slots
-        mode = (f"{backend.name}, up to {slots} requests batched" if slots > 1 else
-                f"{backend.name}, one request at a time (others queue)")
-        print(f"serving {config.model_name!r} on http://{settings.host}:{settings.port}/v1 "
-              f"({mode}; auth {'on' if config.api_key else 'off'})", file=err)
+        mode = (
+            f"{backend.name}, up to {slots} requests batched"
+            if slots > 1
+            else f"{backend.name}, one request at a time (others queue)"
+        )
+        print(
+            f"serving {config.model_name!r} on http://{settings.host}:{settings.port}/v1 "
+            f"({mode}; auth {'on' if config.api_key else 'off'})",
+            file=err,
+        )
         for reason in why:  # the planner's reason for this engine, with its numbers
             print(f"  why: {reason}", file=err)
         err.flush()
-        server = _GracefulServer(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                               timeout_graceful_shutdown=max(int(args.shutdown_grace), 1)))
+        server = _GracefulServer(
+            uvicorn.Config(
+                app,
+                host=settings.host,
+                port=settings.port,
+                log_level="warning",
+                timeout_graceful_shutdown=max(int(args.shutdown_grace), 1),
+            )
+        )
         server.run()
         for request_id in list(app.state.runner.active):  # past the grace period: abort what still runs
             backend.abort(request_id)

@@ -32,15 +32,18 @@ def run(args: argparse.Namespace) -> int:
     except PlanError as exc:
         plan_out, plan_err = None, exc.one_line()
     if args.json:
-        print(json.dumps({**row, "plan": plan_out.as_dict() if plan_out else None, "plan_error": plan_err},
-                         indent=2))
+        print(json.dumps({**row, "plan": plan_out.as_dict() if plan_out else None, "plan_error": plan_err}, indent=2))
         return 0
     lines = [
-        ("name", row["name"]), ("path", row["path"]),
+        ("name", row["name"]),
+        ("path", row["path"]),
         ("source", row["source"] + (f" {row['repo']}@{(row['revision'] or '')[:12]}" if row["repo"] else "")),
-        ("size on disk", human_bytes(row["size_on_disk"])), ("format", row["format"]),
-        ("architecture", row["architecture"]), ("parameters", human_count(row["parameters"])),
-        ("quant", row["quant"]), ("context", str(row["context_length"])),
+        ("size on disk", human_bytes(row["size_on_disk"])),
+        ("format", row["format"]),
+        ("architecture", row["architecture"]),
+        ("parameters", human_count(row["parameters"])),
+        ("quant", row["quant"]),
+        ("context", str(row["context_length"])),
         ("backends", ", ".join(row["backends"]) or "none installed can run it"),
     ]
     width = max(len(k) for k, _ in lines)

@@ -33,8 +33,15 @@ from app.paths import get_paths
 from app.store import ModelEntry, ModelStore
 from hwprobe.errors import ConfigError, HearthError
 
-SAFETENSORS_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                     "special_tokens_map.json", "*.safetensors", "model.safetensors.index.json")
+SAFETENSORS_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+)
 DISK_SLACK_BYTES = 256 * 1024 * 1024  # never fill the disk to the last byte
 
 
@@ -78,26 +85,36 @@ def _hub_error(exc: Exception, repo_id: str, revision: str | None) -> HearthErro
     from huggingface_hub import errors as e
 
     if isinstance(exc, e.GatedRepoError):
-        return PullError(f"{repo_id} is a gated repo: its files need accepted terms and a token",
-                         f"accept them on https://huggingface.co/{repo_id}, then `hf auth login` (or set HF_TOKEN)")
+        return PullError(
+            f"{repo_id} is a gated repo: its files need accepted terms and a token",
+            f"accept them on https://huggingface.co/{repo_id}, then `hf auth login` (or set HF_TOKEN)",
+        )
     if isinstance(exc, e.RevisionNotFoundError):
         return PullError(f"{repo_id} has no revision {revision!r}", "check --revision (a branch, tag or commit)")
     if isinstance(exc, e.EntryNotFoundError):
-        return PullError(f"a file of {repo_id} disappeared from the hub while pulling: {exc}",
-                         "run the pull again; the repo may have changed")
+        return PullError(
+            f"a file of {repo_id} disappeared from the hub while pulling: {exc}",
+            "run the pull again; the repo may have changed",
+        )
     if isinstance(exc, e.RepositoryNotFoundError):
-        return PullError(f"no model repo {repo_id!r} on the hub (or it is private)",
-                         "check the id (owner/name); for a private repo log in with `hf auth login`")
+        return PullError(
+            f"no model repo {repo_id!r} on the hub (or it is private)",
+            "check the id (owner/name); for a private repo log in with `hf auth login`",
+        )
     if isinstance(exc, e.OfflineModeIsEnabled):
         return _offline_error()
-    return PullError(f"cannot reach the hub at {_endpoint() or 'https://huggingface.co'}: {type(exc).__name__}: "
-                     f"{str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": "),
-                     "`hearth pull` needs the network; models already pulled keep working offline")
+    return PullError(
+        f"cannot reach the hub at {_endpoint() or 'https://huggingface.co'}: {type(exc).__name__}: "
+        f"{str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": "),
+        "`hearth pull` needs the network; models already pulled keep working offline",
+    )
 
 
 def _offline_error() -> PullError:
-    return PullError("`hearth pull` needs the network, and offline mode is on (HF_HUB_OFFLINE=1)",
-                     "unset HF_HUB_OFFLINE on a connected machine; models already pulled work offline")
+    return PullError(
+        "`hearth pull` needs the network, and offline mode is on (HF_HUB_OFFLINE=1)",
+        "unset HF_HUB_OFFLINE on a connected machine; models already pulled work offline",
+    )
 
 
 def list_repo(repo_id: str, revision: str | None = None) -> Listing:
@@ -115,14 +132,19 @@ def list_repo(repo_id: str, revision: str | None = None) -> Listing:
     except (e.HfHubHTTPError, e.OfflineModeIsEnabled, httpx.HTTPError, OSError) as exc:
         raise _hub_error(exc, repo_id, revision) from None
     except ValueError:  # json.JSONDecodeError and friends: an HTML error page, a captive portal, a broken mirror
-        raise PullError(f"the hub at {_endpoint() or 'https://huggingface.co'} answered the listing of {repo_id} "
-                        "with something that is not JSON", _MIRROR_HINT) from None
+        raise PullError(
+            f"the hub at {_endpoint() or 'https://huggingface.co'} answered the listing of {repo_id} "
+            "with something that is not JSON",
+            _MIRROR_HINT,
+        ) from None
     except KeyError as exc:  # JSON, but an entry lacks a field (an LFS file without its sha256, ...)
-        raise PullError(f"the hub's listing of {repo_id} is malformed: an entry lacks {str(exc.args[0])[:40]!r}",
-                        _MIRROR_HINT) from None
+        raise PullError(
+            f"the hub's listing of {repo_id} is malformed: an entry lacks {str(exc.args[0])[:40]!r}", _MIRROR_HINT
+        ) from None
     except (TypeError, AttributeError) as exc:  # JSON, but not a model listing
-        raise PullError(f"the hub's listing of {repo_id} is malformed: a field has the wrong type "
-                        f"({str(exc)[:60]})", _MIRROR_HINT) from None
+        raise PullError(
+            f"the hub's listing of {repo_id} is malformed: a field has the wrong type ({str(exc)[:60]})", _MIRROR_HINT
+        ) from None
     try:
         files = tuple(_remote_file(s) for s in (info.siblings or []))
     except (TypeError, ValueError, AttributeError) as exc:
@@ -161,9 +183,12 @@ def require_hashes(files: list[RemoteFile], repo_id: str) -> None:
     """Refuse, before downloading, files the hub gives no hash for: nothing is registered unverified."""
     bare = [f.name for f in files if not (f.sha256 or f.blob_id)]
     if bare:
-        raise PullError(f"the hub lists no sha256 (LFS) or git blob id for {bare[0]!r} of {repo_id}"
-                        + (f" (and {len(bare) - 1} more)" if len(bare) > 1 else "")
-                        + ", so hearth cannot verify it", _MIRROR_HINT)
+        raise PullError(
+            f"the hub lists no sha256 (LFS) or git blob id for {bare[0]!r} of {repo_id}"
+            + (f" (and {len(bare) - 1} more)" if len(bare) > 1 else "")
+            + ", so hearth cannot verify it",
+            _MIRROR_HINT,
+        )
 
 
 def _config_shape(listing: Listing, folder: Path) -> Any | None:
@@ -209,10 +234,12 @@ def check_disk(files: list[RemoteFile], folder: Path) -> None:
     free = shutil.disk_usage(probe).free
     if free < need + DISK_SLACK_BYTES:
         gib = 1024**3
-        raise PullError(f"not enough disk space in {probe}: the download needs {need / gib:.2f} GiB "
-                        f"(+{DISK_SLACK_BYTES // 2**20} MiB slack), {free / gib:.2f} GiB is free",
-                        "free some space (`hearth rm NAME` deletes pulled models), or set HEARTH_HOME to a "
-                        "bigger disk; nothing was downloaded")
+        raise PullError(
+            f"not enough disk space in {probe}: the download needs {need / gib:.2f} GiB "
+            f"(+{DISK_SLACK_BYTES // 2**20} MiB slack), {free / gib:.2f} GiB is free",
+            "free some space (`hearth rm NAME` deletes pulled models), or set HEARTH_HOME to a "
+            "bigger disk; nothing was downloaded",
+        )
 
 
 def _tqdm_for(cb: ProgressCallback | None, name: str, index: int, count: int) -> Any:
@@ -243,8 +270,9 @@ def partial_path(folder: Path, name: str) -> Path:
     return folder / ".partial" / (name + ".part")
 
 
-def _download(listing: Listing, f: RemoteFile, folder: Path, cb: ProgressCallback | None, index: int,
-              count: int) -> str:
+def _download(
+    listing: Listing, f: RemoteFile, folder: Path, cb: ProgressCallback | None, index: int, count: int
+) -> str:
     """Fetch one file to folder/f.name, resuming a `.part` file left by an interrupted run (Range request)."""
     from app.hub.pull_http import http_module
 
@@ -271,15 +299,22 @@ def _download(listing: Listing, f: RemoteFile, folder: Path, cb: ProgressCallbac
         if httpx.URL(location).host != httpx.URL(url).host:
             headers.pop("authorization", None)  # a signed CDN url: the token stays with the hub
         with part.open("ab") as fh:
-            http_get(location, fh, resume_size=fh.tell(), headers=headers, expected_size=meta.size or f.size,
-                     tqdm_class=_tqdm_for(cb, f.name, index, count))
+            http_get(
+                location,
+                fh,
+                resume_size=fh.tell(),
+                headers=headers,
+                expected_size=meta.size or f.size,
+                tqdm_class=_tqdm_for(cb, f.name, index, count),
+            )
     except (e.HfHubHTTPError, e.OfflineModeIsEnabled) as exc:
         raise _hub_error(exc, listing.repo_id, listing.revision) from None
     except (httpx.HTTPError, OSError) as exc:
-        raise PullError(f"the download of {f.name} was interrupted after {part.stat().st_size} of {f.size} bytes "
-                        f"({type(exc).__name__})",
-                        "run the same `hearth pull` again: it resumes where it stopped; nothing was registered") \
-            from None
+        raise PullError(
+            f"the download of {f.name} was interrupted after {part.stat().st_size} of {f.size} bytes "
+            f"({type(exc).__name__})",
+            "run the same `hearth pull` again: it resumes where it stopped; nothing was registered",
+        ) from None
     target.parent.mkdir(parents=True, exist_ok=True)
     os.replace(part, target)
     return str(target)
@@ -303,12 +338,15 @@ def verify(path: Path, f: RemoteFile) -> None:
             problem = f"has {'sha256' if f.sha256 else 'git sha1'} {h.hexdigest()[:16]}..., the hub says {want[:16]}..."
     if problem:
         path.unlink(missing_ok=True)
-        raise PullError(f"{f.name} {problem}: the download is corrupt and was deleted",
-                        "run the pull again; if it keeps failing the mirror or proxy alters files; nothing was registered")
+        raise PullError(
+            f"{f.name} {problem}: the download is corrupt and was deleted",
+            "run the pull again; if it keeps failing the mirror or proxy alters files; nothing was registered",
+        )
 
 
-def _select(listing: Listing, folder: Path, quant: str | None, file: str | None,
-            include: list[str] | None, report: Any) -> tuple[list[RemoteFile], str, str, str]:
+def _select(
+    listing: Listing, folder: Path, quant: str | None, file: str | None, include: list[str] | None, report: Any
+) -> tuple[list[RemoteFile], str, str, str]:
     """(files, first file or folder to register, quant label, reason)."""
     files = list(listing.files)
     if include:
@@ -326,20 +364,33 @@ def _select(listing: Listing, folder: Path, quant: str | None, file: str | None,
     picked = [f for f in listing.files if any(fnmatch.fnmatch(f.name, p) for p in wanted)]
     if any(f.name.endswith(".safetensors") for f in picked) and any(f.name == "config.json" for f in picked):
         return picked, "", "safetensors", "the repo has no GGUF; its safetensors weights are for the torch backend"
-    raise PullError(f"{listing.repo_id} has no GGUF file and no safetensors model (config.json + *.safetensors)",
-                    "look for a GGUF version of it (repos named ...-GGUF), or name files with --include")
+    raise PullError(
+        f"{listing.repo_id} has no GGUF file and no safetensors model (config.json + *.safetensors)",
+        "look for a GGUF version of it (repos named ...-GGUF), or name files with --include",
+    )
 
 
-def pull(repo_id: str, quant: str | None = None, file: str | None = None, revision: str | None = None, *,
-         include: list[str] | None = None, name: str | None = None, progress: ProgressCallback | None = None,
-         report: Any = None, on_choice: Callable[[str], None] | None = None) -> ModelEntry:
+def pull(
+    repo_id: str,
+    quant: str | None = None,
+    file: str | None = None,
+    revision: str | None = None,
+    *,
+    include: list[str] | None = None,
+    name: str | None = None,
+    progress: ProgressCallback | None = None,
+    report: Any = None,
+    on_choice: Callable[[str], None] | None = None,
+) -> ModelEntry:
     """Download and register a model; returns its ModelEntry.  Raises PullError / ConfigError / PlanError with
     a one-line message; nothing is registered unless every file arrived and verified.  `on_choice` hears the
     sentence that says which file(s) were chosen and why; `report` (a HardwareReport) skips probing."""
     check_repo_id(repo_id)
     if revision is not None and (not revision or len(revision) > 256 or any(ord(c) <= 32 for c in revision)):
-        raise PullError(f"--revision {revision[:80]!r} is not a branch, tag or commit name",
-                        "use a name without spaces or control characters, or a commit sha")
+        raise PullError(
+            f"--revision {revision[:80]!r} is not a branch, tag or commit name",
+            "use a name without spaces or control characters, or a commit sha",
+        )
     listing = list_repo(repo_id, revision)
     folder = model_folder(repo_id)
     files, first, label, reason = _select(listing, folder, quant, file, include, report)
@@ -349,8 +400,10 @@ def pull(repo_id: str, quant: str | None = None, file: str | None = None, revisi
     old = store.get(entry_name)
     replace = old is not None and old.source == "hf" and old.repo == repo_id
     if old is not None and not replace:  # said before downloading, not after
-        raise ConfigError(f"a model named {entry_name!r} is already registered ({old.path})",
-                          "pick another with --name, or remove it first with `hearth rm`")
+        raise ConfigError(
+            f"a model named {entry_name!r} is already registered ({old.path})",
+            "pick another with --name, or remove it first with `hearth rm`",
+        )
     for f in files:
         if not (folder / f.name).resolve().is_relative_to(folder.resolve()):
             raise PullError(f"the repo lists a file outside its folder: {f.name!r}", "refusing to write it")
@@ -364,8 +417,16 @@ def pull(repo_id: str, quant: str | None = None, file: str | None = None, revisi
     target = folder / first if first else folder
     extra = {str(folder / "config.json")} if first and (folder / "config.json").is_file() else set()
     owned = sorted({str(folder / f.name) for f in files} | extra | set(old.files if replace and old else []))
-    entry, _ = store.add(target, entry_name, source="hf", repo=repo_id, revision=listing.revision, owned=True,
-                         files=owned, replace=replace)
+    entry, _ = store.add(
+        target,
+        entry_name,
+        source="hf",
+        repo=repo_id,
+        revision=listing.revision,
+        owned=True,
+        files=owned,
+        replace=replace,
+    )
     return entry
 
 
@@ -378,8 +439,10 @@ def check_repo_id(repo_id: str) -> None:
     network or the disk (the id becomes a folder name)."""
     parts = repo_id.split("/")
     if len(parts) != 2 or not all(_REPO_PART.fullmatch(p) for p in parts) or "--" in repo_id or ".." in repo_id:
-        raise PullError(f"{repo_id[:120]!r} is not a Hugging Face repo id",
-                        "use owner/name: letters, digits, _ . - (e.g. bartowski/Qwen2.5-7B-Instruct-GGUF)")
+        raise PullError(
+            f"{repo_id[:120]!r} is not a Hugging Face repo id",
+            "use owner/name: letters, digits, _ . - (e.g. bartowski/Qwen2.5-7B-Instruct-GGUF)",
+        )
 
 
 def _safe_name(name: str) -> str:

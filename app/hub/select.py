@@ -105,8 +105,14 @@ class Choice:
     reason: str  # one sentence: why this file
 
 
-def choose_gguf(choices: list[GgufChoice], report: Any, shape: Any | None = None, *, quant: str | None = None,
-                file: str | None = None) -> Choice:
+def choose_gguf(
+    choices: list[GgufChoice],
+    report: Any,
+    shape: Any | None = None,
+    *,
+    quant: str | None = None,
+    file: str | None = None,
+) -> Choice:
     """Pick the GGUF to pull (see the module docstring).  `report` is a hwprobe HardwareReport, `shape` a
     ModelShape from the repo's config.json (or None)."""
     assert choices, "the caller checks that the repo has GGUF files"
@@ -115,8 +121,9 @@ def choose_gguf(choices: list[GgufChoice], report: Any, shape: Any | None = None
         for c in choices:
             if file in (c.first.name, c.first.name.rsplit("/", 1)[-1]) or any(file == f.name for f in c.files):
                 return Choice(c, f"--file {file} asked for it")
-        raise ConfigError(f"the repo has no GGUF file {file!r}",
-                          "its GGUF files: " + ", ".join(c.first.name for c in choices))
+        raise ConfigError(
+            f"the repo has no GGUF file {file!r}", "its GGUF files: " + ", ".join(c.first.name for c in choices)
+        )
     if quant is not None:
         want = quant.upper()
         for c in choices:
@@ -146,8 +153,11 @@ def _by_plan(choices: list[GgufChoice], report: Any, shape: Any) -> Choice | Non
         return None
     c = below[0]
     exact = "" if c.quant == p.quant else f" (the plan recommends {p.quant}; the repo's best at or below it)"
-    return Choice(c, f"the plan for this machine recommends {p.quant} for {shape.name} "
-                     f"({p.backend}, {p.n_gpu_layers}/{p.n_layers} layers on GPU, context {p.ctx}){exact}")
+    return Choice(
+        c,
+        f"the plan for this machine recommends {p.quant} for {shape.name} "
+        f"({p.backend}, {p.n_gpu_layers}/{p.n_layers} layers on GPU, context {p.ctx}){exact}",
+    )
 
 
 def budget_bytes(report: Any) -> tuple[int, str]:
@@ -171,13 +181,21 @@ def _by_size(choices: list[GgufChoice], report: Any) -> Choice:
     gib = 1024**3
     if good:
         c = good[0]
-        return Choice(c, f"{c.quant} is the highest-quality file that fits {where}: {c.size / gib:.2f} GiB of "
-                         f"{room / gib:.1f} GiB ({int(FIT_FRACTION * 100)}% of the {budget / gib:.1f} GiB budget)")
+        return Choice(
+            c,
+            f"{c.quant} is the highest-quality file that fits {where}: {c.size / gib:.2f} GiB of "
+            f"{room / gib:.1f} GiB ({int(FIT_FRACTION * 100)}% of the {budget / gib:.1f} GiB budget)",
+        )
     if fits:
         c = max(fits, key=lambda c: c.size)
-        return Choice(c, f"warning: only quants below {LOWEST_DEFAULT_QUANT} fit {where}; {c.quant} is "
-                         f"{c.size / gib:.2f} GiB of {room / gib:.1f} GiB (quality drops below {LOWEST_DEFAULT_QUANT})")
+        return Choice(
+            c,
+            f"warning: only quants below {LOWEST_DEFAULT_QUANT} fit {where}; {c.quant} is "
+            f"{c.size / gib:.2f} GiB of {room / gib:.1f} GiB (quality drops below {LOWEST_DEFAULT_QUANT})",
+        )
     small = min(choices, key=lambda c: c.size)
-    raise PlanError(f"no GGUF in the repo fits {where}: the smallest ({small.quant}) is {small.size / gib:.2f} GiB, "
-                    f"the budget {room / gib:.2f} GiB",
-                    "pick one anyway with --quant or --file (it may run slowly with partial offload)")
+    raise PlanError(
+        f"no GGUF in the repo fits {where}: the smallest ({small.quant}) is {small.size / gib:.2f} GiB, "
+        f"the budget {room / gib:.2f} GiB",
+        "pick one anyway with --quant or --file (it may run slowly with partial offload)",
+    )

@@ -21,19 +21,20 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Request as HTTPRequest
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from app.defaults import SAMPLING
 from app.requests import ChatRequest, chat_request
-from app.server.errors import APIError
-from app.server.metrics import ServerMetrics
-from app.server.runner import Generation, Limits, Runner
 from app.server.body import decode_body
 from app.server.choices import Choices, choice_requests
+from app.server.errors import APIError
 from app.server.logprobs import CompletionLogprobs, chat_logprobs
+from app.server.metrics import ServerMetrics
+from app.server.runner import Generation, Limits, Runner
 from app.server.schemas import OPENAI_FIELDS, ChatCompletionRequest, CompletionRequest
 from app.server.tool_replies import ToolReply
 from backends.api import MAX_LOGIT_BIAS, Backend, EventKind, Request, SamplingParams
@@ -72,8 +73,12 @@ class _Guard:
             given = raw.get(b"authorization", b"")
             expected = f"Bearer {self.config.api_key}".encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(given, expected):
-                error = APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                                 type="authentication_error", code="invalid_api_key")
+                error = APIError(
+                    401,
+                    "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                    type="authentication_error",
+                    code="invalid_api_key",
+                )
         if error is None and headers.get("content-length", "").isdigit():
             if int(headers["content-length"]) > self.config.limits.max_body_bytes:
                 error = _too_large(self.config.limits.max_body_bytes)
@@ -154,13 +159,19 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
         sampling = _sampling(body, max_tokens, backend, config)
         tools = _tools(body)
         # the template runs in its own budgeted process; this thread only waits for it
-        built = await run_in_threadpool(_chat_request, backend, [m.as_dict() for m in body.messages], sampling,
-                                        tools)
+        built = await run_in_threadpool(_chat_request, backend, [m.as_dict() for m in body.messages], sampling, tools)
         if built.tools is not None and body.logprobs:  # held-back call text no longer lines up with its tokens
             raise APIError(400, "logprobs with tools is not supported: ask for one of them", param="logprobs")
         req = await run_in_threadpool(_constrained, built.request, body)
-        return await _respond(request, runner, choice_requests(req, body.n), body, chat=True,
-                              model_name=config.model_name, tools=built.tools)
+        return await _respond(
+            request,
+            runner,
+            choice_requests(req, body.n),
+            body,
+            chat=True,
+            model_name=config.model_name,
+            tools=built.tools,
+        )
 
     @app.post("/v1/completions")
     async def completions(request: HTTPRequest) -> Response:
@@ -169,10 +180,14 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
         req = await run_in_threadpool(_constrained, req, body)
         echo = None
         if body.echo:  # the prompt's text as given, or its token ids' text
-            echo = body.prompt if isinstance(body.prompt, str) else await run_in_threadpool(
-                backend.detokenize, body.prompt)
-        return await _respond(request, runner, choice_requests(req, body.n), body, chat=False,
-                              model_name=config.model_name, echo=echo)
+            echo = (
+                body.prompt
+                if isinstance(body.prompt, str)
+                else await run_in_threadpool(backend.detokenize, body.prompt)
+            )
+        return await _respond(
+            request, runner, choice_requests(req, body.n), body, chat=False, model_name=config.model_name, echo=echo
+        )
 
     app.add_middleware(_Guard, config=config, metrics=metrics)
     return app
@@ -186,8 +201,9 @@ def _model_card(name: str) -> dict:
 
 
 def _unknown_model(name: str, served: str) -> APIError:
-    return APIError(404, f"model {name!r} is not served here; this server serves {served!r}", param="model",
-                    code="model_not_found")
+    return APIError(
+        404, f"model {name!r} is not served here; this server serves {served!r}", param="model", code="model_not_found"
+    )
 
 
 async def _parse(request: HTTPRequest, schema: type[BaseModel], config: ServerConfig) -> Any:
@@ -212,8 +228,12 @@ def _validate(raw: bytes, schema: type[BaseModel], config: ServerConfig) -> Any:
         if first.get("type") == "extra_forbidden":  # a field hearth does not serve: named, never ignored
             name = ".".join(str(p) for p in first.get("loc", ()))
             what = "OpenAI's field" if name in OPENAI_FIELDS else "unknown field"
-            raise APIError(400, f"{what} {name!r} is not supported by this server (hearth refuses what it would "
-                           f"otherwise ignore)", param=name, code="unsupported_parameter") from None
+            raise APIError(
+                400,
+                f"{what} {name!r} is not supported by this server (hearth refuses what it would otherwise ignore)",
+                param=name,
+                code="unsupported_parameter",
+            ) from None
         # union members add their type to the location ("temperature.float"): drop those tags
         loc = [str(p) for p in first.get("loc", ()) if str(p) not in _UNION_TAGS and "[" not in str(p)]
         param = ".".join(loc) or None
@@ -237,8 +257,9 @@ def _tools(body: Any) -> ToolRequest | None:
         raise APIError(400, exc.one_line(), param=exc.param) from None
 
 
-def _chat_request(backend: Backend, messages: list[dict], sampling: SamplingParams,
-                  tools: ToolRequest | None = None) -> ChatRequest:
+def _chat_request(
+    backend: Backend, messages: list[dict], sampling: SamplingParams, tools: ToolRequest | None = None
+) -> ChatRequest:
     """The one request builder (app/requests.py), as `hearth run` and the TUI use it."""
     try:
         built = chat_request(backend.spec, messages, sampling, request_id=_request_id(), tools=tools)
@@ -275,8 +296,11 @@ def _constrained(req: Request, body: Any) -> Request:
 
     constraint = constraint_of(body.response_format)
     if constraint is not None and req.constraint is not None:  # a forced tool_choice constrains it already
-        raise APIError(400, "response_format and a forced tool_choice both constrain the reply; send one of them",
-                       param="response_format")
+        raise APIError(
+            400,
+            "response_format and a forced tool_choice both constrain the reply; send one of them",
+            param="response_format",
+        )
     return req if constraint is None else dataclasses.replace(req, constraint=constraint)
 
 
@@ -289,8 +313,9 @@ def _sampling(body: Any, max_tokens: int | None, backend: Backend, config: Serve
     top_k/min_p truncation the client did not ask for (hearth's own defaults are for `hearth run` and the TUI)."""
     n_ctx = backend.n_ctx
     if max_tokens is not None and not 1 <= max_tokens <= n_ctx:
-        raise APIError(400, f"max_tokens must be between 1 and the context length {n_ctx}, got {max_tokens}",
-                       param="max_tokens")
+        raise APIError(
+            400, f"max_tokens must be between 1 and the context length {n_ctx}, got {max_tokens}", param="max_tokens"
+        )
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if any(not s for s in stop):
         raise APIError(400, "stop strings must not be empty", param="stop")
@@ -304,11 +329,17 @@ def _sampling(body: Any, max_tokens: int | None, backend: Backend, config: Serve
         top_p=float(body.top_p) if body.top_p is not None else 1.0,
         top_k=body.top_k if body.top_k is not None else 0,
         min_p=float(body.min_p) if body.min_p is not None else 0.0,
-        repeat_penalty=float(body.repeat_penalty) if body.repeat_penalty is not None else 1.0, seed=body.seed,
+        repeat_penalty=float(body.repeat_penalty) if body.repeat_penalty is not None else 1.0,
+        seed=body.seed,
         max_tokens=max_tokens if max_tokens is not None else min(config.default_max_tokens, n_ctx),
-        stop=stop, ignore_eos=body.ignore_eos, presence_penalty=float(body.presence_penalty),
-        frequency_penalty=float(body.frequency_penalty), logit_bias=_logit_bias(body.logit_bias, backend),
-        logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+        stop=stop,
+        ignore_eos=body.ignore_eos,
+        presence_penalty=float(body.presence_penalty),
+        frequency_penalty=float(body.frequency_penalty),
+        logit_bias=_logit_bias(body.logit_bias, backend),
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+    )
 
 
 def _logit_bias(given: dict | None, backend: Backend) -> tuple[tuple[int, float], ...]:
@@ -316,8 +347,9 @@ def _logit_bias(given: dict | None, backend: Backend) -> tuple[tuple[int, float]
     if not given:
         return ()
     if len(given) > MAX_LOGIT_BIAS:
-        raise APIError(400, f"logit_bias has {len(given)} entries; at most {MAX_LOGIT_BIAS} are allowed",
-                       param="logit_bias")
+        raise APIError(
+            400, f"logit_bias has {len(given)} entries; at most {MAX_LOGIT_BIAS} are allowed", param="logit_bias"
+        )
     vocab = backend.spec.vocab_size
     out = []
     for key, bias in given.items():
@@ -325,11 +357,13 @@ def _logit_bias(given: dict | None, backend: Backend) -> tuple[tuple[int, float]
             raise APIError(400, f"logit_bias keys are token ids (decimal strings), got {key!r}", param="logit_bias")
         token = int(key)
         if vocab > 0 and token >= vocab:
-            raise APIError(400, f"logit_bias token id {token} is outside the vocabulary (0..{vocab - 1})",
-                           param="logit_bias")
+            raise APIError(
+                400, f"logit_bias token id {token} is outside the vocabulary (0..{vocab - 1})", param="logit_bias"
+            )
         if not -100 <= bias <= 100:
-            raise APIError(400, f"logit_bias values are in [-100, 100], got {bias} for token {token}",
-                           param="logit_bias")
+            raise APIError(
+                400, f"logit_bias values are in [-100, 100], got {bias} for token {token}", param="logit_bias"
+            )
         out.append((token, float(bias)))
     return tuple(sorted(out))
 
@@ -383,11 +417,21 @@ async def _unless_gone(request: HTTPRequest, work: Awaitable[_T]) -> _T:
     return task.result()
 
 
-async def _respond(request: HTTPRequest, runner: Runner, reqs: list[Request], body: Any, *, chat: bool,
-                   model_name: str, echo: str | None = None, tools: ToolReading | None = None) -> Response:
+async def _respond(
+    request: HTTPRequest,
+    runner: Runner,
+    reqs: list[Request],
+    body: Any,
+    *,
+    chat: bool,
+    model_name: str,
+    echo: str | None = None,
+    tools: ToolReading | None = None,
+) -> Response:
     try:
-        return await _unless_gone(request, _answer(runner, reqs, body, chat=chat, model_name=model_name, echo=echo,
-                                                   tools=tools))
+        return await _unless_gone(
+            request, _answer(runner, reqs, body, chat=chat, model_name=model_name, echo=echo, tools=tools)
+        )
     except _ClientGone:
         return Response(status_code=499)  # nobody reads it; the metrics count it as "client closed request"
 
@@ -396,8 +440,16 @@ def _failed(event: Any) -> APIError:
     return APIError(500, f"generation failed: {event.error}", type="server_error", code=event.error_code)
 
 
-async def _answer(runner: Runner, reqs: list[Request], body: Any, *, chat: bool, model_name: str,
-                  echo: str | None, tools: ToolReading | None = None) -> Response:
+async def _answer(
+    runner: Runner,
+    reqs: list[Request],
+    body: Any,
+    *,
+    chat: bool,
+    model_name: str,
+    echo: str | None,
+    tools: ToolReading | None = None,
+) -> Response:
     """Waits for a slot and, unless streaming, for the whole reply: both end early when the client leaves.
     `reqs`: one request per choice (app/server/choices.py); `echo`: the prompt's text when it is echoed.
     With tools, each choice's calls are parsed out of its text (app/server/tool_replies.py)."""
@@ -446,15 +498,15 @@ async def _answer(runner: Runner, reqs: list[Request], body: Any, *, chat: bool,
                 if want_logprobs:
                     choice["logprobs"] = CompletionLogprobs().part(logprobs[i])
             out.append(choice)
-        return JSONResponse({"id": rid, "object": obj, "created": created, "model": model_name,
-                             "choices": out, "usage": _usage(gens)})
+        return JSONResponse(
+            {"id": rid, "object": obj, "created": created, "model": model_name, "choices": out, "usage": _usage(gens)}
+        )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     chunk_obj = "chat.completion.chunk" if chat else "text_completion"
     offsets = [CompletionLogprobs() for _ in range(n)]
 
     def sse(choices: list, usage: dict | None = None) -> bytes:
-        payload: dict = {"id": rid, "object": chunk_obj, "created": created, "model": model_name,
-                         "choices": choices}
+        payload: dict = {"id": rid, "object": chunk_obj, "created": created, "model": model_name, "choices": choices}
         if include_usage:
             payload["usage"] = usage
         return f"data: {json.dumps(payload)}\n\n".encode()
@@ -505,5 +557,6 @@ async def _answer(runner: Runner, reqs: list[Request], body: Any, *, chat: bool,
         finally:
             await events.aclose()  # cancels every choice still running (client gone): their requests abort
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )

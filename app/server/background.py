@@ -32,8 +32,9 @@ class BackgroundServer:
         self.app = create_app(backend, ServerConfig(model_name=model_name, limits=limits, **config))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning", timeout_graceful_shutdown=2))
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=2)
+        )
         self.thread = threading.Thread(target=self.server.run, name="hearth-server", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 10

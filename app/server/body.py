@@ -34,20 +34,29 @@ def decode_body(raw: bytes, max_depth: int, max_messages: int | None) -> dict[st
     if _SURROGATE_ESCAPE.search(raw):
         where = _lone_surrogate(data)
         if where is not None:
-            raise APIError(400, f"{where or 'the body'} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
-                           "escape), which is not text; send valid Unicode", param=where or None,
-                           code="invalid_unicode")
+            raise APIError(
+                400,
+                f"{where or 'the body'} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+                "escape), which is not text; send valid Unicode",
+                param=where or None,
+                code="invalid_unicode",
+            )
     messages = data.get("messages")
     if max_messages is not None and isinstance(messages, list) and len(messages) > max_messages:
-        raise APIError(400, f"the conversation has {len(messages)} messages; this server takes at most "
-                       f"{max_messages} per request (drop or summarise older turns)", param="messages",
-                       code="too_many_messages")
+        raise APIError(
+            400,
+            f"the conversation has {len(messages)} messages; this server takes at most "
+            f"{max_messages} per request (drop or summarise older turns)",
+            param="messages",
+            code="too_many_messages",
+        )
     return data
 
 
 def _too_deep(max_depth: int) -> APIError:
-    return APIError(400, f"the body nests arrays/objects more than {max_depth} levels deep (the limit)",
-                    code="too_deep")
+    return APIError(
+        400, f"the body nests arrays/objects more than {max_depth} levels deep (the limit)", code="too_deep"
+    )
 
 
 def _depth(data: Any, limit: int) -> int:

@@ -29,8 +29,11 @@ def choice_requests(request: Request, n: int) -> list[Request]:
     for i in range(1, n):
         sp = request.sampling
         seed = sp.seed if sp.seed is None else (sp.seed + i if sp.seed + i <= SEED_MAX else seed_u64(sp.seed + i))
-        out.append(dataclasses.replace(request, request_id=f"{request.request_id}-{i}",
-                                       sampling=dataclasses.replace(sp, seed=seed)))
+        out.append(
+            dataclasses.replace(
+                request, request_id=f"{request.request_id}-{i}", sampling=dataclasses.replace(sp, seed=seed)
+            )
+        )
     return out
 
 

@@ -34,10 +34,15 @@ def token_text(data: bytes) -> str:
 def chat_content(entries: Iterable[TokenLogprob]) -> list[dict]:
     out = []
     for e in entries:
-        top = [{"token": token_text(b), "logprob": _lp(lp), "bytes": list(b)}
-               for (_, lp), b in zip(e.top, e.top_bytes)]
-        out.append({"token": token_text(e.token_bytes), "logprob": _lp(e.logprob if e.logprob is not None else 0.0),
-                    "bytes": list(e.token_bytes), "top_logprobs": top})
+        top = [{"token": token_text(b), "logprob": _lp(lp), "bytes": list(b)} for (_, lp), b in zip(e.top, e.top_bytes)]
+        out.append(
+            {
+                "token": token_text(e.token_bytes),
+                "logprob": _lp(e.logprob if e.logprob is not None else 0.0),
+                "bytes": list(e.token_bytes),
+                "top_logprobs": top,
+            }
+        )
     return out
 
 

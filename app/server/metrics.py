@@ -14,22 +14,25 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("hearth_http_requests", "HTTP requests answered, by path and status",
-                                ("path", "status"), registry=r)
+        self.requests = Counter(
+            "hearth_http_requests", "HTTP requests answered, by path and status", ("path", "status"), registry=r
+        )
         self.prompt_tokens = Counter("hearth_prompt_tokens", "prompt tokens processed", registry=r)
         self.generated_tokens = Counter("hearth_generation_tokens", "tokens generated", registry=r)
-        self.finished = Counter("hearth_requests_finished", "generations finished, by reason", ("reason",),
-                                registry=r)
-        self.ttft = Histogram("hearth_time_to_first_token_seconds", "request arrival -> first token",
-                              buckets=_TTFT_BUCKETS, registry=r)
-        self.tpot = Histogram("hearth_time_per_output_token_seconds", "time between tokens of one stream",
-                              buckets=_TPOT_BUCKETS, registry=r)
+        self.finished = Counter("hearth_requests_finished", "generations finished, by reason", ("reason",), registry=r)
+        self.ttft = Histogram(
+            "hearth_time_to_first_token_seconds", "request arrival -> first token", buckets=_TTFT_BUCKETS, registry=r
+        )
+        self.tpot = Histogram(
+            "hearth_time_per_output_token_seconds",
+            "time between tokens of one stream",
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
         self.running = Gauge("hearth_requests_running", "generations running now", registry=r)
         self.queued = Gauge("hearth_queue_depth", "generations waiting for a slot", registry=r)
-        self.kv_used = Gauge("hearth_kv_blocks_used", "KV cache blocks in use (backends that report them)",
-                             registry=r)
-        self.kv_free = Gauge("hearth_kv_blocks_free", "KV cache blocks free (backends that report them)",
-                             registry=r)
+        self.kv_used = Gauge("hearth_kv_blocks_used", "KV cache blocks in use (backends that report them)", registry=r)
+        self.kv_free = Gauge("hearth_kv_blocks_free", "KV cache blocks free (backends that report them)", registry=r)
 
     def render(self, stats: EngineStats) -> bytes:
         """Prometheus text; KV gauges come from the backend's published snapshot (Backend.stats()): the torch

@@ -37,16 +37,18 @@ def constraint_of(response_format: ResponseFormat | None) -> Constraint | None:
     """The Constraint a response_format asks for (None for text); APIError 400 naming the field."""
     if response_format is None or response_format.type == "text":
         if response_format is not None and response_format.json_schema is not None:
-            raise _bad("response_format.json_schema", "json_schema is only taken with type \"json_schema\"")
+            raise _bad("response_format.json_schema", 'json_schema is only taken with type "json_schema"')
         return None
     if response_format.type == "json_object":
         if response_format.json_schema is not None:
-            raise _bad("response_format.json_schema", "json_schema is only taken with type \"json_schema\"")
+            raise _bad("response_format.json_schema", 'json_schema is only taken with type "json_schema"')
         return Constraint("json_object")
     spec = response_format.json_schema
     if spec is None:
-        raise _bad("response_format.json_schema", "type \"json_schema\" needs a json_schema object "
-                   "({\"name\": ..., \"schema\": {...}})")
+        raise _bad(
+            "response_format.json_schema",
+            'type "json_schema" needs a json_schema object ({"name": ..., "schema": {...}})',
+        )
     schema = spec.schema_ if spec.schema_ is not None else {}
     from backends.constrained import check_constraint
 

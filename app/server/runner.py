@@ -54,14 +54,18 @@ class Runner:
         self.metrics.running.set(self.running)
         self.metrics.queued.set(self.waiting)
 
-    async def open(self, request: Request) -> "Generation":
+    async def open(self, request: Request) -> Generation:
         """Admit `request` and start it; returns once its first item (STARTED) arrived, so errors before the
         stream (prompt too long) become an APIError here, while the HTTP status can still be chosen."""
         if self.waiting >= self.limits.queue_limit and self.running >= self.slots:
-            raise APIError(429, f"the server is busy: {self.running} requests running and {self.waiting} "
-                           f"queued (queue limit {self.limits.queue_limit}); retry shortly",
-                           type="rate_limit_error", code="queue_full",
-                           headers={"Retry-After": str(self.limits.retry_after_s)})
+            raise APIError(
+                429,
+                f"the server is busy: {self.running} requests running and {self.waiting} "
+                f"queued (queue limit {self.limits.queue_limit}); retry shortly",
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(self.limits.retry_after_s)},
+            )
         arrived = time.perf_counter()
         self.waiting += 1
         self._gauges()
@@ -129,8 +133,9 @@ class Generation:
         loop = asyncio.get_running_loop()
         stream_to = getattr(self.runner.backend, "stream_to", None)
         if stream_to is None:
-            threading.Thread(target=self._work, args=(loop,), name=f"gen-{self.request.request_id}",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._work, args=(loop,), name=f"gen-{self.request.request_id}", daemon=True
+            ).start()
         else:
             try:  # a thread only to send it: the runner may be restarting, and that waits
                 await asyncio.to_thread(stream_to, self.request, lambda item: self._deliver(loop, item))

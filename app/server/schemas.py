@@ -15,21 +15,55 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from app.server.response_format import ResponseFormat
 from app.server.tool_schemas import NamedToolChoice, Tool, ToolCall
-
 from backends.api import MAX_TOP_LOGPROBS
 
 MAX_CHOICES = 16  # n: choices per request (each is a generation: n x max_tokens bounds the work)
 
 # Fields of OpenAI's chat and completions request bodies (platform.openai.com API reference, December 2026),
 # so that a refusal can say "OpenAI's field X is not supported" rather than "unknown field X"
-OPENAI_FIELDS = frozenset({
-    "messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
-    "max_completion_tokens", "max_tokens", "metadata", "modalities", "n", "parallel_tool_calls", "prediction",
-    "presence_penalty", "prompt_cache_key", "prompt_cache_retention", "reasoning_effort", "response_format",
-    "safety_identifier", "seed", "service_tier", "stop", "store", "stream", "stream_options", "temperature",
-    "tool_choice", "tools", "top_logprobs", "top_p", "user", "verbosity", "web_search_options",
-    "prompt", "best_of", "echo", "suffix",  # completions
-})
+OPENAI_FIELDS = frozenset(
+    {
+        "messages",
+        "model",
+        "audio",
+        "frequency_penalty",
+        "function_call",
+        "functions",
+        "logit_bias",
+        "logprobs",
+        "max_completion_tokens",
+        "max_tokens",
+        "metadata",
+        "modalities",
+        "n",
+        "parallel_tool_calls",
+        "prediction",
+        "presence_penalty",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "reasoning_effort",
+        "response_format",
+        "safety_identifier",
+        "seed",
+        "service_tier",
+        "stop",
+        "store",
+        "stream",
+        "stream_options",
+        "temperature",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "top_p",
+        "user",
+        "verbosity",
+        "web_search_options",
+        "prompt",
+        "best_of",
+        "echo",
+        "suffix",  # completions
+    }
+)
 
 
 class ChatMessage(BaseModel):
@@ -41,7 +75,7 @@ class ChatMessage(BaseModel):
     name: StrictStr | None = None
 
     @model_validator(mode="after")
-    def _content_or_calls(self) -> "ChatMessage":
+    def _content_or_calls(self) -> ChatMessage:
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ValueError("content is required (it may be null only in an assistant message with tool_calls)")
         if self.role == "tool" and self.tool_call_id is None:

@@ -32,9 +32,10 @@ class ToolReply:
         self.parser.finish()
         message: dict[str, Any] = {"role": "assistant", "content": self.parser.text or None}
         if self.parser.calls:
-            message["tool_calls"] = [{"id": c.id, "type": "function",
-                                      "function": {"name": c.name, "arguments": c.arguments}}
-                                     for c in self.parser.calls]
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.parser.calls
+            ]
         elif message["content"] is None:
             message["content"] = ""
         return message

@@ -64,8 +64,14 @@ class HearthApp(ScreenActions, App[None]):
         Binding("question_mark", "help", show=False),
     ]
 
-    def __init__(self, settings: Settings | None = None, *, loader: Loader | None = None,
-                 conversations: ConversationStore | None = None, hardware_file: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        loader: Loader | None = None,
+        conversations: ConversationStore | None = None,
+        hardware_file: str | None = None,
+    ) -> None:
         super().__init__()
         from app.store import ModelStore
 
@@ -148,8 +154,7 @@ class HearthApp(ScreenActions, App[None]):
         self.loaded, self.loading = msg.loaded, False
         self.prompt_box.border_title = msg.loaded.entry.name
         self.query_one(ProgressBar).display = False
-        self.status.set(model=msg.loaded.entry.name, state="ready", n_ctx=msg.describe.get("n_ctx"),
-                        memory=msg.memory)
+        self.status.set(model=msg.loaded.entry.name, state="ready", n_ctx=msg.describe.get("n_ctx"), memory=msg.memory)
         if self.pending is not None:
             conv_id, self.pending = self.pending, None
             self.generate(conv_id)
@@ -174,8 +179,9 @@ class HearthApp(ScreenActions, App[None]):
         self.conv = conv
         self.edit_from = None
         self.model_store.update_state(last_conversation=conv.id)
-        await self.query_one(ChatLog).show([(m.role, m.content, m.position, finish_note(m.stats))
-                                            for m in conv.messages])
+        await self.query_one(ChatLog).show(
+            [(m.role, m.content, m.position, finish_note(m.stats)) for m in conv.messages]
+        )
         if self.turn is not None and self.turn.conversation_id == conv.id:
             self.turn.box = await self.query_one(ChatLog).add("assistant", self.turn.text, None)
         await self.refresh_sidebar()
@@ -258,8 +264,12 @@ class HearthApp(ScreenActions, App[None]):
             # and the message goes back to the prompt box, to send again to the new runner.
             if turn.box is not None and turn.box.is_attached:
                 await turn.box.remove()
-            self.on_reply_failed(events.ReplyFailed(turn.id, f"{msg.error}. Your message is back in the prompt: "
-                                                             "press Enter to send it again"), turn)
+            self.on_reply_failed(
+                events.ReplyFailed(
+                    turn.id, f"{msg.error}. Your message is back in the prompt: press Enter to send it again"
+                ),
+                turn,
+            )
             return
         if msg.finish_reason == "error" and not turn.text:
             self.on_reply_failed(events.ReplyFailed(turn.id, msg.error or "the backend failed"), turn)

@@ -26,11 +26,14 @@ def build_request(loaded: Any, conv: Conversation, settings: Settings) -> Reques
     """The conversation through the one request builder (app/requests.py, as `hearth run` and the server);
     the conversation's own settings win over the app's."""
     from app.requests import chat_request, sampling_from
-
     from app.structured import constraint_for
 
-    return chat_request(loaded.spec, conv.chat_messages(), sampling_from(settings, conv.settings),
-                        constraint=constraint_for(settings.json_output)).request
+    return chat_request(
+        loaded.spec,
+        conv.chat_messages(),
+        sampling_from(settings, conv.settings),
+        constraint=constraint_for(settings.json_output),
+    ).request
 
 
 def load_model(loader: Callable[..., Any], settings: Settings, post: Post) -> None:

@@ -10,10 +10,24 @@ The torch engine applies the mask in its sampler (backends/torch_engine/grammar_
 through llama-cpp-python's logits_processor (backends/llama_cpp/backend.py says why not GBNF).
 """
 
-from backends.constrained.compiler import (ConstraintCompiler, check_constraint, compiler_for_llama,
-                                           compiler_for_tokenizer)
+from backends.constrained.compiler import (
+    ConstraintCompiler,
+    check_constraint,
+    compiler_for_llama,
+    compiler_for_tokenizer,
+)
 from backends.constrained.grammar import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, check_schema, lark_grammar
 from backends.constrained.matcher import ConstraintViolation, Matcher
 
-__all__ = ["ConstraintCompiler", "ConstraintViolation", "Matcher", "MAX_SCHEMA_BYTES", "MAX_SCHEMA_DEPTH",
-           "check_constraint", "check_schema", "compiler_for_llama", "compiler_for_tokenizer", "lark_grammar"]
+__all__ = [
+    "ConstraintCompiler",
+    "ConstraintViolation",
+    "Matcher",
+    "MAX_SCHEMA_BYTES",
+    "MAX_SCHEMA_DEPTH",
+    "check_constraint",
+    "check_schema",
+    "compiler_for_llama",
+    "compiler_for_tokenizer",
+    "lark_grammar",
+]

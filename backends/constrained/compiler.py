@@ -33,8 +33,14 @@ def _parser_limits() -> Any:
 
     # Defaults are llguidance's except the grammar size and lexer states, lowered so that one schema costs at
     # most ~0.5 s and ~100 MB to compile; per-step fuel (~15 ms of mask work) keeps a mask step bounded.
-    return llguidance.LLParserLimits(max_grammar_size=100_000, max_lexer_states=50_000, initial_lexer_fuel=1_000_000,
-                                     step_lexer_fuel=200_000, step_max_items=50_000, verbose_errors=False)
+    return llguidance.LLParserLimits(
+        max_grammar_size=100_000,
+        max_lexer_states=50_000,
+        initial_lexer_fuel=1_000_000,
+        step_lexer_fuel=200_000,
+        step_max_items=50_000,
+        verbose_errors=False,
+    )
 
 
 def check_constraint(constraint: Constraint) -> None:
@@ -45,8 +51,10 @@ def check_constraint(constraint: Constraint) -> None:
 
     error = llguidance.LLMatcher.validate_grammar(lark_grammar(constraint), None, limits=_parser_limits())
     if error and not error.startswith("WARNING"):
-        raise InvalidRequestError(f"the {constraint.kind} constraint cannot be compiled: {_one_line(error)}",
-                                  "use JSON Schema features llguidance supports, in a smaller schema")
+        raise InvalidRequestError(
+            f"the {constraint.kind} constraint cannot be compiled: {_one_line(error)}",
+            "use JSON Schema features llguidance supports, in a smaller schema",
+        )
 
 
 class ConstraintCompiler:
@@ -85,12 +93,14 @@ class ConstraintCompiler:
             # some grammars compile but fail at their first mask (a $ref cycle with no value: a -> b -> a)
             first_mask = probe.compute_bitmask()
             if not probe.is_error() and not any(first_mask):
-                raise InvalidRequestError(f"the {constraint.kind} constraint allows no first token",
-                                          "send a schema some value satisfies")
+                raise InvalidRequestError(
+                    f"the {constraint.kind} constraint allows no first token", "send a schema some value satisfies"
+                )
         if probe.is_error():
-            raise InvalidRequestError(f"the {constraint.kind} constraint cannot be compiled: "
-                                      f"{_one_line(probe.get_error())}",
-                                      "use JSON Schema features llguidance supports, in a smaller schema")
+            raise InvalidRequestError(
+                f"the {constraint.kind} constraint cannot be compiled: {_one_line(probe.get_error())}",
+                "use JSON Schema features llguidance supports, in a smaller schema",
+            )
         return ll
 
     @property
@@ -108,8 +118,9 @@ class _Wrapper:
     """llguidance's TokenizerWrapper contract: tokens (bytes per id), eos/bos ids, special ids, and a callable
     that tokenizes text (for the grammar's literal strings)."""
 
-    def __init__(self, tokens: list[bytes], eos_token_id: int, bos_token_id: int | None,
-                 encode: Callable[[str], list[int]]) -> None:
+    def __init__(
+        self, tokens: list[bytes], eos_token_id: int, bos_token_id: int | None, encode: Callable[[str], list[int]]
+    ) -> None:
         self.tokens = tokens
         self.eos_token_id = eos_token_id
         self.bos_token_id = bos_token_id
@@ -123,15 +134,18 @@ class _Wrapper:
         return list(self._encode(text))
 
 
-def compiler_for_tokenizer(tokenizer: Any, eos_token_ids: Sequence[int], bos_token_id: int | None,
-                           model_vocab_size: int | None = None) -> ConstraintCompiler:
+def compiler_for_tokenizer(
+    tokenizer: Any, eos_token_ids: Sequence[int], bos_token_id: int | None, model_vocab_size: int | None = None
+) -> ConstraintCompiler:
     """A compiler for hearth's own tokenizers (backends/torch_engine/tokenizer.py, spm_tokenizer.py): each id's
     bytes from `token_bytes`; control tokens (which give b"") become llguidance special tokens by name."""
     import llguidance
 
     if not eos_token_ids:
-        raise InvalidRequestError("the model declares no end-of-sequence token, so a constrained reply could "
-                                  "never end", "use a model whose GGUF sets tokenizer.ggml.eos_token_id")
+        raise InvalidRequestError(
+            "the model declares no end-of-sequence token, so a constrained reply could never end",
+            "use a model whose GGUF sets tokenizer.ggml.eos_token_id",
+        )
     tokens: list[bytes] = []
     for i in range(tokenizer.vocab_size):
         piece = tokenizer.token_bytes([i])

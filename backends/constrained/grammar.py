@@ -33,16 +33,19 @@ def check_schema(text: str) -> Any:
         raise InvalidRequestError(f"the JSON schema is {size} bytes; at most {MAX_SCHEMA_BYTES} are allowed", _HINT)
     depth = _nesting_depth(text)
     if depth > MAX_SCHEMA_DEPTH:
-        raise InvalidRequestError(f"the JSON schema nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are allowed",
-                                  _HINT)
+        raise InvalidRequestError(
+            f"the JSON schema nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are allowed", _HINT
+        )
     try:
         schema = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise InvalidRequestError(f"the JSON schema is not valid JSON: {str(exc).splitlines()[0][:200]}",
-                                  "send the schema as a JSON object") from None
+        raise InvalidRequestError(
+            f"the JSON schema is not valid JSON: {str(exc).splitlines()[0][:200]}", "send the schema as a JSON object"
+        ) from None
     if not isinstance(schema, (dict, bool)):
-        raise InvalidRequestError(f"a JSON schema is an object or a boolean, got {type(schema).__name__}",
-                                  "send the schema as a JSON object")
+        raise InvalidRequestError(
+            f"a JSON schema is an object or a boolean, got {type(schema).__name__}", "send the schema as a JSON object"
+        )
     return schema
 
 
@@ -73,8 +76,9 @@ def lark_grammar(constraint: Constraint) -> str:
     schema or an oversized prefix/suffix."""
     for name, value in (("prefix", constraint.prefix), ("suffix", constraint.suffix)):
         if len(value) > MAX_AFFIX_CHARS:
-            raise InvalidRequestError(f"the constraint's {name} is {len(value)} characters; at most "
-                                      f"{MAX_AFFIX_CHARS} are allowed")
+            raise InvalidRequestError(
+                f"the constraint's {name} is {len(value)} characters; at most {MAX_AFFIX_CHARS} are allowed"
+            )
     if constraint.kind == "json_schema":
         assert constraint.schema is not None  # Constraint.__post_init__
         schema = check_schema(constraint.schema)
@@ -83,8 +87,9 @@ def lark_grammar(constraint: Constraint) -> str:
     if schema is True:
         schema = {}
     elif schema is False:
-        raise InvalidRequestError("the JSON schema is `false`: no value is valid against it", "send a schema "
-                                  "some value satisfies")
+        raise InvalidRequestError(
+            "the JSON schema is `false`: no value is valid against it", "send a schema some value satisfies"
+        )
     options = dict(schema.get("x-guidance") or {}) if isinstance(schema.get("x-guidance"), dict) else {}
     options.setdefault("whitespace_flexible", False)
     options["lenient"] = False  # an unimplemented keyword is refused, never skipped: the reply always validates

@@ -42,8 +42,8 @@ from backends.errors import (
     OutOfMemoryError,
     UnsupportedArchitectureError,
 )
-from backends.modelspec import ModelSpec
 from backends.llama_cpp.one_thread import OneThread
+from backends.modelspec import ModelSpec
 from backends.textstream import TextStream
 
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
@@ -115,9 +115,17 @@ def known_architectures() -> frozenset[str]:
 
 class LlamaCppBackend(Backend):
     name = "llama.cpp"
-    capabilities = Capabilities(concurrent_requests=False, prefix_cache=False, gpu_offload=True, gguf=True,
-                                safetensors=False, logits=True, extra_bufts=True, constraints=True,
-                                logprobs=True)
+    capabilities = Capabilities(
+        concurrent_requests=False,
+        prefix_cache=False,
+        gpu_offload=True,
+        gguf=True,
+        safetensors=False,
+        logits=True,
+        extra_bufts=True,
+        constraints=True,
+        logprobs=True,
+    )
 
     def __init__(self, spec: ModelSpec, options: LoadOptions | None = None) -> None:
         super().__init__(spec, options)
@@ -138,12 +146,15 @@ class LlamaCppBackend(Backend):
         if self._llm is not None:
             return
         if self.spec.format != "gguf":
-            raise UnsupportedArchitectureError(f"the llama.cpp backend loads GGUF files; {self.spec.path} is a "
-                                               f"{self.spec.format} folder", "use --backend torch")
+            raise UnsupportedArchitectureError(
+                f"the llama.cpp backend loads GGUF files; {self.spec.path} is a {self.spec.format} folder",
+                "use --backend torch",
+            )
         if self.spec.architecture not in known_architectures():
             raise UnsupportedArchitectureError(
                 f"llama.cpp does not know the architecture {self.spec.architecture!r} of {self.spec.path}",
-                "update llama-cpp-python, or use a model of a supported architecture")
+                "update llama-cpp-python, or use a model of a supported architecture",
+            )
         import llama_cpp
 
         o = self.options
@@ -154,10 +165,20 @@ class LlamaCppBackend(Backend):
         if progress:
             progress(0.05, f"loading {os.path.basename(self.spec.path)} with llama.cpp")
         kwargs: dict[str, Any] = dict(
-            n_ctx=o.n_ctx, n_gpu_layers=o.n_gpu_layers, split_mode=SPLIT_MODES[o.split_mode],
-            main_gpu=o.main_gpu, n_batch=min(o.n_batch, o.n_ctx), n_ubatch=min(o.n_batch, o.n_ctx),
-            n_threads=o.n_threads, n_threads_batch=o.n_threads, logits_all=o.logits_all, flash_attn=flash_attn,
-            type_k=KV_TYPES[o.kv_cache_type], type_v=KV_TYPES[o.kv_cache_type], seed=o.seed, verbose=o.verbose,
+            n_ctx=o.n_ctx,
+            n_gpu_layers=o.n_gpu_layers,
+            split_mode=SPLIT_MODES[o.split_mode],
+            main_gpu=o.main_gpu,
+            n_batch=min(o.n_batch, o.n_ctx),
+            n_ubatch=min(o.n_batch, o.n_ctx),
+            n_threads=o.n_threads,
+            n_threads_batch=o.n_threads,
+            logits_all=o.logits_all,
+            flash_attn=flash_attn,
+            type_k=KV_TYPES[o.kv_cache_type],
+            type_v=KV_TYPES[o.kv_cache_type],
+            seed=o.seed,
+            verbose=o.verbose,
         )
         if o.tensor_split:
             kwargs["tensor_split"] = list(o.tensor_split)
@@ -182,16 +203,19 @@ class LlamaCppBackend(Backend):
         try:
             self._llm = self._worker.call(build)
         except MemoryError as exc:
-            raise OutOfMemoryError(f"out of memory loading {self.spec.name} with n_ctx={o.n_ctx}, "
-                                   f"n_gpu_layers={o.n_gpu_layers}: {exc}", "try a smaller --ctx or fewer "
-                                   "--n-gpu-layers (see `hearth plan`)") from None
+            raise OutOfMemoryError(
+                f"out of memory loading {self.spec.name} with n_ctx={o.n_ctx}, n_gpu_layers={o.n_gpu_layers}: {exc}",
+                "try a smaller --ctx or fewer --n-gpu-layers (see `hearth plan`)",
+            ) from None
         except ValueError as exc:
             # llama-cpp-python raises ValueError for both a failed model load and a failed context; the file
             # header was already validated, so this is memory or an option llama.cpp rejected.
-            raise ModelLoadError(f"llama.cpp could not load {self.spec.path} (n_ctx={o.n_ctx}, "
-                                 f"n_gpu_layers={o.n_gpu_layers}, kv={o.kv_cache_type}): {exc}",
-                                 "likely out of memory: try a smaller --ctx or fewer --n-gpu-layers; run with "
-                                 "--verbose to see llama.cpp's log") from None
+            raise ModelLoadError(
+                f"llama.cpp could not load {self.spec.path} (n_ctx={o.n_ctx}, "
+                f"n_gpu_layers={o.n_gpu_layers}, kv={o.kv_cache_type}): {exc}",
+                "likely out of memory: try a smaller --ctx or fewer --n-gpu-layers; run with "
+                "--verbose to see llama.cpp's log",
+            ) from None
         if progress:
             progress(1.0, "ready")
 
@@ -241,11 +265,16 @@ class LlamaCppBackend(Backend):
         llm = self._require()
         ids = list(token_ids)
         if not self.options.logits_all:
-            raise ModelLoadError("logits for every position need the model loaded with logits_all",
-                                 "load with LoadOptions(logits_all=True) (hearth ppl does)")
+            raise ModelLoadError(
+                "logits for every position need the model loaded with logits_all",
+                "load with LoadOptions(logits_all=True) (hearth ppl does)",
+            )
         if len(ids) > self.n_ctx:
-            raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}",
-                                       "use a smaller window (--ctx) or load a larger context")
+            raise ContextOverflowError(
+                f"{len(ids)} tokens do not fit the context of {self.n_ctx}",
+                "use a smaller window (--ctx) or load a larger context",
+            )
+
         def run() -> Any:
             llm.reset()
             llm.eval(ids)
@@ -279,13 +308,15 @@ class LlamaCppBackend(Backend):
         vocab = llm.n_vocab()
         bad = next((t for t in [*ids, *(t for t, _ in request.sampling.logit_bias)] if not 0 <= t < vocab), None)
         if bad is not None:  # llama.cpp would crash on it (a prompt id) or ignore it silently (a logit_bias key)
-            raise InvalidRequestError(f"token id {bad} is outside the vocabulary of {vocab} tokens",
-                                      f"send token ids from 0 to {vocab - 1}")
+            raise InvalidRequestError(
+                f"token id {bad} is outside the vocabulary of {vocab} tokens", f"send token ids from 0 to {vocab - 1}"
+            )
         if len(ids) >= self.n_ctx:
             raise ContextOverflowError(
                 f"the prompt is {len(ids)} tokens but the context is {self.n_ctx}",
                 f"shorten the conversation, or load the model with a larger --ctx (trained on "
-                f"{self.spec.context_length})")
+                f"{self.spec.context_length})",
+            )
         matcher = self._matcher(llm, request)
         return self._run(llm, request, ids, submitted, matcher)
 
@@ -305,8 +336,9 @@ class LlamaCppBackend(Backend):
                 self._constraints = compiler_for_llama(llm, self.spec.eos_token_ids)
         return self._constraints.matcher(request.constraint)
 
-    def _run(self, llm: Any, request: Request, ids: list[int], submitted: float,
-             matcher: Any = None) -> Iterator[GenerationEvent]:
+    def _run(
+        self, llm: Any, request: Request, ids: list[int], submitted: float, matcher: Any = None
+    ) -> Iterator[GenerationEvent]:
         rid = request.request_id
         stats = RequestStats(prompt_tokens=len(ids))
         with self._serial:
@@ -338,15 +370,17 @@ class LlamaCppBackend(Backend):
         from backends.llama_cpp.logit_steps import eval_prompt_scored
 
         try:
-            return self._worker.call(eval_prompt_scored, llm, ids, request.sampling.logprobs or 0,
-                                     self._one_token_bytes), None
+            return self._worker.call(
+                eval_prompt_scored, llm, ids, request.sampling.logprobs or 0, self._one_token_bytes
+            ), None
         except MemoryError as exc:
             return (), f"out of memory while scoring the prompt: {exc}"
         except (RuntimeError, ValueError) as exc:
             return (), f"llama.cpp failed while scoring the prompt: {exc}"
 
-    def _generate(self, llm: Any, request: Request, ids: list[int], stats: RequestStats,
-                  submitted: float, matcher: Any = None) -> Iterator[GenerationEvent]:
+    def _generate(
+        self, llm: Any, request: Request, ids: list[int], stats: RequestStats, submitted: float, matcher: Any = None
+    ) -> Iterator[GenerationEvent]:
         rid, sp = request.request_id, request.sampling
         if self._is_aborted(rid):
             return FinishReason.ABORT, None
@@ -368,10 +402,17 @@ class LlamaCppBackend(Backend):
         from backends.llama_cpp.logit_steps import LogitSteps
 
         steps = LogitSteps(sp, len(ids), self._one_token_bytes) if LogitSteps.wanted(sp) else None
-        gen = llm.generate(ids, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,
-                           repeat_penalty=sp.repeat_penalty, reset=True,
-                           # bias/penalties and the raw logprobs first, the grammar's mask last
-                           logits_processor=([steps] if steps is not None else []) + (processors or []) or None)
+        gen = llm.generate(
+            ids,
+            top_k=sp.top_k,
+            top_p=sp.top_p,
+            min_p=sp.min_p,
+            temp=sp.temperature,
+            repeat_penalty=sp.repeat_penalty,
+            reset=True,
+            # bias/penalties and the raw logprobs first, the grammar's mask last
+            logits_processor=([steps] if steps is not None else []) + (processors or []) or None,
+        )
         reason = FinishReason.LENGTH
         end = object()
         try:
@@ -386,8 +427,9 @@ class LlamaCppBackend(Backend):
                     break
                 out, stopped = text.push([token])
                 entry = steps.entry(token) if steps is not None else None
-                yield GenerationEvent(EventKind.TOKEN, rid, text=out, token_ids=(token,),
-                                      logprobs=(entry,) if entry is not None else ())
+                yield GenerationEvent(
+                    EventKind.TOKEN, rid, text=out, token_ids=(token,), logprobs=(entry,) if entry is not None else ()
+                )
                 if stopped:
                     reason = FinishReason.STOP
                     break
@@ -414,9 +456,15 @@ class LlamaCppBackend(Backend):
     def describe(self) -> dict[str, Any]:
         o = self.options
         info: dict[str, Any] = {
-            "backend": self.name, "model": self.spec.name, "path": self.spec.path, "n_ctx": self.n_ctx,
-            "n_gpu_layers": o.n_gpu_layers, "split_mode": o.split_mode, "kv_cache_type": o.kv_cache_type,
-            "threads": o.n_threads, "gpu_offload_supported": gpu_offload_supported(),
+            "backend": self.name,
+            "model": self.spec.name,
+            "path": self.spec.path,
+            "n_ctx": self.n_ctx,
+            "n_gpu_layers": o.n_gpu_layers,
+            "split_mode": o.split_mode,
+            "kv_cache_type": o.kv_cache_type,
+            "threads": o.n_threads,
+            "gpu_offload_supported": gpu_offload_supported(),
             "extra_bufts": self._extra_bufts,
             "cpu_expert_layers": o.cpu_expert_layers if self._overrides is not None else 0,
         }

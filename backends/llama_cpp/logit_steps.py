@@ -49,8 +49,12 @@ class LogitSteps:
 
     @staticmethod
     def wanted(params: SamplingParams) -> bool:
-        return (params.logprobs is not None or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-                or bool(params.logit_bias))
+        return (
+            params.logprobs is not None
+            or params.presence_penalty != 0.0
+            or params.frequency_penalty != 0.0
+            or bool(params.logit_bias)
+        )
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         p = self.params
@@ -59,7 +63,7 @@ class LogitSteps:
         if not (p.presence_penalty or p.frequency_penalty or p.logit_bias):
             return scores
         out = np.array(scores, dtype=np.float32, copy=True)
-        generated = np.asarray(input_ids[self.num_prompt_tokens:], dtype=np.int64)
+        generated = np.asarray(input_ids[self.num_prompt_tokens :], dtype=np.int64)
         if generated.size and (p.presence_penalty or p.frequency_penalty):
             ids, counts = np.unique(generated, return_counts=True)
             out[ids] -= np.float32(p.presence_penalty) + np.float32(p.frequency_penalty) * counts.astype(np.float32)
@@ -71,12 +75,18 @@ class LogitSteps:
         if self._lsm is None:
             return None
         top = _top(self._lsm, self.params.logprobs or 0)
-        return TokenLogprob(int(token), float(self._lsm[token]), top, self.token_bytes(int(token)),
-                            tuple(self.token_bytes(t) for t, _ in top))
+        return TokenLogprob(
+            int(token),
+            float(self._lsm[token]),
+            top,
+            self.token_bytes(int(token)),
+            tuple(self.token_bytes(t) for t, _ in top),
+        )
 
 
-def eval_prompt_scored(llm: Any, ids: Sequence[int], k: int,
-                       token_bytes: Callable[[int], bytes]) -> tuple[TokenLogprob, ...]:
+def eval_prompt_scored(
+    llm: Any, ids: Sequence[int], k: int, token_bytes: Callable[[int], bytes]
+) -> tuple[TokenLogprob, ...]:
     """Evaluate the whole prompt from position 0, keeping every position's logits (per batch: no context
     loaded with logits_all is needed), and return one TokenLogprob per prompt token (the first one's logprob
     None).  Leaves `llm` as its own eval() does, so a generate() of the same ids samples at once without
@@ -86,10 +96,10 @@ def eval_prompt_scored(llm: Any, ids: Sequence[int], k: int,
     vocab = llm.n_vocab()
     entries = [TokenLogprob(int(ids[0]), None, (), token_bytes(int(ids[0])))]
     for lo in range(0, len(ids), llm.n_batch):
-        batch = list(ids[lo:lo + llm.n_batch])
+        batch = list(ids[lo : lo + llm.n_batch])
         llm._batch.set_batch(batch=batch, n_past=llm.n_tokens, logits_all=True)
         llm._ctx.decode(llm._batch)
-        llm.input_ids[llm.n_tokens:llm.n_tokens + len(batch)] = batch
+        llm.input_ids[llm.n_tokens : llm.n_tokens + len(batch)] = batch
         llm.n_tokens += len(batch)
         llm._requires_eval = False
         rows = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(len(batch) * vocab,)).reshape(len(batch), vocab)
@@ -100,6 +110,7 @@ def eval_prompt_scored(llm: Any, ids: Sequence[int], k: int,
             lsm = _log_softmax(rows[j])
             token = int(ids[pos])
             top = _top(lsm, k)
-            entries.append(TokenLogprob(token, float(lsm[token]), top, token_bytes(token),
-                                        tuple(token_bytes(t) for t, _ in top)))
+            entries.append(
+                TokenLogprob(token, float(lsm[token]), top, token_bytes(token), tuple(token_bytes(t) for t, _ in top))
+            )
     return tuple(entries)

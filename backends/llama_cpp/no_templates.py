@@ -31,8 +31,9 @@ class _NotCompiled:
 def _refuse(*args: Any, **kwargs: Any) -> NoReturn:
     from backends.errors import TemplateError
 
-    raise TemplateError("llama-cpp-python's own chat handler is not used by hearth",
-                        "render with backends.templates.render_for_spec")
+    raise TemplateError(
+        "llama-cpp-python's own chat handler is not used by hearth", "render with backends.templates.render_for_spec"
+    )
 
 
 @contextmanager

@@ -104,8 +104,10 @@ def tokenize(llm: Any, text: str, add_special: bool, parse_special: bool) -> lis
     except UnicodeEncodeError as exc:
         from backends.errors import InvalidRequestError
 
-        raise InvalidRequestError(f"the prompt is not valid Unicode: a lone surrogate {text[exc.start]!r} at "
-                                  f"character {exc.start}", "send text that encodes as UTF-8") from None
+        raise InvalidRequestError(
+            f"the prompt is not valid Unicode: a lone surrogate {text[exc.start]!r} at character {exc.start}",
+            "send text that encodes as UTF-8",
+        ) from None
     splitter = _splitter(llm)
     chunks = splitter.chunks(text, parse_special) if splitter.vocab_type in _SPLITTING_TYPES else [text]
     if len(chunks) <= 1:

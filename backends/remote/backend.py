@@ -28,17 +28,35 @@ from typing import Any
 
 import httpx
 
-from backends.api import (Backend, Capabilities, ChatMessage, Constraint, EventKind, FinishReason, GenerationEvent,
-                          LoadOptions, ProgressCallback, Request, RequestStats)
+from backends.api import (
+    Backend,
+    Capabilities,
+    ChatMessage,
+    Constraint,
+    EventKind,
+    FinishReason,
+    GenerationEvent,
+    LoadOptions,
+    ProgressCallback,
+    Request,
+    RequestStats,
+)
 from backends.errors import BackendUnavailableError, ContextOverflowError, InvalidRequestError
+from backends.modelspec import ModelSpec
 from backends.remote.spec import RemoteTarget, api_base, remote_spec
 from backends.remote.tool_text import ToolCallText
-from backends.modelspec import ModelSpec
 from hwprobe.errors import ConfigError
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
-_CONTEXT_WORDS = ("context length", "context_length", "maximum context", "context window", "exceed_context",
-                  "too many tokens", "exceeds the context")
+_CONTEXT_WORDS = (
+    "context length",
+    "context_length",
+    "maximum context",
+    "context window",
+    "exceed_context",
+    "too many tokens",
+    "exceeds the context",
+)
 
 
 class RemoteBackend(Backend):
@@ -46,8 +64,13 @@ class RemoteBackend(Backend):
     # constraints: response_format is passed through to the server, which enforces it (no literal prefix/suffix)
     capabilities = Capabilities(concurrent_requests=True, gguf=False, logits=False, local=False, constraints=True)
 
-    def __init__(self, spec: ModelSpec, options: LoadOptions | None = None, target: RemoteTarget | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        options: LoadOptions | None = None,
+        target: RemoteTarget | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         """`transport`: httpx's, for tests that play a server's answers (httpx.MockTransport); None = HTTP."""
         super().__init__(spec, options)
         self._transport = transport
@@ -83,8 +106,10 @@ class RemoteBackend(Backend):
             raise BackendUnavailableError(str(exc), "check the server's log") from None
         except (ValueError, AttributeError):
             client.close()
-            raise BackendUnavailableError(f"{self.base}/models did not answer with an OpenAI model list",
-                                          "is --url an OpenAI-compatible server (its base, e.g. http://host:8000)?")
+            raise BackendUnavailableError(
+                f"{self.base}/models did not answer with an OpenAI model list",
+                "is --url an OpenAI-compatible server (its base, e.g. http://host:8000)?",
+            ) from None
         except BaseException:
             client.close()
             raise
@@ -96,8 +121,10 @@ class RemoteBackend(Backend):
         if self.target.model and ids and name not in ids:
             client.close()
             shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
-            raise ConfigError(f"the server at {self.base} does not serve {name!r}; it serves {shown}",
-                              "name one of those with --remote-model, or leave it out to take the first")
+            raise ConfigError(
+                f"the server at {self.base} does not serve {name!r}; it serves {shown}",
+                "name one of those with --remote-model, or leave it out to take the first",
+            )
         card = next((c for c in cards if c["id"] == name), {})
         self._n_ctx = _context_of(card) or self.spec.context_length
         self.spec = remote_spec(name, self.target.url, self._n_ctx)
@@ -132,8 +159,9 @@ class RemoteBackend(Backend):
             except _ServerError as exc:
                 yield GenerationEvent(EventKind.STARTED, rid, stats=stats)
                 stats.total_s = time.perf_counter() - t0
-                yield GenerationEvent(EventKind.FINISHED, rid, finish_reason=FinishReason.ERROR, stats=stats,
-                                      error=str(exc))
+                yield GenerationEvent(
+                    EventKind.FINISHED, rid, finish_reason=FinishReason.ERROR, stats=stats, error=str(exc)
+                )
                 return
             with self._lock:
                 self._open[rid] = response
@@ -148,8 +176,9 @@ class RemoteBackend(Backend):
             if response_or_none is not None:
                 response_or_none.close()
 
-    def _events(self, rid: str, response: httpx.Response, *, chat: bool, stats: RequestStats,
-                t0: float) -> Iterator[GenerationEvent]:
+    def _events(
+        self, rid: str, response: httpx.Response, *, chat: bool, stats: RequestStats, t0: float
+    ) -> Iterator[GenerationEvent]:
         reason: FinishReason | None = None
         error: str | None = None
         pieces = 0
@@ -201,20 +230,22 @@ class RemoteBackend(Backend):
         if response is not None:
             _shut(response)
 
-
     # -- HTTP --------------------------------------------------------------------------------------------
-    def _call(self, client: httpx.Client, method: str, path: str, *, json: Any = None,
-              stream: bool = False) -> httpx.Response:
+    def _call(
+        self, client: httpx.Client, method: str, path: str, *, json: Any = None, stream: bool = False
+    ) -> httpx.Response:
         url = self.base + path
         try:
             request = client.build_request(method, url, json=json)
             response = client.send(request, stream=stream)
         except httpx.TimeoutException:
-            raise BackendUnavailableError(f"the server at {self.base} did not answer in time",
-                                          "check --url and that the server is up") from None
+            raise BackendUnavailableError(
+                f"the server at {self.base} did not answer in time", "check --url and that the server is up"
+            ) from None
         except httpx.HTTPError as exc:  # refused, DNS, TLS, a malformed URL
-            raise BackendUnavailableError(f"cannot reach {self.base}: {_one_line(exc)}",
-                                          "check --url and that the server is up") from None
+            raise BackendUnavailableError(
+                f"cannot reach {self.base}: {_one_line(exc)}", "check --url and that the server is up"
+            ) from None
         if response.status_code < 400:
             return response
         if stream:
@@ -224,12 +255,16 @@ class RemoteBackend(Backend):
 
     # -- what a remote model cannot do -------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        raise BackendUnavailableError("the remote backend has no tokenizer: OpenAI-compatible servers do not "
-                                      "expose one", "use a local model for token-level work")
+        raise BackendUnavailableError(
+            "the remote backend has no tokenizer: OpenAI-compatible servers do not expose one",
+            "use a local model for token-level work",
+        )
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
-        raise BackendUnavailableError("the remote backend has no tokenizer: OpenAI-compatible servers do not "
-                                      "expose one", "use a local model for token-level work")
+        raise BackendUnavailableError(
+            "the remote backend has no tokenizer: OpenAI-compatible servers do not expose one",
+            "use a local model for token-level work",
+        )
 
     @property
     def n_ctx(self) -> int:
@@ -249,8 +284,14 @@ class _ServerError(Exception):
 
 def _body(model: str, request: Request) -> tuple[str, dict[str, Any]]:
     s = request.sampling
-    body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
-                            "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens}
+    body: dict[str, Any] = {
+        "model": model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "max_tokens": s.max_tokens,
+    }
     if s.seed is not None:
         body["seed"] = s.seed
     if s.stop:
@@ -284,8 +325,10 @@ def _message_body(m: ChatMessage) -> dict[str, Any]:
     out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.tool_calls:
         out["content"] = m.content or None
-        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                             for c in m.tool_calls]
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in m.tool_calls
+        ]
     if m.tool_call_id is not None:
         out["tool_call_id"] = m.tool_call_id
     if m.name is not None:
@@ -297,13 +340,17 @@ def _response_format(constraint: Constraint) -> dict[str, Any]:
     """OpenAI's response_format for a constraint; literal text around the JSON (forced tool calls) has no
     response_format, so such a constraint is refused rather than dropped."""
     if constraint.prefix or constraint.suffix:
-        raise InvalidRequestError("the remote backend passes response_format to its server, which cannot add "
-                                  "literal text around the JSON", "use a local backend for this request")
+        raise InvalidRequestError(
+            "the remote backend passes response_format to its server, which cannot add literal text around the JSON",
+            "use a local backend for this request",
+        )
     if constraint.kind == "json_object":
         return {"type": "json_object"}
     assert constraint.schema is not None
-    return {"type": "json_schema",
-            "json_schema": {"name": "response", "schema": json.loads(constraint.schema), "strict": True}}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "response", "schema": json.loads(constraint.schema), "strict": True},
+    }
 
 
 def _usage(usage: Any, stats: RequestStats) -> None:
@@ -343,19 +390,27 @@ def _http_error(response: httpx.Response, base: str, path: str, key_source: str)
         detail = response.text.strip().splitlines()[0][:200] if response.text.strip() else ""
     said = f": {detail}" if detail else ""
     if status in (401, 403):
-        return ConfigError(f"the server at {base} refused the API key ({status}, key from {key_source}){said}",
-                           "set HEARTH_REMOTE_API_KEY, or api_key under [remote] in settings.toml")
+        return ConfigError(
+            f"the server at {base} refused the API key ({status}, key from {key_source}){said}",
+            "set HEARTH_REMOTE_API_KEY, or api_key under [remote] in settings.toml",
+        )
     if status == 404 and path == "/models":
-        return BackendUnavailableError(f"{base}/models is not there (404): not an OpenAI-compatible API",
-                                       "pass the server's base URL, e.g. http://host:8000 or http://host:8000/v1")
+        return BackendUnavailableError(
+            f"{base}/models is not there (404): not an OpenAI-compatible API",
+            "pass the server's base URL, e.g. http://host:8000 or http://host:8000/v1",
+        )
     if status >= 500:
         return _ServerError(f"the server at {base} failed ({status}){said}")
     if code == "context_length_exceeded" or any(word in detail.lower() for word in _CONTEXT_WORDS):
-        return ContextOverflowError(f"the server at {base} refused the prompt ({status}){said}",
-                                    "shorten the conversation (/clear in the chat) or ask for fewer --max-tokens")
+        return ContextOverflowError(
+            f"the server at {base} refused the prompt ({status}){said}",
+            "shorten the conversation (/clear in the chat) or ask for fewer --max-tokens",
+        )
     if status == 404:
-        return ConfigError(f"the server at {base} does not serve that model (404){said}",
-                           "name one it lists at /v1/models with --remote-model NAME")
+        return ConfigError(
+            f"the server at {base} does not serve that model (404){said}",
+            "name one it lists at /v1/models with --remote-model NAME",
+        )
     return InvalidRequestError(f"the server at {base} refused the request ({status}){said}")
 
 

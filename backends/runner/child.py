@@ -122,9 +122,15 @@ class RunnerServer:
             if not started:
                 self.send(p.StreamFailed(request.request_id, p.error_info(exc)))
             else:  # a backend broke the contract (exception after STARTED): end the stream as an error
-                self._emit(GenerationEvent(EventKind.FINISHED, request.request_id,
-                                           finish_reason=FinishReason.ERROR, stats=RequestStats(),
-                                           error=p.error_info(exc).message))
+                self._emit(
+                    GenerationEvent(
+                        EventKind.FINISHED,
+                        request.request_id,
+                        finish_reason=FinishReason.ERROR,
+                        stats=RequestStats(),
+                        error=p.error_info(exc).message,
+                    )
+                )
 
     def _call(self, m: Any) -> None:
         b = self.backend

@@ -34,8 +34,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from backends.api import (Backend, Capabilities, EngineStats, EventKind, FinishReason, GenerationEvent,
-                          LoadOptions, ProgressCallback, Request, RequestStats)
+from backends.api import (
+    Backend,
+    Capabilities,
+    EngineStats,
+    EventKind,
+    FinishReason,
+    GenerationEvent,
+    LoadOptions,
+    ProgressCallback,
+    Request,
+    RequestStats,
+)
 from backends.errors import HearthError, RunnerCrashedError
 from backends.modelspec import ModelSpec
 from backends.runner import protocol as p
@@ -79,7 +89,7 @@ class _Crash:
 @dataclass
 class _StreamState:
     request: Request
-    runner: "RunnerProcess"
+    runner: RunnerProcess
     queue: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     started: bool = False  # STARTED was yielded to the caller
     tokens: int = 0  # TOKEN events yielded
@@ -96,9 +106,17 @@ class RunnerBackend(Backend):
     `fallback(name)` gives LoadOptions for another backend where it runs this model (the ladder's last rung);
     `memory` remembers what worked."""
 
-    def __init__(self, spec: ModelSpec, options: LoadOptions | None = None, *, backend: str,
-                 fallback: Fallback | None = None, memory: ConfigMemory | None = None,
-                 log_dir: str | os.PathLike[str] | None = None, hang_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        options: LoadOptions | None = None,
+        *,
+        backend: str,
+        fallback: Fallback | None = None,
+        memory: ConfigMemory | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        hang_timeout_s: float | None = None,
+    ) -> None:
         super().__init__(spec, options)
         self.config = RunnerConfig(backend, self.options)
         self.fallback = fallback
@@ -208,8 +226,9 @@ class RunnerBackend(Backend):
                 failure, what = "crash", outcome.message
             nxt = self._next(config, failure)
             if nxt is None or attempts >= MAX_CRASHES_IN_A_ROW:
-                raise RunnerCrashedError(f"{what}; no safer configuration is left",
-                                         f"the runner log is {runner.log_path}")
+                raise RunnerCrashedError(
+                    f"{what}; no safer configuration is left", f"the runner log is {runner.log_path}"
+                )
             self._notice(f"{what}; retrying {nxt.why}")
             if progress:
                 progress(0.0, f"retrying {nxt.why}")
@@ -217,9 +236,14 @@ class RunnerBackend(Backend):
 
     def _next(self, config: RunnerConfig, failure: str) -> RunnerConfig | None:
         _, caps = backend_facts(config.backend)
-        return next_config(config, n_layers=self.spec.n_layers, failure=failure,
-                           honours_extra_bufts=caps.extra_bufts, tried_backends=frozenset(self._tried_backends),
-                           fallback=self.fallback)
+        return next_config(
+            config,
+            n_layers=self.spec.n_layers,
+            failure=failure,
+            honours_extra_bufts=caps.extra_bufts,
+            tried_backends=frozenset(self._tried_backends),
+            fallback=self.fallback,
+        )
 
     def _install(self, runner: RunnerProcess, config: RunnerConfig) -> None:
         """Make `runner` the current one (lock held)."""
@@ -238,8 +262,12 @@ class RunnerBackend(Backend):
             self._ready.notify_all()
         for state in states:  # close() aborts what still runs: each stream ends as aborted, with its text so far
             state.aborted = True
-            self._route(state, GenerationEvent(EventKind.FINISHED, state.request.request_id,
-                                               finish_reason=FinishReason.ABORT, stats=RequestStats()))
+            self._route(
+                state,
+                GenerationEvent(
+                    EventKind.FINISHED, state.request.request_id, finish_reason=FinishReason.ABORT, stats=RequestStats()
+                ),
+            )
         if runner is not None:
             runner.stop(CLOSE_TIMEOUT_S)
 
@@ -300,8 +328,9 @@ class RunnerBackend(Backend):
             streams = [s for s in self._streams.values() if s.runner is runner]
             activity = runner.activity(streams)
             calls, runner.calls = runner.calls, {}
-        message = f"the {backend_facts(runner.config.backend)[0]} runner (pid {runner.pid}) {runner.exit_cause()} " \
-                  f"{activity}"
+        message = (
+            f"the {backend_facts(runner.config.backend)[0]} runner (pid {runner.pid}) {runner.exit_cause()} {activity}"
+        )
         for future in calls.values():
             future.set_exception(RunnerCrashedError(message, f"the runner log is {runner.log_path}"))
         if not runner.loaded:  # load() or a restart waits for this runner: it decides what comes next
@@ -319,7 +348,9 @@ class RunnerBackend(Backend):
                 nxt = None
                 self._gave_up = RunnerCrashedError(
                     f"{message}; it crashed {self._crashes_in_row} times in a row without finishing a reply, so "
-                    "hearth stopped restarting it", f"the runner log is {runner.log_path}")
+                    "hearth stopped restarting it",
+                    f"the runner log is {runner.log_path}",
+                )
                 self._ready.notify_all()
             replays = []
             for state in streams:
@@ -327,8 +358,16 @@ class RunnerBackend(Backend):
                     replays.append(state)  # nothing shown yet: it runs again on the new runner
                 else:
                     lost = "this reply is cut off" if state.tokens else "this request failed"
-                    self._route(state, _Crash(f"{message}: {lost}; hearth is {plan}" if nxt is not None else
-                                           self._gave_up.message if self._gave_up else message))
+                    self._route(
+                        state,
+                        _Crash(
+                            f"{message}: {lost}; hearth is {plan}"
+                            if nxt is not None
+                            else self._gave_up.message
+                            if self._gave_up
+                            else message
+                        ),
+                    )
         self._notice(f"{message}; hearth is {plan}" if nxt is not None else str(self._gave_up))
         if nxt is not None:
             threading.Thread(target=self._restart, args=(nxt, replays), name="runner-restart", daemon=True).start()
@@ -338,8 +377,9 @@ class RunnerBackend(Backend):
             runner, config = self._bring_up(config, None)
         except HearthError as exc:
             with self._lock:
-                self._gave_up = exc if isinstance(exc, RunnerCrashedError) else RunnerCrashedError(exc.message,
-                                                                                                   exc.hint)
+                self._gave_up = (
+                    exc if isinstance(exc, RunnerCrashedError) else RunnerCrashedError(exc.message, exc.hint)
+                )
                 self._ready.notify_all()
             for state in replays:
                 self._route(state, _Crash(self._gave_up.message))
@@ -355,14 +395,22 @@ class RunnerBackend(Backend):
         with self._lock:
             for state in replays:
                 if state.aborted:
-                    self._route(state, GenerationEvent(EventKind.FINISHED, state.request.request_id,
-                                                       finish_reason=FinishReason.ABORT, stats=RequestStats()))
+                    self._route(
+                        state,
+                        GenerationEvent(
+                            EventKind.FINISHED,
+                            state.request.request_id,
+                            finish_reason=FinishReason.ABORT,
+                            stats=RequestStats(),
+                        ),
+                    )
                     continue
                 state.replays += 1
                 state.runner = runner
                 runner.send(p.Stream(state.request), f"stream({state.request.request_id})")
-        self._notice(f"a new {config.backend} runner (pid {runner.pid}) is ready"
-                     + (f", {config.why}" if config.why else ""))
+        self._notice(
+            f"a new {config.backend} runner (pid {runner.pid}) is ready" + (f", {config.why}" if config.why else "")
+        )
 
     def _finished_ok(self) -> None:
         with self._lock:
@@ -450,8 +498,14 @@ class RunnerBackend(Backend):
 
     @staticmethod
     def _error_event(rid: str, message: str, code: str | None) -> GenerationEvent:
-        return GenerationEvent(EventKind.FINISHED, rid, finish_reason=FinishReason.ERROR, stats=RequestStats(),
-                               error=message, error_code=code)
+        return GenerationEvent(
+            EventKind.FINISHED,
+            rid,
+            finish_reason=FinishReason.ERROR,
+            stats=RequestStats(),
+            error=message,
+            error_code=code,
+        )
 
     def abort(self, request_id: str) -> None:
         state = self._streams.get(request_id)

@@ -29,27 +29,43 @@ class RunnerConfig:
 
     def changes(self) -> dict[str, object]:
         """What this configuration overrides, for remembering it (backend and the options the ladder moves)."""
-        return {"backend": self.backend, "extra_bufts": self.options.extra_bufts,
-                "n_gpu_layers": self.options.n_gpu_layers}
+        return {
+            "backend": self.backend,
+            "extra_bufts": self.options.extra_bufts,
+            "n_gpu_layers": self.options.n_gpu_layers,
+        }
 
 
 Fallback = Callable[[str], "LoadOptions | None"]  # backend name -> its options for this model, None = cannot run it
 
 
-def next_config(current: RunnerConfig, *, n_layers: int, failure: str, honours_extra_bufts: bool,
-                tried_backends: frozenset[str], fallback: Fallback | None) -> RunnerConfig | None:
+def next_config(
+    current: RunnerConfig,
+    *,
+    n_layers: int,
+    failure: str,
+    honours_extra_bufts: bool,
+    tried_backends: frozenset[str],
+    fallback: Fallback | None,
+) -> RunnerConfig | None:
     """The next safer configuration after `failure` ("crash" or "oom") of `current`, or None."""
     o = current.options
     if honours_extra_bufts and o.extra_bufts is not False:
-        return RunnerConfig(current.backend, dataclasses.replace(o, extra_bufts=False),
-                            "without extra weight-buffer types (use_extra_bufts=False: no AMX/repacked weights)")
+        return RunnerConfig(
+            current.backend,
+            dataclasses.replace(o, extra_bufts=False),
+            "without extra weight-buffer types (use_extra_bufts=False: no AMX/repacked weights)",
+        )
     on_gpu = o.n_gpu_layers != 0 and not o.device == "cpu"
     if on_gpu:
         layers = n_layers if o.n_gpu_layers < 0 else o.n_gpu_layers
         fewer = layers // 2 if layers > 4 else 0
         what = "out of GPU memory" if failure == "oom" else "a crash with layers on the GPU"
-        return RunnerConfig(current.backend, dataclasses.replace(o, n_gpu_layers=fewer),
-                            f"with {fewer} of {n_layers} layers on the GPU instead of {layers} (after {what})")
+        return RunnerConfig(
+            current.backend,
+            dataclasses.replace(o, n_gpu_layers=fewer),
+            f"with {fewer} of {n_layers} layers on the GPU instead of {layers} (after {what})",
+        )
     other = OTHER_BACKEND.get(current.backend)
     if other and other not in tried_backends and fallback is not None:
         options = fallback(other)

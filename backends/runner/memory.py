@@ -78,13 +78,17 @@ class ConfigMemory:
         return entry if isinstance(entry, dict) else None
 
     def remember(self, spec: ModelSpec, changes: dict[str, Any], why: str) -> None:
-        self._write(f"{self.machine}|{model_key(spec)}", {**changes, "why": why, "model": spec.path,
-                                                           "when": time.strftime("%Y-%m-%d %H:%M:%S")})
+        self._write(
+            f"{self.machine}|{model_key(spec)}",
+            {**changes, "why": why, "model": spec.path, "when": time.strftime("%Y-%m-%d %H:%M:%S")},
+        )
 
     def record_check(self, check: str, passed: bool, detail: str) -> None:
         """The outcome of a machine-wide check (`hearth doctor`), e.g. "llama.cpp extra_bufts"."""
-        self._write(f"{self.machine}|check:{check}", {"passed": passed, "detail": detail,
-                                                      "when": time.strftime("%Y-%m-%d %H:%M:%S")})
+        self._write(
+            f"{self.machine}|check:{check}",
+            {"passed": passed, "detail": detail, "when": time.strftime("%Y-%m-%d %H:%M:%S")},
+        )
 
     def check_passed(self, check: str) -> bool | None:
         entry = self._read().get(f"{self.machine}|check:{check}")

@@ -49,8 +49,13 @@ class RunnerProcess:
             # the runner never sees a SIGINT meant for the app.
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "backends.runner.child", "--fd", str(child.fileno())],
-                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log or sys.stderr,
-                stderr=log or sys.stderr, env=env, start_new_session=True)
+                pass_fds=(child.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=log or sys.stderr,
+                stderr=log or sys.stderr,
+                env=env,
+                start_new_session=True,
+            )
         finally:
             child.close()
             if log is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -152,10 +152,24 @@ class Closed(msgspec.Struct, tag="closed", frozen=True):
     pass
 
 
-ToRunner = Union[Load, Stream, Abort, Tokenize, Detokenize, Logits, Describe, Stats, Close]
-FromRunner = Union[Heartbeat, Progress, Loaded, LoadFailed, Event, Events, StreamFailed, TokensReply, TextReply,
-                   ArrayReply, DescribeReply, StatsReply, CallFailed, Closed]
-Reply = Union[TokensReply, TextReply, ArrayReply, DescribeReply, StatsReply, CallFailed]
+ToRunner = Load | Stream | Abort | Tokenize | Detokenize | Logits | Describe | Stats | Close
+FromRunner = (
+    Heartbeat
+    | Progress
+    | Loaded
+    | LoadFailed
+    | Event
+    | Events
+    | StreamFailed
+    | TokensReply
+    | TextReply
+    | ArrayReply
+    | DescribeReply
+    | StatsReply
+    | CallFailed
+    | Closed
+)
+Reply = TokensReply | TextReply | ArrayReply | DescribeReply | StatsReply | CallFailed
 
 
 def _enc_hook(obj: Any) -> Any:

@@ -9,5 +9,17 @@ from backends.tools.mistral import MistralFormat
 from backends.tools.parser import CallDelta, TextDelta, ToolCallParser, parse_reply
 from backends.tools.spec import ToolDef, ToolRequest, ToolRequestError, tool_request_from_openai
 
-__all__ = ["CallDelta", "HermesFormat", "Llama3Format", "MistralFormat", "TextDelta", "ToolCallParser",
-           "ToolDef", "ToolFormat", "ToolRequest", "ToolRequestError", "parse_reply", "tool_request_from_openai"]
+__all__ = [
+    "CallDelta",
+    "HermesFormat",
+    "Llama3Format",
+    "MistralFormat",
+    "TextDelta",
+    "ToolCallParser",
+    "ToolDef",
+    "ToolFormat",
+    "ToolRequest",
+    "ToolRequestError",
+    "parse_reply",
+    "tool_request_from_openai",
+]

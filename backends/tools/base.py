@@ -32,9 +32,12 @@ class ToolFormat:
 
     def call_object_schema(self, tool: ToolDef) -> dict[str, Any]:
         """JSON Schema of one call to `tool`: its name fixed, its arguments valid for its parameters."""
-        return {"type": "object",
-                "properties": {"name": {"const": tool.name}, self.args_key: tool.schema()},
-                "required": ["name", self.args_key], "additionalProperties": False}
+        return {
+            "type": "object",
+            "properties": {"name": {"const": tool.name}, self.args_key: tool.schema()},
+            "required": ["name", self.args_key],
+            "additionalProperties": False,
+        }
 
     def forced_schema(self, tools: Sequence[ToolDef]) -> dict[str, Any]:
         """The JSON value a forced choice must write: one call to one of `tools`."""
@@ -43,12 +46,15 @@ class ToolFormat:
 
     def constraint(self, tools: Sequence[ToolDef]) -> Constraint:
         """The constraint for tool_choice "required" (all tools) or a named function (that one)."""
-        return Constraint("json_schema", schema=json.dumps(self.forced_schema(tools), ensure_ascii=False),
-                          prefix=self.forced_prefix, suffix=self.forced_suffix)
+        return Constraint(
+            "json_schema",
+            schema=json.dumps(self.forced_schema(tools), ensure_ascii=False),
+            prefix=self.forced_prefix,
+            suffix=self.forced_suffix,
+        )
 
     def call_json(self, call: ToolCall) -> str:
-        return json.dumps({"name": call.name, self.args_key: _arguments_value(call.arguments)},
-                          ensure_ascii=False)
+        return json.dumps({"name": call.name, self.args_key: _arguments_value(call.arguments)}, ensure_ascii=False)
 
     def calls_text(self, calls: Sequence[ToolCall]) -> str:
         """An assistant message's calls written as the model would write them."""

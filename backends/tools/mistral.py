@@ -30,4 +30,3 @@ class MistralFormat(ToolFormat):
 
     def new_call_id(self) -> str:
         return alnum_id(9)
-

@@ -50,8 +50,14 @@ class _Region:
 
 
 class ToolCallParser:
-    def __init__(self, fmt: ToolFormat, *, max_calls: int | None = None, forced: bool = False,
-                 new_id: Callable[[], str] | None = None) -> None:
+    def __init__(
+        self,
+        fmt: ToolFormat,
+        *,
+        max_calls: int | None = None,
+        forced: bool = False,
+        new_id: Callable[[], str] | None = None,
+    ) -> None:
         """`max_calls`: calls after this many are dropped (parallel_tool_calls false); `forced`: the reply is
         a call (a forced tool_choice), so it may start with the call JSON without its marker."""
         self.format = fmt
@@ -98,8 +104,13 @@ class ToolCallParser:
             self._show(out, before, drop_blank=True)
             self._pending = ""
             # the blanks before the marker go with it: text again if no call comes of it
-            self._open(out, marker=pending[len(before):at] + marker, bare=False, body=pending[at + len(marker):],
-                       final=final)
+            self._open(
+                out,
+                marker=pending[len(before) : at] + marker,
+                bare=False,
+                body=pending[at + len(marker) :],
+                final=final,
+            )
             return
         if final:
             self._pending = ""
@@ -112,7 +123,7 @@ class ToolCallParser:
         head = pending[: len(pending) - keep].rstrip()
         if head:
             self._show(out, head)
-            self._pending = pending[len(head):]
+            self._pending = pending[len(head) :]
 
     def _show(self, out: list[Delta], text: str, drop_blank: bool = False) -> None:
         if not text or (drop_blank and not text.strip()):
@@ -132,7 +143,7 @@ class ToolCallParser:
         scan = scan_region(region.body, self.format.end, final, region.memo)
         for i, call in enumerate(scan.calls):
             self._emit_call(out, region, i, call.name, call.arguments)
-        rest = region.body[scan.at:]
+        rest = region.body[scan.at :]
         if scan.status == "closed" or (final and scan.status == "open"):
             self._region = None
             self._pending = rest if scan.status == "closed" else ""
@@ -183,8 +194,9 @@ def _partial_marker(text: str, markers: tuple[str, ...]) -> int:
     return best
 
 
-def parse_reply(fmt: ToolFormat, text: str, *, max_calls: int | None = None,
-                forced: bool = False) -> tuple[str, list[ToolCall]]:
+def parse_reply(
+    fmt: ToolFormat, text: str, *, max_calls: int | None = None, forced: bool = False
+) -> tuple[str, list[ToolCall]]:
     """A whole reply as (content text, calls)."""
     parser = ToolCallParser(fmt, max_calls=max_calls, forced=forced)
     parser.feed(text)

@@ -58,17 +58,24 @@ def message_from_dict(i: int, m: Mapping[str, Any]) -> ChatMessage:
     """One checked message dict (role, content text, maybe tool fields) as a ChatMessage."""
     calls = m.get("tool_calls") or ()
     if calls and m["role"] != "assistant":
-        raise ToolRequestError(f"messages[{i}] has tool_calls but role {m['role']!r}; only assistant messages "
-                               "make calls", f"messages[{i}].tool_calls")
+        raise ToolRequestError(
+            f"messages[{i}] has tool_calls but role {m['role']!r}; only assistant messages make calls",
+            f"messages[{i}].tool_calls",
+        )
     tool_calls = tuple(_call_from_dict(i, j, c) for j, c in enumerate(calls))
     call_id = m.get("tool_call_id")
     name = m.get("name")
     if m["role"] == "tool" and not isinstance(call_id, str):
-        raise ToolRequestError(f"messages[{i}] (tool) needs tool_call_id: the id of the call it answers",
-                               f"messages[{i}].tool_call_id")
-    return ChatMessage(m["role"], m["content"], tool_calls,
-                       call_id if m["role"] == "tool" else None,
-                       name if m["role"] == "tool" and isinstance(name, str) else None)
+        raise ToolRequestError(
+            f"messages[{i}] (tool) needs tool_call_id: the id of the call it answers", f"messages[{i}].tool_call_id"
+        )
+    return ChatMessage(
+        m["role"],
+        m["content"],
+        tool_calls,
+        call_id if m["role"] == "tool" else None,
+        name if m["role"] == "tool" and isinstance(name, str) else None,
+    )
 
 
 def _call_from_dict(i: int, j: int, call: Any) -> ToolCall:
@@ -87,8 +94,9 @@ def has_tool_fields(messages: Sequence[ChatMessage]) -> bool:
     return any(m.tool_calls or m.role == "tool" for m in messages)
 
 
-def template_inputs(messages: Sequence[ChatMessage], style: ToolStyle, tools: ToolRequest | None,
-                    system_role: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def template_inputs(
+    messages: Sequence[ChatMessage], style: ToolStyle, tools: ToolRequest | None, system_role: bool = True
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(messages as template dicts, extra template variables).  `system_role` False (a template that refuses
     system messages): hearth's tool block opens the first user message instead."""
     render_tools = tools is not None and tools.rendered
@@ -128,9 +136,10 @@ def template_inputs(messages: Sequence[ChatMessage], style: ToolStyle, tools: To
 def _native(m: ChatMessage) -> dict[str, Any]:
     d: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.tool_calls:
-        d["tool_calls"] = [{"id": c.id, "type": "function",
-                            "function": {"name": c.name, "arguments": _arguments_object(c.arguments)}}
-                           for c in m.tool_calls]
+        d["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments_object(c.arguments)}}
+            for c in m.tool_calls
+        ]
     if m.role == "tool":
         d["tool_call_id"] = m.tool_call_id
         if m.name is not None:

@@ -108,10 +108,10 @@ def _header(body: str, start: int) -> tuple[str, int] | str | None:
 
     def literal(i: int, options: tuple[str, ...]) -> int | None | str:
         for s in options:
-            piece = body[i:i + len(s)]
+            piece = body[i : i + len(s)]
             if piece == s:
                 return i + len(s)
-        if any(s.startswith(body[i:i + len(s)]) for s in options if n - i < len(s)):
+        if any(s.startswith(body[i : i + len(s)]) for s in options if n - i < len(s)):
             return None
         return "fail"
 
@@ -134,7 +134,7 @@ def _header(body: str, start: int) -> tuple[str, int] | str | None:
     if j >= n:
         return None
     try:
-        name = json.loads(body[i:j + 1])
+        name = json.loads(body[i : j + 1])
     except ValueError:
         return "fail"
     i = skip(j + 1)

@@ -65,17 +65,22 @@ class ToolRequest:
 
     def __post_init__(self) -> None:
         if self.choice not in CHOICES:
-            raise ToolRequestError(f"tool_choice must be auto, none, required or a function, got {self.choice!r}",
-                                   "tool_choice")
+            raise ToolRequestError(
+                f"tool_choice must be auto, none, required or a function, got {self.choice!r}", "tool_choice"
+            )
         if (self.choice == "function") != (self.function is not None):
-            raise ToolRequestError("a named tool_choice needs the function's name, and only it takes one",
-                                   "tool_choice")
+            raise ToolRequestError(
+                "a named tool_choice needs the function's name, and only it takes one", "tool_choice"
+            )
         names = [t.name for t in self.tools]
         if self.choice in ("required", "function") and not self.tools:
             raise ToolRequestError(f"tool_choice {self.choice!r} needs at least one tool in `tools`", "tool_choice")
         if self.function is not None and self.function not in names:
-            raise ToolRequestError(f"tool_choice names the function {self.function!r}, which is not in tools "
-                                   f"({', '.join(names) or 'none'})", "tool_choice.function.name")
+            raise ToolRequestError(
+                f"tool_choice names the function {self.function!r}, which is not in tools "
+                f"({', '.join(names) or 'none'})",
+                "tool_choice.function.name",
+            )
 
     @property
     def forced(self) -> tuple[ToolDef, ...]:
@@ -110,8 +115,7 @@ def tool_def_from_openai(i: int, tool: Any) -> ToolDef:
     where = f"tools[{i}].function"
     name = function.get("name")
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
-        raise ToolRequestError(f"{where}.name must be 1-64 letters, digits, '_' or '-', got {name!r}",
-                               f"{where}.name")
+        raise ToolRequestError(f"{where}.name must be 1-64 letters, digits, '_' or '-', got {name!r}", f"{where}.name")
     description = function.get("description", "")
     if description is None:
         description = ""
@@ -121,17 +125,20 @@ def tool_def_from_openai(i: int, tool: Any) -> ToolDef:
     if parameters is None:
         return ToolDef(name, description)
     if not isinstance(parameters, Mapping):
-        raise ToolRequestError(f"{where}.parameters must be a JSON Schema object, got {type(parameters).__name__}",
-                               f"{where}.parameters")
+        raise ToolRequestError(
+            f"{where}.parameters must be a JSON Schema object, got {type(parameters).__name__}", f"{where}.parameters"
+        )
     kind = parameters.get("type", "object")
     if kind != "object":
-        raise ToolRequestError(f"{where}.parameters must describe an object (type 'object'), got type {kind!r}",
-                               f"{where}.parameters.type")
+        raise ToolRequestError(
+            f"{where}.parameters must describe an object (type 'object'), got type {kind!r}", f"{where}.parameters.type"
+        )
     return ToolDef(name, description, json.dumps(parameters, ensure_ascii=False))
 
 
-def tool_request_from_openai(tools: Sequence[Any] | None, tool_choice: Any = None,
-                             parallel_tool_calls: bool | None = None) -> ToolRequest | None:
+def tool_request_from_openai(
+    tools: Sequence[Any] | None, tool_choice: Any = None, parallel_tool_calls: bool | None = None
+) -> ToolRequest | None:
     """OpenAI's three fields as a ToolRequest; None when the request has no tools and no choice that needs them.
 
     tool_choice defaults as OpenAI's: "auto" with tools, "none" without."""
@@ -159,16 +166,21 @@ def _choice(tool_choice: Any, have_tools: bool) -> tuple[str, str | None]:
         return ("auto" if have_tools else "none"), None
     if isinstance(tool_choice, str):
         if tool_choice not in ("auto", "none", "required"):
-            raise ToolRequestError(f"tool_choice must be 'auto', 'none', 'required' or "
-                                   f"{{'type': 'function', 'function': {{'name': ...}}}}, got {tool_choice!r}",
-                                   "tool_choice")
+            raise ToolRequestError(
+                f"tool_choice must be 'auto', 'none', 'required' or "
+                f"{{'type': 'function', 'function': {{'name': ...}}}}, got {tool_choice!r}",
+                "tool_choice",
+            )
         return tool_choice, None
     if isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function":
         function = tool_choice.get("function")
         name = function.get("name") if isinstance(function, Mapping) else None
         if not isinstance(name, str):
-            raise ToolRequestError("tool_choice.function.name must be the name of a function in tools",
-                                   "tool_choice.function.name")
+            raise ToolRequestError(
+                "tool_choice.function.name must be the name of a function in tools", "tool_choice.function.name"
+            )
         return "function", name
-    raise ToolRequestError("tool_choice must be 'auto', 'none', 'required' or "
-                           "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
+    raise ToolRequestError(
+        "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
+        "tool_choice",
+    )

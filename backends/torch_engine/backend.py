@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.api import (peak_rss_bytes, 
+from backends.api import (
     Backend,
     Capabilities,
     EngineStats,
@@ -42,6 +42,7 @@ from backends.api import (peak_rss_bytes,
     RequestStats,
     SamplingParams,
     TokenLogprob,
+    peak_rss_bytes,
 )
 from backends.errors import ContextOverflowError, InvalidRequestError, ModelLoadError
 from backends.modelspec import ModelSpec
@@ -91,12 +92,23 @@ class _Channel:
 
 class TorchBackend(Backend):
     name = "torch"
-    capabilities = Capabilities(concurrent_requests=True, prefix_cache=True, gpu_offload=True, gguf=True,
-                                safetensors=True, logits=True, constraints=True, logprobs=True)
+    capabilities = Capabilities(
+        concurrent_requests=True,
+        prefix_cache=True,
+        gpu_offload=True,
+        gguf=True,
+        safetensors=True,
+        logits=True,
+        constraints=True,
+        logprobs=True,
+    )
 
-    def __init__(self, spec: ModelSpec, options: LoadOptions | None = None,
-                 build: Callable[[ModelSpec, LoadOptions, ProgressCallback | None], EngineParts] = build_parts,
-                 ) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        options: LoadOptions | None = None,
+        build: Callable[[ModelSpec, LoadOptions, ProgressCallback | None], EngineParts] = build_parts,
+    ) -> None:
         super().__init__(spec, options)
         self._build = build
         self._parts: EngineParts | None = None
@@ -124,8 +136,9 @@ class TorchBackend(Backend):
             return
         ready: queue.SimpleQueue = queue.SimpleQueue()
         self._closing = False
-        self._thread = threading.Thread(target=self._run, args=(progress, ready), name="hearth-torch-engine",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(progress, ready), name="hearth-torch-engine", daemon=True
+        )
         self._thread.start()
         reply: Reply = ready.get()
         if reply.error is not None:
@@ -188,8 +201,10 @@ class TorchBackend(Backend):
         assert self._parts is not None
         ids = list(token_ids)
         if len(ids) > self.n_ctx:
-            raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}",
-                                       "use a smaller window (--ctx) or load a larger context")
+            raise ContextOverflowError(
+                f"{len(ids)} tokens do not fit the context of {self.n_ctx}",
+                "use a smaller window (--ctx) or load a larger context",
+            )
         self._check_token_ids(ids)
         if self._parts.prompt_logits is None:
             raise NotImplementedError("this torch engine build does not return prompt logits")
@@ -203,7 +218,9 @@ class TorchBackend(Backend):
             if not bm.allocate(scratch, len(ids)):
                 raise ContextOverflowError(
                     f"{len(ids)} tokens need {bm.blocks_needed(len(ids))} KV blocks but only "
-                    f"{bm.num_free_blocks} are free while other requests run", "score when the backend is idle")
+                    f"{bm.num_free_blocks} are free while other requests run",
+                    "score when the backend is idle",
+                )
             try:
                 result = fn(ids, tuple(scratch.block_ids))
                 return np.array(result.float().cpu().numpy(), dtype=np.float32)  # torch ops stay on this thread
@@ -217,8 +234,10 @@ class TorchBackend(Backend):
         vocab = self.spec.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None) if vocab > 0 else None
         if bad is not None:
-            raise InvalidRequestError(f"{where + ': ' if where else ''}token id {bad} is outside the vocabulary "
-                                      f"of {vocab} tokens", f"send token ids from 0 to {vocab - 1}")
+            raise InvalidRequestError(
+                f"{where + ': ' if where else ''}token id {bad} is outside the vocabulary of {vocab} tokens",
+                f"send token ids from 0 to {vocab - 1}",
+            )
 
     # -- generation --------------------------------------------------------------------------------------
     def stream(self, request: Request) -> Iterator[GenerationEvent]:
@@ -239,7 +258,8 @@ class TorchBackend(Backend):
             raise ContextOverflowError(
                 f"the prompt is {len(ids)} tokens but the context is {max_len}",
                 f"shorten the conversation, or load the model with a larger --ctx (trained on "
-                f"{self.spec.context_length})")
+                f"{self.spec.context_length})",
+            )
         self._check_token_ids([t for t, _ in request.sampling.logit_bias], "logit_bias")
         eos = frozenset() if request.sampling.ignore_eos else self.eos_token_ids
         matcher, sampling = None, request.sampling
@@ -259,8 +279,9 @@ class TorchBackend(Backend):
                 from backends.constrained import compiler_for_tokenizer
 
                 assert self._parts is not None
-                self._constraints = compiler_for_tokenizer(self._parts.tokenizer, self.spec.eos_token_ids,
-                                                           self.spec.bos_token_id, self.spec.vocab_size or None)
+                self._constraints = compiler_for_tokenizer(
+                    self._parts.tokenizer, self.spec.eos_token_ids, self.spec.bos_token_id, self.spec.vocab_size or None
+                )
             return self._constraints
 
     def abort(self, request_id: str) -> None:
@@ -299,8 +320,13 @@ class TorchBackend(Backend):
                         reason, error = FinishReason.ERROR, error_line("detokenizing failed", exc)
                         self._post(Finish(rid, RequestStatus.FINISHED_ERROR, notify=False))
                         break
-                    yield GenerationEvent(EventKind.TOKEN, rid, text=piece, token_ids=(msg.token_id,),
-                                          logprobs=(self._with_bytes(msg.logprob),) if msg.logprob else ())
+                    yield GenerationEvent(
+                        EventKind.TOKEN,
+                        rid,
+                        text=piece,
+                        token_ids=(msg.token_id,),
+                        logprobs=(self._with_bytes(msg.logprob),) if msg.logprob else (),
+                    )
                     if stopped:
                         reason = FinishReason.STOP
                         self._post(Finish(rid, RequestStatus.FINISHED_STOPPED, notify=False))
@@ -327,8 +353,11 @@ class TorchBackend(Backend):
 
     def _with_bytes(self, entry: TokenLogprob) -> TokenLogprob:
         """The entry with its tokens' bytes (special tokens as their text), from the tokenizer."""
-        return dataclasses.replace(entry, token_bytes=self._one_token_bytes(entry.token_id),
-                                   top_bytes=tuple(self._one_token_bytes(t) for t, _ in entry.top))
+        return dataclasses.replace(
+            entry,
+            token_bytes=self._one_token_bytes(entry.token_id),
+            top_bytes=tuple(self._one_token_bytes(t) for t, _ in entry.top),
+        )
 
     def _one_token_bytes(self, token_id: int) -> bytes:
         assert self._parts is not None
@@ -427,8 +456,9 @@ class TorchBackend(Backend):
                 if r.sampling.prompt_logprobs and not r.prompt_logprobs_ready:
                     continue  # announced once the whole prompt is scored (Started carries the entries)
                 channel.announced = True
-                channel.out.put(Started(r.num_cached_tokens, r.first_scheduled_time - r.arrival_time,
-                                        tuple(r.prompt_logprobs)))
+                channel.out.put(
+                    Started(r.num_cached_tokens, r.first_scheduled_time - r.arrival_time, tuple(r.prompt_logprobs))
+                )
 
     def _fail_all(self, engine: Engine, channels: dict[str, _Channel], error: str) -> None:
         for r in engine.scheduler.abort_all(RequestStatus.FINISHED_ERROR):
@@ -441,27 +471,47 @@ class TorchBackend(Backend):
         """Swap in a new EngineStats (one reference assignment: readers see the old or the new one whole)."""
         s, bm = engine.scheduler, engine.scheduler.block_manager
         self._stats = EngineStats(
-            running=len(s.running), waiting=len(s.waiting), kv_blocks=bm.num_blocks,
-            kv_blocks_free=bm.num_free_blocks, kv_block_size=bm.block_size, prefix_cached_blocks=bm.num_cached_blocks,
-            prefix_hit_tokens=bm.num_hit_tokens, preemptions=s.num_preemptions,
-            generated_tokens=self._generated_tokens)
+            running=len(s.running),
+            waiting=len(s.waiting),
+            kv_blocks=bm.num_blocks,
+            kv_blocks_free=bm.num_free_blocks,
+            kv_block_size=bm.block_size,
+            prefix_cached_blocks=bm.num_cached_blocks,
+            prefix_hit_tokens=bm.num_hit_tokens,
+            preemptions=s.num_preemptions,
+            generated_tokens=self._generated_tokens,
+        )
 
     # -- facts -------------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         """The engine thread's last snapshot (published after every step), with the process's memory now."""
         memory = self.memory_in_use()
-        return dataclasses.replace(self._stats, rss_bytes=memory.get("rss_bytes", 0),
-                                   gpu_bytes=memory.get("gpu_bytes", 0), peak_rss_bytes=peak_rss_bytes())
+        return dataclasses.replace(
+            self._stats,
+            rss_bytes=memory.get("rss_bytes", 0),
+            gpu_bytes=memory.get("gpu_bytes", 0),
+            peak_rss_bytes=peak_rss_bytes(),
+        )
 
     def describe(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"backend": self.name, "model": self.spec.name, "path": self.spec.path,
-                                "n_ctx": self.n_ctx, "max_num_seqs": self.options.max_num_seqs,
-                                "n_batch": self.options.n_batch}
+        info: dict[str, Any] = {
+            "backend": self.name,
+            "model": self.spec.name,
+            "path": self.spec.path,
+            "n_ctx": self.n_ctx,
+            "max_num_seqs": self.options.max_num_seqs,
+            "n_batch": self.options.n_batch,
+        }
         if self._engine is not None:
             st = self._stats  # the published snapshot, not the scheduler's live structures
-            info.update(kv_blocks=st.kv_blocks, kv_block_size=st.kv_block_size, kv_blocks_free=st.kv_blocks_free,
-                        prefix_cached_blocks=st.prefix_cached_blocks, prefix_hit_tokens=st.prefix_hit_tokens,
-                        preemptions=st.preemptions)
+            info.update(
+                kv_blocks=st.kv_blocks,
+                kv_block_size=st.kv_block_size,
+                kv_blocks_free=st.kv_blocks_free,
+                prefix_cached_blocks=st.prefix_cached_blocks,
+                prefix_hit_tokens=st.prefix_hit_tokens,
+                preemptions=st.preemptions,
+            )
         if self._parts is not None and self._parts.describe is not None:
             info.update(self._parts.describe())
         return info

@@ -43,12 +43,13 @@ def block_key(parent_hash: int | None, token_ids: Sequence[int]) -> BlockKey:
     return (parent_hash, tuple(token_ids))
 
 
-def chained_hashes(token_ids: Sequence[int], block_size: int = BLOCK_SIZE, start: int = 0,
-                   parent_hash: int | None = None) -> list[int]:
+def chained_hashes(
+    token_ids: Sequence[int], block_size: int = BLOCK_SIZE, start: int = 0, parent_hash: int | None = None
+) -> list[int]:
     """Hashes of the full blocks of `token_ids` from block index `start` on, chaining on `parent_hash`."""
     hashes: list[int] = []
     for i in range(start, len(token_ids) // block_size):
-        parent_hash = hash(block_key(parent_hash, token_ids[i * block_size:(i + 1) * block_size]))
+        parent_hash = hash(block_key(parent_hash, token_ids[i * block_size : (i + 1) * block_size]))
         hashes.append(parent_hash)
     return hashes
 
@@ -91,7 +92,7 @@ class BlockManager:
         found: list[int] = []
         parent: int | None = None
         for i in range(max_blocks):
-            key = block_key(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
+            key = block_key(parent, tokens[i * self.block_size : (i + 1) * self.block_size])
             block_id = self._cached.get(key)
             if block_id is None:
                 break
@@ -140,7 +141,7 @@ class BlockManager:
         tokens = request.token_ids
         for i in range(len(request.block_hashes), num_full):
             parent = request.block_hashes[-1] if request.block_hashes else None
-            key = block_key(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
+            key = block_key(parent, tokens[i * self.block_size : (i + 1) * self.block_size])
             block_hash = hash(key)
             request.block_hashes.append(block_hash)
             block = self.blocks[request.block_ids[i]]
@@ -197,7 +198,8 @@ class BlockManager:
             assert free == (block.ref_count == 0), f"block {block.block_id}: free={free}, ref={block.ref_count}"
             if requests or not holders:
                 assert holders.get(block.block_id, 0) == block.ref_count, (
-                    f"block {block.block_id}: ref_count {block.ref_count}, held by {holders.get(block.block_id, 0)}")
+                    f"block {block.block_id}: ref_count {block.ref_count}, held by {holders.get(block.block_id, 0)}"
+                )
             if block.key is not None:
                 assert self._cached.get(block.key) == block.block_id
         assert len(self._cached) == sum(1 for b in self.blocks if b.key is not None)

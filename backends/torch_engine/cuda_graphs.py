@@ -67,8 +67,11 @@ def pick_size(num_seqs: int, sizes: Sequence[int]) -> int | None:
 def is_graph_step(scheduled: Sequence[Any], max_seqs: int, max_tokens: int) -> bool:
     """Whether a step can replay a graph: every scheduled request (seams.ScheduledRequest) is a one-token decode,
     there are at most max_seqs of them, and every context fits the graphs' table width (max_tokens)."""
-    return (0 < len(scheduled) <= max_seqs and all(s.is_decode and s.num_tokens == 1 for s in scheduled)
-            and max(s.end_position for s in scheduled) <= max_tokens)
+    return (
+        0 < len(scheduled) <= max_seqs
+        and all(s.is_decode and s.num_tokens == 1 for s in scheduled)
+        and max(s.end_position for s in scheduled) <= max_tokens
+    )
 
 
 def stage_rows(rows: Any, seqs: Sequence[tuple[int, int, Sequence[int]]], size: int, block_size: int) -> None:
@@ -80,13 +83,15 @@ def stage_rows(rows: Any, seqs: Sequence[tuple[int, int, Sequence[int]]], size: 
     n = len(seqs)
     assert n <= size <= rows.shape[0], f"{n} sequences in {size} of {rows.shape[0]} rows"
     if n:
-        rows[:n, :TABLE] = [(token, pos, table[pos // block_size] * block_size + pos % block_size, pos + 1)
-                            for token, pos, table in seqs]
+        rows[:n, :TABLE] = [
+            (token, pos, table[pos // block_size] * block_size + pos % block_size, pos + 1)
+            for token, pos, table in seqs
+        ]
     for r, (_, pos, table) in enumerate(seqs):
         blocks = pos // block_size + 1
         assert len(table) >= blocks, f"block table of {len(table)} blocks for position {pos}"
-        rows[r, TABLE:TABLE + blocks] = table[:blocks]
-    rows[n:size, :TABLE + 1] = PAD_ROW
+        rows[r, TABLE : TABLE + blocks] = table[:blocks]
+    rows[n:size, : TABLE + 1] = PAD_ROW
 
 
 def step_inputs(rows: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
@@ -96,9 +101,15 @@ def step_inputs(rows: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torc
     from kernels.attention_triton import BLOCK_TABLES, SEQ_LENS  # triton is imported only where it runs
 
     size = rows.shape[0]
-    meta = AttentionMetadata(slot_mapping=rows[:, SLOT].contiguous(), query_start=tuple(range(size + 1)),
-                             context_lens=(), block_tables=(), groups=(), block_size=block_size,
-                             memo={BLOCK_TABLES: rows[:, TABLE:], SEQ_LENS: rows[:, CONTEXT_LEN].contiguous()})
+    meta = AttentionMetadata(
+        slot_mapping=rows[:, SLOT].contiguous(),
+        query_start=tuple(range(size + 1)),
+        context_lens=(),
+        block_tables=(),
+        groups=(),
+        block_size=block_size,
+        memo={BLOCK_TABLES: rows[:, TABLE:], SEQ_LENS: rows[:, CONTEXT_LEN].contiguous()},
+    )
     return rows[:, TOKEN].long(), rows[:, POSITION].long(), meta
 
 
@@ -114,8 +125,9 @@ def enabled_by_env(environ: Mapping[str, str] = os.environ) -> bool:
     raise ConfigError(f"{ENV_VAR} must be 1 or 0, got {value!r}", f"unset it or set {ENV_VAR}=0 to turn graphs off")
 
 
-def unavailable_reason(device: torch.device, kernels: str, model: torch.nn.Module,
-                       environ: Mapping[str, str] = os.environ) -> str | None:
+def unavailable_reason(
+    device: torch.device, kernels: str, model: torch.nn.Module, environ: Mapping[str, str] = os.environ
+) -> str | None:
     """None when decode steps may run as CUDA graphs, else why not (for describe())."""
     if not enabled_by_env(environ):
         return f"off ({ENV_VAR}=0)"
@@ -129,8 +141,11 @@ def unavailable_reason(device: torch.device, kernels: str, model: torch.nn.Modul
         return "off (layer offload streams weights between layers)"
     if any(getattr(m, "offload", None) is not None for m in model.modules() if m is not model):
         return "off (experts in host RAM: the expert cache decides its copies on the host each step)"
-    away = sum(1 for _, t in chain(model.named_parameters(), model.named_buffers())
-               if t is not None and t.device.type != device.type)
+    away = sum(
+        1
+        for _, t in chain(model.named_parameters(), model.named_buffers())
+        if t is not None and t.device.type != device.type
+    )
     if away:
         return f"off ({away} weight tensors are not on {device.type}: offloaded layers)"
     return None
@@ -146,8 +161,16 @@ class DecodeGraphs:
 
     run(seqs) -> (len(seqs), vocab) float32 logits, like ModelRunner.forward for a decode-only step."""
 
-    def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], max_num_seqs: int,
-                 max_blocks: int, block_size: int, device: torch.device | str, capture: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        max_num_seqs: int,
+        max_blocks: int,
+        block_size: int,
+        device: torch.device | str,
+        capture: bool = True,
+    ) -> None:
         if model.ops.name != "triton":
             raise ValueError(f"CUDA-graph steps read their tables through the Triton kernels, not {model.ops.name!r}")
         if max_blocks < 1:
@@ -161,7 +184,7 @@ class DecodeGraphs:
         # pinned, so that the per-step copy is asynchronous (from pageable memory it would sync)
         self.host = torch.zeros(shape, dtype=torch.int32, pin_memory=capture)
         self._rows = self.host.numpy()  # the same memory, written row by row from Python
-        self._rows[:, :TABLE + 1] = PAD_ROW
+        self._rows[:, : TABLE + 1] = PAD_ROW
         self.device_rows = torch.zeros(shape, dtype=torch.int32, device=self.device)
         self._hidden: torch.Tensor | None = None  # (max_size, hidden): the graphs' output, outside their pool
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -193,7 +216,7 @@ class DecodeGraphs:
                 self._upload(seqs, size)
                 self._graphs[size].replay()
         assert self._hidden is not None
-        return self.model.compute_logits(self._hidden[:len(seqs)])
+        return self.model.compute_logits(self._hidden[: len(seqs)])
 
     @torch.inference_mode()
     def capture_size(self, size: int) -> None:

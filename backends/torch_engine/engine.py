@@ -57,14 +57,20 @@ class Engine:
             self._score_prompts(out, result)
         sampled, failed = self._sample(result)
         logprobs = self._logprobs(result, sampled)
-        updates = [RequestUpdate(self.scheduler.requests[rid], (), True, error_line("sampling failed", exc))
-                   for rid, exc in failed.items()]
+        updates = [
+            RequestUpdate(self.scheduler.requests[rid], (), True, error_line("sampling failed", exc))
+            for rid, exc in failed.items()
+        ]
         for u in updates:  # before update(), which then skips them: they are no longer running
             self.scheduler.finish_request(u.request.request_id, RequestStatus.FINISHED_ERROR)
         updates += self.scheduler.update(out, sampled)
         if logprobs:
-            updates = [dataclasses.replace(u, logprobs=(logprobs[u.request.request_id],))
-                       if u.new_token_ids and u.request.request_id in logprobs else u for u in updates]
+            updates = [
+                dataclasses.replace(u, logprobs=(logprobs[u.request.request_id],))
+                if u.new_token_ids and u.request.request_id in logprobs
+                else u
+                for u in updates
+            ]
         for u in updates:
             if u.finished:
                 self.sampler.forget(u.request.request_id)
@@ -78,9 +84,14 @@ class Engine:
         requests = [self.scheduler.requests[r] for r in result.request_ids]
         matchers = [r.matcher for r in requests]
         constrained = any(m is not None for m in matchers)
-        rows = self.sampler.sample(result.logits, result.request_ids, [r.sampling for r in requests],
-                                   [r.token_ids for r in requests], [r.num_prompt_tokens for r in requests],
-                                   matchers if constrained else None)
+        rows = self.sampler.sample(
+            result.logits,
+            result.request_ids,
+            [r.sampling for r in requests],
+            [r.token_ids for r in requests],
+            [r.num_prompt_tokens for r in requests],
+            matchers if constrained else None,
+        )
         for i, (matcher, token) in enumerate(zip(matchers, rows)):
             if matcher is not None and not isinstance(token, Exception):
                 try:  # a constrained request's grammar advances with its token; refusing it fails that request
@@ -95,14 +106,20 @@ class Engine:
         """The sampled tokens' log-probabilities, for the rows whose requests ask (the others pay nothing)."""
         from backends.torch_engine.logprobs import sampled_logprobs
 
-        rows = [(i, rid) for i, rid in enumerate(result.request_ids)
-                if rid in sampled and self.scheduler.requests[rid].sampling.logprobs is not None]
+        rows = [
+            (i, rid)
+            for i, rid in enumerate(result.request_ids)
+            if rid in sampled and self.scheduler.requests[rid].sampling.logprobs is not None
+        ]
         if not rows:
             return {}
         index = [i for i, _ in rows]
         logits = result.logits if len(index) == len(result.request_ids) else result.logits[index]
-        values = sampled_logprobs(logits, [sampled[rid] for _, rid in rows],
-                                  [self.scheduler.requests[rid].sampling.logprobs or 0 for _, rid in rows])
+        values = sampled_logprobs(
+            logits,
+            [sampled[rid] for _, rid in rows],
+            [self.scheduler.requests[rid].sampling.logprobs or 0 for _, rid in rows],
+        )
         return {rid: v for (_, rid), v in zip(rows, values)}
 
     def _score_prompts(self, out: SchedulerOutput, result: RunnerOutput) -> None:
@@ -116,6 +133,6 @@ class Engine:
             if rows is None or request is None:
                 continue
             prompt = request.prompt_token_ids
-            entries = request.prompt_logprobs[:s.start_position + 1]  # the first entry is set at creation
+            entries = request.prompt_logprobs[: s.start_position + 1]  # the first entry is set at creation
             entries += chunk_prompt_logprobs(rows, prompt, s.start_position, request.sampling.logprobs or 0)
             request.prompt_logprobs = entries

@@ -82,9 +82,14 @@ class ExpertCachePolicy:
             batch, missing = missing[:room], missing[room:]
             held = set(members)
             # evictable: slots whose expert this round does not compute, coldest (or empty) first
-            free = sorted((s for s, e in enumerate(self.expert_in) if e not in held),
-                          key=lambda s: (self.expert_in[s] is not None,
-                                         self.scores[self.expert_in[s]] if self.expert_in[s] is not None else 0.0, s))
+            free = sorted(
+                (s for s, e in enumerate(self.expert_in) if e not in held),
+                key=lambda s: (
+                    self.expert_in[s] is not None,
+                    self.scores[self.expert_in[s]] if self.expert_in[s] is not None else 0.0,
+                    s,
+                ),
+            )
             copies = []
             for e, s in zip(batch, free):
                 self.expert_in[s] = e

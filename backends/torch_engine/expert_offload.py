@@ -51,8 +51,9 @@ class ExpertOffload:
     def device_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.cache_gate_up, self.cache_down))
 
-    def run(self, moe_experts: Callable[..., torch.Tensor], x: torch.Tensor, weights: torch.Tensor,
-            ids: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, moe_experts: Callable[..., torch.Tensor], x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
         """The routed experts' output for x (num_tokens, hidden) with (num_tokens, k) weights and expert ids,
         through the cache; moe_experts is the KernelSet's op."""
         flat = ids.reshape(-1)
@@ -66,15 +67,18 @@ class ExpertOffload:
             for e, s in rnd.copies:
                 self.cache_gate_up[s].copy_(self.host_gate_up[e], non_blocking=True)
                 self.cache_down[s].copy_(self.host_down[e], non_blocking=True)
-                self.copied_bytes += (self.host_gate_up[e].numel() * self.host_gate_up.element_size()
-                                      + self.host_down[e].numel() * self.host_down.element_size())
+                self.copied_bytes += (
+                    self.host_gate_up[e].numel() * self.host_gate_up.element_size()
+                    + self.host_down[e].numel() * self.host_down.element_size()
+                )
             table = torch.full((self.policy.num_experts,), -1, dtype=torch.int64)
             for e, s in rnd.slot_of.items():
                 table[e] = s
             slots = table.to(ids.device)[ids]  # (num_tokens, k): -1 for pairs of other rounds
             mine = slots >= 0
-            part = moe_experts(x, self.cache_gate_up, self.cache_down, torch.where(mine, weights, 0.0),
-                               slots.clamp(min=0))
+            part = moe_experts(
+                x, self.cache_gate_up, self.cache_down, torch.where(mine, weights, 0.0), slots.clamp(min=0)
+            )
             out = part if out is None else out + part
         assert out is not None  # the policy returns at least one round
         return out
@@ -104,8 +108,11 @@ def describe_offloads(model) -> dict[str, object]:  # noqa: ANN001
     offs = [moe.offload for moe in model.moe_layers() if moe.offload is not None]
     hits = sum(o.policy.stats.hits for o in offs)
     total = hits + sum(o.policy.stats.misses for o in offs)
-    return {"cpu_expert_layers": len(offs), "expert_host_bytes": sum(o.host_bytes for o in offs),
-            "expert_cache_bytes": sum(o.device_bytes for o in offs),
-            "expert_cache_slots": offs[0].policy.num_slots if offs else 0,
-            "expert_cache_hit_rate": round(hits / total, 3) if total else 0.0,
-            "expert_copied_bytes": sum(o.copied_bytes for o in offs)}
+    return {
+        "cpu_expert_layers": len(offs),
+        "expert_host_bytes": sum(o.host_bytes for o in offs),
+        "expert_cache_bytes": sum(o.device_bytes for o in offs),
+        "expert_cache_slots": offs[0].policy.num_slots if offs else 0,
+        "expert_cache_hit_rate": round(hits / total, 3) if total else 0.0,
+        "expert_copied_bytes": sum(o.copied_bytes for o in offs),
+    }

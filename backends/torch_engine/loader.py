@@ -64,12 +64,21 @@ def base_config(spec: ModelSpec) -> DecoderConfig:
     """The config every family starts from: the spec's shapes, RoPE, biases, QK-norm, window, tied head."""
     names = {t.name for t in spec.tensors}
     return DecoderConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, n_layers=spec.n_layers, n_heads=spec.n_heads,
-        n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, ffn_size=spec.ffn_size, rms_eps=spec.rms_eps,
-        rope_base=spec.rope_base, rope_scaling=dict(spec.rope_scaling),
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        n_layers=spec.n_layers,
+        n_heads=spec.n_heads,
+        n_kv_heads=spec.n_kv_heads,
+        head_dim=spec.head_dim,
+        ffn_size=spec.ffn_size,
+        rms_eps=spec.rms_eps,
+        rope_base=spec.rope_base,
+        rope_scaling=dict(spec.rope_scaling),
         qkv_bias=any(n.endswith(("attn_q.bias", "q_proj.bias")) for n in names),
         qk_norm=any(n.endswith(("attn_q_norm.weight", "self_attn.q_norm.weight")) for n in names),
-        sliding_window=spec.sliding_window, tied_embeddings=spec.tied_embeddings)
+        sliding_window=spec.sliding_window,
+        tied_embeddings=spec.tied_embeddings,
+    )
 
 
 def config_from_spec(spec: ModelSpec) -> DecoderConfig:
@@ -77,7 +86,8 @@ def config_from_spec(spec: ModelSpec) -> DecoderConfig:
         raise UnsupportedArchitectureError(
             f"the torch engine runs {', '.join(ARCHITECTURES)} models; {spec.name} is {spec.architecture}"
             + (f" with {spec.n_experts} experts" if spec.n_experts else ""),
-            "use --backend llama.cpp for this model")
+            "use --backend llama.cpp for this model",
+        )
     return family(spec.architecture).config(spec, base_config(spec))
 
 
@@ -98,8 +108,12 @@ def _unreorder_any(w: torch.Tensor | QuantWeight, n_heads: int) -> torch.Tensor 
     """_unreorder for a dense weight, or for the rows of a quantized one (groups run along the inputs)."""
     if isinstance(w, torch.Tensor):
         return _unreorder(w, n_heads)
-    return dataclasses.replace(w, qweight=_unreorder(w.qweight, n_heads), scales=_unreorder(w.scales, n_heads),
-                               offsets=None if w.offsets is None else _unreorder(w.offsets, n_heads))
+    return dataclasses.replace(
+        w,
+        qweight=_unreorder(w.qweight, n_heads),
+        scales=_unreorder(w.scales, n_heads),
+        offsets=None if w.offsets is None else _unreorder(w.offsets, n_heads),
+    )
 
 
 def _merge(parts: list[torch.Tensor | QuantWeight], dtype: torch.dtype) -> torch.Tensor | QuantWeight:
@@ -107,7 +121,8 @@ def _merge(parts: list[torch.Tensor | QuantWeight], dtype: torch.dtype) -> torch
     kind and group size, else dense in `dtype` (quantized shards dequantized)."""
     first = parts[0]
     if all(isinstance(p, QuantWeight) for p in parts) and all(
-            p.kind == first.kind and p.group_size == first.group_size for p in parts):
+        p.kind == first.kind and p.group_size == first.group_size for p in parts
+    ):
         return concat_rows(parts)  # type: ignore[arg-type]
     dense = [p if isinstance(p, torch.Tensor) else dequantize(p).to(dtype) for p in parts]
     return torch.cat(dense, dim=0)
@@ -125,13 +140,17 @@ def _dequantize_rows(data: np.ndarray, qtype, shape: tuple[int, ...], dtype: tor
     out = torch.empty(shape, dtype=dtype)
     step = max(1, DEQUANT_CHUNK_ELEMENTS // max(shape[1], 1))
     for lo in range(0, shape[0], step):
-        values = np.asarray(dequantize(data[lo:lo + step], qtype), dtype=np.float32)
-        out[lo:lo + step] = torch.from_numpy(values.reshape(-1, shape[1]))
+        values = np.asarray(dequantize(data[lo : lo + step], qtype), dtype=np.float32)
+        out[lo : lo + step] = torch.from_numpy(values.reshape(-1, shape[1]))
     return out
 
 
-def _gguf_tensors(spec: ModelSpec, keep: Callable[[str, str], bool] = lambda name, qtype: False,
-                  scale_dtype: torch.dtype = torch.float32, dtype: torch.dtype = torch.float32):
+def _gguf_tensors(
+    spec: ModelSpec,
+    keep: Callable[[str, str], bool] = lambda name, qtype: False,
+    scale_dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype = torch.float32,
+):
     """Yield (name, tensor in (out, in) order) for every tensor of a GGUF (all shards): 2-D ones in `dtype`,
     1-D ones (norms, biases) in float32; a tensor for which keep(name, type name) is true comes as a
     QuantWeight of its repacked blocks instead."""
@@ -149,7 +168,7 @@ def _gguf_tensors(spec: ModelSpec, keep: Callable[[str, str], bool] = lambda nam
             block, type_size = GGML_QUANT_SIZES[qtype]
             start = header.data_offset + t.offset
             row_bytes = t.shape[0] // block * type_size
-            data = raw[start:start + t.n_bytes].reshape(-1, row_bytes)
+            data = raw[start : start + t.n_bytes].reshape(-1, row_bytes)
             if len(t.shape) == 2 and qtype.name in GGUF_BLOCKS and keep(t.name, qtype.name):
                 blocks = torch.from_numpy(np.array(data, dtype=np.uint8))
                 yield t.name, repack_gguf(blocks, qtype.name, int(t.shape[1]), int(t.shape[0]), scale_dtype)
@@ -161,8 +180,10 @@ def _gguf_tensors(spec: ModelSpec, keep: Callable[[str, str], bool] = lambda nam
                     continue
                 values = dequantize(data, qtype)
             except NotImplementedError:
-                raise ModelFormatError(f"{spec.path}: tensor {t.name} has type {qtype.name}, which gguf cannot "
-                                       "dequantize", "use --backend llama.cpp, or a file in another quant") from None
+                raise ModelFormatError(
+                    f"{spec.path}: tensor {t.name} has type {qtype.name}, which gguf cannot dequantize",
+                    "use --backend llama.cpp, or a file in another quant",
+                ) from None
             yield t.name, torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
 
 
@@ -186,22 +207,38 @@ def check_file_shapes(spec: ModelSpec, cfg: DecoderConfig) -> None:
     byte of weights is read (ModelSpec's checks cover GGUF metadata; this covers what the engine itself builds,
     for GGUF and HF folders alike), so a wrong file is one line, never a reshape traceback."""
     h, hd, vocab = cfg.hidden_size, cfg.head_dim, cfg.vocab_size
-    rows = {"q": cfg.n_heads * hd, "k": cfg.n_kv_heads * hd, "v": cfg.n_kv_heads * hd, "gate": cfg.ffn_size,
-            "up": cfg.ffn_size}
-    fixed = {"embed.weight": (vocab, h), "norm.weight": (h,), "lm_head.weight": (vocab, h),
-             "input_norm.weight": (h,), "post_norm.weight": (h,), "attn.o_proj.weight": (h, cfg.n_heads * hd),
-             "mlp.down_proj.weight": (h, cfg.ffn_size), "attn.q_norm.weight": (hd,), "attn.k_norm.weight": (hd,),
-             "attn_post_norm.weight": (h,), "ffn_post_norm.weight": (h,),
-             "attn.qkv_proj.weight": ((cfg.n_heads + 2 * cfg.n_kv_heads) * hd, h),  # fused (Phi-3)
-             "mlp.gate_up_proj.weight": (2 * cfg.ffn_size, h)}
+    rows = {
+        "q": cfg.n_heads * hd,
+        "k": cfg.n_kv_heads * hd,
+        "v": cfg.n_kv_heads * hd,
+        "gate": cfg.ffn_size,
+        "up": cfg.ffn_size,
+    }
+    fixed = {
+        "embed.weight": (vocab, h),
+        "norm.weight": (h,),
+        "lm_head.weight": (vocab, h),
+        "input_norm.weight": (h,),
+        "post_norm.weight": (h,),
+        "attn.o_proj.weight": (h, cfg.n_heads * hd),
+        "mlp.down_proj.weight": (h, cfg.ffn_size),
+        "attn.q_norm.weight": (hd,),
+        "attn.k_norm.weight": (hd,),
+        "attn_post_norm.weight": (h,),
+        "ffn_post_norm.weight": (h,),
+        "attn.qkv_proj.weight": ((cfg.n_heads + 2 * cfg.n_kv_heads) * hd, h),  # fused (Phi-3)
+        "mlp.gate_up_proj.weight": (2 * cfg.ffn_size, h),
+    }
     names = weight_names(spec.architecture, spec.format)
     for t in spec.tensors:
         key, layer = template(_text_model_name(t.name))
         if key not in names:
             continue
         if layer is not None and layer >= cfg.n_layers:
-            raise ModelFormatError(f"{spec.path}: tensor {t.name} belongs to layer {layer}, but the model has "
-                                   f"{cfg.n_layers} layers", "the file is damaged: download it again")
+            raise ModelFormatError(
+                f"{spec.path}: tensor {t.name} belongs to layer {layer}, but the model has {cfg.n_layers} layers",
+                "the file is damaged: download it again",
+            )
         target, shard = names[key]
         if shard is not None:
             want: tuple[int, ...] = (rows[shard],) + ((h,) if target.endswith(".weight") else ())
@@ -209,9 +246,11 @@ def check_file_shapes(spec: ModelSpec, cfg: DecoderConfig) -> None:
             want = fixed[target.split(".", 2)[2] if target.startswith("layers.") else target]
         got = tuple(reversed(t.shape)) if spec.format == "gguf" else tuple(t.shape)  # as (out, in)
         if got != want:
-            raise ModelFormatError(f"{spec.path}: tensor {t.name} is {list(got)} (out, in), but the "
-                                   f"{spec.architecture} model its config describes needs {list(want)}",
-                                   "the file is damaged or its config does not match its weights")
+            raise ModelFormatError(
+                f"{spec.path}: tensor {t.name} is {list(got)} (out, in), but the "
+                f"{spec.architecture} model its config describes needs {list(want)}",
+                "the file is damaged or its config does not match its weights",
+            )
 
 
 def _is_projection(key: str, names: dict[str, tuple[str, str | None]]) -> bool:
@@ -239,13 +278,22 @@ def complete_params(model: DecoderModel, params: dict, spec: ModelSpec, what: st
     expected = {n for n, _ in model.named_parameters()}
     missing = expected - set(params)
     if missing:
-        raise ModelFormatError(f"{spec.path} lacks {len(missing)} weights the {what} needs, "
-                               f"e.g. {sorted(missing)[0]}", "the file is incomplete or not a supported model")
+        raise ModelFormatError(
+            f"{spec.path} lacks {len(missing)} weights the {what} needs, e.g. {sorted(missing)[0]}",
+            "the file is incomplete or not a supported model",
+        )
     return expected
 
 
-def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torch.device,
-               weight_quant: str = "none", host_layers: int = 0, n_ctx: int = 0) -> DecoderModel:
+def load_model(
+    spec: ModelSpec,
+    ops: KernelSet,
+    dtype: torch.dtype,
+    device: torch.device,
+    weight_quant: str = "none",
+    host_layers: int = 0,
+    n_ctx: int = 0,
+) -> DecoderModel:
     """Build the model and fill every parameter from the file; ModelFormatError if one is missing.
     weight_quant (one of LOAD_QUANTS): "none" dense in `dtype`; "gguf" keeps a GGUF's Q4_0 / Q4_1 / Q4_K / Q8_0
     projection blocks; "int8" / "int4" / "fp8" quantize each projection as it is read (module docstring).
@@ -282,9 +330,11 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
     # and gives a row the same bits at any row count, prompt rows included.
     head_name = "output.weight"
     quant_head = keep_gguf_quant and device.type == "cpu" and not cfg.tied_embeddings
-    keep = (lambda name, qtype: (keep_gguf_quant and _is_projection(template(name)[0], names))
-            or (quant_head and name == head_name))
-    for name, tensor in (_gguf_tensors(spec, keep, scale_dtype, dtype) if gguf else _hf_tensors(spec)):
+
+    def keep(name: str, qtype: object) -> bool:
+        return (keep_gguf_quant and _is_projection(template(name)[0], names)) or (quant_head and name == head_name)
+
+    for name, tensor in _gguf_tensors(spec, keep, scale_dtype, dtype) if gguf else _hf_tensors(spec):
         if name in _SKIP:
             factors[name] = tensor.reshape(-1)
             continue
@@ -324,8 +374,9 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
     if cfg.tied_embeddings and isinstance(model.lm_head, nn.Linear):
         model.lm_head.weight = model.embed.weight
     use_long = 0 < cfg.rope_original_ctx < n_ctx  # LongRoPE: llama.cpp's rule (models/phi3.py)
-    freq_factors = factors.get(_FREQ_FACTORS, factors.get("rope_factors_long.weight" if use_long
-                                                          else "rope_factors_short.weight"))
+    freq_factors = factors.get(
+        _FREQ_FACTORS, factors.get("rope_factors_long.weight" if use_long else "rope_factors_short.weight")
+    )
     listed = cfg.rope_factors_long if use_long and cfg.rope_factors_long else cfg.rope_factors
     if freq_factors is None and listed:
         freq_factors = torch.tensor(listed, dtype=torch.float32)
@@ -338,4 +389,3 @@ def load_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torc
     if cfg.rope_base_local:  # sliding-window layers' own RoPE (Gemma 3): their base, no scaling
         model.inv_freq_local = rope_inv_freq(rot, cfg.rope_base_local)
     return (model if host_layers else model.to(device)).eval()
-

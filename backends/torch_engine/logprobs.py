@@ -26,7 +26,7 @@ def sampled_logprobs(logits: torch.Tensor, tokens: Sequence[int], ks: Sequence[i
     index = torch.tensor(list(tokens), dtype=torch.long, device=lsm.device).unsqueeze(1)
     chosen = lsm.gather(1, index).squeeze(1).tolist()
     k_max = max(ks)
-    top_v, top_i = (lsm.topk(k_max, dim=-1) if k_max else (None, None))
+    top_v, top_i = lsm.topk(k_max, dim=-1) if k_max else (None, None)
     out = []
     for i, (token, k) in enumerate(zip(tokens, ks)):
         top = tuple(zip(top_i[i, :k].tolist(), top_v[i, :k].tolist())) if k else ()
@@ -42,6 +42,5 @@ def chunk_prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], start: in
     out: list[TokenLogprob] = []
     for lo in range(start, end, ROWS_AT_ONCE):  # bounds the log-softmax's copy (a 262k vocabulary: 64 MiB)
         hi = min(lo + ROWS_AT_ONCE, end)
-        out += sampled_logprobs(logits[lo - start: hi - start], prompt[lo + 1: hi + 1], [k] * (hi - lo))
+        out += sampled_logprobs(logits[lo - start : hi - start], prompt[lo + 1 : hi + 1], [k] * (hi - lo))
     return out
-

@@ -29,8 +29,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from backends.torch_engine.tp.comm import Comm
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_KV_DTYPES = {"f16": torch.float16, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32,
-              "f32": torch.float32}
+_KV_DTYPES = {
+    "f16": torch.float16,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp32": torch.float32,
+    "f32": torch.float32,
+}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -40,7 +45,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """"auto": bf16 on GPUs that have it (else fp16).  On CPU bf16 where the CPU has bf16 matmul (AVX512-BF16 /
+    """ "auto": bf16 on GPUs that have it (else fp16).  On CPU bf16 where the CPU has bf16 matmul (AVX512-BF16 /
     AMX), else float32.  Measured on the 2-core Zen 4 dev machine with the starter model: perplexity 14.91
     (bf16) vs 14.93 (fp32) vs 15.01 (llama.cpp), while a decode step takes 24 ms vs ~137 ms at batch 1 and
     63 vs ~89 ms at batch 16, and a 1922-token prefill 2.5 s vs 5.1 s."""
@@ -64,14 +69,13 @@ WEIGHT_QUANTS = ("auto", "none", "gguf", "int8", "int4", "fp8")
 
 
 def resolve_weight_quant(name: str, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> str:
-    """"auto": on CPU with bf16 compute, a GGUF keeps its 4-bit projection blocks ("gguf"): the same weights
+    """ "auto": on CPU with bf16 compute, a GGUF keeps its 4-bit projection blocks ("gguf"): the same weights
     llama.cpp runs, read at 4.5-5 bits instead of 16 through torch's packed int4 kernel (a starter-model decode
     step at batch 1 went from ~33 ms to ~16 ms; see kernels/quant_matmul_cpu.py).  Anywhere else dense
     weights ("none"): the plan picks int8/int4/fp8 for GPUs explicitly, and without bf16 the CPU kernels
     are slower than a dense fp32 matmul."""
     if name not in WEIGHT_QUANTS:
-        raise ConfigError(f"the torch engine's weight quantization is one of {', '.join(WEIGHT_QUANTS)}, "
-                          f"got {name!r}")
+        raise ConfigError(f"the torch engine's weight quantization is one of {', '.join(WEIGHT_QUANTS)}, got {name!r}")
     if name != "auto":
         return name
     return "gguf" if device.type == "cpu" and dtype == torch.bfloat16 and spec.format == "gguf" else "none"
@@ -126,8 +130,9 @@ class ModelRunner:
     cuda_graphs_off: str | None = None
     _graphs_decided: bool = False
 
-    def __init__(self, spec: ModelSpec, options: LoadOptions, kernels: str | None = None, tp: Comm | None = None
-                 ) -> None:
+    def __init__(
+        self, spec: ModelSpec, options: LoadOptions, kernels: str | None = None, tp: Comm | None = None
+    ) -> None:
         """tp: this process's place in a tensor-parallel group (backends/torch_engine/tp): the model then keeps
         this rank's share of every layer and the KV pool this rank's KV heads."""
         from backends.torch_engine.loader import load_model
@@ -153,11 +158,19 @@ class ModelRunner:
             if self.weight_quant == "gguf":  # the CPU default; MoE weights load dense, and describe() says so
                 self.weight_quant = "none"
 
-            self.model = load_moe_model(spec, self.ops, self.dtype, self.device, self.weight_quant, host_layers,
-                                        options.cpu_expert_layers)
+            self.model = load_moe_model(
+                spec, self.ops, self.dtype, self.device, self.weight_quant, host_layers, options.cpu_expert_layers
+            )
         else:
-            self.model = load_model(spec, self.ops, self.dtype, self.device, weight_quant=self.weight_quant,
-                                    host_layers=host_layers, n_ctx=options.n_ctx)
+            self.model = load_model(
+                spec,
+                self.ops,
+                self.dtype,
+                self.device,
+                weight_quant=self.weight_quant,
+                host_layers=host_layers,
+                n_ctx=options.n_ctx,
+            )
         kv_heads = pool_kv_heads = spec.n_kv_heads
         if tp is not None and tp.world > 1:  # before the CPU packing below, which then packs this rank's shares
             from backends.torch_engine.tp.layers import pool_kv_heads as most_kv_heads
@@ -169,20 +182,23 @@ class ModelRunner:
         if self.device.type == "cpu":
             from backends.torch_engine.quantize import prepare_for_cpu
 
-            self.dense_copy_bytes, self.cpu_packed_layers = prepare_for_cpu(self.model, self.dtype,
-                                                                            dense_copy_budget(), _trim_heap)
+            self.dense_copy_bytes, self.cpu_packed_layers = prepare_for_cpu(
+                self.model, self.dtype, dense_copy_budget(), _trim_heap
+            )
         self.offload = self._build_offload(options.n_gpu_layers)
         self.block_size = BLOCK_SIZE
         self.vocab_size = spec.vocab_size
-        self.num_blocks = kv_pool_blocks(spec, options, torch.empty((), dtype=self.kv_dtype).element_size(),
-                                         pool_kv_heads)
+        self.num_blocks = kv_pool_blocks(
+            spec, options, torch.empty((), dtype=self.kv_dtype).element_size(), pool_kv_heads
+        )
         # Head-major memory on CPU (kernels.attention.allocate_kv_cache says why); CUDA keeps the token-major
         # layout the Triton kernels were written and tuned for.
         head_major = self.device.type == "cpu"
 
         def cache() -> torch.Tensor:
-            return allocate_kv_cache(self.num_blocks, BLOCK_SIZE, kv_heads, spec.head_dim, self.kv_dtype,
-                                     self.device, head_major)
+            return allocate_kv_cache(
+                self.num_blocks, BLOCK_SIZE, kv_heads, spec.head_dim, self.kv_dtype, self.device, head_major
+            )
 
         self.kv_caches = [(cache(), cache()) for _ in range(spec.n_layers)]
         _release_freed_memory()
@@ -221,16 +237,21 @@ class ModelRunner:
             if t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
-        return total + sum(m._cpu.nbytes for m in self.model.modules()
-                           if isinstance(m, QuantLinear) and m._cpu is not None)
+        return total + sum(
+            m._cpu.nbytes for m in self.model.modules() if isinstance(m, QuantLinear) and m._cpu is not None
+        )
 
     @property
     def kv_cache_bytes(self) -> int:
         return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
 
     @torch.inference_mode()
-    def forward(self, seqs: list[tuple[Sequence[int], int, Sequence[int]]], logit_rows: str | Sequence[bool] = "last",
-                num_decodes: int | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        seqs: list[tuple[Sequence[int], int, Sequence[int]]],
+        logit_rows: str | Sequence[bool] = "last",
+        num_decodes: int | None = None,
+    ) -> torch.Tensor:
         """seqs: (token_ids, start_position, block_table) per sequence.  Returns float32 logits: "last" ->
         (num_seqs, vocab) after each sequence's last token; "all" -> (num_tokens, vocab) after every token; a
         flag per sequence -> every token's row for the flagged ones, the last token's for the others, in order.
@@ -244,8 +265,9 @@ class ModelRunner:
         for tokens, start, _ in seqs:
             ids.extend(tokens)
             positions.extend(range(start, start + len(tokens)))
-        meta = build_attention_metadata([(start, len(tokens), tuple(table)) for tokens, start, table in seqs],
-                                        BLOCK_SIZE, self.device)
+        meta = build_attention_metadata(
+            [(start, len(tokens), tuple(table)) for tokens, start, table in seqs], BLOCK_SIZE, self.device
+        )
         input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
         token = QUANTIZED_ROWS.set(num_decodes)  # the decodes' rows come first: one row each
@@ -255,8 +277,11 @@ class ModelRunner:
                 hidden = hidden.index_select(0, torch.tensor(meta.query_start[1:], device=self.device) - 1)
             elif logit_rows != "all":  # prompt log-probabilities: every row of the flagged sequences
                 qs = meta.query_start
-                rows = [r for j, flag in enumerate(logit_rows)
-                        for r in (range(qs[j], qs[j + 1]) if flag else (qs[j + 1] - 1,))]
+                rows = [
+                    r
+                    for j, flag in enumerate(logit_rows)
+                    for r in (range(qs[j], qs[j + 1]) if flag else (qs[j + 1] - 1,))
+                ]
                 hidden = hidden.index_select(0, torch.tensor(rows, device=self.device))
             return self.model.compute_logits(hidden)
         finally:
@@ -273,15 +298,17 @@ class ModelRunner:
         prompt_logits: dict[str, torch.Tensor] = {}
         if logits is None:
             wide = [s.all_logits for s in scheduled]
-            logits = self.forward([(s.token_ids, s.start_position, s.block_table) for s in scheduled],
-                                  logit_rows=wide if any(wide) else "last",
-                                  num_decodes=sum(s.is_decode for s in scheduled))
+            logits = self.forward(
+                [(s.token_ids, s.start_position, s.block_table) for s in scheduled],
+                logit_rows=wide if any(wide) else "last",
+                num_decodes=sum(s.is_decode for s in scheduled),
+            )
             if any(wide):  # split the flagged requests' rows off; one row per request remains
                 last, at = [], 0
                 for s in scheduled:
                     n = s.num_tokens if s.all_logits else 1
                     if s.all_logits:
-                        prompt_logits[s.request_id] = logits[at:at + n]
+                        prompt_logits[s.request_id] = logits[at : at + n]
                     last.append(at + n - 1)
                     at += n
                 logits = logits[last]
@@ -311,33 +338,47 @@ class ModelRunner:
             self.cuda_graphs_off = unavailable_reason(self.device, self.ops.name, self.model)
             if self.cuda_graphs_off is None:
                 max_blocks = min(self.num_blocks, -(-self.options.n_ctx // BLOCK_SIZE))
-                self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, self.options.max_num_seqs,
-                                                  max_blocks, BLOCK_SIZE, self.device)
+                self.decode_graphs = DecodeGraphs(
+                    self.model, self.kv_caches, self.options.max_num_seqs, max_blocks, BLOCK_SIZE, self.device
+                )
         return self.decode_graphs
 
-    def prompt_logits(self, token_ids: Sequence[int], block_table: Sequence[int] | None = None,
-                      chunk: int | None = None) -> torch.Tensor:
+    def prompt_logits(
+        self, token_ids: Sequence[int], block_table: Sequence[int] | None = None, chunk: int | None = None
+    ) -> torch.Tensor:
         """(len(token_ids), vocab) float32 logits after every position (perplexity).  Runs in chunks of n_batch
         tokens over `block_table`, default blocks 0.. of the pool: only while no request holds blocks."""
         n = len(token_ids)
         need = -(-n // BLOCK_SIZE)
         table = list(block_table) if block_table is not None else list(range(need))
         if len(table) < need:
-            raise ConfigError(f"{n} tokens need {need} KV blocks but the pool has {self.num_blocks}",
-                              "load with a larger --ctx or a bigger KV budget")
+            raise ConfigError(
+                f"{n} tokens need {need} KV blocks but the pool has {self.num_blocks}",
+                "load with a larger --ctx or a bigger KV budget",
+            )
         chunk = chunk or self.options.n_batch
-        parts = [self.forward([(token_ids[lo:lo + chunk], lo, table)], "all", num_decodes=0)
-                 for lo in range(0, n, chunk)]
+        parts = [
+            self.forward([(token_ids[lo : lo + chunk], lo, table)], "all", num_decodes=0) for lo in range(0, n, chunk)
+        ]
         return torch.cat(parts)
 
     def describe(self) -> dict[str, Any]:
-        return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
-                "kv_dtype": str(self.kv_dtype).removeprefix("torch."), "kv_blocks": self.num_blocks,
-                "kv_cache_bytes": self.kv_cache_bytes, "kernels": self.ops.name,
-                "weight_quant": self.weight_quant, "weight_bytes": self.weight_bytes,
-                "cpu_packed_layers": self.cpu_packed_layers, "dense_copy_bytes": self.dense_copy_bytes,
-                "tensor_parallel": 1, **self._describe_offload(), **self._describe_experts(),
-                **self._describe_graphs()}
+        return {
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "kv_dtype": str(self.kv_dtype).removeprefix("torch."),
+            "kv_blocks": self.num_blocks,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "kernels": self.ops.name,
+            "weight_quant": self.weight_quant,
+            "weight_bytes": self.weight_bytes,
+            "cpu_packed_layers": self.cpu_packed_layers,
+            "dense_copy_bytes": self.dense_copy_bytes,
+            "tensor_parallel": 1,
+            **self._describe_offload(),
+            **self._describe_experts(),
+            **self._describe_graphs(),
+        }
 
     def _describe_experts(self) -> dict[str, Any]:
         if not self.spec.n_experts:
@@ -351,19 +392,26 @@ class ModelRunner:
         graphs = self.decode_graphs
         if graphs is not None:
             return {"cuda_graphs": "on", **graphs.describe()}
-        off = self.cuda_graphs_off if self._graphs_decided else unavailable_reason(self.device, self.ops.name,
-                                                                                   self.model)
+        off = (
+            self.cuda_graphs_off if self._graphs_decided else unavailable_reason(self.device, self.ops.name, self.model)
+        )
         if off is None:  # not set up yet: the sizes it will capture as steps need them
-            return {"cuda_graphs": "on", "cuda_graph_sizes": graph_sizes(self.options.max_num_seqs),
-                    "cuda_graphs_captured": ()}
+            return {
+                "cuda_graphs": "on",
+                "cuda_graph_sizes": graph_sizes(self.options.max_num_seqs),
+                "cuda_graphs_captured": (),
+            }
         return {"cuda_graphs": off}
 
     def _describe_offload(self) -> dict[str, Any]:
         streamer = self.offload
         if streamer is None:
             return {"offloaded_layers": 0, "offload_host_bytes": 0, "offload_buffer_bytes": 0}
-        return {"offloaded_layers": len(streamer.offloaded), "offload_host_bytes": streamer.host_bytes,
-                "offload_buffer_bytes": streamer.buffer_bytes}
+        return {
+            "offloaded_layers": len(streamer.offloaded),
+            "offload_host_bytes": streamer.host_bytes,
+            "offload_buffer_bytes": streamer.buffer_bytes,
+        }
 
     def close(self) -> None:
         self.decode_graphs = None  # the graphs write into the KV pool: they go first
@@ -371,8 +419,11 @@ class ModelRunner:
         self.model = None  # type: ignore[assignment]
 
 
-def build_engine_parts(spec: ModelSpec, options: LoadOptions, progress: ProgressCallback | None = None,
-                       ) -> EngineParts:
+def build_engine_parts(
+    spec: ModelSpec,
+    options: LoadOptions,
+    progress: ProgressCallback | None = None,
+) -> EngineParts:
     """The model half for TorchBackend: runner, tokenizer, pool size, prompt logits, describe, close."""
     from backends.torch_engine.tokenizer import load_tokenizer
 
@@ -390,7 +441,15 @@ def build_engine_parts(spec: ModelSpec, options: LoadOptions, progress: Progress
     if progress is not None:
         progress(1.0, f"weights in {runner.describe()['dtype']} on {runner.device}")
     if options.n_ctx > runner.num_blocks * BLOCK_SIZE:
-        raise ConfigError(f"the KV pool holds {runner.num_blocks * BLOCK_SIZE} tokens, less than the context "
-                          f"of {options.n_ctx}", "raise the KV budget or lower --ctx")
-    return EngineParts(runner=runner, tokenizer=tokenizer, num_blocks=runner.num_blocks,
-                       prompt_logits=runner.prompt_logits, describe=runner.describe, close=runner.close)
+        raise ConfigError(
+            f"the KV pool holds {runner.num_blocks * BLOCK_SIZE} tokens, less than the context of {options.n_ctx}",
+            "raise the KV budget or lower --ctx",
+        )
+    return EngineParts(
+        runner=runner,
+        tokenizer=tokenizer,
+        num_blocks=runner.num_blocks,
+        prompt_logits=runner.prompt_logits,
+        describe=runner.describe,
+        close=runner.close,
+    )

@@ -37,8 +37,11 @@ class MoEArch:
 
 
 # "llama" with expert_count is Mixtral's GGUF architecture; HF MixtralForCausalLM maps to "llama" too
-MOE_ARCHITECTURES = {"llama": MoEArch(True, True, False), "qwen2moe": MoEArch(False, False, False),
-                     "qwen3moe": MoEArch(False, True, True)}
+MOE_ARCHITECTURES = {
+    "llama": MoEArch(True, True, False),
+    "qwen2moe": MoEArch(False, False, False),
+    "qwen3moe": MoEArch(False, True, True),
+}
 
 GGUF_MOE_NAMES: dict[str, tuple[str, str | None]] = {
     "blk.{i}.ffn_gate_inp.weight": ("layers.{i}.mlp.router.weight", None),
@@ -70,11 +73,11 @@ _FLOAT32 = ("norm.weight", "router.weight", "shared_gate.weight")  # kept in flo
 
 
 def expert_template(key: str) -> tuple[str, int | None]:
-    """"model.layers.{i}.mlp.experts.5.up_proj.weight" -> ("...experts.{e}.up_proj.weight", 5)."""
+    """ "model.layers.{i}.mlp.experts.5.up_proj.weight" -> ("...experts.{e}.up_proj.weight", 5)."""
     m = _EXPERT.search(key)
     if m is None:
         return key, None
-    return key[:m.start()] + ".experts.{e}." + key[m.end():], int(m.group(1))
+    return key[: m.start()] + ".experts.{e}." + key[m.end() :], int(m.group(1))
 
 
 def moe_config_from_spec(spec: ModelSpec) -> MoEConfig:
@@ -86,7 +89,9 @@ def moe_config_from_spec(spec: ModelSpec) -> MoEConfig:
     if arch is None or not spec.n_experts or not spec.n_experts_used:
         raise UnsupportedArchitectureError(
             f"the torch engine runs mixture-of-experts models of {', '.join(sorted(MOE_ARCHITECTURES))}; "
-            f"{spec.name} is {spec.architecture} with {spec.n_experts} experts", "use --backend llama.cpp")
+            f"{spec.name} is {spec.architecture} with {spec.n_experts} experts",
+            "use --backend llama.cpp",
+        )
     hf_config = spec.metadata.get("config") if spec.format != "gguf" else None
     norm = arch.norm_topk_prob
     if isinstance(hf_config, dict) and isinstance(hf_config.get("norm_topk_prob"), bool):
@@ -94,8 +99,13 @@ def moe_config_from_spec(spec: ModelSpec) -> MoEConfig:
     base = base_config(spec)  # shapes, RoPE, biases, window, tied head; QK-norm from the tensor names
     shared = {f.name: getattr(base, f.name) for f in fields(base)}
     shared["qk_norm"] = base.qk_norm or arch.qk_norm
-    return MoEConfig(**shared, n_experts=spec.n_experts, n_experts_used=spec.n_experts_used, norm_topk_prob=norm,
-                     shared_ffn_size=spec.shared_ffn_size)
+    return MoEConfig(
+        **shared,
+        n_experts=spec.n_experts,
+        n_experts_used=spec.n_experts_used,
+        norm_topk_prob=norm,
+        shared_ffn_size=spec.shared_ffn_size,
+    )
 
 
 def _assemble(target: str, parts: dict[tuple[int, int], torch.Tensor], n_experts: int) -> torch.Tensor:
@@ -107,27 +117,40 @@ def _assemble(target: str, parts: dict[tuple[int, int], torch.Tensor], n_experts
         experts = sorted(e for sh, e in parts if sh == s)
         if target.endswith("_exps") and len(experts) > 1:
             if experts != list(range(n_experts)):
-                raise ModelFormatError(f"{target}: the file has {len(experts)} of {n_experts} experts",
-                                       "the file is incomplete")
+                raise ModelFormatError(
+                    f"{target}: the file has {len(experts)} of {n_experts} experts", "the file is incomplete"
+                )
             pieces.append(torch.stack([parts[(s, e)] for e in experts]))
         else:
             pieces.append(parts[(s, experts[0])])
     return torch.cat(pieces, dim=1 if target.endswith("_exps") else 0)
 
 
-def load_moe_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: torch.device,
-                   weight_quant: str = "none", host_layers: int = 0, cpu_expert_layers: int = 0) -> MoEModel:
+def load_moe_model(
+    spec: ModelSpec,
+    ops: KernelSet,
+    dtype: torch.dtype,
+    device: torch.device,
+    weight_quant: str = "none",
+    host_layers: int = 0,
+    cpu_expert_layers: int = 0,
+) -> MoEModel:
     """loader.load_model for a model with experts (module docstring).  cpu_expert_layers: the first so many
     layers' routed experts stay in host RAM with a device cache of the most-used (expert_offload.py); they never
     reach the device whole."""
     from backends.torch_engine.loader import _FREQ_FACTORS, _SKIP, _gguf_tensors, _hf_tensors, _unreorder
 
     if weight_quant not in ("none", "gguf"):
-        raise ConfigError(f"the torch engine loads mixture-of-experts weights dense; weight_quant {weight_quant!r} "
-                          "is not implemented for them", "use --backend llama.cpp for a quantized MoE model")
+        raise ConfigError(
+            f"the torch engine loads mixture-of-experts weights dense; weight_quant {weight_quant!r} "
+            "is not implemented for them",
+            "use --backend llama.cpp for a quantized MoE model",
+        )
     if host_layers:
-        raise ConfigError("the torch engine does not stream the blocks of a mixture-of-experts model from host RAM",
-                          "use --backend llama.cpp (its plan keeps the overflow experts in host RAM)")
+        raise ConfigError(
+            "the torch engine does not stream the blocks of a mixture-of-experts model from host RAM",
+            "use --backend llama.cpp (its plan keeps the overflow experts in host RAM)",
+        )
     cfg = moe_config_from_spec(spec)
     gguf = spec.format == "gguf"
     names = {**weight_names(spec.architecture, spec.format), **(GGUF_MOE_NAMES if gguf else HF_MOE_NAMES)}
@@ -136,7 +159,7 @@ def load_moe_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: 
         model = MoEModel(cfg, ops)
     pieces: dict[str, dict[tuple[int, int], torch.Tensor]] = {}
     freq_factors = None
-    for name, tensor in (_gguf_tensors(spec, dtype=dtype) if gguf else _hf_tensors(spec)):
+    for name, tensor in _gguf_tensors(spec, dtype=dtype) if gguf else _hf_tensors(spec):
         if name in _SKIP:  # Llama 3's frequency factors; the others are Phi-3's, no MoE of ours has them
             freq_factors = tensor.reshape(-1) if name == _FREQ_FACTORS else freq_factors
             continue
@@ -157,9 +180,11 @@ def load_moe_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: 
     for target in expected:
         want = tuple(model.get_parameter(target).shape)
         if tuple(params[target].shape) != want:
-            raise ModelFormatError(f"{spec.path}: {target} is {list(params[target].shape)}, but the "
-                                   f"{spec.architecture} config needs {want}", "the file is damaged or its config "
-                                   "does not match its weights")
+            raise ModelFormatError(
+                f"{spec.path}: {target} is {list(params[target].shape)}, but the "
+                f"{spec.architecture} config needs {want}",
+                "the file is damaged or its config does not match its weights",
+            )
     model.load_state_dict({k: v for k, v in params.items() if k in expected}, strict=False, assign=True)
     if cfg.tied_embeddings:
         model.lm_head.weight = model.embed.weight
@@ -167,8 +192,9 @@ def load_moe_model(spec: ModelSpec, ops: KernelSet, dtype: torch.dtype, device: 
         moe.expert_counts = torch.zeros(cfg.n_experts, dtype=torch.int64)
     scaling = dict(cfg.rope_scaling)
     scaling.pop("rope_freqs_tensor", None)
-    model.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base, {} if freq_factors is not None else scaling,
-                                   freq_factors)
+    model.inv_freq = rope_inv_freq(
+        cfg.head_dim, cfg.rope_base, {} if freq_factors is not None else scaling, freq_factors
+    )
     if cpu_expert_layers:
         from backends.torch_engine.expert_offload import default_slots, offload_experts
 

@@ -84,7 +84,7 @@ def _tensor_slots(block: nn.Module) -> list[tuple[nn.Module, str, str, torch.Ten
 
 
 def _view(flat: torch.Tensor, e: _Entry) -> torch.Tensor:
-    return flat[e.offset:e.offset + e.nbytes].view(e.dtype).view(e.shape)
+    return flat[e.offset : e.offset + e.nbytes].view(e.dtype).view(e.shape)
 
 
 class _HostBlock:
@@ -101,13 +101,14 @@ class _HostBlock:
                 sources.append((size, t))
                 size += -(-t.numel() * t.element_size() // ALIGN_BYTES) * ALIGN_BYTES
             source = index[id(t)]
-            self.entries.append(_Entry(module, kind, name, source, sources[source][0], t.numel() * t.element_size(),
-                                       t.dtype, t.shape))
+            self.entries.append(
+                _Entry(module, kind, name, source, sources[source][0], t.numel() * t.element_size(), t.dtype, t.shape)
+            )
         self.nbytes = size
         self.flat = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
         for offset, t in sources:  # a non-contiguous tensor is stored contiguous: same values, dense strides
             raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
-            self.flat[offset:offset + raw.numel()].copy_(raw)
+            self.flat[offset : offset + raw.numel()].copy_(raw)
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """The block's tensors as views into `flat` (this block's host buffer or a device buffer)."""
@@ -164,8 +165,15 @@ class LayerStreamer:
     `sync` orders them against the compute (a CudaSync on CUDA, none on CPU); tests pass recording ones.
     Attributes: offloaded (layer indices), host_bytes, buffer_bytes, copies (count)."""
 
-    def __init__(self, layers: Sequence[nn.Module], offloaded: Sequence[int], device: torch.device,
-                 num_buffers: int = NUM_BUFFERS, copy: CopyFn | None = None, sync: CudaSync | None = None) -> None:
+    def __init__(
+        self,
+        layers: Sequence[nn.Module],
+        offloaded: Sequence[int],
+        device: torch.device,
+        num_buffers: int = NUM_BUFFERS,
+        copy: CopyFn | None = None,
+        sync: CudaSync | None = None,
+    ) -> None:
         if num_buffers < 1:
             raise ValueError(f"layer offload needs at least one device buffer, got {num_buffers}")
         if not offloaded:
@@ -240,7 +248,7 @@ class LayerStreamer:
             del self._where[old]
         self._held[b], self._where[j] = j, b
         src = self._host[j].flat
-        dst = self._buffers[b][:src.numel()]
+        dst = self._buffers[b][: src.numel()]
         self.copies += 1
         if self._sync is None:
             self._copy(dst, src)
@@ -248,8 +256,14 @@ class LayerStreamer:
             self._sync.copy(b, lambda: self._copy(dst, src))
 
 
-def offload_layers(model: nn.Module, num_resident: int, device: torch.device, num_buffers: int = NUM_BUFFERS,
-                   copy: CopyFn | None = None, sync: CudaSync | None = None) -> LayerStreamer | None:
+def offload_layers(
+    model: nn.Module,
+    num_resident: int,
+    device: torch.device,
+    num_buffers: int = NUM_BUFFERS,
+    copy: CopyFn | None = None,
+    sync: CudaSync | None = None,
+) -> LayerStreamer | None:
     """Keep the last `num_resident` of `model.layers` and everything outside them on `device`; stream the
     others from host memory (module docstring).  Sets and returns `model.offload`; None (and nothing changed)
     when every layer is resident.  The model may sit on the host or on `device` when called; on CUDA the

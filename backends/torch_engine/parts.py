@@ -41,8 +41,7 @@ class EngineParts:
     close: Callable[[], None] | None = None
 
 
-def kv_pool_blocks(spec: ModelSpec, options: LoadOptions, bytes_per_element: int, n_kv_heads: int | None = None
-                   ) -> int:
+def kv_pool_blocks(spec: ModelSpec, options: LoadOptions, bytes_per_element: int, n_kv_heads: int | None = None) -> int:
     """Blocks in the KV pool: LoadOptions.kv_cache_bytes when set, else enough for max_num_seqs sequences of
     n_ctx tokens (what the plan budgets).  One block holds K and V of BLOCK_SIZE tokens in every layer.
     n_kv_heads: the KV heads one device holds (tensor parallelism: the most any rank holds, so that every rank

@@ -23,8 +23,9 @@ def has_openai_adjustments(params: SamplingParams) -> bool:
     return params.presence_penalty != 0.0 or params.frequency_penalty != 0.0 or bool(params.logit_bias)
 
 
-def apply_bias_and_openai_penalties(logits: torch.Tensor, params: Sequence[SamplingParams],
-                                    outputs: Sequence[Sequence[int]]) -> torch.Tensor:
+def apply_bias_and_openai_penalties(
+    logits: torch.Tensor, params: Sequence[SamplingParams], outputs: Sequence[Sequence[int]]
+) -> torch.Tensor:
     """logits: (rows, vocab) float32; outputs: each row's generated tokens so far.  Returns a new tensor when
     some row changes, else `logits` itself.  Every change of every row is one scatter-add: the counting is
     plain Python over the generated tokens (a few hundred per row), the tensor work one op whatever the batch."""
@@ -47,6 +48,9 @@ def apply_bias_and_openai_penalties(logits: torch.Tensor, params: Sequence[Sampl
         return logits
     device = logits.device
     logits = logits.clone()  # the raw logits stay as they are: log-probabilities are read from them
-    logits.index_put_((torch.tensor(rows, device=device), torch.tensor(tokens, device=device)),
-                      torch.tensor(deltas, dtype=logits.dtype, device=device), accumulate=True)
+    logits.index_put_(
+        (torch.tensor(rows, device=device), torch.tensor(tokens, device=device)),
+        torch.tensor(deltas, dtype=logits.dtype, device=device),
+        accumulate=True,
+    )
     return logits

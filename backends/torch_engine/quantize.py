@@ -23,10 +23,24 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.quant_matmul import (QuantWeight, concat_rows, dequantize, pack_int4, quant_matmul_torch, quantize_fp8,
-                                  quantize_int4, quantize_int8)
-from kernels.quant_matmul_cpu import (FAST_DTYPE, CpuPackedWeight, cpu_rows_kernel, cpu_supported, pack_for_cpu,
-                                      quant_matmul_cpu)
+from kernels.quant_matmul import (
+    QuantWeight,
+    concat_rows,
+    dequantize,
+    pack_int4,
+    quant_matmul_torch,
+    quantize_fp8,
+    quantize_int4,
+    quantize_int8,
+)
+from kernels.quant_matmul_cpu import (
+    FAST_DTYPE,
+    CpuPackedWeight,
+    cpu_rows_kernel,
+    cpu_supported,
+    pack_for_cpu,
+    quant_matmul_cpu,
+)
 
 # Set by the model runner for one forward: the first N rows of every QuantLinear input take the quantized
 # kernel and the rest the dense copy (when the layer has one).  N is the step's decode rows, which the runner
@@ -63,8 +77,9 @@ class QuantLinear(nn.Module):
     `input_scale` is AWQ's inverse per-channel activation scale, (in_features,), or None.
     """
 
-    def __init__(self, weight: QuantWeight, bias: torch.Tensor | None = None,
-                 input_scale: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, weight: QuantWeight, bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None
+    ) -> None:
         super().__init__()
         self.kind = weight.kind
         self.group_size = weight.group_size
@@ -85,8 +100,9 @@ class QuantLinear(nn.Module):
     def weight(self) -> QuantWeight:
         if self._cpu is not None:
             raise RuntimeError("this layer was re-laid for the CPU kernels; its generic layout is gone")
-        return QuantWeight(self.kind, self.qweight, self.scales, self.offsets, self.group_size,
-                           self.in_features, self.out_features)
+        return QuantWeight(
+            self.kind, self.qweight, self.scales, self.offsets, self.group_size, self.in_features, self.out_features
+        )
 
     @property
     def nbytes(self) -> int:
@@ -133,8 +149,9 @@ class QuantLinear(nn.Module):
                 if quantized <= 0:
                     return self._dense_linear(x)
                 flat = x.reshape(rows, self.in_features)
-                return torch.cat([self._quantized(flat[:quantized]), self._dense_linear(flat[quantized:])]
-                                 ).reshape(*x.shape[:-1], self.out_features)
+                return torch.cat([self._quantized(flat[:quantized]), self._dense_linear(flat[quantized:])]).reshape(
+                    *x.shape[:-1], self.out_features
+                )
         return self._quantized(x)
 
     def _quantized_rows(self, rows: int) -> int:
@@ -175,8 +192,9 @@ def keep_dense_copies(model: nn.Module, dtype: torch.dtype, budget_bytes: int) -
     return sum(m.keep_dense_copy(dtype) for m in layers)
 
 
-def prepare_for_cpu(model: nn.Module, dtype: torch.dtype, dense_budget_bytes: int,
-                    after_layer: Callable[[], None] | None = None) -> tuple[int, int]:
+def prepare_for_cpu(
+    model: nn.Module, dtype: torch.dtype, dense_budget_bytes: int, after_layer: Callable[[], None] | None = None
+) -> tuple[int, int]:
     """keep_dense_copies then pack_model_for_cpu, one layer at a time: each layer's generic layout (and the
     float32 temporaries of its dense copy) is freed before the next layer's are made, so the loader never holds
     every generic layout, every packed one and every dense copy at once (on the starter that cut the peak of
@@ -200,8 +218,7 @@ def pack_model_for_cpu(model: nn.Module, dtype: torch.dtype) -> int:
     return sum(m.pack_for_cpu(dtype) for m in model.modules() if isinstance(m, QuantLinear))
 
 
-def quantize_weight(weight: torch.Tensor, config: QuantConfig, scale_dtype: torch.dtype | None = None
-                    ) -> QuantWeight:
+def quantize_weight(weight: torch.Tensor, config: QuantConfig, scale_dtype: torch.dtype | None = None) -> QuantWeight:
     """Round-to-nearest quantization of one dense (N, K) weight."""
     if config.kind == "int8":
         return quantize_int8(weight, None, scale_dtype)
@@ -224,8 +241,12 @@ def layer_config(config: QuantConfig, in_features: int) -> QuantConfig | None:
     return dataclasses.replace(config, group_size=fits[0]) if fits else None
 
 
-def quantize_rows(weight: torch.Tensor, config: QuantConfig, device: torch.device | None = None,
-                  chunk_elements: int = QUANT_CHUNK_ELEMENTS) -> QuantWeight:
+def quantize_rows(
+    weight: torch.Tensor,
+    config: QuantConfig,
+    device: torch.device | None = None,
+    chunk_elements: int = QUANT_CHUNK_ELEMENTS,
+) -> QuantWeight:
     """quantize_weight of a dense (N, K) weight, `chunk_elements` weights (whole rows) at a time, each chunk
     moved to `device` first (default: where the weight is): the result lives on `device`.
 
@@ -237,12 +258,13 @@ def quantize_rows(weight: torch.Tensor, config: QuantConfig, device: torch.devic
     n, k = weight.shape
     rows = max(1, chunk_elements // max(k, 1))
     device = weight.device if device is None else device
-    parts = [quantize_weight(weight[lo:lo + rows].to(device), config) for lo in range(0, n, rows)]
+    parts = [quantize_weight(weight[lo : lo + rows].to(device), config) for lo in range(0, n, rows)]
     return parts[0] if len(parts) == 1 else concat_rows(parts)
 
 
-def quantize_model(model: nn.Module, config: QuantConfig,
-                   calibration: dict[str, torch.Tensor] | None = None) -> nn.Module:
+def quantize_model(
+    model: nn.Module, config: QuantConfig, calibration: dict[str, torch.Tensor] | None = None
+) -> nn.Module:
     """Replace every nn.Linear (except config.skip) by a QuantLinear, in place; returns the model.
 
     calibration: {module name: (rows, in_features) inputs seen by that Linear} from `collect_calibration`;
@@ -251,8 +273,9 @@ def quantize_model(model: nn.Module, config: QuantConfig,
     so the dense model is never whole in memory; this transform is for the AWQ path, which needs the dense
     model to run the calibration text through.
     """
-    targets = [(name, mod) for name, mod in model.named_modules()
-               if isinstance(mod, nn.Linear) and not _skipped(name, config)]
+    targets = [
+        (name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear) and not _skipped(name, config)
+    ]
     for name, linear in targets:
         layer_cfg = layer_config(config, linear.in_features)
         if layer_cfg is None:
@@ -276,8 +299,8 @@ def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
 
 # ---- activation-aware scaling (AWQ-style) --------------------------------------------------------------------
 
-def collect_calibration(model: nn.Module, run: Callable[[], None], max_rows: int = 256
-                        ) -> dict[str, torch.Tensor]:
+
+def collect_calibration(model: nn.Module, run: Callable[[], None], max_rows: int = 256) -> dict[str, torch.Tensor]:
     """Run `run()` (which feeds calibration text through `model`) and keep up to `max_rows` input rows per
     nn.Linear, spread evenly over everything seen: {module name: (rows, in_features) float32 on CPU}."""
     seen: dict[str, list[torch.Tensor]] = {}
@@ -286,6 +309,7 @@ def collect_calibration(model: nn.Module, run: Callable[[], None], max_rows: int
         def record(_mod: nn.Module, inputs: tuple, _out: torch.Tensor) -> None:
             x = inputs[0].detach().reshape(-1, inputs[0].shape[-1])
             seen.setdefault(name, []).append(x.float().cpu())
+
         return record
 
     handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
@@ -303,8 +327,9 @@ def collect_calibration(model: nn.Module, run: Callable[[], None], max_rows: int
     return out
 
 
-def awq_quantize(weight: torch.Tensor, acts: torch.Tensor, config: QuantConfig
-                 ) -> tuple[QuantWeight, torch.Tensor | None]:
+def awq_quantize(
+    weight: torch.Tensor, acts: torch.Tensor, config: QuantConfig
+) -> tuple[QuantWeight, torch.Tensor | None]:
     """Search s = mean|x|^alpha (alpha in 0..1) minimising ||x W^T - (x / s) Q(W * s)^T||; returns the quantized
     W * s and 1 / s (the activation scale), or (RTN weight, None) when alpha = 0 wins."""
     # The search itself minimises output error; the per-group clip search (weight error) fought it on the
@@ -346,8 +371,9 @@ def _relayout_nibbles(qs: torch.Tensor, run: int) -> torch.Tensor:
     return torch.cat([chunks & 0x0F, chunks >> 4], dim=-1).reshape(rows, -1)
 
 
-def repack_gguf(raw: torch.Tensor, ggml_type: str, out_features: int, in_features: int,
-                scale_dtype: torch.dtype = torch.float16) -> QuantWeight:
+def repack_gguf(
+    raw: torch.Tensor, ggml_type: str, out_features: int, in_features: int, scale_dtype: torch.dtype = torch.float16
+) -> QuantWeight:
     """GGUF blocks of an (out_features, in_features) weight -> QuantWeight (int4 or int8, group size 32).
 
     raw: uint8, (out_features, bytes_per_row) or flat, exactly as stored in the file (gguf's reader gives it).
@@ -361,8 +387,10 @@ def repack_gguf(raw: torch.Tensor, ggml_type: str, out_features: int, in_feature
     n_blocks = in_features // block_values
     expected = out_features * n_blocks * block_bytes
     if raw.dtype != torch.uint8 or raw.numel() != expected:
-        raise ValueError(f"{ggml_type} weight {out_features}x{in_features} needs {expected} uint8 bytes, "
-                         f"got {raw.numel()} {raw.dtype}")
+        raise ValueError(
+            f"{ggml_type} weight {out_features}x{in_features} needs {expected} uint8 bytes, "
+            f"got {raw.numel()} {raw.dtype}"
+        )
     blocks = raw.reshape(out_features * n_blocks, block_bytes)
     groups = (out_features, in_features // 32)
     if ggml_type == "Q8_0":
@@ -385,8 +413,15 @@ def repack_gguf(raw: torch.Tensor, ggml_type: str, out_features: int, in_feature
         offsets = (-dmin * mn.float()).reshape(-1)
         values = _relayout_nibbles(blocks[:, 16:], 32)  # (N * n_blocks, 256)
     q = pack_int4(values.reshape(out_features, in_features))
-    return QuantWeight("int4", q, scales.reshape(groups).to(scale_dtype), offsets.reshape(groups).to(scale_dtype),
-                       32, in_features, out_features)
+    return QuantWeight(
+        "int4",
+        q,
+        scales.reshape(groups).to(scale_dtype),
+        offsets.reshape(groups).to(scale_dtype),
+        32,
+        in_features,
+        out_features,
+    )
 
 
 def _q4k_scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -53,9 +53,15 @@ class Sampler:
             self._generators[request_id] = g
         return g
 
-    def sample(self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams],
-               histories: Sequence[Sequence[int]], num_prompt_tokens: Sequence[int] | None = None,
-               matchers: Sequence[Any] | None = None) -> list[int | Exception]:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        request_ids: Sequence[str],
+        params: Sequence[SamplingParams],
+        histories: Sequence[Sequence[int]],
+        num_prompt_tokens: Sequence[int] | None = None,
+        matchers: Sequence[Any] | None = None,
+    ) -> list[int | Exception]:
         """One token per row, or the exception that row raised: one request's failure is that request's alone.
         logits: (num_rows, vocab); histories: each row's tokens so far (prompt and output), for the repetition
         penalty; num_prompt_tokens: how many of them are the prompt (OpenAI's presence/frequency penalties count
@@ -70,8 +76,10 @@ class Sampler:
         # ~11 us for 16 seeded rows (Zen 4), against ~18 ms to sample them over a 49152-token vocabulary
         states = {rid: self._generators[rid].get_state() for rid in request_ids if rid in self._generators}
         # the generated tokens, for the rows whose penalties count them (the others skip the copy)
-        outputs = [h[n:] if has_openai_adjustments(p) else ()
-                   for h, n, p in zip(histories, num_prompt_tokens or [0] * len(histories), params)]
+        outputs = [
+            h[n:] if has_openai_adjustments(p) else ()
+            for h, n, p in zip(histories, num_prompt_tokens or [0] * len(histories), params)
+        ]
         try:
             return list(self._sample_rows(logits, request_ids, params, histories, outputs, matchers))
         except Exception:  # noqa: BLE001 - find the rows that fail, below
@@ -84,24 +92,38 @@ class Sampler:
         out: list[int | Exception] = []
         for i in range(len(request_ids)):
             try:
-                out.extend(self._sample_rows(logits[i:i + 1], request_ids[i:i + 1], params[i:i + 1],
-                                             histories[i:i + 1], outputs[i:i + 1],
-                                             matchers[i:i + 1] if matchers else None))
+                out.extend(
+                    self._sample_rows(
+                        logits[i : i + 1],
+                        request_ids[i : i + 1],
+                        params[i : i + 1],
+                        histories[i : i + 1],
+                        outputs[i : i + 1],
+                        matchers[i : i + 1] if matchers else None,
+                    )
+                )
             except Exception as exc:  # noqa: BLE001 - that request's error, reported on its stream
                 out.append(exc)
         return out
 
-    def _sample_rows(self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams],
-                     histories: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
-                     matchers: Sequence[Any] | None = None) -> list[int]:
+    def _sample_rows(
+        self,
+        logits: torch.Tensor,
+        request_ids: Sequence[str],
+        params: Sequence[SamplingParams],
+        histories: Sequence[Sequence[int]],
+        outputs: Sequence[Sequence[int]],
+        matchers: Sequence[Any] | None = None,
+    ) -> list[int]:
         logits = apply_bias_and_openai_penalties(logits.float(), params, outputs)
         logits = apply_grammar_masks(logits, matchers)  # last: no bias brings a forbidden token back
         tokens = torch.empty(logits.shape[0], dtype=torch.long)
         greedy = [i for i, p in enumerate(params) if p.greedy]
         if greedy:
             rows = logits if len(greedy) == logits.shape[0] else logits[greedy]
-            tokens[greedy] = _apply_penalties(rows, [params[i] for i in greedy],
-                                              [histories[i] for i in greedy]).argmax(dim=-1)
+            tokens[greedy] = _apply_penalties(rows, [params[i] for i in greedy], [histories[i] for i in greedy]).argmax(
+                dim=-1
+            )
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if sampled:
             # Rows are grouped by their candidate count so that a row's softmax and cumsum always run over
@@ -115,14 +137,16 @@ class Sampler:
                 rows = _apply_penalties(logits[group], ps, [histories[i] for i in group])
                 values, order = candidates(rows, ps)  # (len(group), k)
                 probs = filtered_sorted_probs(values, ps)
-                u = torch.stack([torch.rand((), generator=self._generator(request_ids[i], params[i]))
-                                 for i in group])  # (len(group),) one draw per row from its own generator
+                u = torch.stack(
+                    [torch.rand((), generator=self._generator(request_ids[i], params[i])) for i in group]
+                )  # (len(group),) one draw per row from its own generator
                 tokens[group] = order.gather(1, _draw(probs, u).unsqueeze(1)).squeeze(1)
         return tokens.tolist()
 
 
-def _apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams],
-                     histories: Sequence[Sequence[int]]) -> torch.Tensor:
+def _apply_penalties(
+    logits: torch.Tensor, params: Sequence[SamplingParams], histories: Sequence[Sequence[int]]
+) -> torch.Tensor:
     """llama.cpp's repetition penalty: a seen token's logit is divided by the penalty when positive,
     multiplied when negative.  Returns a new tensor only when some row has a penalty."""
     rows = [i for i, p in enumerate(params) if p.repeat_penalty != 1.0 and histories[i]]

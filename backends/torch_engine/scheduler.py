@@ -45,8 +45,9 @@ def error_line(what: str, exc: BaseException) -> str:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int) -> None:
+    def __init__(
+        self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
+    ) -> None:
         assert max_num_seqs >= 1 and max_num_batched_tokens >= 1
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -65,7 +66,8 @@ class Scheduler:
         if request.num_prompt_tokens >= self.max_model_len:
             raise ContextOverflowError(
                 f"the prompt is {request.num_prompt_tokens} tokens but the context is {self.max_model_len}",
-                "shorten the conversation, or load the model with a larger --ctx")
+                "shorten the conversation, or load the model with a larger --ctx",
+            )
         assert request.request_id not in self.requests, f"duplicate request id {request.request_id}"
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -160,8 +162,9 @@ class Scheduler:
                 updates.append(update)
         return updates
 
-    def _update_one(self, request: EngineRequest, s: ScheduledRequest, sampled: dict[str, int],
-                    now: float) -> RequestUpdate | None:
+    def _update_one(
+        self, request: EngineRequest, s: ScheduledRequest, sampled: dict[str, int], now: float
+    ) -> RequestUpdate | None:
         request.num_computed_tokens += s.num_tokens
         self.block_manager.cache_full_blocks(request)
         if not s.needs_logits:
@@ -179,10 +182,15 @@ class Scheduler:
     def _scheduled(self, request: EngineRequest, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
-        return ScheduledRequest(request.request_id, tuple(request.token_ids[start:end]), start,
-                                tuple(request.block_ids), needs_logits=end == request.num_tokens,
-                                is_decode=num_new == 1 and start >= request.num_prompt_tokens,
-                                all_logits=request.sampling.prompt_logprobs and start < request.num_prompt_tokens - 1)
+        return ScheduledRequest(
+            request.request_id,
+            tuple(request.token_ids[start:end]),
+            start,
+            tuple(request.block_ids),
+            needs_logits=end == request.num_tokens,
+            is_decode=num_new == 1 and start >= request.num_prompt_tokens,
+            all_logits=request.sampling.prompt_logprobs and start < request.num_prompt_tokens - 1,
+        )
 
     def _stop_status(self, request: EngineRequest, token: int) -> RequestStatus | None:
         if token in request.eos_token_ids and not request.sampling.ignore_eos:

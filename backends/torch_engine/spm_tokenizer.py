@@ -25,9 +25,18 @@ class SpmTokenizer:
     """encode(text, add_special, parse_special) -> ids; decode(ids) -> text; token_bytes(ids) -> reply bytes
     (the HearthTokenizer interface)."""
 
-    def __init__(self, tokens: Sequence[str], scores: Sequence[float], types: Sequence[int],
-                 bos_id: int | None, eos_id: int | None, unk_id: int | None, add_bos: bool, add_eos: bool,
-                 add_space_prefix: bool = True) -> None:
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        scores: Sequence[float],
+        types: Sequence[int],
+        bos_id: int | None,
+        eos_id: int | None,
+        unk_id: int | None,
+        add_bos: bool,
+        add_eos: bool,
+        add_space_prefix: bool = True,
+    ) -> None:
         self.tokens = list(tokens)
         self.scores = list(scores) if scores else [0.0] * len(tokens)
         self.types = list(types) if types else [NORMAL] * len(tokens)
@@ -99,7 +108,7 @@ class SpmTokenizer:
             if left == -1 or right == -1:
                 return
             length = size[left] + size[right]
-            tid = self._ids.get(text[left:left + length])
+            tid = self._ids.get(text[left : left + length])
             if tid is not None:  # max-heap by score, ties to the leftmost pair (llm_bigram_spm's order)
                 heapq.heappush(heap, (-self.scores[tid], left, right, length))
 
@@ -121,7 +130,7 @@ class SpmTokenizer:
         i = 0
         while i != -1:
             # every merge made a vocabulary token, so a symbol that is none is one character: its bytes
-            piece = text[i:i + size[i]]
+            piece = text[i : i + size[i]]
             tid = self._ids.get(piece)
             if tid is not None:
                 out.append(tid)

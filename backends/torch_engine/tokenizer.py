@@ -19,20 +19,24 @@ from backends.errors import ModelFormatError, UnsupportedArchitectureError
 from backends.gguf_reader import read_header
 from backends.modelspec import ModelSpec
 
-_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # pre value -> ("digits" | regex): "digits" = split digits one by one, then GPT-2's byte-level regex
-_PRE = {"smollm": "digits", "llama-bpe": _LLAMA3, "llama3": _LLAMA3, "qwen2": _QWEN2, "gpt2": None,
-        "default": None}
+_PRE = {"smollm": "digits", "llama-bpe": _LLAMA3, "llama3": _LLAMA3, "qwen2": _QWEN2, "gpt2": None, "default": None}
 CONTROL, USER_DEFINED = 3, 4
 
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte <-> printable-unicode table, inverted: char -> byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     n = 0
     for b in range(256):
@@ -46,8 +50,9 @@ def _byte_decoder() -> dict[str, int]:
 class HearthTokenizer:
     """encode(text, add_special, parse_special) -> ids; decode(ids) -> text; token_bytes(ids) -> reply bytes."""
 
-    def __init__(self, tk, bos_id: int | None, eos_id: int | None, add_bos: bool, add_eos: bool,
-                 token_bytes_table: list[bytes]) -> None:
+    def __init__(
+        self, tk, bos_id: int | None, eos_id: int | None, add_bos: bool, add_eos: bool, token_bytes_table: list[bytes]
+    ) -> None:
         self._tk = tk
         self._lock = threading.Lock()  # encode_special_tokens is a property of the shared tokenizer
         self.bos_id, self.eos_id, self.add_bos, self.add_eos = bos_id, eos_id, add_bos, add_eos
@@ -90,32 +95,47 @@ def _from_gguf(spec: ModelSpec) -> Any:
     if model == "llama":  # SentencePiece vocabularies (Llama 1/2, Mistral): backends/torch_engine/spm_tokenizer.py
         from backends.torch_engine.spm_tokenizer import SpmTokenizer
 
-        return SpmTokenizer(md["tokenizer.ggml.tokens"], md.get("tokenizer.ggml.scores") or [],
-                            md.get("tokenizer.ggml.token_type") or [], spec.bos_token_id,
-                            spec.eos_token_ids[0] if spec.eos_token_ids else None,
-                            md.get("tokenizer.ggml.unknown_token_id"), spec.add_bos_token, spec.add_eos_token,
-                            bool(md.get("tokenizer.ggml.add_space_prefix", True)))
+        return SpmTokenizer(
+            md["tokenizer.ggml.tokens"],
+            md.get("tokenizer.ggml.scores") or [],
+            md.get("tokenizer.ggml.token_type") or [],
+            spec.bos_token_id,
+            spec.eos_token_ids[0] if spec.eos_token_ids else None,
+            md.get("tokenizer.ggml.unknown_token_id"),
+            spec.add_bos_token,
+            spec.add_eos_token,
+            bool(md.get("tokenizer.ggml.add_space_prefix", True)),
+        )
     if model != "gpt2" or pre not in _PRE:  # _PRE's keys are hwprobe.support.TORCH_ENGINE_GGUF_PRE_TOKENIZERS
         raise UnsupportedArchitectureError(
             f"the torch engine's tokenizer handles byte-level BPE GGUFs with pre-tokenizer "
             f"{', '.join(sorted(_PRE))}; {spec.name} has tokenizer {model!r} / {pre!r}",
-            "use --backend llama.cpp for this model")
+            "use --backend llama.cpp for this model",
+        )
     tokens: list[str] = md["tokenizer.ggml.tokens"]
     types: list[int] = md.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     merges = [tuple(m.split(" ", 1)) for m in md["tokenizer.ggml.merges"]]
-    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
-                     ignore_merges=pre in ("llama-bpe", "llama3"))
+    bpe = models.BPE(
+        vocab={t: i for i, t in enumerate(tokens)},
+        merges=merges,
+        fuse_unk=False,
+        ignore_merges=pre in ("llama-bpe", "llama3"),
+    )
     tk = Tokenizer(bpe)
     rule = _PRE[pre]
     if rule == "digits":
-        tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                    pre_tokenizers.ByteLevel(add_prefix_space=False)])
+        tk.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
     elif rule is None:
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
-        tk.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(rule), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tk.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(rule), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     tk.decoder = decoders.ByteLevel()
     special = [i for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
     tk.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special])
@@ -128,8 +148,14 @@ def _from_gguf(spec: ModelSpec) -> Any:
             token_bytes.append(tok.encode())
         else:
             token_bytes.append(bytes(table[c] for c in tok if c in table))
-    return HearthTokenizer(tk, spec.bos_token_id, spec.eos_token_ids[0] if spec.eos_token_ids else None,
-                           spec.add_bos_token, spec.add_eos_token, token_bytes)
+    return HearthTokenizer(
+        tk,
+        spec.bos_token_id,
+        spec.eos_token_ids[0] if spec.eos_token_ids else None,
+        spec.add_bos_token,
+        spec.add_eos_token,
+        token_bytes,
+    )
 
 
 def _from_hf(spec: ModelSpec) -> HearthTokenizer:
@@ -140,13 +166,16 @@ def _from_hf(spec: ModelSpec) -> HearthTokenizer:
         tk = Tokenizer.from_file(str(path))
         data = json.loads(path.read_text(encoding="utf-8"))
     except Exception as exc:  # noqa: BLE001 - the tokenizers library raises a bare Exception for a bad file
-        raise ModelFormatError(f"{path} is not a tokenizer the tokenizers library can load: "
-                               f"{str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}",
-                               "download the model's tokenizer.json again") from None
+        raise ModelFormatError(
+            f"{path} is not a tokenizer the tokenizers library can load: "
+            f"{str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}",
+            "download the model's tokenizer.json again",
+        ) from None
     if not isinstance(data, dict):
         raise ModelFormatError(f"{path} holds no tokenizer object", "download the model's tokenizer.json again")
     special = {t["id"] for t in data.get("added_tokens", []) if t.get("special")}
     size = tk.get_vocab_size(with_added_tokens=True)
     token_bytes = [b"" if i in special else tk.decode([i], skip_special_tokens=False).encode() for i in range(size)]
-    return HearthTokenizer(tk, spec.bos_token_id, spec.eos_token_ids[0] if spec.eos_token_ids else None,
-                           False, False, token_bytes)
+    return HearthTokenizer(
+        tk, spec.bos_token_id, spec.eos_token_ids[0] if spec.eos_token_ids else None, False, False, token_bytes
+    )

@@ -29,8 +29,11 @@ def test_synthetic_prompts_are_deterministic_exact_length_and_avoid_specials():
 def test_percentile_and_ratios():
     assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
     assert percentile([1.0, 2.0], 95) == pytest.approx(1.95)
-    rows = [{"backend": "a", "concurrency": 1, "load_s": 2.0}, {"backend": "b", "concurrency": 1, "load_s": 5.0},
-            {"backend": "b", "concurrency": 2, "error": "x"}]
+    rows = [
+        {"backend": "a", "concurrency": 1, "load_s": 2.0},
+        {"backend": "b", "concurrency": 1, "load_s": 5.0},
+        {"backend": "b", "concurrency": 2, "error": "x"},
+    ]
     add_ratios(rows)
     assert rows[1]["ratio_load_s"] == 2.5 and rows[2]["ratio_load_s"] is None
 
@@ -41,8 +44,25 @@ def test_bench_json_has_every_figure_for_each_installed_backend(capsys):
 
     backends = _installed()
     assert "llama.cpp" in backends
-    assert main(["bench", "--backends", ",".join([*backends, "nope"]), "--concurrency", "1,2",
-                 "--prompt-tokens", "16", "--gen-tokens", "8", "--requests", "2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--backends",
+                ",".join([*backends, "nope"]),
+                "--concurrency",
+                "1,2",
+                "--prompt-tokens",
+                "16",
+                "--gen-tokens",
+                "8",
+                "--requests",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     results = data["results"]
     # the torch engine's worker imports torch and the CLI too, so its peak holds the baseline (llama.cpp's not)
@@ -96,8 +116,17 @@ def test_http_rows_go_through_the_server_with_token_id_prompts(fake_loaded, caps
     from app.bench import Workload, worker
 
     backend = fake_loaded
-    worker(Workload(model=None, backend="torch", concurrency=[2], prompt_tokens=8, gen_tokens=3, requests=2,
-                    extra={"http": True}))
+    worker(
+        Workload(
+            model=None,
+            backend="torch",
+            concurrency=[2],
+            prompt_tokens=8,
+            gen_tokens=3,
+            requests=2,
+            extra={"http": True},
+        )
+    )
     results = [json.loads(line)["result"] for line in capsys.readouterr().out.splitlines() if '"result"' in line]
     assert [r["backend"] for r in results] == ["torch", "torch+http"], results
     http = results[1]
@@ -130,8 +159,17 @@ def test_chat_rows_send_one_user_message_through_the_template_and_the_chat_endpo
     from app.bench import Workload, worker
 
     backend = fake_loaded
-    worker(Workload(model=None, backend="torch", concurrency=[2], prompt_tokens=8, gen_tokens=3, requests=2,
-                    extra={"http": True, "chat": True}))
+    worker(
+        Workload(
+            model=None,
+            backend="torch",
+            concurrency=[2],
+            prompt_tokens=8,
+            gen_tokens=3,
+            requests=2,
+            extra={"http": True, "chat": True},
+        )
+    )
     results = [json.loads(line)["result"] for line in capsys.readouterr().out.splitlines() if '"result"' in line]
     assert [r["backend"] for r in results] == ["torch", "torch+http"], results
     assert all("error" not in r and r["aggregate_tokens_per_s"] > 0 for r in results), results

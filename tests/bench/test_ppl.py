@@ -44,7 +44,7 @@ def _reference_ppl(backend, ids, ctx):
     """Consecutive windows of ctx tokens (stride = ctx), each scoring all but its first token."""
     nll, n = 0.0, 0
     for start in range(0, len(ids), ctx):
-        chunk = ids[start:start + ctx]
+        chunk = ids[start : start + ctx]
         if len(chunk) < 2:
             break
         x = backend.logits(chunk).astype(np.float64)  # (len(chunk), vocab)
@@ -87,8 +87,24 @@ def test_ppl_command_json(tmp_path, capsys):
 
     f = tmp_path / "t.txt"
     f.write_text(TEXT[:150], encoding="utf-8")  # about 30 tokens: two windows of 24 every 16
-    assert main(["ppl", str(f), "--backend", "llama.cpp", "--ctx", "24", "--stride", "16", "--json",
-                 "--compare-backend", "llama.cpp"]) == 0
+    assert (
+        main(
+            [
+                "ppl",
+                str(f),
+                "--backend",
+                "llama.cpp",
+                "--ctx",
+                "24",
+                "--stride",
+                "16",
+                "--json",
+                "--compare-backend",
+                "llama.cpp",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["ctx"] == 24 and out["stride"] == 16 and out["tokens_scored"] > 20
     assert out["compare"]["delta_ppl"] == pytest.approx(0.0, abs=1e-6)

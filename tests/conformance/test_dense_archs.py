@@ -37,13 +37,12 @@ TOL = {"F32": 1e-3, "F16": 1e-2}
 # one: the 23-token prompt crosses the window), Phi with partial rotary (16 of 24 dims) and fused tensors
 SHAPES = {
     "qwen3": dict(hidden=96, n_heads=4, n_kv_heads=2, head_dim=32),
-    "gemma3": dict(hidden=96, n_heads=4, n_kv_heads=1, head_dim=32, n_layers=6, sliding_window=8,
-                   rope_base=1e6),
+    "gemma3": dict(hidden=96, n_heads=4, n_kv_heads=1, head_dim=32, n_layers=6, sliding_window=8, rope_base=1e6),
     "phi3": dict(hidden=96, n_heads=4, n_kv_heads=2, rope_dim=16),
 }
 
 
-def _llama_cpp(path: Path) -> "object":
+def _llama_cpp(path: Path) -> object:
     import llama_cpp
 
     return llama_cpp.Llama(str(path), logits_all=True, n_ctx=128, n_threads=2, verbose=False)
@@ -52,22 +51,20 @@ def _llama_cpp(path: Path) -> "object":
 def _llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
     llm = _llama_cpp(path)
     llm.eval(ids)
-    out = np.array(llm.scores[:len(ids)])
+    out = np.array(llm.scores[: len(ids)])
     llm.close()
     return out
 
 
 def _runner(path: Path, kernels: str | None = None) -> ModelRunner:
-    return ModelRunner(load_spec(path), LoadOptions(n_ctx=128, max_num_seqs=4, dtype="float32", n_batch=64),
-                       kernels)
+    return ModelRunner(load_spec(path), LoadOptions(n_ctx=128, max_num_seqs=4, dtype="float32", n_batch=64), kernels)
 
 
 def _ids(path: Path) -> list[int]:
     return load_tokenizer(load_spec(path)).encode(PROMPT)
 
 
-@pytest.mark.parametrize("arch,weight_type", [("qwen3", "F32"), ("gemma3", "F32"), ("phi3", "F32"),
-                                              ("gemma3", "F16")])
+@pytest.mark.parametrize("arch,weight_type", [("qwen3", "F32"), ("gemma3", "F32"), ("phi3", "F32"), ("gemma3", "F16")])
 def test_tiny_gguf_logits_match_llama_cpp(tmp_path: Path, arch: str, weight_type: str) -> None:
     path = write_tiny_arch(tmp_path / f"{arch}.gguf", arch, weight_type=weight_type, **SHAPES[arch])
     ids = _ids(path)
@@ -140,6 +137,7 @@ def test_reference_kernels_agree_with_the_fast_path(tmp_path: Path, arch: str) -
 
 # -- the Hugging Face layout of the same weights ------------------------------------------------------------
 
+
 def _hf_state(model, arch: str) -> dict[str, torch.Tensor]:
     cfg = model.cfg
     offset = 1.0 if arch == "gemma3" else 0.0  # Hugging Face's Gemma stores w of its (1 + w) norms
@@ -162,10 +160,17 @@ def _hf_state(model, arch: str) -> dict[str, torch.Tensor]:
         else:
             wq, wk, wv = layer.attn.qkv_proj.weight.split((q, kv, kv))
             gate, up = layer.mlp.gate_up_proj.weight.chunk(2)
-            sd.update({p + "self_attn.q_proj.weight": wq, p + "self_attn.k_proj.weight": wk,
-                       p + "self_attn.v_proj.weight": wv, p + "mlp.gate_proj.weight": gate,
-                       p + "mlp.up_proj.weight": up, p + "self_attn.q_norm.weight": norm(layer.attn.q_norm.weight),
-                       p + "self_attn.k_norm.weight": norm(layer.attn.k_norm.weight)})
+            sd.update(
+                {
+                    p + "self_attn.q_proj.weight": wq,
+                    p + "self_attn.k_proj.weight": wk,
+                    p + "self_attn.v_proj.weight": wv,
+                    p + "mlp.gate_proj.weight": gate,
+                    p + "mlp.up_proj.weight": up,
+                    p + "self_attn.q_norm.weight": norm(layer.attn.q_norm.weight),
+                    p + "self_attn.k_norm.weight": norm(layer.attn.k_norm.weight),
+                }
+            )
         if arch == "gemma3":
             sd[p + "post_attention_layernorm.weight"] = norm(layer.attn_post_norm.weight)
             sd[p + "pre_feedforward_layernorm.weight"] = norm(layer.post_norm.weight)
@@ -177,18 +182,32 @@ def _hf_state(model, arch: str) -> dict[str, torch.Tensor]:
 
 def _hf_config(cfg, arch: str) -> dict:
     config = {
-        "architectures": [{"qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                           "phi3": "Phi3ForCausalLM"}[arch]],
-        "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "intermediate_size": cfg.ffn_size,
-        "vocab_size": cfg.vocab_size, "rope_theta": cfg.rope_base, "rms_norm_eps": cfg.rms_eps,
-        "max_position_embeddings": 256, "tie_word_embeddings": cfg.tied_embeddings, "bos_token_id": 1,
-        "eos_token_id": 2}
+        "architectures": [
+            {"qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}[arch]
+        ],
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.ffn_size,
+        "vocab_size": cfg.vocab_size,
+        "rope_theta": cfg.rope_base,
+        "rms_norm_eps": cfg.rms_eps,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": cfg.tied_embeddings,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
     if arch == "gemma3":
-        config.update(query_pre_attn_scalar=cfg.head_dim, sliding_window=cfg.sliding_window,
-                      rope_local_base_freq=10000.0, hidden_activation="gelu_pytorch_tanh",
-                      layer_types=["sliding_attention" if s else "full_attention" for s in cfg.window_layers],
-                      final_logit_softcapping=None)
+        config.update(
+            query_pre_attn_scalar=cfg.head_dim,
+            sliding_window=cfg.sliding_window,
+            rope_local_base_freq=10000.0,
+            hidden_activation="gelu_pytorch_tanh",
+            layer_types=["sliding_attention" if s else "full_attention" for s in cfg.window_layers],
+            final_logit_softcapping=None,
+        )
     if arch == "phi3":
         config.update(partial_rotary_factor=cfg.rope_dim / cfg.head_dim, sliding_window=2047)
     return config
@@ -228,11 +247,17 @@ def test_gemma3_multimodal_folder_loads_its_language_model(tmp_path: Path) -> No
     save_file({k: v.detach().float().contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
     text = _hf_config(gguf_runner.model.cfg, "gemma3")
     text.pop("architectures")
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
-        "vision_config": {"hidden_size": 4}}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Gemma3ForConditionalGeneration"],
+                "model_type": "gemma3",
+                "text_config": text,
+                "vision_config": {"hidden_size": 4},
+            }
+        )
+    )
     tok = load_tokenizer(load_spec(path))
     tok._tk.save(str(folder / "tokenizer.json"))
     ids = tok.encode(PROMPT)
-    torch.testing.assert_close(_runner(folder).prompt_logits(ids), gguf_runner.prompt_logits(ids), atol=1e-5,
-                               rtol=1e-5)
+    torch.testing.assert_close(_runner(folder).prompt_logits(ids), gguf_runner.prompt_logits(ids), atol=1e-5, rtol=1e-5)

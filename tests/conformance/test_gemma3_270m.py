@@ -32,8 +32,9 @@ def test_token_ids_equal_llama_cpp(gemma) -> None:
     _, tok, vocab = gemma
     for text in CORPUS + [TEXT]:  # the whole English text too
         for special in (True, False):
-            assert tok.encode(text, parse_special=special) == vocab.tokenize(text.encode(), add_bos=True,
-                                                                              special=special), (text, special)
+            assert tok.encode(text, parse_special=special) == vocab.tokenize(
+                text.encode(), add_bos=True, special=special
+            ), (text, special)
         ids = tok.encode(text)
         assert tok.token_bytes(ids) == vocab.detokenize(ids)
 
@@ -48,7 +49,7 @@ def test_logits_and_perplexity_match_llama_cpp(gemma, gemma_path: Path) -> None:
     ids = tok.encode(TEXT)[:N_TOKENS]
     llm = llama_cpp.Llama(str(gemma_path), logits_all=True, n_ctx=N_TOKENS, n_threads=2, verbose=False)
     llm.eval(ids)
-    ref = np.array(llm.scores[:len(ids)])
+    ref = np.array(llm.scores[: len(ids)])
     llm.close()
     runner = ModelRunner(spec, LoadOptions(n_ctx=N_TOKENS, max_num_seqs=1, dtype="bfloat16"))
     assert runner.weight_quant == "gguf"

@@ -15,9 +15,14 @@ from backends.torch_engine.grammar_mask import apply_grammar_masks, unpack_bitma
 from tests.constrained.tiny import EOS, PIECES, VOCAB, TinyTokenizer, tiny_compiler
 
 TOK = TinyTokenizer()
-SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
-                                                      "b": {"type": "boolean"}},
-                     "required": ["a", "b"], "additionalProperties": False})
+SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "boolean"}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
+)
 
 
 def allowed(matcher) -> set[str]:
@@ -90,7 +95,7 @@ def test_the_mask_step_touches_constrained_rows_only(compiler) -> None:
 
 
 def test_unpack_bitmask_reads_little_endian_bits_and_forbids_padding() -> None:
-    words = np.array([[0b101, -2**31]], dtype=np.int32)  # tokens 0, 2 and 63
+    words = np.array([[0b101, -(2**31)]], dtype=np.int32)  # tokens 0, 2 and 63
     bits = unpack_bitmask(words, 70)
     assert bits.shape == (1, 70)
     assert torch.nonzero(bits[0]).flatten().tolist() == [0, 2, 63]
@@ -102,11 +107,14 @@ def test_grammar_text_escapes_literals_and_asks_for_compact_json() -> None:
     assert '"whitespace_flexible": false' in text
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[1, 2]", "an object or a boolean"),
-    ("{not json", "not valid JSON"),
-    ("false", None),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[1, 2]", "an object or a boolean"),
+        ("{not json", "not valid JSON"),
+        ("false", None),
+    ],
+)
 def test_check_schema_refuses_what_is_not_a_schema(text: str, message: str | None) -> None:
     from backends.errors import InvalidRequestError
 

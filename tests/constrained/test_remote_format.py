@@ -17,8 +17,10 @@ HI = (ChatMessage("user", "hi"),)
 def test_response_format_is_passed_through() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     _, body = _body("m", Request(prompt="x", messages=HI, constraint=Constraint("json_schema", json.dumps(schema))))
-    assert body["response_format"] == {"type": "json_schema",
-                                       "json_schema": {"name": "response", "schema": schema, "strict": True}}
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "response", "schema": schema, "strict": True},
+    }
     _, body = _body("m", Request(prompt="x", constraint=Constraint("json_object")))
     assert body["response_format"] == {"type": "json_object"}
     _, body = _body("m", Request(prompt="x", messages=HI))

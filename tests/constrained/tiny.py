@@ -13,8 +13,34 @@ from collections.abc import Sequence
 from backends.torch_engine.seams import RunnerOutput, SchedulerOutput
 from tests.engine.torch_engine_fakes import FakePagedKV
 
-PIECES = ["<eos>", "{", "}", '"', "a", "b", ":", ",", "0", "1", "2", "9", "true", "false", "null", " ", "\n",
-          '{"', '":', '","', "[", "]", "<", ">", "x", "ab"]
+PIECES = [
+    "<eos>",
+    "{",
+    "}",
+    '"',
+    "a",
+    "b",
+    ":",
+    ",",
+    "0",
+    "1",
+    "2",
+    "9",
+    "true",
+    "false",
+    "null",
+    " ",
+    "\n",
+    '{"',
+    '":',
+    '","',
+    "[",
+    "]",
+    "<",
+    ">",
+    "x",
+    "ab",
+]
 EOS = 0
 VOCAB = len(PIECES)
 
@@ -51,8 +77,10 @@ class TinyRunner:
         self.steps.append(out)
         contexts = self.kv.run(out)
         ids = tuple(s.request_id for s in out.scheduled if s.needs_logits)
-        rows = [torch.rand(self.vocab, generator=torch.Generator().manual_seed(zlib.crc32(repr(contexts[r]).encode())))
-                * 4 for r in ids]
+        rows = [
+            torch.rand(self.vocab, generator=torch.Generator().manual_seed(zlib.crc32(repr(contexts[r]).encode()))) * 4
+            for r in ids
+        ]
         return RunnerOutput(ids, torch.stack(rows) if rows else torch.empty(0, self.vocab))
 
 

@@ -15,8 +15,14 @@ pytestmark = pytest.mark.e2e
 
 
 def hearth(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "app", *args], input=stdin, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "HEARTH_THREADS": "2"})
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "HEARTH_THREADS": "2"},
+    )
 
 
 def assert_clean_error(p: subprocess.CompletedProcess, match: str) -> None:
@@ -89,8 +95,7 @@ def test_bad_model_inputs(tmp_path: Path, starter_path: Path) -> None:
 
 
 def test_hostile_template_is_refused(tmp_path: Path, starter_path: Path) -> None:
-    evil = write_tiny_llama(tmp_path / "evil.gguf",
-                            chat_template="{{ ''.__class__.__mro__[1].__subclasses__() }}")
+    evil = write_tiny_llama(tmp_path / "evil.gguf", chat_template="{{ ''.__class__.__mro__[1].__subclasses__() }}")
     assert_clean_error(hearth("run", "-m", str(evil), "hi"), "Python internals")
 
 

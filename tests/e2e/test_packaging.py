@@ -26,8 +26,13 @@ def test_wheel_sdist_wheelhouse_and_an_offline_pipx_install(tmp_path: Path) -> N
     if not any(d.glob("torch-*+cpu-*.whl") for d in build._pip_find_links()) or not build._pip_cache_wheels():
         pytest.skip("needs a torch CPU wheel in pip's find-links and a llama-cpp-python wheel in pip's cache")
     env = {k: v for k, v in os.environ.items() if k != "HEARTH_WHEELHOUSE"}
-    p = subprocess.run([sys.executable, str(ROOT / "packaging" / "build.py"), str(tmp_path), "--wheelhouse",
-                        "--check-install"], capture_output=True, text=True, timeout=1500, env=env)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "packaging" / "build.py"), str(tmp_path), "--wheelhouse", "--check-install"],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=env,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = p.stdout
     assert "checked hearth_llm-0.1.0-py3-none-any.whl and hearth_llm-0.1.0.tar.gz" in out

@@ -29,7 +29,8 @@ def _check(backend: str, baseline: int):  # noqa: ANN202 - a LoadPeak
     limit = bound_bytes(r.plan_total_bytes, baseline)
     assert r.peak_rss_bytes <= limit, (
         f"{backend}: peak {r.peak_rss_bytes / MIB:.0f} MiB > plan {r.plan_total_bytes / MIB:.0f} + baseline "
-        f"{baseline / MIB:.0f} + margin = {limit / MIB:.0f} MiB")
+        f"{baseline / MIB:.0f} + margin = {limit / MIB:.0f} MiB"
+    )
     return r
 
 

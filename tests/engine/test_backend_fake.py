@@ -6,11 +6,11 @@ import threading
 import time
 
 import pytest
+from torch_engine_fakes import EOS, fake_build, fake_spec, reference_continuation
 
 from backends.api import EventKind, FinishReason, LoadOptions, Request, SamplingParams
 from backends.errors import ContextOverflowError
 from backends.torch_engine.backend import TorchBackend
-from torch_engine_fakes import EOS, fake_build, fake_spec, reference_continuation
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -113,10 +113,13 @@ def test_many_threads_at_once_each_get_their_own_tokens() -> None:
     b = TorchBackend(fake_spec(), LoadOptions(n_ctx=256, n_batch=48, max_num_seqs=6), build=fake_build(20))
     results: dict[int, list] = {}
     with b:
+
         def worker(i: int) -> None:
             p = prompt(i, 10 + i)
-            results[i] = [p, list(b.stream(Request(prompt_token_ids=p, sampling=SamplingParams(max_tokens=25,
-                                                                                               **GREEDY))))]
+            results[i] = [
+                p,
+                list(b.stream(Request(prompt_token_ids=p, sampling=SamplingParams(max_tokens=25, **GREEDY)))),
+            ]
 
         threads = [threading.Thread(target=worker, args=(i,)) for i in range(12)]
         for t in threads:
@@ -176,9 +179,9 @@ def test_close_ends_open_streams_and_is_idempotent() -> None:
 def test_logits_run_on_the_engine_thread_and_check_the_context() -> None:
     import numpy as np
     import torch
+    from torch_engine_fakes import FakeRunner, FakeTokenizer
 
     from backends.torch_engine.backend import EngineParts
-    from torch_engine_fakes import FakeRunner, FakeTokenizer
 
     seen_threads = []
 

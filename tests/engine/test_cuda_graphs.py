@@ -19,9 +19,19 @@ import torch
 from backends.api import LoadOptions
 from backends.errors import ConfigError
 from backends.modelspec import load_spec
-from backends.torch_engine.cuda_graphs import (ENV_VAR, PAD_ROW, TABLE, DecodeGraphs, enabled_by_env, graph_sizes,
-                                               is_graph_step, pick_size, stage_rows, step_inputs,
-                                               unavailable_reason)
+from backends.torch_engine.cuda_graphs import (
+    ENV_VAR,
+    PAD_ROW,
+    TABLE,
+    DecodeGraphs,
+    enabled_by_env,
+    graph_sizes,
+    is_graph_step,
+    pick_size,
+    stage_rows,
+    step_inputs,
+    unavailable_reason,
+)
 from backends.torch_engine.model_runner import ModelRunner
 from backends.torch_engine.seams import BLOCK_SIZE, ScheduledRequest, SchedulerOutput
 from kernels.attention import build_attention_metadata, paged_attention_reference, paged_attention_torch
@@ -31,6 +41,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 
 # ---- pure parts ------------------------------------------------------------------------------------------------
+
 
 def test_graph_sizes_ladder() -> None:
     assert graph_sizes(1) == (1,)
@@ -53,16 +64,16 @@ def test_stage_rows_writes_slots_lengths_tables_and_padding() -> None:
     rows = np.full((8, TABLE + 4), 99, dtype=np.int32)
     seqs = [(7, 17, (3, 9, 5)), (8, 0, (5,)), (9, 47, (1, 2, 4, 6))]
     stage_rows(rows, seqs, 4, BLOCK_SIZE)
-    assert rows[0, :TABLE + 2].tolist() == [7, 17, 9 * 16 + 1, 18, 3, 9]
-    assert rows[1, :TABLE + 1].tolist() == [8, 0, 5 * 16, 1, 5]
-    assert rows[2, :TABLE + 3].tolist() == [9, 47, 4 * 16 + 15, 48, 1, 2, 4]
-    assert rows[3, :TABLE + 1].tolist() == list(PAD_ROW)  # padding: no KV write (slot -1), attends to block 0
+    assert rows[0, : TABLE + 2].tolist() == [7, 17, 9 * 16 + 1, 18, 3, 9]
+    assert rows[1, : TABLE + 1].tolist() == [8, 0, 5 * 16, 1, 5]
+    assert rows[2, : TABLE + 3].tolist() == [9, 47, 4 * 16 + 15, 48, 1, 2, 4]
+    assert rows[3, : TABLE + 1].tolist() == list(PAD_ROW)  # padding: no KV write (slot -1), attends to block 0
     assert (rows[4:] == 99).all()  # rows past the size are not touched
     # Table entries past a sequence's blocks keep stale values (never read): block 5 of row 0 was not needed
     assert rows[0, TABLE + 2] == 99 and rows[2, TABLE + 3] == 99
     stage_rows(rows, [(1, 5, (6,))], 2, BLOCK_SIZE)  # a smaller batch later: the old rows become padding
-    assert rows[0, :TABLE + 1].tolist() == [1, 5, 6 * 16 + 5, 6, 6]
-    assert rows[1, :TABLE + 1].tolist() == list(PAD_ROW)
+    assert rows[0, : TABLE + 1].tolist() == [1, 5, 6 * 16 + 5, 6, 6]
+    assert rows[1, : TABLE + 1].tolist() == list(PAD_ROW)
 
 
 def _decode(rid: str, pos: int, table: tuple[int, ...], token: int = 1) -> ScheduledRequest:
@@ -121,7 +132,7 @@ def _pool(kv_heads: int, head_dim: int, dtype: torch.dtype):
     random.Random(0).shuffle(ids)
     tables, at = [], 0
     for n in need:
-        tables.append(tuple(ids[at:at + n]))
+        tables.append(tuple(ids[at : at + n]))
         at += n
     return k, v, tables, poison
 
@@ -140,16 +151,17 @@ def test_padded_metadata_gives_the_same_attention_reference_and_torch(head_major
         k, v = (t.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for t in (k, v))
     size, width = 8, 6
     rows = _staged(tables, poison, size, width)
-    padded = [(int(r[1]), 1, tuple(int(b) for b in r[TABLE:TABLE + -(-int(r[3]) // BLOCK_SIZE)]))
-              for r in rows[:size]]
+    padded = [
+        (int(r[1]), 1, tuple(int(b) for b in r[TABLE : TABLE + -(-int(r[3]) // BLOCK_SIZE)])) for r in rows[:size]
+    ]
     unpadded = build_attention_metadata([(n - 1, 1, t) for n, t in zip(LENS, tables)], BLOCK_SIZE)
     meta = build_attention_metadata(padded, BLOCK_SIZE)
     q = torch.randn(size, 4, 32)
     for attention in (paged_attention_reference, paged_attention_torch):
-        want = attention(q[:len(LENS)], k, v, unpadded, 0.2)
+        want = attention(q[: len(LENS)], k, v, unpadded, 0.2)
         got = attention(q, k, v, meta, 0.2)
-        torch.testing.assert_close(got[:len(LENS)], want, atol=1e-5, rtol=1e-5)
-        assert torch.isfinite(got[len(LENS):]).all()  # padding rows attend to block 0: finite
+        torch.testing.assert_close(got[: len(LENS)], want, atol=1e-5, rtol=1e-5)
+        assert torch.isfinite(got[len(LENS) :]).all()  # padding rows attend to block 0: finite
 
 
 @pytest.mark.kernels
@@ -165,7 +177,7 @@ def test_graph_step_inputs_through_the_triton_kernels() -> None:
     rows = torch.from_numpy(_staged(tables, poison, size, width))[:size]
     input_ids, positions, meta = step_inputs(rows, BLOCK_SIZE)
     assert positions.tolist() == [n - 1 for n in LENS] + [0] * (size - len(LENS))
-    assert meta.slot_mapping.tolist()[len(LENS):] == [-1] * (size - len(LENS))
+    assert meta.slot_mapping.tolist()[len(LENS) :] == [-1] * (size - len(LENS))
     new_k, new_v = torch.randn(size, 2, 32), torch.randn(size, 2, 32)
     k_before = k.clone()
     kv_write_triton(new_k, new_v, k, v, meta.slot_mapping, meta.memo)
@@ -178,12 +190,13 @@ def test_graph_step_inputs_through_the_triton_kernels() -> None:
     q = torch.randn(size, 4, 32)
     got = paged_attention_triton(q, k, v, meta, 0.2)
     unpadded = build_attention_metadata([(n - 1, 1, t) for n, t in zip(LENS, tables)], BLOCK_SIZE)
-    want = paged_attention_reference(q[:len(LENS)], k, v, unpadded, 0.2)
-    torch.testing.assert_close(got[:len(LENS)], want, atol=1e-4, rtol=1e-4)
+    want = paged_attention_reference(q[: len(LENS)], k, v, unpadded, 0.2)
+    torch.testing.assert_close(got[: len(LENS)], want, atol=1e-4, rtol=1e-4)
     assert torch.isfinite(got).all()
 
 
 # ---- whole steps of a tiny model ---------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny_spec(tmp_path_factory: pytest.TempPathFactory):
@@ -211,25 +224,33 @@ class _Steps:
         blocks = list(range(1, num_blocks))
         rng.shuffle(blocks)
         per = 64 // BLOCK_SIZE
-        self.tables = [tuple(blocks[i * per:(i + 1) * per]) for i in range(len(prompt_lens))]
+        self.tables = [tuple(blocks[i * per : (i + 1) * per]) for i in range(len(prompt_lens))]
         self.tokens = [[rng.randrange(vocab) for _ in range(n)] for n in prompt_lens]
 
     def prefill(self) -> SchedulerOutput:
-        return SchedulerOutput(tuple(ScheduledRequest(str(i), tuple(t), 0, self.tables[i], True)
-                                     for i, t in enumerate(self.tokens)))
+        return SchedulerOutput(
+            tuple(ScheduledRequest(str(i), tuple(t), 0, self.tables[i], True) for i, t in enumerate(self.tokens))
+        )
 
     def decode(self) -> SchedulerOutput:
-        return SchedulerOutput(tuple(_decode(str(i), len(t) - 1, self.tables[i], t[-1])
-                                     for i, t in enumerate(self.tokens)))
+        return SchedulerOutput(
+            tuple(_decode(str(i), len(t) - 1, self.tables[i], t[-1]) for i, t in enumerate(self.tokens))
+        )
 
     def take(self, logits: torch.Tensor) -> None:
         for t, nxt in zip(self.tokens, logits.argmax(dim=-1).tolist()):
             t.append(nxt)
 
 
-def _compare(spec, device: str, prompt_lens: list[int], steps: int,
-             graphs: Callable[[ModelRunner], DecodeGraphs] | None = None,
-             dtype: str = "float32", atol: float = 1e-4) -> tuple[ModelRunner, ModelRunner]:
+def _compare(
+    spec,
+    device: str,
+    prompt_lens: list[int],
+    steps: int,
+    graphs: Callable[[ModelRunner], DecodeGraphs] | None = None,
+    dtype: str = "float32",
+    atol: float = 1e-4,
+) -> tuple[ModelRunner, ModelRunner]:
     """An eager runner and a graph runner through the same prefill and `steps` decodes: same logits each step,
     and the same KV pool at the end (padded rows wrote nothing).  graphs: builds the graph runner's
     DecodeGraphs (None: the runner's own choice)."""
@@ -260,8 +281,15 @@ def _compare(spec, device: str, prompt_lens: list[int], steps: int,
 
 
 def _static(runner: ModelRunner) -> DecodeGraphs:
-    return DecodeGraphs(runner.model, runner.kv_caches, runner.options.max_num_seqs, 64 // BLOCK_SIZE, BLOCK_SIZE,
-                        runner.device, capture=False)
+    return DecodeGraphs(
+        runner.model,
+        runner.kv_caches,
+        runner.options.max_num_seqs,
+        64 // BLOCK_SIZE,
+        BLOCK_SIZE,
+        runner.device,
+        capture=False,
+    )
 
 
 @pytest.mark.kernels
@@ -306,6 +334,7 @@ def test_graphs_need_the_triton_kernels(tiny_spec) -> None:
 
 
 # ---- on a GPU ----------------------------------------------------------------------------------------------------
+
 
 @cuda
 @pytest.mark.gpu

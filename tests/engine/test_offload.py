@@ -29,8 +29,10 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("offload")
-    return {w: write_tiny_llama(d / f"tiny-{w}.gguf", n_layers=N_LAYERS, weight_type=w, tied=w == "F32", seed=3)
-            for w in ("F32", "Q4_0")}
+    return {
+        w: write_tiny_llama(d / f"tiny-{w}.gguf", n_layers=N_LAYERS, weight_type=w, tied=w == "F32", seed=3)
+        for w in ("F32", "Q4_0")
+    }
 
 
 def _runner(path: Path, weight_quant: str = "none", **kw) -> ModelRunner:
@@ -45,12 +47,21 @@ def _steps(vocab: int) -> list[SchedulerOutput]:
     a = [rng.randrange(vocab) for _ in range(24)]
     b = [rng.randrange(vocab) for _ in range(12)]
     ta, tb = (3, 0), (5,)
-    steps = [SchedulerOutput((ScheduledRequest("a", tuple(a[:13]), 0, ta, False),)),
-             SchedulerOutput((ScheduledRequest("a", tuple(a[13:21]), 13, ta, True),
-                              ScheduledRequest("b", tuple(b[:9]), 0, tb, True)))]
+    steps = [
+        SchedulerOutput((ScheduledRequest("a", tuple(a[:13]), 0, ta, False),)),
+        SchedulerOutput(
+            (ScheduledRequest("a", tuple(a[13:21]), 13, ta, True), ScheduledRequest("b", tuple(b[:9]), 0, tb, True))
+        ),
+    ]
     for k in range(3):
-        steps.append(SchedulerOutput((ScheduledRequest("a", (a[21 + k],), 21 + k, ta, True, is_decode=True),
-                                      ScheduledRequest("b", (b[9 + k],), 9 + k, tb, True, is_decode=True))))
+        steps.append(
+            SchedulerOutput(
+                (
+                    ScheduledRequest("a", (a[21 + k],), 21 + k, ta, True, is_decode=True),
+                    ScheduledRequest("b", (b[9 + k],), 9 + k, tb, True, is_decode=True),
+                )
+            )
+        )
     return steps
 
 
@@ -62,11 +73,11 @@ def test_resident_layer_count_has_llama_cpp_meaning() -> None:
     assert [resident_layer_count(n, 5) for n in (-1, -7, 0, 3, 5, 9)] == [5, 5, 0, 3, 5, 5]
 
 
-@pytest.mark.parametrize("weights,weight_quant", [("F32", "none"), ("F32", "int8"), ("F32", "int4"),
-                                                  ("Q4_0", "gguf")])
+@pytest.mark.parametrize("weights,weight_quant", [("F32", "none"), ("F32", "int8"), ("F32", "int4"), ("Q4_0", "gguf")])
 @pytest.mark.parametrize("num_offloaded", [0, 1, N_LAYERS - 1, N_LAYERS])
-def test_offloaded_layers_give_the_resident_models_logits_exactly(tiny_models: dict[str, Path], weights: str,
-                                                                  weight_quant: str, num_offloaded: int) -> None:
+def test_offloaded_layers_give_the_resident_models_logits_exactly(
+    tiny_models: dict[str, Path], weights: str, weight_quant: str, num_offloaded: int
+) -> None:
     """Dense and quantized blocks (QuantLinear qweight / scales / offsets and the CPU dense prefill copy) stream;
     over a chunked prefill and batched decodes every logit is bit-identical to the resident model's."""
     resident = _runner(tiny_models[weights], weight_quant)
@@ -103,8 +114,9 @@ def test_any_number_of_buffers_gives_the_same_logits(tiny_models: dict[str, Path
         assert streamer.copies == N_LAYERS - 1
 
 
-def _record(runner: ModelRunner, num_resident: int, log: list[tuple] | None = None, sync: object = None
-            ) -> tuple[LayerStreamer, list[tuple]]:
+def _record(
+    runner: ModelRunner, num_resident: int, log: list[tuple] | None = None, sync: object = None
+) -> tuple[LayerStreamer, list[tuple]]:
     """Offload with a copy that logs ("copy", block, buffer) and blocks that log ("compute", layer, where its
     weights are: "buffer N" or "host")."""
     log = [] if log is None else log
@@ -123,10 +135,12 @@ def _record(runner: ModelRunner, num_resident: int, log: list[tuple] | None = No
         dst.copy_(src)
 
     for i, layer in enumerate(runner.model.layers):
+
         def compute(*args, _i=i, _layer=layer, _forward=layer.forward):
             b = buffer_of(_layer.attn.qkv_proj.weight.data_ptr())
             log.append(("compute", _i, "host" if b is None else f"buffer {b}"))
             return _forward(*args)
+
         layer.forward = compute
     streamer = offload_layers(runner.model, num_resident, runner.device, copy=copy, sync=sync)  # type: ignore
     assert streamer is not None
@@ -140,15 +154,23 @@ def _decode_twice(runner: ModelRunner) -> None:
 
 
 def test_the_next_blocks_copy_is_issued_before_a_block_computes_and_buffers_rotate(
-        tiny_models: dict[str, Path]) -> None:
+    tiny_models: dict[str, Path],
+) -> None:
     runner = _runner(tiny_models["F32"])
     _, log = _record(runner, num_resident=1)  # blocks 0-3 offloaded, block 4 resident
     _decode_twice(runner)
-    step1 = [("copy", 0, 0), ("copy", 1, 1), ("compute", 0, "buffer 0"),
-             ("copy", 2, 0), ("compute", 1, "buffer 1"),
-             ("copy", 3, 1), ("compute", 2, "buffer 0"),
-             ("copy", 0, 0), ("compute", 3, "buffer 1"),  # the next step's block 0, while 3 and 4 compute
-             ("compute", 4, "host")]
+    step1 = [
+        ("copy", 0, 0),
+        ("copy", 1, 1),
+        ("compute", 0, "buffer 0"),
+        ("copy", 2, 0),
+        ("compute", 1, "buffer 1"),
+        ("copy", 3, 1),
+        ("compute", 2, "buffer 0"),
+        ("copy", 0, 0),
+        ("compute", 3, "buffer 1"),  # the next step's block 0, while 3 and 4 compute
+        ("compute", 4, "host"),
+    ]
     step2 = step1[1:]  # block 0 already waits in buffer 0
     assert log == step1 + step2
 
@@ -157,13 +179,26 @@ def test_an_odd_number_of_offloaded_blocks_shifts_the_rotation(tiny_models: dict
     runner = _runner(tiny_models["F32"])
     _, log = _record(runner, num_resident=2)  # blocks 0-2 offloaded
     _decode_twice(runner)
-    assert log == [("copy", 0, 0), ("copy", 1, 1), ("compute", 0, "buffer 0"),
-                   ("copy", 2, 0), ("compute", 1, "buffer 1"),
-                   ("copy", 0, 1), ("compute", 2, "buffer 0"), ("compute", 3, "host"), ("compute", 4, "host"),
-                   # step 2: block 0 is in buffer 1 now; the buffer whose block comes last (2) is refilled
-                   ("copy", 1, 0), ("compute", 0, "buffer 1"),
-                   ("copy", 2, 1), ("compute", 1, "buffer 0"),
-                   ("copy", 0, 0), ("compute", 2, "buffer 1"), ("compute", 3, "host"), ("compute", 4, "host")]
+    assert log == [
+        ("copy", 0, 0),
+        ("copy", 1, 1),
+        ("compute", 0, "buffer 0"),
+        ("copy", 2, 0),
+        ("compute", 1, "buffer 1"),
+        ("copy", 0, 1),
+        ("compute", 2, "buffer 0"),
+        ("compute", 3, "host"),
+        ("compute", 4, "host"),
+        # step 2: block 0 is in buffer 1 now; the buffer whose block comes last (2) is refilled
+        ("copy", 1, 0),
+        ("compute", 0, "buffer 1"),
+        ("copy", 2, 1),
+        ("compute", 1, "buffer 0"),
+        ("copy", 0, 0),
+        ("compute", 2, "buffer 1"),
+        ("compute", 3, "host"),
+        ("compute", 4, "host"),
+    ]
 
 
 class _RecordingSync:
@@ -185,7 +220,8 @@ class _RecordingSync:
 
 @pytest.mark.parametrize("num_resident", [0, 1, 2])
 def test_compute_waits_for_its_own_copy_and_copies_wait_for_the_buffers_last_reader(
-        tiny_models: dict[str, Path], num_resident: int) -> None:
+    tiny_models: dict[str, Path], num_resident: int
+) -> None:
     """The orderings a GPU needs, checked on the calls CudaSync receives: a block computes right after waiting
     for the buffer whose latest copy brought it; a buffer is refilled only after the release that follows the
     last compute reading it."""
@@ -200,12 +236,12 @@ def test_compute_waits_for_its_own_copy_and_copies_wait_for_the_buffers_last_rea
     for idx, event in enumerate(log):
         if event[0] == "copy":
             _, block, b = event
-            assert b not in last_reader or released.get(b, -1) > last_reader[b], log[:idx + 1]
+            assert b not in last_reader or released.get(b, -1) > last_reader[b], log[: idx + 1]
             assert log[idx + 1] == ("ready", b)
             latest[b] = block
         elif event[0] == "compute" and event[2] != "host":
             b = int(event[2].split()[1])
-            assert log[idx - 1] == ("wait_ready", b) and latest[b] == event[1], log[:idx + 1]
+            assert log[idx - 1] == ("wait_ready", b) and latest[b] == event[1], log[: idx + 1]
             assert log[idx + 1] == ("release", b)
             last_reader[b] = idx
             computes += 1
@@ -296,6 +332,7 @@ def test_bad_arguments_are_refused(tiny_models: dict[str, Path]) -> None:
 
 
 # ---- CUDA: pinned memory, the side stream, overlap ------------------------------------------------------------
+
 
 @cuda
 def test_cuda_runner_streams_from_pinned_memory_and_matches_the_resident_model(tiny_models: dict[str, Path]) -> None:

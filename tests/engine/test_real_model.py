@@ -123,9 +123,10 @@ def test_failing_requests_leave_the_other_streams_alone(torch_backend, spec, mon
     """Issue 16 item 2: 8 greedy streams run while bad requests arrive (refused at the edge, or failing while
     the engine prepares, samples or stop-checks them, or while they are detokenized); each bad one ends with
     its own error, and all 8 finish with the tokens they get alone (tests/greedy_agreement.py's rule)."""
+    from torch_engine_fakes import FAILURES, bad_sampling, inject_failures
+
     from backends.errors import InvalidRequestError
     from backends.templates import render_for_spec
-    from torch_engine_fakes import FAILURES, bad_sampling, inject_failures
 
     n = 24  # long enough to still be running when the bad requests arrive
     topics = ["the sea", "a cat", "Paris", "rain", "coffee", "a robot", "winter", "the moon"]
@@ -157,8 +158,10 @@ def test_failing_requests_leave_the_other_streams_alone(torch_backend, spec, mon
     for t in threads:
         t.start()
     running.wait(120)  # every good stream has its first token
-    bad = [threading.Thread(target=run, args=(rid, good[k % len(good)], bad_sampling(rid, n)))
-           for k, rid in enumerate(FAILURES)]
+    bad = [
+        threading.Thread(target=run, args=(rid, good[k % len(good)], bad_sampling(rid, n)))
+        for k, rid in enumerate(FAILURES)
+    ]
     for t in bad:
         t.start()
     for t in threads + bad:

@@ -10,12 +10,12 @@ import threading
 
 import pytest
 import torch
+from torch_engine_fakes import FAILURES, bad_sampling, fake_build, fake_spec, inject_failures, reference_continuation
 
 from backends.api import EngineStats, EventKind, FinishReason, LoadOptions, Request, SamplingParams
 from backends.errors import InvalidRequestError
 from backends.torch_engine.backend import TorchBackend
 from backends.torch_engine.sampler import Sampler
-from torch_engine_fakes import FAILURES, bad_sampling, fake_build, fake_spec, inject_failures, reference_continuation
 
 N_TOKENS = 12
 
@@ -71,11 +71,11 @@ BAD = {rid: (bad_sampling(rid, N_TOKENS), message) for rid, message in FAILURES.
 def test_failing_requests_end_alone_while_the_batch_goes_on(monkeypatch) -> None:
     # long enough (40 steps of >= 3 ms) to still run when the bad requests arrive
     good = {f"good-{i}": (prompt(i), greedy(40) if i % 2 else seeded(100 + i, 40)) for i in range(6)}
-    b = TorchBackend(fake_spec(), LoadOptions(n_ctx=256, n_batch=256, max_num_seqs=12),
-                     build=fake_build(96, delay_s=0.003))
+    b = TorchBackend(
+        fake_spec(), LoadOptions(n_ctx=256, n_batch=256, max_num_seqs=12), build=fake_build(96, delay_s=0.003)
+    )
     with b:
-        alone = {rid: b.generate(Request(prompt_token_ids=p, sampling=sp)).token_ids
-                 for rid, (p, sp) in good.items()}
+        alone = {rid: b.generate(Request(prompt_token_ids=p, sampling=sp)).token_ids for rid, (p, sp) in good.items()}
         inject_failures(b, monkeypatch)
         results: dict[str, list] = {}
         first_tokens = threading.Barrier(len(good) + 1)
@@ -92,16 +92,18 @@ def test_failing_requests_end_alone_while_the_batch_goes_on(monkeypatch) -> None
         for t in threads:
             t.start()
         first_tokens.wait(30)
-        bad_threads = [threading.Thread(target=run, args=(rid, prompt(50 + k), sp))
-                       for k, (rid, (sp, _)) in enumerate(BAD.items())]
+        bad_threads = [
+            threading.Thread(target=run, args=(rid, prompt(50 + k), sp)) for k, (rid, (sp, _)) in enumerate(BAD.items())
+        ]
         for t in bad_threads:
             t.start()
         for t in threads + bad_threads:
             t.join(60)
         steps = b._parts.runner.steps
         for rid in BAD.keys() - {"bad-prepare"}:  # that one never reaches a step
-            assert any(rid in ids and ids & good.keys() for ids in ({s.request_id for s in out.scheduled}
-                                                                    for out in steps)), f"{rid} ran alone"
+            assert any(
+                rid in ids and ids & good.keys() for ids in ({s.request_id for s in out.scheduled} for out in steps)
+            ), f"{rid} ran alone"
 
         for rid in good:
             events = results[rid]
@@ -133,8 +135,14 @@ def test_a_failing_batched_forward_is_still_everyones() -> None:
 
         runner.execute = failing
         done: dict[int, object] = {}
-        threads = [threading.Thread(target=lambda i=i: done.__setitem__(i, b.generate(Request(
-            prompt_token_ids=prompt(i), sampling=greedy())))) for i in range(3)]
+        threads = [
+            threading.Thread(
+                target=lambda i=i: done.__setitem__(
+                    i, b.generate(Request(prompt_token_ids=prompt(i), sampling=greedy()))
+                )
+            )
+            for i in range(3)
+        ]
         for t in threads:
             t.start()
         for t in threads:

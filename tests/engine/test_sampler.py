@@ -20,8 +20,9 @@ def test_seeded_request_gives_the_same_tokens_alone_and_in_a_batch() -> None:
     g = torch.Generator().manual_seed(1)
     steps = [torch.randn(8, 300, generator=g) for _ in range(30)]
     mine = SamplingParams(temperature=0.9, seed=7)
-    others = [SamplingParams(temperature=t, seed=None, **OFF) for t in (0.5, 1.3, 0.0)] + \
-             [SamplingParams(temperature=1.0, seed=3, top_k=5)] * 4
+    others = [SamplingParams(temperature=t, seed=None, **OFF) for t in (0.5, 1.3, 0.0)] + [
+        SamplingParams(temperature=1.0, seed=3, top_k=5)
+    ] * 4
     alone, batched = Sampler(), Sampler(seed=99)
     a = [alone.sample(s[2:3], ["me"], [mine], [[1, 2]])[0] for s in steps]
     b = []
@@ -35,8 +36,9 @@ def test_seeded_request_gives_the_same_tokens_alone_and_in_a_batch() -> None:
 
 def test_different_seeds_differ() -> None:
     logits = torch.zeros(1, 1000)
-    draws = {Sampler().sample(logits, ["r"], [SamplingParams(temperature=1, seed=s, **OFF)], [[]])[0]
-             for s in range(20)}
+    draws = {
+        Sampler().sample(logits, ["r"], [SamplingParams(temperature=1, seed=s, **OFF)], [[]])[0] for s in range(20)
+    }
     assert len(draws) > 10
 
 
@@ -72,11 +74,14 @@ def test_temperature_sharpens_after_filtering() -> None:
 
 def test_rows_are_filtered_independently() -> None:
     logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(2))
-    ps = [SamplingParams(temperature=0.7, top_k=3), SamplingParams(temperature=1.2, top_p=0.5),
-          SamplingParams(temperature=1.0, min_p=0.2)]
+    ps = [
+        SamplingParams(temperature=0.7, top_k=3),
+        SamplingParams(temperature=1.2, top_p=0.5),
+        SamplingParams(temperature=1.0, min_p=0.2),
+    ]
     together = filtered_probs(logits, ps)
     for i in range(3):
-        assert torch.equal(together[i], filtered_probs(logits[i:i + 1], [ps[i]])[0])
+        assert torch.equal(together[i], filtered_probs(logits[i : i + 1], [ps[i]])[0])
 
 
 def test_sampled_tokens_follow_the_filtered_distribution() -> None:

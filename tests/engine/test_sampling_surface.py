@@ -34,10 +34,12 @@ def reference_adjust(row: list[float], p: SamplingParams, generated: list[int]) 
 def test_bias_and_penalties_match_the_plain_reference_row_by_row() -> None:
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, VOCAB, generator=g)
-    params = [SamplingParams(temperature=0, presence_penalty=0.7, frequency_penalty=0.3),
-              SamplingParams(temperature=0),  # asks for nothing: unchanged
-              SamplingParams(temperature=0, logit_bias={3: -100, 5: 2.5}, frequency_penalty=-1.5),
-              SamplingParams(temperature=0, presence_penalty=-2, logit_bias={0: 100})]
+    params = [
+        SamplingParams(temperature=0, presence_penalty=0.7, frequency_penalty=0.3),
+        SamplingParams(temperature=0),  # asks for nothing: unchanged
+        SamplingParams(temperature=0, logit_bias={3: -100, 5: 2.5}, frequency_penalty=-1.5),
+        SamplingParams(temperature=0, presence_penalty=-2, logit_bias={0: 100}),
+    ]
     outputs = [[1, 1, 2, 7, 1], [1, 2, 3], [5, 5, 9], []]
     got = apply_bias_and_openai_penalties(logits, params, outputs)
     for i, p in enumerate(params):
@@ -86,7 +88,7 @@ def test_prompt_logprobs_chunk_by_chunk_equal_the_whole_prompt() -> None:
     ref = torch.log_softmax(logits.double(), dim=-1)
     pieces = []
     for start in (0, 4, 8):  # chunks of 4, 4 and 2 tokens: the last row scores no prompt token
-        pieces += chunk_prompt_logprobs(logits[start:start + 4], prompt, start, 2)
+        pieces += chunk_prompt_logprobs(logits[start : start + 4], prompt, start, 2)
     assert [e.token_id for e in pieces] == prompt[1:]
     for pos, e in enumerate(pieces, start=1):
         assert math.isclose(e.logprob, ref[pos - 1, prompt[pos]].item(), abs_tol=1e-5)
@@ -127,5 +129,6 @@ def test_a_long_chunk_is_scored_in_slices_with_the_same_values() -> None:
     ref = torch.log_softmax(logits.double(), dim=-1)
     entries = chunk_prompt_logprobs(logits, prompt, 0, 1)
     assert [e.token_id for e in entries] == prompt[1:]
-    assert [e.logprob for e in entries] == pytest.approx([ref[p - 1, prompt[p]].item() for p in range(1, 150)],
-                                                         abs=1e-5)
+    assert [e.logprob for e in entries] == pytest.approx(
+        [ref[p - 1, prompt[p]].item() for p in range(1, 150)], abs=1e-5
+    )

@@ -6,13 +6,13 @@ import subprocess
 import sys
 
 import pytest
+from torch_engine_fakes import FakePagedKV, fake_step, reference_continuation
 
 from backends.api import SamplingParams
 from backends.errors import ContextOverflowError
 from backends.torch_engine.block_manager import BlockManager
 from backends.torch_engine.request import EngineRequest, RequestStatus
 from backends.torch_engine.scheduler import Scheduler
-from torch_engine_fakes import FakePagedKV, fake_step, reference_continuation
 
 
 def make(num_blocks: int = 64, max_num_seqs: int = 16, budget: int = 64, max_len: int = 4096):
@@ -186,7 +186,9 @@ def test_prefix_hit_is_reported_and_skips_the_shared_blocks() -> None:
 
 
 def test_core_modules_do_not_import_torch() -> None:
-    code = ("import sys, backends.torch_engine.scheduler, backends.torch_engine.block_manager, "
-            "backends.torch_engine.request, backends.torch_engine.seams; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+    code = (
+        "import sys, backends.torch_engine.scheduler, backends.torch_engine.block_manager, "
+        "backends.torch_engine.request, backends.torch_engine.seams; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,26 +9,32 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch_engine_fakes import FakePagedKV, fake_step, reference_continuation
 
 from backends.api import SamplingParams
 from backends.torch_engine.block_manager import BlockManager
 from backends.torch_engine.request import EngineRequest, RequestStatus
 from backends.torch_engine.scheduler import Scheduler
-from torch_engine_fakes import FakePagedKV, fake_step, reference_continuation
 
-workload = st.fixed_dictionaries({
-    "num_blocks": st.integers(3, 16),
-    "budget": st.integers(1, 64),
-    "max_num_seqs": st.integers(1, 6),
-    "prefix": st.lists(st.integers(0, 96), min_size=0, max_size=40),
-    "requests": st.lists(
-        st.tuples(st.lists(st.integers(0, 96), min_size=1, max_size=30),  # own prompt tail
-                  st.booleans(),  # shares the prefix
-                  st.integers(1, 40),  # max_tokens
-                  st.integers(0, 3)),  # arrives after this many steps
-        min_size=1, max_size=7),
-    "aborts": st.lists(st.tuples(st.integers(0, 6), st.integers(0, 30)), max_size=3),  # (request, at step)
-})
+workload = st.fixed_dictionaries(
+    {
+        "num_blocks": st.integers(3, 16),
+        "budget": st.integers(1, 64),
+        "max_num_seqs": st.integers(1, 6),
+        "prefix": st.lists(st.integers(0, 96), min_size=0, max_size=40),
+        "requests": st.lists(
+            st.tuples(
+                st.lists(st.integers(0, 96), min_size=1, max_size=30),  # own prompt tail
+                st.booleans(),  # shares the prefix
+                st.integers(1, 40),  # max_tokens
+                st.integers(0, 3),
+            ),  # arrives after this many steps
+            min_size=1,
+            max_size=7,
+        ),
+        "aborts": st.lists(st.tuples(st.integers(0, 6), st.integers(0, 30)), max_size=3),  # (request, at step)
+    }
+)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -42,8 +48,9 @@ def test_invariants_hold_and_outputs_never_change(w: dict) -> None:
         prompt = (w["prefix"] if shared else []) + tail
         if len(prompt) >= s.max_model_len:
             prompt = prompt[: s.max_model_len - 1]
-        pending.append((arrive, EngineRequest(f"r{i}", tuple(prompt), SamplingParams(temperature=0,
-                                                                                     max_tokens=max_tokens))))
+        pending.append(
+            (arrive, EngineRequest(f"r{i}", tuple(prompt), SamplingParams(temperature=0, max_tokens=max_tokens)))
+        )
     all_requests = [r for _, r in pending]
     aborts = {f"r{i}": at for i, at in w["aborts"] if i < len(all_requests)}
     step = 0
@@ -73,10 +80,12 @@ def test_invariants_hold_and_outputs_never_change(w: dict) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(prefix=st.lists(st.integers(0, 96), min_size=16, max_size=70),
-       tail=st.lists(st.integers(0, 96), min_size=1, max_size=20), budget=st.integers(1, 48))
-def test_prefix_cache_hit_gives_the_same_tokens_as_a_miss(prefix: list[int], tail: list[int],
-                                                          budget: int) -> None:
+@given(
+    prefix=st.lists(st.integers(0, 96), min_size=16, max_size=70),
+    tail=st.lists(st.integers(0, 96), min_size=1, max_size=20),
+    budget=st.integers(1, 48),
+)
+def test_prefix_cache_hit_gives_the_same_tokens_as_a_miss(prefix: list[int], tail: list[int], budget: int) -> None:
     prompt = tuple(prefix + tail)
     results = []
     for caching in (False, True):

@@ -123,12 +123,39 @@ def fake_spec(eos: tuple[int, ...] = (EOS,)):
     from backends.modelspec import ModelSpec
 
     return ModelSpec(
-        path="/fake/model.gguf", format="gguf", name="fake", architecture="llama", n_layers=1, hidden_size=8,
-        n_heads=1, n_kv_heads=1, head_dim=8, ffn_size=8, vocab_size=VOCAB, context_length=4096, rope_base=1e4,
-        rope_scaling={}, rms_eps=1e-5, n_experts=0, n_experts_used=0, sliding_window=0, file_type="F32",
-        file_size_bytes=0, param_count=0, tensor_types={}, tensors=(), tied_embeddings=True, chat_template=None,
-        bos_token_id=None, eos_token_ids=eos, pad_token_id=None, add_bos_token=False, add_eos_token=False,
-        tokenizer_model="fake", tokenizer_pre="")
+        path="/fake/model.gguf",
+        format="gguf",
+        name="fake",
+        architecture="llama",
+        n_layers=1,
+        hidden_size=8,
+        n_heads=1,
+        n_kv_heads=1,
+        head_dim=8,
+        ffn_size=8,
+        vocab_size=VOCAB,
+        context_length=4096,
+        rope_base=1e4,
+        rope_scaling={},
+        rms_eps=1e-5,
+        n_experts=0,
+        n_experts_used=0,
+        sliding_window=0,
+        file_type="F32",
+        file_size_bytes=0,
+        param_count=0,
+        tensor_types={},
+        tensors=(),
+        tied_embeddings=True,
+        chat_template=None,
+        bos_token_id=None,
+        eos_token_ids=eos,
+        pad_token_id=None,
+        add_bos_token=False,
+        add_eos_token=False,
+        tokenizer_model="fake",
+        tokenizer_pre="",
+    )
 
 
 def fake_build(num_blocks: int = 64, delay_s: float = 0.0):
@@ -137,8 +164,9 @@ def fake_build(num_blocks: int = 64, delay_s: float = 0.0):
 
     def build(spec, options, progress):
         runner = FakeRunner(num_blocks, delay_s=delay_s)
-        return EngineParts(runner=runner, tokenizer=FakeTokenizer(), num_blocks=num_blocks,
-                           describe=lambda: {"device": "fake"})
+        return EngineParts(
+            runner=runner, tokenizer=FakeTokenizer(), num_blocks=num_blocks, describe=lambda: {"device": "fake"}
+        )
 
     return build
 
@@ -162,8 +190,9 @@ def bad_sampling(request_id: str, max_tokens: int):
     from backends.api import SamplingParams
 
     if "seeded" in request_id or "prepare" in request_id:
-        return SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=len(request_id),
-                              max_tokens=max_tokens, ignore_eos=True)
+        return SamplingParams(
+            temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=len(request_id), max_tokens=max_tokens, ignore_eos=True
+        )
     stop = ("BOOM",) if "detok" in request_id else ()
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, stop=stop)
 

@@ -41,7 +41,7 @@ class _LlamaCpp:
     def logits(self, ids: list[int]) -> np.ndarray:
         self.llm.reset()
         self.llm.eval(ids)
-        return np.array(self.llm.scores[:len(ids)])
+        return np.array(self.llm.scores[: len(ids)])
 
     def greedy(self, prompt: list[int], n: int) -> list[int]:
         out: list[int] = []
@@ -73,8 +73,9 @@ def test_tiny_moe_logits_and_greedy_match_llama_cpp(moe_files: dict[str, Path], 
         chunked = runner.prompt_logits(IDS, chunk=7).numpy()  # chunks of 7 on cached blocks
         assert np.abs(chunked - ref).max() < TOL * scale
         a, b = _greedy(runner, IDS[:6], 8), ref_backend.greedy(IDS[:6], 8)
-        assert_backends_agree(a, b, IDS[:6], {"torch": lambda ids: runner.prompt_logits(ids).numpy(),
-                                              "llama.cpp": ref_backend.logits})
+        assert_backends_agree(
+            a, b, IDS[:6], {"torch": lambda ids: runner.prompt_logits(ids).numpy(), "llama.cpp": ref_backend.logits}
+        )
     finally:
         ref_backend.close()
 
@@ -84,8 +85,9 @@ def test_reference_kernels_agree_with_the_grouped_path(moe_files: dict[str, Path
     spec = load_spec(moe_files[arch])
     fast = ModelRunner(spec, OPTS)
     slow = ModelRunner(spec, OPTS, kernels="reference")
-    torch.testing.assert_close(slow.prompt_logits(IDS[:12], chunk=5), fast.prompt_logits(IDS[:12]),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        slow.prompt_logits(IDS[:12], chunk=5), fast.prompt_logits(IDS[:12]), atol=1e-4, rtol=1e-4
+    )
 
 
 def test_routing_statistics_count_every_routed_token(moe_files: dict[str, Path]) -> None:
@@ -116,19 +118,32 @@ def _hf_folder(runner: ModelRunner, folder: Path, arch: str) -> None:
     from safetensors.torch import save_file
 
     cfg = runner.model.cfg
-    sd = {"model.embed_tokens.weight": runner.model.embed.weight, "model.norm.weight": runner.model.norm.weight,
-          "lm_head.weight": runner.model.lm_head.weight}
+    sd = {
+        "model.embed_tokens.weight": runner.model.embed.weight,
+        "model.norm.weight": runner.model.norm.weight,
+        "lm_head.weight": runner.model.lm_head.weight,
+    }
     q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     for i, layer in enumerate(runner.model.layers):
         p = f"model.layers.{i}."
         wq, wk, wv = layer.attn.qkv_proj.weight.split((q, kv, kv))
-        sd.update({p + "self_attn.q_proj.weight": wq, p + "self_attn.k_proj.weight": wk,
-                   p + "self_attn.v_proj.weight": wv, p + "self_attn.o_proj.weight": layer.attn.o_proj.weight,
-                   p + "input_layernorm.weight": layer.input_norm.weight,
-                   p + "post_attention_layernorm.weight": layer.post_norm.weight})
+        sd.update(
+            {
+                p + "self_attn.q_proj.weight": wq,
+                p + "self_attn.k_proj.weight": wk,
+                p + "self_attn.v_proj.weight": wv,
+                p + "self_attn.o_proj.weight": layer.attn.o_proj.weight,
+                p + "input_layernorm.weight": layer.input_norm.weight,
+                p + "post_attention_layernorm.weight": layer.post_norm.weight,
+            }
+        )
         if layer.attn.qk_norm:  # Qwen3-MoE
-            sd.update({p + "self_attn.q_norm.weight": layer.attn.q_norm.weight,
-                       p + "self_attn.k_norm.weight": layer.attn.k_norm.weight})
+            sd.update(
+                {
+                    p + "self_attn.q_norm.weight": layer.attn.q_norm.weight,
+                    p + "self_attn.k_norm.weight": layer.attn.k_norm.weight,
+                }
+            )
         if layer.attn.qkv_proj.bias is not None:  # Qwen2-MoE
             for part, t in zip("qkv", layer.attn.qkv_proj.bias.split((q, kv, kv))):
                 sd[p + f"self_attn.{part}_proj.bias"] = t
@@ -138,32 +153,56 @@ def _hf_folder(runner: ModelRunner, folder: Path, arch: str) -> None:
         for e in range(cfg.n_experts):
             gate, up = moe.gate_up_exps[e].chunk(2)
             if mixtral:
-                names = ("block_sparse_moe.experts.{e}.w1", "block_sparse_moe.experts.{e}.w3",
-                         "block_sparse_moe.experts.{e}.w2")
+                names = (
+                    "block_sparse_moe.experts.{e}.w1",
+                    "block_sparse_moe.experts.{e}.w3",
+                    "block_sparse_moe.experts.{e}.w2",
+                )
             else:
                 names = ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj")
             for n, t in zip(names, (gate, up, moe.down_exps[e])):
                 sd[p + n.format(e=e) + ".weight"] = t
         if moe.shared is not None:
             gate, up = moe.shared.gate_up_proj.weight.chunk(2)
-            sd.update({p + "mlp.shared_expert.gate_proj.weight": gate, p + "mlp.shared_expert.up_proj.weight": up,
-                       p + "mlp.shared_expert.down_proj.weight": moe.shared.down_proj.weight,
-                       p + "mlp.shared_expert_gate.weight": moe.shared_gate.weight})
+            sd.update(
+                {
+                    p + "mlp.shared_expert.gate_proj.weight": gate,
+                    p + "mlp.shared_expert.up_proj.weight": up,
+                    p + "mlp.shared_expert.down_proj.weight": moe.shared.down_proj.weight,
+                    p + "mlp.shared_expert_gate.weight": moe.shared_gate.weight,
+                }
+            )
     folder.mkdir()
     save_file({k: v.detach().float().contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
-    hf_arch = {"llama": "MixtralForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
-               "qwen3moe": "Qwen3MoeForCausalLM"}[arch]
-    config = {"architectures": [hf_arch], "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.n_layers,
-              "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-              "intermediate_size": 4 * cfg.hidden_size, "vocab_size": cfg.vocab_size, "rope_theta": cfg.rope_base,
-              "rms_norm_eps": cfg.rms_eps, "max_position_embeddings": 256, "tie_word_embeddings": False,
-              "num_experts_per_tok": cfg.n_experts_used, "bos_token_id": 1, "eos_token_id": 2}
+    hf_arch = {"llama": "MixtralForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}[
+        arch
+    ]
+    config = {
+        "architectures": [hf_arch],
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "intermediate_size": 4 * cfg.hidden_size,
+        "vocab_size": cfg.vocab_size,
+        "rope_theta": cfg.rope_base,
+        "rms_norm_eps": cfg.rms_eps,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+        "num_experts_per_tok": cfg.n_experts_used,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
     if arch == "llama":
         config.update(num_local_experts=cfg.n_experts, intermediate_size=cfg.ffn_size)
     else:
-        config.update(num_experts=cfg.n_experts, moe_intermediate_size=cfg.ffn_size,
-                      norm_topk_prob=cfg.norm_topk_prob, shared_expert_intermediate_size=cfg.shared_ffn_size,
-                      head_dim=cfg.head_dim)
+        config.update(
+            num_experts=cfg.n_experts,
+            moe_intermediate_size=cfg.ffn_size,
+            norm_topk_prob=cfg.norm_topk_prob,
+            shared_expert_intermediate_size=cfg.shared_ffn_size,
+            head_dim=cfg.head_dim,
+        )
     (folder / "config.json").write_text(json.dumps(config))
 
 

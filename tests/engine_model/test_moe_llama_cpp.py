@@ -21,8 +21,13 @@ def test_pattern_matches_the_first_blocks_routed_experts_only() -> None:
     pattern = re.compile(cpu_expert_pattern(3) or "")
     assert pattern.search("blk.0.ffn_up_exps.weight") and pattern.search("blk.2.ffn_down_exps.weight")
     assert pattern.search("blk.1.ffn_gate_exps.weight")
-    for name in ("blk.3.ffn_up_exps.weight", "blk.12.ffn_up_exps.weight", "blk.1.ffn_up_shexp.weight",
-                 "blk.0.ffn_gate_inp.weight", "blk.0.attn_q.weight"):
+    for name in (
+        "blk.3.ffn_up_exps.weight",
+        "blk.12.ffn_up_exps.weight",
+        "blk.1.ffn_up_shexp.weight",
+        "blk.0.ffn_gate_inp.weight",
+        "blk.0.attn_q.weight",
+    ):
         assert not pattern.search(name), name
     assert cpu_expert_pattern(0) is None and cpu_expert_overrides(0) is None
 
@@ -41,7 +46,8 @@ def test_negative_cpu_expert_layers_is_refused() -> None:
 
 
 def test_llama_cpp_keeps_the_first_blocks_experts_on_the_cpu_and_gives_the_same_logits(
-        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     path = write_tiny_moe(tmp_path / "moe.gguf", "qwen2moe", n_layers=3)
     spec = load_spec(path)
     ids = [1, 5, 300, 400, 17]
@@ -49,8 +55,9 @@ def test_llama_cpp_keeps_the_first_blocks_experts_on_the_cpu_and_gives_the_same_
     plain.load()
     want = np.array(plain.logits(ids))
     plain.close()
-    placed = LlamaCppBackend(spec, LoadOptions(n_ctx=64, n_threads=2, cpu_expert_layers=2, verbose=True,
-                                                 logits_all=True))
+    placed = LlamaCppBackend(
+        spec, LoadOptions(n_ctx=64, n_threads=2, cpu_expert_layers=2, verbose=True, logits_all=True)
+    )
     capfd.readouterr()
     placed.load()
     log = capfd.readouterr().err

@@ -23,8 +23,17 @@ from tests.gguf_factory import write_tiny_llama
 IDS = [5, 17, 256, 1000, 3, 77, 42, 9000, 12, 600, 31, 4]
 
 
-def _hf_folder(folder: Path, *, hidden: int = 64, ffn: int = 128, n_layers: int = 2, n_heads: int = 4,
-               n_kv_heads: int = 2, vocab: int = 10_000, seed: int = 0) -> Path:
+def _hf_folder(
+    folder: Path,
+    *,
+    hidden: int = 64,
+    ffn: int = 128,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    vocab: int = 10_000,
+    seed: int = 0,
+) -> Path:
     """A random fp16 safetensors folder under Hugging Face names (the shape of a real Llama checkpoint)."""
     from safetensors.torch import save_file
 
@@ -37,34 +46,61 @@ def _hf_folder(folder: Path, *, hidden: int = 64, ffn: int = 128, n_layers: int 
     sd = {"model.embed_tokens.weight": rand(vocab, hidden, scale=1.0), "model.norm.weight": 1 + rand(hidden)}
     for i in range(n_layers):
         p = f"model.layers.{i}."
-        sd |= {p + "self_attn.q_proj.weight": rand(n_heads * head_dim, hidden),
-               p + "self_attn.k_proj.weight": rand(n_kv_heads * head_dim, hidden),
-               p + "self_attn.v_proj.weight": rand(n_kv_heads * head_dim, hidden),
-               p + "self_attn.o_proj.weight": rand(hidden, n_heads * head_dim),
-               p + "mlp.gate_proj.weight": rand(ffn, hidden), p + "mlp.up_proj.weight": rand(ffn, hidden),
-               p + "mlp.down_proj.weight": rand(hidden, ffn),
-               p + "input_layernorm.weight": 1 + rand(hidden), p + "post_attention_layernorm.weight": 1 + rand(hidden)}
+        sd |= {
+            p + "self_attn.q_proj.weight": rand(n_heads * head_dim, hidden),
+            p + "self_attn.k_proj.weight": rand(n_kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": rand(n_kv_heads * head_dim, hidden),
+            p + "self_attn.o_proj.weight": rand(hidden, n_heads * head_dim),
+            p + "mlp.gate_proj.weight": rand(ffn, hidden),
+            p + "mlp.up_proj.weight": rand(ffn, hidden),
+            p + "mlp.down_proj.weight": rand(hidden, ffn),
+            p + "input_layernorm.weight": 1 + rand(hidden),
+            p + "post_attention_layernorm.weight": 1 + rand(hidden),
+        }
     folder.mkdir()
     save_file(sd, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "hidden_size": hidden, "num_hidden_layers": n_layers,
-        "num_attention_heads": n_heads, "num_key_value_heads": n_kv_heads, "intermediate_size": ffn,
-        "vocab_size": vocab, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 256,
-        "tie_word_embeddings": True, "torch_dtype": "float16", "bos_token_id": 1, "eos_token_id": 2}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": hidden,
+                "num_hidden_layers": n_layers,
+                "num_attention_heads": n_heads,
+                "num_key_value_heads": n_kv_heads,
+                "intermediate_size": ffn,
+                "vocab_size": vocab,
+                "rope_theta": 10000.0,
+                "rms_norm_eps": 1e-5,
+                "max_position_embeddings": 256,
+                "tie_word_embeddings": True,
+                "torch_dtype": "float16",
+                "bos_token_id": 1,
+                "eos_token_id": 2,
+            }
+        )
+    )
     return folder
 
 
 @pytest.fixture(params=["gguf", "hf"])
 def spec(request: pytest.FixtureRequest, tmp_path: Path) -> ModelSpec:
     if request.param == "gguf":  # F16 so the projections are dense in the file; 3 layers, odd tile sizes
-        return load_spec(write_tiny_llama(tmp_path / "tiny.gguf", weight_type="F16", n_layers=3, hidden=96,
-                                          n_heads=6, n_kv_heads=2, ffn=160))
+        return load_spec(
+            write_tiny_llama(
+                tmp_path / "tiny.gguf", weight_type="F16", n_layers=3, hidden=96, n_heads=6, n_kv_heads=2, ffn=160
+            )
+        )
     return load_spec(_hf_folder(tmp_path / "hf"))
 
 
 def _quant_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {f"{name}.{b}": getattr(m, b) for name, m in model.named_modules() if isinstance(m, QuantLinear)
-            for b in ("qweight", "scales", "offsets") if getattr(m, b) is not None}
+    return {
+        f"{name}.{b}": getattr(m, b)
+        for name, m in model.named_modules()
+        if isinstance(m, QuantLinear)
+        for b in ("qweight", "scales", "offsets")
+        if getattr(m, b) is not None
+    }
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4", "fp8"])
@@ -100,8 +136,9 @@ def test_on_load_bf16_weights_equal_quantize_model(tmp_path: Path, kind: str) ->
 def test_int4_layers_whose_inputs_do_not_divide_32_stay_dense(tmp_path: Path) -> None:
     """quantize_model's rule (quantize.layer_config): hidden 48 -> qkv, o and gate_up stay nn.Linear; down
     (160 inputs) takes group size 32."""
-    spec = load_spec(write_tiny_llama(tmp_path / "t.gguf", weight_type="F16", hidden=48, n_heads=4, n_kv_heads=2,
-                                      ffn=160))
+    spec = load_spec(
+        write_tiny_llama(tmp_path / "t.gguf", weight_type="F16", hidden=48, n_heads=4, n_kv_heads=2, ffn=160)
+    )
     model = load_model(spec, kernel_set("torch"), torch.float32, torch.device("cpu"), weight_quant="int4")
     layer = model.layers[0]
     assert type(layer.attn.qkv_proj) is torch.nn.Linear and type(layer.mlp.gate_up_proj) is torch.nn.Linear
@@ -155,8 +192,14 @@ def test_planner_prices_the_gguf_blocks_the_loader_keeps(tmp_path: Path) -> None
     bits, a Q8_0 down projection at 8.5, and Q/K/V dense because its V is F16 (one merged parameter, one kind)."""
     from hwprobe import memory
 
-    spec = load_spec(write_tiny_llama(tmp_path / "mixed.gguf", weight_type="Q4_0", tied=False,
-                                      tensor_types={"attn_v.weight": "F16", "ffn_down.weight": "Q8_0"}))
+    spec = load_spec(
+        write_tiny_llama(
+            tmp_path / "mixed.gguf",
+            weight_type="Q4_0",
+            tied=False,
+            tensor_types={"attn_v.weight": "F16", "ffn_down.weight": "Q8_0"},
+        )
+    )
     model = load_model(spec, kernel_set("torch"), torch.bfloat16, torch.device("meta"), weight_quant="gguf")
     layer = model.layers[0]
     assert type(layer.attn.qkv_proj) is torch.nn.Linear
@@ -187,14 +230,14 @@ def test_cuda_peak_is_the_quantized_model_not_the_dense_one(tmp_path: Path, kind
     """On a GPU: the most memory allocated while loading (KV pool aside) is the quantized weights plus one
     chunk's scratch (quantize.QUANT_CHUNK_ELEMENTS: ~100 MB for int4's clip search; 256 MiB allowed), below the
     dense bf16 weights (537 MB of projections here); and the Triton path's logits match the CPU's."""
-    spec = load_spec(_hf_folder(tmp_path / "hf", hidden=2048, ffn=8192, n_layers=4, n_heads=16, n_kv_heads=16,
-                                vocab=1000))
+    spec = load_spec(
+        _hf_folder(tmp_path / "hf", hidden=2048, ffn=8192, n_layers=4, n_heads=16, n_kv_heads=16, vocab=1000)
+    )
     dense_projection_bytes = 4 * (4 * 2048 * 2048 + 3 * 2048 * 8192) * 2
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    gpu = ModelRunner(spec, LoadOptions(n_ctx=64, max_num_seqs=1, device="cuda", dtype="bfloat16",
-                                        weight_quant=kind))
+    gpu = ModelRunner(spec, LoadOptions(n_ctx=64, max_num_seqs=1, device="cuda", dtype="bfloat16", weight_quant=kind))
     peak = torch.cuda.max_memory_allocated() - before - gpu.kv_cache_bytes
     assert all(isinstance(m, QuantLinear) for n, m in gpu.model.named_modules() if n.endswith("proj"))
     assert peak <= gpu.weight_bytes + 256 * 2**20, (peak, gpu.weight_bytes)
@@ -217,8 +260,9 @@ def test_host_layers_never_stay_on_the_device(spec: ModelSpec) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_quantized_host_layers_are_quantized_on_the_gpu_and_kept_on_the_host(spec: ModelSpec) -> None:
-    model = load_model(spec, kernel_set("torch"), torch.float16, torch.device("cuda"), weight_quant="int8",
-                       host_layers=1)
+    model = load_model(
+        spec, kernel_set("torch"), torch.float16, torch.device("cuda"), weight_quant="int8", host_layers=1
+    )
     first = [m for m in model.layers[0].modules() if isinstance(m, QuantLinear)]
     assert first and all(m.qweight.device.type == "cpu" for m in first)
     assert all(m.qweight.device.type == "cuda" for m in model.layers[1].modules() if isinstance(m, QuantLinear))

@@ -18,8 +18,10 @@ from tests.gguf_factory import write_tiny_llama
 
 pytestmark = pytest.mark.slow
 
-TEXT = ("The quick brown fox jumps over the lazy dog, and then it rested under a tall tree while the sun "
-        "went down over the quiet hills.")
+TEXT = (
+    "The quick brown fox jumps over the lazy dog, and then it rested under a tall tree while the sun "
+    "went down over the quiet hills."
+)
 TOL = 2e-3  # float32 logits of one position computed alone vs in a batch, on any CPU's kernels
 
 
@@ -92,13 +94,15 @@ def reference_greedy(ref, ids: list[int], sp: SamplingParams, n: int) -> list[in
     return out
 
 
-@pytest.mark.parametrize("kw", [dict(frequency_penalty=1.5), dict(presence_penalty=2.0),
-                                dict(frequency_penalty=-0.5, presence_penalty=1.0)])
+@pytest.mark.parametrize(
+    "kw", [dict(frequency_penalty=1.5), dict(presence_penalty=2.0), dict(frequency_penalty=-0.5, presence_penalty=1.0)]
+)
 def test_penalised_greedy_equals_the_reference_loop(pair, kw) -> None:
     b, ref = pair
     ids = b.tokenize(TEXT)
-    plain = b.generate(Request(prompt_token_ids=ids, sampling=SamplingParams(temperature=0, max_tokens=8,
-                                                                                ignore_eos=True))).token_ids
+    plain = b.generate(
+        Request(prompt_token_ids=ids, sampling=SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    ).token_ids
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, **kw)
     got = b.generate(Request(prompt_token_ids=ids, sampling=sp)).token_ids
     assert list(got) == reference_greedy(ref, list(ids), sp, 8)
@@ -111,10 +115,26 @@ def test_logit_bias_bans_and_forces(pair) -> None:
     ids = b.tokenize(TEXT)
     greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     first = b.generate(Request(prompt_token_ids=ids, sampling=greedy)).token_ids[0]
-    banned = b.generate(Request(prompt_token_ids=ids, sampling=SamplingParams(
-        temperature=0, max_tokens=4, ignore_eos=True, logit_bias={first: -100}))).token_ids
+    banned = b.generate(
+        Request(
+            prompt_token_ids=ids,
+            sampling=SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logit_bias={first: -100}),
+        )
+    ).token_ids
     assert first not in banned
-    forced = b.generate(Request(prompt_token_ids=ids, sampling=SamplingParams(
-        temperature=1.0, seed=3, top_k=0, top_p=1.0, min_p=0.0, max_tokens=4, ignore_eos=True,
-        logit_bias={1234: 100}))).token_ids
+    forced = b.generate(
+        Request(
+            prompt_token_ids=ids,
+            sampling=SamplingParams(
+                temperature=1.0,
+                seed=3,
+                top_k=0,
+                top_p=1.0,
+                min_p=0.0,
+                max_tokens=4,
+                ignore_eos=True,
+                logit_bias={1234: 100},
+            ),
+        )
+    ).token_ids
     assert forced == (1234,) * 4

@@ -17,17 +17,32 @@ from backends.torch_engine.tokenizer import load_tokenizer
 from tests.gguf_factory import write_tiny_llama
 
 TEXT = (Path(__file__).parent.parent / "data" / "english.txt").read_text()
-CORPUS = ["Hello world", "", " ", "\n", "  two  spaces", "\t\ttabs\n\n", "def f(x):\n    return x**2  # 12345\n\n",
-          "naïve café — 東京 🙂 Ωμέγα مرحبا", "<s>hi</s> there<|user|>you", "<|user|>", "a<|user|>b",
-          "The the THE tHe theee", "x" * 50, "3.14159 and 1,000,000!!!", TEXT[:3000]]
+CORPUS = [
+    "Hello world",
+    "",
+    " ",
+    "\n",
+    "  two  spaces",
+    "\t\ttabs\n\n",
+    "def f(x):\n    return x**2  # 12345\n\n",
+    "naïve café — 東京 🙂 Ωμέγα مرحبا",
+    "<s>hi</s> there<|user|>you",
+    "<|user|>",
+    "a<|user|>b",
+    "The the THE tHe theee",
+    "x" * 50,
+    "3.14159 and 1,000,000!!!",
+    TEXT[:3000],
+]
 
 
 @pytest.fixture(scope="module")
 def spm(tmp_path_factory):
     import llama_cpp
 
-    path = write_tiny_llama(tmp_path_factory.mktemp("spm") / "spm.gguf", tokenizer="spm", n_heads=6,
-                            n_kv_heads=2, hidden=96)
+    path = write_tiny_llama(
+        tmp_path_factory.mktemp("spm") / "spm.gguf", tokenizer="spm", n_heads=6, n_kv_heads=2, hidden=96
+    )
     vocab = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
     yield path, load_tokenizer(load_spec(path)), vocab
     vocab.close()
@@ -39,8 +54,9 @@ def test_ids_and_bytes_equal_llama_cpp(spm, index: int) -> None:
     assert isinstance(tok, SpmTokenizer)
     text = CORPUS[index]
     for special in (True, False):
-        assert tok.encode(text, parse_special=special) == vocab.tokenize(text.encode(), add_bos=True,
-                                                                          special=special), special
+        assert tok.encode(text, parse_special=special) == vocab.tokenize(
+            text.encode(), add_bos=True, special=special
+        ), special
     ids = tok.encode(text)
     assert tok.token_bytes(ids) == vocab.detokenize(ids)
 
@@ -62,7 +78,7 @@ def test_tiny_spm_model_gives_llama_cpp_logits(spm) -> None:
     ids = tok.encode(TEXT[:300])
     llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=256, n_threads=2, verbose=False)
     llm.eval(ids)
-    ref = np.array(llm.scores[:len(ids)])
+    ref = np.array(llm.scores[: len(ids)])
     llm.close()
     runner = ModelRunner(load_spec(path), LoadOptions(n_ctx=256, max_num_seqs=1, dtype="float32"))
     ours = runner.prompt_logits(ids).numpy()

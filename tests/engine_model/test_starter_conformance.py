@@ -17,10 +17,19 @@ from backends.torch_engine.tokenizer import load_tokenizer
 pytestmark = pytest.mark.slow
 TEXT = (Path(__file__).parent.parent / "data" / "english.txt").read_text()
 CORPUS = [
-    "Hello world", "", " ", "\n", "def f(x):\n    return x**2  # 12345 678\n\n\n",
-    "naïve café — 東京 🙂 ü Ωμέγα مرحبا", "   lots   of\t\tspaces\n\n \n  ", "3.14159 and 1,000,000 dollars!!!",
-    "I'm can't we'll they've DON'T", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
-    "text<|endoftext|>more", "for (int i = 0; i < n; ++i) { a[i] += b[i]; }", "https://example.com/a?b=c&d=1",
+    "Hello world",
+    "",
+    " ",
+    "\n",
+    "def f(x):\n    return x**2  # 12345 678\n\n\n",
+    "naïve café — 東京 🙂 ü Ωμέγα مرحبا",
+    "   lots   of\t\tspaces\n\n \n  ",
+    "3.14159 and 1,000,000 dollars!!!",
+    "I'm can't we'll they've DON'T",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "text<|endoftext|>more",
+    "for (int i = 0; i < n; ++i) { a[i] += b[i]; }",
+    "https://example.com/a?b=c&d=1",
     TEXT[:3000],
 ]
 
@@ -40,8 +49,7 @@ def test_token_ids_equal_llama_cpp(starter, index: int) -> None:
     _, tok, vocab = starter
     text = CORPUS[index]
     for special in (True, False):
-        assert tok.encode(text, parse_special=special) == vocab.tokenize(text.encode(), add_bos=True,
-                                                                          special=special)
+        assert tok.encode(text, parse_special=special) == vocab.tokenize(text.encode(), add_bos=True, special=special)
     ids = tok.encode(text)
     assert tok.token_bytes(ids) == vocab.detokenize(ids)
 
@@ -60,7 +68,7 @@ def reference_logits(starter, starter_path: Path) -> tuple[list[int], np.ndarray
     assert len(ids) > 1800
     llm = llama_cpp.Llama(str(starter_path), logits_all=True, n_ctx=2048, n_threads=2, verbose=False)
     llm.eval(ids)
-    ref = np.array(llm.scores[:len(ids)])
+    ref = np.array(llm.scores[: len(ids)])
     llm.close()
     return ids, ref
 
@@ -70,10 +78,12 @@ def reference_logits(starter, starter_path: Path) -> tuple[list[int], np.ndarray
 # 14.914 / 14.936 vs llama.cpp's 15.006.  llama.cpp rounds activations to 8 bits for its Q4_1/Q8_0 dot products
 # and keeps the KV cache in f16, which is where most of the difference comes from (tiny random GGUFs in F32
 # agree to 1e-3: test_tiny_conformance.py).
-@pytest.mark.parametrize("dtype,weight_quant,max_delta", [("float32", "none", 2.0), ("bfloat16", "none", 4.0),
-                                                          ("bfloat16", "gguf", 4.0)])
-def test_logits_and_perplexity_match_llama_cpp(starter, reference_logits, dtype: str, weight_quant: str,
-                                               max_delta: float) -> None:
+@pytest.mark.parametrize(
+    "dtype,weight_quant,max_delta", [("float32", "none", 2.0), ("bfloat16", "none", 4.0), ("bfloat16", "gguf", 4.0)]
+)
+def test_logits_and_perplexity_match_llama_cpp(
+    starter, reference_logits, dtype: str, weight_quant: str, max_delta: float
+) -> None:
     spec = starter[0]
     ids, ref = reference_logits
     runner = ModelRunner(spec, LoadOptions(n_ctx=2048, max_num_seqs=1, dtype=dtype, weight_quant=weight_quant))
@@ -100,7 +110,7 @@ def test_cpu_tied_head_is_the_dense_embedding_and_gives_a_row_the_same_logits_at
     hidden = torch.randn(16, spec.hidden_size).bfloat16()
     together = head(hidden)  # (16, vocab) bf16, before compute_logits' float32 cast
     for i in range(16):
-        assert_same_up_to_rounding(head(hidden[i:i + 1]), together[i:i + 1], 1, f"row {i}")
+        assert_same_up_to_rounding(head(hidden[i : i + 1]), together[i : i + 1], 1, f"row {i}")
     ids = tok.encode("The capital of France is")
     decode = runner.forward([(ids, 0, list(range(2)))])  # one row per sequence
     full = runner.forward([(ids, 0, list(range(2)))], "all")[-1:]  # every row

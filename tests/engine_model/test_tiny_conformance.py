@@ -26,7 +26,7 @@ def _llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
 
     llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=128, n_threads=2, verbose=False)
     llm.eval(ids)
-    out = np.array(llm.scores[:len(ids)])
+    out = np.array(llm.scores[: len(ids)])
     llm.close()
     return out
 
@@ -39,13 +39,27 @@ def _runner(path: Path, kernels: str | None = None) -> tuple[ModelRunner, list[i
     return runner, load_tokenizer(spec).encode(PROMPT)
 
 
-@pytest.mark.parametrize("weight_type,tied,arch", [
-    ("F32", True, "llama"), ("F32", False, "llama"), ("Q8_0", True, "llama"), ("Q4_0", False, "llama"),
-    ("F32", True, "qwen2"),  # rotate-half RoPE, no Q/K reorder, QKV biases
-])
+@pytest.mark.parametrize(
+    "weight_type,tied,arch",
+    [
+        ("F32", True, "llama"),
+        ("F32", False, "llama"),
+        ("Q8_0", True, "llama"),
+        ("Q4_0", False, "llama"),
+        ("F32", True, "qwen2"),  # rotate-half RoPE, no Q/K reorder, QKV biases
+    ],
+)
 def test_tiny_gguf_logits_match_llama_cpp(tmp_path: Path, weight_type: str, tied: bool, arch: str) -> None:
-    path = write_tiny_llama(tmp_path / "tiny.gguf", weight_type=weight_type, tied=tied, n_heads=6, n_kv_heads=2,
-                            hidden=96, architecture=arch, qkv_bias=arch == "qwen2")
+    path = write_tiny_llama(
+        tmp_path / "tiny.gguf",
+        weight_type=weight_type,
+        tied=tied,
+        n_heads=6,
+        n_kv_heads=2,
+        hidden=96,
+        architecture=arch,
+        qkv_bias=arch == "qwen2",
+    )
     runner, ids = _runner(path)
     ref = _llama_cpp_logits(path, ids)
     ours = runner.prompt_logits(ids).numpy()
@@ -63,17 +77,25 @@ def test_execute_batches_prefill_chunks_and_decodes_like_one_sequence(tmp_path: 
     blocks = list(range(runner.num_blocks))
     rng.shuffle(blocks)
     need = -(-n // 16)
-    table_a, table_b = tuple(blocks[:need]), tuple(blocks[need:2 * need])
+    table_a, table_b = tuple(blocks[:need]), tuple(blocks[need : 2 * need])
     cut = n - 3
     # step 1: request a prefills all but 3 tokens; request b prefills 17 tokens (no logits: not at the end)
-    step1 = SchedulerOutput((ScheduledRequest("a", tuple(ids[:cut]), 0, table_a, True),
-                             ScheduledRequest("b", tuple(ids[:17]), 0, table_b, False)))
+    step1 = SchedulerOutput(
+        (
+            ScheduledRequest("a", tuple(ids[:cut]), 0, table_a, True),
+            ScheduledRequest("b", tuple(ids[:17]), 0, table_b, False),
+        )
+    )
     out1: RunnerOutput = runner.execute(step1)
     assert out1.request_ids == ("a",) and out1.logits.dtype == torch.float32
     torch.testing.assert_close(out1.logits[0], full[cut - 1], atol=1e-4, rtol=1e-4)
     # step 2: a decodes one token at a time while b's rest arrives as a chunk on its cached prefix
-    step2 = SchedulerOutput((ScheduledRequest("a", (ids[cut],), cut, table_a, True),
-                             ScheduledRequest("b", tuple(ids[17:]), 17, table_b, True)))
+    step2 = SchedulerOutput(
+        (
+            ScheduledRequest("a", (ids[cut],), cut, table_a, True),
+            ScheduledRequest("b", tuple(ids[17:]), 17, table_b, True),
+        )
+    )
     out2 = runner.execute(step2)
     assert out2.request_ids == ("a", "b")
     torch.testing.assert_close(out2.logits[0], full[cut], atol=1e-4, rtol=1e-4)
@@ -84,8 +106,9 @@ def test_reference_kernels_agree_with_the_fast_path(tmp_path: Path) -> None:
     path = write_tiny_llama(tmp_path / "tiny.gguf")
     fast, ids = _runner(path)
     slow, _ = _runner(path, kernels="reference")
-    torch.testing.assert_close(slow.prompt_logits(ids[:20], chunk=9), fast.prompt_logits(ids[:20]),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        slow.prompt_logits(ids[:20], chunk=9), fast.prompt_logits(ids[:20]), atol=1e-4, rtol=1e-4
+    )
 
 
 def test_unsupported_architecture_is_a_clear_error(tmp_path: Path) -> None:
@@ -101,8 +124,16 @@ def test_gguf_4bit_blocks_kept_quantized_give_llama_cpp_logits(tmp_path: Path, w
     packed int4 CPU kernel in bf16 within bf16's rounding."""
     from backends.torch_engine.quantize import QuantLinear
 
-    path = write_tiny_llama(tmp_path / "tiny.gguf", weight_type=weight_type, tied=False, n_heads=6, n_kv_heads=2,
-                            hidden=96, architecture=arch, qkv_bias=arch == "qwen2")
+    path = write_tiny_llama(
+        tmp_path / "tiny.gguf",
+        weight_type=weight_type,
+        tied=False,
+        n_heads=6,
+        n_kv_heads=2,
+        hidden=96,
+        architecture=arch,
+        qkv_bias=arch == "qwen2",
+    )
     spec = load_spec(path)
     from backends.torch_engine.tokenizer import load_tokenizer
 

@@ -61,15 +61,26 @@ def hearth(*args: str, timeout: float = 30.0, env: dict[str, str] | None = None,
     """`python -m app ARGS` with this tree first on the path (HEARTH_HOME comes from the test's environment)."""
     child_env = {**os.environ, "HEARTH_THREADS": "2", **(env or {})}
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp, \
-            tempfile.NamedTemporaryFile("r") as hwm:
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.TemporaryFile() as inp,
+        tempfile.NamedTemporaryFile("r") as hwm,
+    ):
         child_env["HEARTH_TEST_HWM_FILE"] = hwm.name
         if stdin is not None:
             inp.write(stdin.encode())
             inp.seek(0)
         start = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-c", _WRAPPER, *args], stdin=inp, stdout=out, stderr=err,
-                             env=child_env, cwd=ROOT, preexec_fn=_cap)
+        p = subprocess.Popen(
+            [sys.executable, "-c", _WRAPPER, *args],
+            stdin=inp,
+            stdout=out,
+            stderr=err,
+            env=child_env,
+            cwd=ROOT,
+            preexec_fn=_cap,
+        )
         while True:
             pid, status, usage = os.wait4(p.pid, os.WNOHANG)
             if pid:
@@ -85,9 +96,14 @@ def hearth(*args: str, timeout: float = 30.0, env: dict[str, str] | None = None,
         out.seek(0)
         err.seek(0)
         peak_kib = hwm.read().strip()
-        return CliResult(p.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
-                         usage.ru_utime + usage.ru_stime, wall,
-                         int(peak_kib) / 1024 if peak_kib else usage.ru_maxrss / 1024)
+        return CliResult(
+            p.returncode,
+            out.read().decode(errors="replace"),
+            err.read().decode(errors="replace"),
+            usage.ru_utime + usage.ru_stime,
+            wall,
+            int(peak_kib) / 1024 if peak_kib else usage.ru_maxrss / 1024,
+        )
 
 
 def assert_one_line_error(r: CliResult, match: str, *, code: int = 2, cheap: bool = True) -> None:

@@ -9,15 +9,25 @@ u32 ggml type, u64 offset), padding to the alignment, data.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
-_FMT = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f", BOOL: "<?", U64: "<Q",
-        I64: "<q", F64: "<d"}
+_FMT = {
+    U8: "<B",
+    I8: "<b",
+    U16: "<H",
+    I16: "<h",
+    U32: "<I",
+    I32: "<i",
+    F32: "<f",
+    BOOL: "<?",
+    U64: "<Q",
+    I64: "<q",
+    F64: "<d",
+}
 
 
 def string(s: str | bytes) -> bytes:
@@ -62,19 +72,19 @@ class RawGGUF:
     n_kvs: int | None = None
     trailer: bytes = field(default=b"")
 
-    def set(self, key: str, vtype: int, value: Any) -> "RawGGUF":
+    def set(self, key: str, vtype: int, value: Any) -> RawGGUF:
         return self.set_raw(key, vtype, encode(vtype, value))
 
-    def set_raw(self, key: str, vtype: int, payload: bytes) -> "RawGGUF":
+    def set_raw(self, key: str, vtype: int, payload: bytes) -> RawGGUF:
         self.drop(key)
         self.kvs.append((key, vtype, payload))
         return self
 
-    def drop(self, key: str) -> "RawGGUF":
+    def drop(self, key: str) -> RawGGUF:
         self.kvs = [kv for kv in self.kvs if kv[0] != key]
         return self
 
-    def drop_tensor(self, name: str) -> "RawGGUF":
+    def drop_tensor(self, name: str) -> RawGGUF:
         """Remove a tensor and its data, packing the others as a valid file would."""
         from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -87,7 +97,7 @@ class RawGGUF:
             if t.name != name:
                 data += b"\0" * (-len(data) % self.alignment)
                 kept.append(TensorInfo(t.name, t.shape, t.ggml_type, len(data)))
-                data += self.data[t.offset:t.offset + n // block * size]
+                data += self.data[t.offset : t.offset + n // block * size]
         self.tensors, self.data = kept, bytes(data)
         return self
 
@@ -96,8 +106,12 @@ class RawGGUF:
 
     def to_bytes(self) -> bytes:
         out = bytearray(b"GGUF")
-        out += struct.pack("<IQQ", self.version, len(self.tensors) if self.n_tensors is None else self.n_tensors,
-                           len(self.kvs) if self.n_kvs is None else self.n_kvs)
+        out += struct.pack(
+            "<IQQ",
+            self.version,
+            len(self.tensors) if self.n_tensors is None else self.n_tensors,
+            len(self.kvs) if self.n_kvs is None else self.n_kvs,
+        )
         for key, vtype, payload in self.kvs:
             out += string(key) + struct.pack("<I", vtype) + payload
         for t in self.tensors:
@@ -114,7 +128,7 @@ class RawGGUF:
         return path
 
     @classmethod
-    def parse(cls, data: bytes) -> "RawGGUF":
+    def parse(cls, data: bytes) -> RawGGUF:
         assert data[:4] == b"GGUF"
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
         pos = 24
@@ -123,7 +137,7 @@ class RawGGUF:
             nonlocal pos
             (n,) = struct.unpack_from("<Q", data, pos)
             pos += 8 + n
-            return data[pos - n:pos].decode("utf-8")
+            return data[pos - n : pos].decode("utf-8")
 
         def skip_value(vtype: int) -> None:
             nonlocal pos
@@ -176,6 +190,7 @@ def duplicate(r: RawGGUF) -> RawGGUF:
 
 def zero_size(name: str, dim: int) -> Callable[[RawGGUF], RawGGUF]:
     """Tensor `name` gets a 0 in dimension `dim`."""
+
     def edit(r: RawGGUF) -> RawGGUF:
         r.tensor(name).shape[dim] = 0
         return r

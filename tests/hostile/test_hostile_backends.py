@@ -21,14 +21,18 @@ def _unaligned(r: RawGGUF) -> RawGGUF:
     return r
 
 
-@pytest.mark.parametrize("edit, match", [
-    (lambda r: r.drop_tensor("blk.0.ffn_down.weight"), "lacks tensor blk.0.ffn_down.weight"),
-    (duplicate, "appears twice"),
-    (overlap, "overlaps"),
-    (_unaligned, "not a multiple of the file's alignment"),
-    (zero_size("output_norm.weight", 0), "with no elements"),
-    (lambda r: r.drop("tokenizer.ggml.model"), "has no tokenizer"),
-], ids=["missing", "duplicate", "overlapping", "unaligned", "zero-size", "no-tokenizer"])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda r: r.drop_tensor("blk.0.ffn_down.weight"), "lacks tensor blk.0.ffn_down.weight"),
+        (duplicate, "appears twice"),
+        (overlap, "overlaps"),
+        (_unaligned, "not a multiple of the file's alignment"),
+        (zero_size("output_norm.weight", 0), "with no elements"),
+        (lambda r: r.drop("tokenizer.ggml.model"), "has no tokenizer"),
+    ],
+    ids=["missing", "duplicate", "overlapping", "unaligned", "zero-size", "no-tokenizer"],
+)
 def test_both_backends_refuse_the_same_way(edit: Callable[[RawGGUF], RawGGUF], match: str, raw, tmp_path: Path) -> None:
     path = edit(raw()).write(tmp_path / "bad.gguf")
     lines = []
@@ -56,5 +60,7 @@ def test_loader_checks_shapes_before_reading_weights(raw, tmp_path: Path, monkey
         raise AssertionError("weights were read before the shapes were checked")
 
     monkeypatch.setattr(loader, "_gguf_tensors", no_reading)
-    with pytest.raises(ModelFormatError, match=r"blk\.0\.attn_k\.weight is \[32, 64\] \(out, in\), but .* needs \[16, 64\]"):
+    with pytest.raises(
+        ModelFormatError, match=r"blk\.0\.attn_k\.weight is \[32, 64\] \(out, in\), but .* needs \[16, 64\]"
+    ):
         loader.load_model(wrong, kernel_set("reference"), torch.float32, torch.device("cpu"))

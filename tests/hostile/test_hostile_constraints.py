@@ -26,12 +26,15 @@ def nested(depth: int) -> dict:
 
 
 REFUSED = {
-    "larger than the size bound": ({"type": "object", "properties": {f"p{i}": {"type": "integer"}
-                                                                     for i in range(4000)}},
-                                   f"at most {MAX_SCHEMA_BYTES}"),
+    "larger than the size bound": (
+        {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(4000)}},
+        f"at most {MAX_SCHEMA_BYTES}",
+    ),
     "nested deeper than the bound": (nested(200), "levels deep"),
-    "a $ref cycle that admits no value": ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
-                                          "$ref": "#/$defs/a"}, "cannot be compiled|allows no first token"),
+    "a $ref cycle that admits no value": (
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+        "cannot be compiled|allows no first token",
+    ),
     "an unimplemented keyword": ({"type": "string", "not": {"const": "x"}}, "Unimplemented"),
     "an unsatisfiable schema": ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "Unsatisfiable"),
     "a $ref that points nowhere": ({"$ref": "#/$defs/missing"}, "cannot be compiled"),
@@ -64,9 +67,10 @@ def test_a_text_nested_100k_levels_is_refused_without_recursion() -> None:
 
 
 BOUNDED = {
-    "recursive tree": {"$defs": {"n": {"type": "object", "properties": {"c": {"type": "array",
-                                                                              "items": {"$ref": "#/$defs/n"}}}}},
-                       "$ref": "#/$defs/n"},
+    "recursive tree": {
+        "$defs": {"n": {"type": "object", "properties": {"c": {"type": "array", "items": {"$ref": "#/$defs/n"}}}}},
+        "$ref": "#/$defs/n",
+    },
     "regex with nested quantifiers": {"type": "string", "pattern": "^(a+)+b$"},
     "many alternatives": {"anyOf": [nested(8) for _ in range(100)]},
     "a large enum": {"enum": ["".join(p) for p in itertools.product("ab01", repeat=6)]},  # 4096 strings
@@ -80,8 +84,11 @@ def test_expensive_but_legal_schemas_compile_and_generate_within_bounds(case: st
     constraint = Constraint("json_schema", json.dumps(BOUNDED[case]))
     with TorchBackend(tiny_spec(), LoadOptions(n_ctx=256, n_batch=64, max_num_seqs=4), build=tiny_build()) as b:
         t0 = time.perf_counter()
-        c = b.generate(Request(prompt_token_ids=(1, 2), constraint=constraint,
-                               sampling=SamplingParams(temperature=0, max_tokens=48)))
+        c = b.generate(
+            Request(
+                prompt_token_ids=(1, 2), constraint=constraint, sampling=SamplingParams(temperature=0, max_tokens=48)
+            )
+        )
         assert time.perf_counter() - t0 < BOUND_S
     assert c.finish_reason in (FinishReason.STOP, FinishReason.LENGTH), c.error
     if c.finish_reason is FinishReason.STOP:

@@ -44,14 +44,23 @@ def _unreadable(tmp_path: Path) -> Path:
     return p
 
 
-@pytest.mark.parametrize("make, match", [
-    (_fifo, "is a FIFO (named pipe), not a GGUF file"),
-    (_loop, "is a symlink loop"),
-    (_dangling, "does not exist"),
-    (_directory, "has no config.json"),  # a folder is read as a Hugging Face model folder
-    pytest.param(_unreadable, "cannot be read: permission denied", marks=pytest.mark.skipif(
-        os.geteuid() == 0, reason="root reads any file; test_unreadable_file_in_process covers the message")),
-], ids=["fifo", "symlink-loop", "dangling-link", "directory", "no-permission"])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (_fifo, "is a FIFO (named pipe), not a GGUF file"),
+        (_loop, "is a symlink loop"),
+        (_dangling, "does not exist"),
+        (_directory, "has no config.json"),  # a folder is read as a Hugging Face model folder
+        pytest.param(
+            _unreadable,
+            "cannot be read: permission denied",
+            marks=pytest.mark.skipif(
+                os.geteuid() == 0, reason="root reads any file; test_unreadable_file_in_process covers the message"
+            ),
+        ),
+    ],
+    ids=["fifo", "symlink-loop", "dangling-link", "directory", "no-permission"],
+)
 @pytest.mark.parametrize("command", COMMANDS, ids=["run", "show", "models-add"])
 def test_unreadable_paths(make, match: str, command: tuple[str, ...], tmp_path: Path) -> None:
     path = make(tmp_path)

@@ -14,8 +14,11 @@ from tests.hostile.ggufraw import ARRAY, STRING, U16, U32
 
 def test_per_layer_arrays_are_accepted(raw, tmp_path: Path) -> None:
     """llama.cpp reads head_count / head_count_kv / feed_forward_length as one uint32 per layer too."""
-    r = raw().set("llama.attention.head_count_kv", ARRAY, (U32, [2, 2])).set("llama.feed_forward_length", ARRAY,
-                                                                             (U32, [128, 128]))
+    r = (
+        raw()
+        .set("llama.attention.head_count_kv", ARRAY, (U32, [2, 2]))
+        .set("llama.feed_forward_length", ARRAY, (U32, [128, 128]))
+    )
     spec = load_spec(r.write(tmp_path / "per-layer.gguf"))
     assert (spec.n_kv_heads, spec.ffn_size, spec.n_layers) == (2, 128, 2)
 

@@ -114,8 +114,9 @@ def test_valid_surrogate_pairs_and_escaped_backslashes_pass(live) -> None:
     backend = fake()
     s = live(backend)
     for content in ("emoji 😀", "a literal \\ud800 in text"):  # the emoji goes as a \ud83d\ude00 pair
-        r = httpx.post(s.url + CHAT, content=json.dumps(chat_body(messages=[{"role": "user", "content": content}])),
-                       timeout=30)
+        r = httpx.post(
+            s.url + CHAT, content=json.dumps(chat_body(messages=[{"role": "user", "content": content}])), timeout=30
+        )
         assert r.status_code == 200, r.text
         assert content in backend.requests[-1].prompt
 
@@ -215,11 +216,30 @@ def test_sigterm_stops_hearth_serve_during_a_hostile_render(tmp_path: Path) -> N
     model = write_tiny_llama(tmp_path / "loop.gguf", chat_template=LOOP)
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--model", str(model), "--backend",
-                             "llama.cpp", "--port", str(port), "--shutdown-grace", "1"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "serve",
+            "--model",
+            str(model),
+            "--backend",
+            "llama.cpp",
+            "--port",
+            str(port),
+            "--shutdown-grace",
+            "1",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
+
         def healthy() -> bool:
             try:
                 return httpx.get(url + "/health", timeout=1).status_code == 200
@@ -286,8 +306,27 @@ def test_chunked_tokenization_gives_llama_cpps_own_ids(llama, monkeypatch) -> No
     from backends.llama_cpp import tokens
 
     monkeypatch.setattr(tokens, "CHUNK_SPECIALS", 3)  # cut often, so every kind of boundary is crossed
-    pieces = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>", "<reponame>", " ", "\n", "  ", "\t",
-              "hello", " world", "é", "日本", "<|im", "_start|>", "<", "|>", "12345", "'s"]
+    pieces = [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<repo_name>",
+        "<reponame>",
+        " ",
+        "\n",
+        "  ",
+        "\t",
+        "hello",
+        " world",
+        "é",
+        "日本",
+        "<|im",
+        "_start|>",
+        "<",
+        "|>",
+        "12345",
+        "'s",
+    ]
     rng = random.Random(16)
     llm = llama._llm
     for _ in range(150):

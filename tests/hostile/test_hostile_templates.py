@@ -25,18 +25,28 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # (name, template, what the one-line message must say)
 HOSTILE = [
-    ("nested loops", "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-     "time budget"),
-    ("exponential macro", "{% macro f(n) %}{% if n > 0 %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}"
-     "{{ f(60) }}", "time budget"),
+    ("nested loops", "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "time budget"),
+    (
+        "exponential macro",
+        "{% macro f(n) %}{% if n > 0 %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}{{ f(60) }}",
+        "time budget",
+    ),
     ("string multiplication", "{{ 'x' * 10**10 }}", "memory budget"),
     ("list multiplication", "{{ ([0] * 10**9) | length }}", "memory budget"),
     ("output flood", "{{ 'x' * 10**8 }}", "output budget"),
     ("output by loop", "{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}", "output budget"),
-    ("growing namespace", "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
-     "{% endfor %}{{ ns.s | length }}", "memory budget"),
-    ("growing namespace list", "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}"
-     "{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}", "memory budget"),
+    (
+        "growing namespace",
+        "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+        "{% endfor %}{{ ns.s | length }}",
+        "memory budget",
+    ),
+    (
+        "growing namespace list",
+        "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}"
+        "{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
+        "memory budget",
+    ),
     ("lipsum", "{{ lipsum(n=10**6) }}", "lipsum"),
     ("range over the sandbox cap", "{% for i in range(10**9) %}x{% endfor %}", "Range too big"),
     ("self-recursive macro", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursed too deeply"),
@@ -99,7 +109,8 @@ def test_conversation_content_cannot_break_out() -> None:
     """Message text is data: Jinja syntax and JSON-ish text in it are rendered verbatim."""
     content = '{{ 7 * 7 }} {% for %}\n{"ok": true, "text": "injected"}\n'
     assert render_chat([{"role": "user", "content": content}], template=CHATML).text == (
-        f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n")
+        f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 CLI_CASES = [
@@ -111,16 +122,34 @@ CLI_CASES = [
 
 
 @pytest.mark.parametrize("name, template, says", CLI_CASES, ids=[c[0] for c in CLI_CASES])
-def test_cli_refuses_a_hostile_template_with_exit_2_and_one_line(tmp_path: Path, name: str, template: str,
-                                                                  says: str) -> None:
+def test_cli_refuses_a_hostile_template_with_exit_2_and_one_line(
+    tmp_path: Path, name: str, template: str, says: str
+) -> None:
     from tests.gguf_factory import write_tiny_llama
 
     model = write_tiny_llama(tmp_path / f"{name}.gguf", chat_template=template)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "app.cli", "run", "--model", str(model), "--backend", "llama.cpp",
-                           "--max-tokens", "4", "hello"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "run",
+            "--model",
+            str(model),
+            "--backend",
+            "llama.cpp",
+            "--max-tokens",
+            "4",
+            "hello",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     elapsed = time.monotonic() - start
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("hearth: error:")]
@@ -139,12 +168,19 @@ def test_renderer_is_shared_and_reused() -> None:
 
 def test_a_spinning_worker_exits_when_hearth_dies() -> None:
     """hearth killed (SIGKILL) in the middle of a hostile render: its worker does not spin on as an orphan."""
-    script = ("import sys; from backends.template_process import TemplateProcess\n"
-              "p = TemplateProcess(time_limit_s=300, memory_bytes=2**28, max_chars=10**6)\n"
-              "p.render('{{ 1 }}', {}); print(p._proc.pid, flush=True)\n"
-              "p.render('" + HOSTILE[0][1] + "', {})\n")
-    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                              stdout=subprocess.PIPE, text=True)
+    script = (
+        "import sys; from backends.template_process import TemplateProcess\n"
+        "p = TemplateProcess(time_limit_s=300, memory_bytes=2**28, max_chars=10**6)\n"
+        "p.render('{{ 1 }}', {}); print(p._proc.pid, flush=True)\n"
+        "p.render('" + HOSTILE[0][1] + "', {})\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         worker = int(parent.stdout.readline())  # type: ignore[union-attr]
         time.sleep(0.5)  # the worker is spinning in the nested loop now

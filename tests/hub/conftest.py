@@ -17,7 +17,9 @@ def hub(monkeypatch: pytest.MonkeyPatch):
     server = FakeHub()
     monkeypatch.setenv("HF_ENDPOINT", server.url)  # app.hub reads it per call and passes endpoint= explicitly
     monkeypatch.setattr(constants, "ENDPOINT", server.url)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(
+        constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.url + "/{repo_id}/resolve/{revision}/{filename}"
+    )
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # tests/conftest.py sets it for every other test
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
@@ -37,8 +39,9 @@ def tiny_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     d = tmp_path_factory.mktemp("tiny-ggufs")
     out = {}
     for quant, wtype in (("F16", "F16"), ("Q8_0", "Q8_0"), ("Q4_K_M", "Q4_0")):
-        p = write_tiny_llama(d / f"tiny-{quant}.gguf", weight_type=wtype, n_layers=1, hidden=32, n_heads=2,
-                             n_kv_heads=1, ffn=64)
+        p = write_tiny_llama(
+            d / f"tiny-{quant}.gguf", weight_type=wtype, n_layers=1, hidden=32, n_heads=2, n_kv_heads=1, ffn=64
+        )
         out[quant] = p.read_bytes()
     return out
 
@@ -54,8 +57,9 @@ def tiny_split(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     original = gguf.GGUFWriter
     gguf.GGUFWriter = functools.partial(original, split_max_tensors=4)  # type: ignore[misc]
     try:
-        write_tiny_llama(d / "tiny-Q8_0.gguf", weight_type="Q8_0", n_layers=2, hidden=32, n_heads=2, n_kv_heads=1,
-                         ffn=64)
+        write_tiny_llama(
+            d / "tiny-Q8_0.gguf", weight_type="Q8_0", n_layers=2, hidden=32, n_heads=2, n_kv_heads=1, ffn=64
+        )
     finally:
         gguf.GGUFWriter = original  # type: ignore[misc]
     shards = sorted(Path(d).glob("*-of-*.gguf"))

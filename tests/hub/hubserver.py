@@ -122,8 +122,16 @@ class FakeHub:
                 s.pop("blobId")
                 s.get("lfs", {}).pop("sha256", None)
             siblings.append(s)
-        body = json.dumps({"id": repo_id, "modelId": repo_id, "sha": repo.commit, "private": False,
-                           "gated": "auto" if repo.gated else False, "siblings": siblings}).encode()
+        body = json.dumps(
+            {
+                "id": repo_id,
+                "modelId": repo_id,
+                "sha": repo.commit,
+                "private": False,
+                "gated": "auto" if repo.gated else False,
+                "siblings": siblings,
+            }
+        ).encode()
         if repo.listing_body is not None:
             body = repo.listing_body
         h.send_response(200)
@@ -164,7 +172,7 @@ class FakeHub:
         key = (repo_id, name)
         if name in repo.drop_once and key not in self._dropped:
             self._dropped.add(key)
-            h.wfile.write(data[start: start + (len(data) - start) // 2])
+            h.wfile.write(data[start : start + (len(data) - start) // 2])
             h.wfile.flush()
             h.close_connection = True
             import socket

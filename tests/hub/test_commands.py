@@ -74,21 +74,40 @@ def test_pull_errors_are_one_line_with_exit_2(hub, capsys, monkeypatch):
 
 
 def test_safetensors_repo_with_include(hub, tmp_path):
-    from safetensors.numpy import save_file
     import numpy as np
+    from safetensors.numpy import save_file
 
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1, "hidden_size": 8,
-           "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 16, "vocab_size": 32,
-           "max_position_embeddings": 64, "torch_dtype": "float32"}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": 8,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 16,
+        "vocab_size": 32,
+        "max_position_embeddings": 64,
+        "torch_dtype": "float32",
+    }
     st = tmp_path / "model.safetensors"
     save_file({"model.embed_tokens.weight": np.zeros((32, 8), np.float32)}, str(st))
-    hub.repos["acme/Tiny-HF"] = FakeRepo({"config.json": json.dumps(cfg).encode(), "model.safetensors":
-                                          st.read_bytes(), "tokenizer.json": b"{}", "extra.txt": b"x",
-                                          "pytorch_model.bin": b"not fetched"})
+    hub.repos["acme/Tiny-HF"] = FakeRepo(
+        {
+            "config.json": json.dumps(cfg).encode(),
+            "model.safetensors": st.read_bytes(),
+            "tokenizer.json": b"{}",
+            "extra.txt": b"x",
+            "pytorch_model.bin": b"not fetched",
+        }
+    )
     from app.hub import pull
 
     entry = pull("acme/Tiny-HF", include=["extra.txt"])
     folder = Path(entry.path)
     assert folder.is_dir() and entry.name == "tiny-hf"
-    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == \
-        ["config.json", "extra.txt", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == [
+        "config.json",
+        "extra.txt",
+        "model.safetensors",
+        "tokenizer.json",
+    ]

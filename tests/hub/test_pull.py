@@ -17,8 +17,9 @@ MIB = 1024 * 1024
 def _report(ram_available_mib: int):
     from hwprobe.report import report_from_dict
 
-    return report_from_dict({"gpus": [], "ram_total_mib": ram_available_mib * 2,
-                             "ram_available_mib": ram_available_mib, "cpu_cores": 2})
+    return report_from_dict(
+        {"gpus": [], "ram_total_mib": ram_available_mib * 2, "ram_available_mib": ram_available_mib, "cpu_cores": 2}
+    )
 
 
 def _ram_for_room(room_bytes: int) -> int:
@@ -94,7 +95,7 @@ def test_interrupted_download_keeps_the_partial_file_and_registers_nothing(repo,
         calls["n"] += 1
         if calls["n"] == 1:
             temp = kwargs.get("temp_file") or args[1]
-            temp.write(tiny_ggufs["Q8_0"][: 1000])
+            temp.write(tiny_ggufs["Q8_0"][:1000])
             temp.flush()
             raise KeyboardInterrupt
         return real(*args, **kwargs)
@@ -174,12 +175,15 @@ def test_disk_space_is_checked_before_downloading(repo, hub, monkeypatch):
     assert ModelStore().get("tiny-gguf:q8_0") is None
 
 
-@pytest.mark.parametrize(("repo_id", "kwargs", "pattern"), [
-    ("acme/Gated-GGUF", {}, "gated repo"),
-    ("acme/Nope", {}, "no model repo 'acme/Nope'"),
-    ("acme/Tiny-GGUF", {"revision": "v9"}, "no revision 'v9'"),
-    ("acme/NoGGUF", {}, "no GGUF file and no safetensors"),
-])
+@pytest.mark.parametrize(
+    ("repo_id", "kwargs", "pattern"),
+    [
+        ("acme/Gated-GGUF", {}, "gated repo"),
+        ("acme/Nope", {}, "no model repo 'acme/Nope'"),
+        ("acme/Tiny-GGUF", {"revision": "v9"}, "no revision 'v9'"),
+        ("acme/NoGGUF", {}, "no GGUF file and no safetensors"),
+    ],
+)
 def test_repo_errors_are_clear_and_register_nothing(repo, hub, tiny_ggufs, repo_id, kwargs, pattern):
     hub.repos["acme/Gated-GGUF"] = FakeRepo({"m-Q8_0.gguf": tiny_ggufs["Q8_0"]}, gated=True)
     hub.repos["acme/NoGGUF"] = FakeRepo({"README.md": b"hi"})
@@ -192,9 +196,18 @@ def test_repo_errors_are_clear_and_register_nothing(repo, hub, tiny_ggufs, repo_
 def test_config_json_repo_uses_the_planner(hub, tiny_ggufs):
     import json
 
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
-              "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 64,
-              "vocab_size": 49152, "max_position_embeddings": 256, "tie_word_embeddings": True}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": 32,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 64,
+        "vocab_size": 49152,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": True,
+    }
     files = {f"Tiny-{q}.gguf": d for q, d in tiny_ggufs.items()}
     files["config.json"] = json.dumps(config).encode()
     hub.repos["acme/Cfg-GGUF"] = FakeRepo(files)

@@ -55,13 +55,28 @@ def _safetensors_13b_spec():
     from tests.fakes import fake_spec
 
     return dataclasses.replace(
-        fake_spec(name="big-safetensors"), format="safetensors", n_layers=40, hidden_size=5120, n_heads=40,
-        n_kv_heads=40, head_dim=128, ffn_size=13824, vocab_size=32000, context_length=4096, file_type="F16",
-        tensors=(), param_count=13_000_000_000, tied_embeddings=False, tokenizer_model="hf", tokenizer_pre="")
+        fake_spec(name="big-safetensors"),
+        format="safetensors",
+        n_layers=40,
+        hidden_size=5120,
+        n_heads=40,
+        n_kv_heads=40,
+        head_dim=128,
+        ffn_size=13824,
+        vocab_size=32000,
+        context_length=4096,
+        file_type="F16",
+        tensors=(),
+        param_count=13_000_000_000,
+        tied_embeddings=False,
+        tokenizer_model="hf",
+        tokenizer_pre="",
+    )
 
 
-@pytest.mark.parametrize("fixture,quant,weight_quant", [("rtx3090_24gb", "W8A16", "int8"),
-                                                          ("rtx3060_12gb", "W4A16", "int4")])
+@pytest.mark.parametrize(
+    "fixture,quant,weight_quant", [("rtx3090_24gb", "W8A16", "int8"), ("rtx3060_12gb", "W4A16", "int4")]
+)
 def test_a_quantized_torch_plan_loads_quantized(fixture: str, quant: str, weight_quant: str) -> None:
     """13B fp16 safetensors: int8 on a 24 GB card, int4 on a 12 GB one, computed in bf16 (Ampere)."""
     d = decide(_safetensors_13b_spec(), Settings(), str(FIXTURES / f"{fixture}.json"))

@@ -29,16 +29,37 @@ def mixtral_q4_0_spec():
     tensors = [t("token_embd.weight", vocab, h), t("output.weight", vocab, h), t("output_norm.weight", h, bpw=4)]
     for i in range(n):
         b = f"blk.{i}."
-        tensors += [t(b + "attn_q.weight", h, h), t(b + "attn_k.weight", kv, h), t(b + "attn_v.weight", kv, h),
-                    t(b + "attn_output.weight", h, h), t(b + "attn_norm.weight", h, bpw=4),
-                    t(b + "ffn_norm.weight", h, bpw=4), t(b + "ffn_gate_inp.weight", e, h, bpw=4),
-                    t(b + "ffn_gate_exps.weight", e, f, h), t(b + "ffn_up_exps.weight", e, f, h),
-                    t(b + "ffn_down_exps.weight", e, h, f)]
+        tensors += [
+            t(b + "attn_q.weight", h, h),
+            t(b + "attn_k.weight", kv, h),
+            t(b + "attn_v.weight", kv, h),
+            t(b + "attn_output.weight", h, h),
+            t(b + "attn_norm.weight", h, bpw=4),
+            t(b + "ffn_norm.weight", h, bpw=4),
+            t(b + "ffn_gate_inp.weight", e, h, bpw=4),
+            t(b + "ffn_gate_exps.weight", e, f, h),
+            t(b + "ffn_up_exps.weight", e, f, h),
+            t(b + "ffn_down_exps.weight", e, h, f),
+        ]
     return dataclasses.replace(
-        fake_spec(name="Mixtral-8x7B-Q4_0"), n_layers=n, hidden_size=h, n_heads=32, n_kv_heads=8, head_dim=128,
-        ffn_size=f, vocab_size=vocab, context_length=32768, n_experts=e, n_experts_used=2, file_type="Q4_0",
-        tensors=tuple(tensors), param_count=sum(x.n_elements for x in tensors), tied_embeddings=False,
-        tokenizer_model="llama", tokenizer_pre="")
+        fake_spec(name="Mixtral-8x7B-Q4_0"),
+        n_layers=n,
+        hidden_size=h,
+        n_heads=32,
+        n_kv_heads=8,
+        head_dim=128,
+        ffn_size=f,
+        vocab_size=vocab,
+        context_length=32768,
+        n_experts=e,
+        n_experts_used=2,
+        file_type="Q4_0",
+        tensors=tuple(tensors),
+        param_count=sum(x.n_elements for x in tensors),
+        tied_embeddings=False,
+        tokenizer_model="llama",
+        tokenizer_pre="",
+    )
 
 
 def test_the_file_knows_its_expert_bytes() -> None:

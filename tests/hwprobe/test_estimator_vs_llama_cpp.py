@@ -34,8 +34,12 @@ _BUFFER = re.compile(r"CPU(?:_Mapped)? (model|KV|compute) buffer size =\s+([\d.]
 
 def measured_mib(path: str, ctx: int, flash_attn: bool) -> dict[str, float]:
     """llama.cpp's own buffer sizes (MiB) for this load: model (file-mapped weights), KV, compute."""
-    res = subprocess.run([sys.executable, "-c", _LOAD, path, str(ctx), "1" if flash_attn else "0"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", _LOAD, path, str(ctx), "1" if flash_attn else "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     sizes: dict[str, float] = {"model": 0.0, "KV": 0.0, "compute": 0.0}
     for kind, value in _BUFFER.findall(res.stderr):
@@ -59,9 +63,15 @@ def starter_path() -> str:
     return str(p)
 
 
-@pytest.mark.parametrize("model,ctx,flash_attn", [
-    ("starter", 2048, False), ("starter", 8192, False), ("starter", 8192, True), ("gemma", 8192, False),
-])
+@pytest.mark.parametrize(
+    "model,ctx,flash_attn",
+    [
+        ("starter", 2048, False),
+        ("starter", 8192, False),
+        ("starter", 8192, True),
+        ("gemma", 8192, False),
+    ],
+)
 def test_estimator_matches_llama_cpp(model: str, ctx: int, flash_attn: bool) -> None:
     from backends.modelspec import load_spec
 

@@ -15,8 +15,7 @@ def hearth(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_probe_does_not_import_torch_on_a_gpu_less_machine() -> None:
-    code = ("import sys; from hwprobe import probe; r = probe(); "
-            "print(len(r.gpus), 'torch' in sys.modules)")
+    code = "import sys; from hwprobe import probe; r = probe(); print(len(r.gpus), 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.split()
     if Path("/proc/driver/nvidia/version").exists():  # a lent GPU machine: the fallback may import torch
         return
@@ -40,15 +39,24 @@ def test_probe_json_round_trips_through_plan_hardware(tmp_path: Path) -> None:
 
 
 def test_plan_from_a_config_json_on_a_fixture(tmp_path: Path) -> None:
-    cfg = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 5120,
-           "intermediate_size": 13824, "num_attention_heads": 40, "num_hidden_layers": 48,
-           "num_key_value_heads": 8, "vocab_size": 152064, "max_position_embeddings": 32768,
-           "tie_word_embeddings": False}
+    cfg = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 5120,
+        "intermediate_size": 13824,
+        "num_attention_heads": 40,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 8,
+        "vocab_size": 152064,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+    }
     folder = tmp_path / "Qwen2.5-14B"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(cfg))
-    res = hearth("plan", str(folder / "config.json"), "--hardware", str(FIXTURES / "rtx4090_24gb.json"),
-                 "--backend", "llama.cpp")
+    res = hearth(
+        "plan", str(folder / "config.json"), "--hardware", str(FIXTURES / "rtx4090_24gb.json"), "--backend", "llama.cpp"
+    )
     assert res.returncode == 0, res.stderr
     assert "Qwen2.5-14B: llama.cpp" in res.stdout and "why:" in res.stdout
     res = hearth("plan", str(folder / "config.json"), "--hardware", str(FIXTURES / "rtx4090_24gb.json"), "--json")
@@ -65,11 +73,13 @@ def test_bad_hardware_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_hwprobe_imports_nothing_of_hearth_above_it_nor_torch() -> None:
-    code = ("import sys, json; import hwprobe; from hwprobe.report import load_report; "
-            f"r = load_report({str(FIXTURES / 'rtx3090_24gb.json')!r}); from hwprobe.shape import ModelShape; "
-            "hwprobe.plan(r, ModelShape('m', 'llama', 32, 4096, 32, 8, 128, 14336, 128256, 8192)); hwprobe.probe(); "
-            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'backends', 'app', 'textual', 'llama_cpp', 'triton'))))")
+    code = (
+        "import sys, json; import hwprobe; from hwprobe.report import load_report; "
+        f"r = load_report({str(FIXTURES / 'rtx3090_24gb.json')!r}); from hwprobe.shape import ModelShape; "
+        "hwprobe.plan(r, ModelShape('m', 'llama', 32, 4096, 32, 8, 128, 14336, 128256, 8192)); hwprobe.probe(); "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'backends', 'app', 'textual', 'llama_cpp', 'triton'))))"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     if not Path("/proc/driver/nvidia/version").exists():

@@ -18,8 +18,9 @@ from hwprobe.shape import ModelShape
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LLAMA3_8B_KV_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 KV heads of 128, f16: 128 KiB
-STARTER = ModelShape("SmolLM2-135M", "llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, tied_embeddings=True,
-                     tokenizer="gpt2/smollm")
+STARTER = ModelShape(
+    "SmolLM2-135M", "llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, tied_embeddings=True, tokenizer="gpt2/smollm"
+)
 
 
 def hw(name: str):
@@ -31,9 +32,23 @@ def _llama3_8b_safetensors_spec():
     from tests.fakes import fake_spec
 
     return dataclasses.replace(
-        fake_spec(name="Llama-3-8B"), format="safetensors", n_layers=32, hidden_size=4096, n_heads=32,
-        n_kv_heads=8, head_dim=128, ffn_size=14336, vocab_size=128256, context_length=8192, file_type="BF16",
-        tensors=(), param_count=8_030_261_248, tied_embeddings=False, tokenizer_model="hf", tokenizer_pre="")
+        fake_spec(name="Llama-3-8B"),
+        format="safetensors",
+        n_layers=32,
+        hidden_size=4096,
+        n_heads=32,
+        n_kv_heads=8,
+        head_dim=128,
+        ffn_size=14336,
+        vocab_size=128256,
+        context_length=8192,
+        file_type="BF16",
+        tensors=(),
+        param_count=8_030_261_248,
+        tied_embeddings=False,
+        tokenizer_model="hf",
+        tokenizer_pre="",
+    )
 
 
 @pytest.mark.parametrize("fixture", ["rtx4090_24gb", "rtx3090_24gb"])
@@ -142,7 +157,8 @@ def test_cpu_plan_counts_the_engines_repacked_weights_and_dense_copies() -> None
 
 
 def test_cpu_plan_without_avx512_is_fp32_with_an_fp32_kv_cache() -> None:
-    p = plan(dataclasses.replace(hw("no_gpu_laptop"), cpu_avx512=False), STARTER, Prefs(backend="torch",
-                                                                                         max_num_seqs=1))
+    p = plan(
+        dataclasses.replace(hw("no_gpu_laptop"), cpu_avx512=False), STARTER, Prefs(backend="torch", max_num_seqs=1)
+    )
     assert (p.quant, p.kv_cache_type) == ("fp32", "f32")
     assert p.kv_pool_bytes == 8192 * 2 * 30 * 3 * 64 * 4

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from hw_shapes import LLAMA2_7B, MIXTRAL_8X7B
+
 from hwprobe import memory as m
 from hwprobe.placement import Candidate, pcie_gbps, torch_offload_tokens_per_s
 from hwprobe.report import GpuInfo, HardwareReport
@@ -21,8 +21,16 @@ BLOCK_7B_BF16 = 2 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096)
 
 
 def _gpu(gen: int | None = 4, width: int | None = 16, bandwidth: float | None = 936.0) -> GpuInfo:
-    return GpuInfo(0, "NVIDIA GeForce RTX 3090", 24576, 23900, compute_capability="8.6", pcie_generation=gen,
-                   pcie_width=width, memory_bandwidth_gbps=bandwidth)
+    return GpuInfo(
+        0,
+        "NVIDIA GeForce RTX 3090",
+        24576,
+        23900,
+        compute_capability="8.6",
+        pcie_generation=gen,
+        pcie_width=width,
+        memory_bandwidth_gbps=bandwidth,
+    )
 
 
 def _report(gpu: GpuInfo, ram_gbps: float = 60.0) -> HardwareReport:
@@ -33,13 +41,20 @@ def _candidate(shape, n_gpu_layers: int, fmt: str = "bf16", ctx: int = 4096) -> 
     return Candidate("torch", fmt, m.weights(shape, fmt), ctx, "f16", True, (0,), "none", n_gpu_layers)
 
 
-@pytest.mark.parametrize("gen,width,gbps", [
-    (4, 16, 25.2), (3, 16, 12.6), (5, 16, 50.4), (5, 8, 25.2), (4, 8, 12.6),
-    (None, None, 25.2),  # unknown link: PCIe 4.0 x16
-    (1, 16, 25.2),  # an idle GPU's power-saving Gen1 link is not what a copy gets
-    (None, 8, 12.6),  # unknown generation, known width
-    (9, 16, 96.8),  # a generation newer than the table: the newest known
-])
+@pytest.mark.parametrize(
+    "gen,width,gbps",
+    [
+        (4, 16, 25.2),
+        (3, 16, 12.6),
+        (5, 16, 50.4),
+        (5, 8, 25.2),
+        (4, 8, 12.6),
+        (None, None, 25.2),  # unknown link: PCIe 4.0 x16
+        (1, 16, 25.2),  # an idle GPU's power-saving Gen1 link is not what a copy gets
+        (None, 8, 12.6),  # unknown generation, known width
+        (9, 16, 96.8),  # a generation newer than the table: the newest known
+    ],
+)
 def test_pcie_bandwidth_from_the_reported_link(gen, width, gbps) -> None:
     assert pcie_gbps(_gpu(gen, width)) == pytest.approx(gbps, rel=0.01)
 
@@ -58,8 +73,9 @@ def test_streaming_half_of_a_7b_is_bound_by_the_link() -> None:
 
 def test_host_ram_slower_than_the_link_bounds_the_copies() -> None:
     """PCIe 5.0 x16 (50.4 GB/s) fed by 25.2 GB/s of RAM streams like PCIe 4.0 x16 fed by 60."""
-    gen5_slow_ram = torch_offload_tokens_per_s(_report(_gpu(gen=5), ram_gbps=25.2), LLAMA2_7B,
-                                               _candidate(LLAMA2_7B, 16))
+    gen5_slow_ram = torch_offload_tokens_per_s(
+        _report(_gpu(gen=5), ram_gbps=25.2), LLAMA2_7B, _candidate(LLAMA2_7B, 16)
+    )
     gen5 = torch_offload_tokens_per_s(_report(_gpu(gen=5)), LLAMA2_7B, _candidate(LLAMA2_7B, 16))
     assert gen5_slow_ram == torch_offload_tokens_per_s(_report(_gpu(gen=4)), LLAMA2_7B, _candidate(LLAMA2_7B, 16))
     assert gen5 > 1.8 * gen5_slow_ram

@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from hw_shapes import ALL, LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, LLAMA3_8B, MISTRAL_7B, MIXTRAL_8X7B, QWEN25_14B
+
 from hwprobe import plan
 from hwprobe.errors import PlanError
 from hwprobe.plan_types import Prefs
@@ -93,10 +93,16 @@ def test_torch_engine_is_offered_only_what_it_can_load() -> None:
                 q = plan(hw(fixture), shape)
             except PlanError:
                 continue  # e.g. a 70B on the 8 GB laptop: nothing fits, said with the numbers
-            assert q.backend != "torch" or (q.quant in TORCH_ENGINE_RUNNABLE_FORMATS and q.quant != "W4A16"
-                                            and (len(q.tensor_split) <= 1 or q.split_mode == "tensor"
-                                                 and q.tensor_parallel == len(q.tensor_split)
-                                                 and fixture == "2x3090_nvlink")), (fixture, shape)
+            assert q.backend != "torch" or (
+                q.quant in TORCH_ENGINE_RUNNABLE_FORMATS
+                and q.quant != "W4A16"
+                and (
+                    len(q.tensor_split) <= 1
+                    or q.split_mode == "tensor"
+                    and q.tensor_parallel == len(q.tensor_split)
+                    and fixture == "2x3090_nvlink"
+                )
+            ), (fixture, shape)
 
 
 def test_70b_on_two_nvlinked_3090s_uses_both_cards_tensor_split() -> None:
@@ -137,8 +143,12 @@ def test_busy_3090_gets_a_smaller_plan_than_the_idle_one(shape) -> None:
     idle, busy = plan(hw("rtx3090_24gb"), shape), plan(hw("rtx3090_busy"), shape)
     assert busy.devices[0].budget_mib < idle.devices[0].budget_mib - 6000
     assert gpu_total_mib(busy) <= busy.devices[0].budget_mib
-    assert (busy.n_gpu_layers < idle.n_gpu_layers or busy.cpu_expert_layers > idle.cpu_expert_layers
-            or busy.ctx < idle.ctx or busy.quant != idle.quant)
+    assert (
+        busy.n_gpu_layers < idle.n_gpu_layers
+        or busy.cpu_expert_layers > idle.cpu_expert_layers
+        or busy.ctx < idle.ctx
+        or busy.quant != idle.quant
+    )
 
 
 def test_busy_3090_plan_names_the_memory_other_programs_hold() -> None:
@@ -204,8 +214,19 @@ def test_user_flags_are_taken_as_given() -> None:
 
 def test_json_keys_are_the_issues() -> None:
     d = plan(hw("2x3090_nvlink"), LLAMA2_70B).as_dict()
-    for key in ("backend", "quant", "n_gpu_layers", "n_layers", "split_mode", "tensor_split", "ctx",
-                "kv_cache_type", "devices", "expected_tokens_per_s", "reasons"):
+    for key in (
+        "backend",
+        "quant",
+        "n_gpu_layers",
+        "n_layers",
+        "split_mode",
+        "tensor_split",
+        "ctx",
+        "kv_cache_type",
+        "devices",
+        "expected_tokens_per_s",
+        "reasons",
+    ):
         assert key in d
     assert d["split_mode"] in ("none", "layer", "row", "tensor")
     assert [dev["kind"] for dev in d["devices"]] == ["gpu", "gpu", "cpu"]
@@ -215,8 +236,11 @@ def test_json_keys_are_the_issues() -> None:
 
 
 def test_more_bandwidth_means_faster_decode() -> None:
-    assert plan(hw("rtx4090_24gb"), LLAMA2_7B).expected_tokens_per_s > plan(
-        hw("rtx3060_12gb"), LLAMA2_7B).expected_tokens_per_s > plan(hw("no_gpu_laptop"), LLAMA2_7B).expected_tokens_per_s
+    assert (
+        plan(hw("rtx4090_24gb"), LLAMA2_7B).expected_tokens_per_s
+        > plan(hw("rtx3060_12gb"), LLAMA2_7B).expected_tokens_per_s
+        > plan(hw("no_gpu_laptop"), LLAMA2_7B).expected_tokens_per_s
+    )
 
 
 def test_a_gguf_is_never_recut_below_its_own_bits_by_the_torch_engine() -> None:
@@ -230,8 +254,15 @@ def test_a_gguf_is_never_recut_below_its_own_bits_by_the_torch_engine() -> None:
     assert (p.backend, p.quant, p.n_gpu_layers) == ("llama.cpp", "Q4_K_M", 32)
 
 
-@pytest.mark.parametrize("prefs,match", [(Prefs(backend="vllm"), "backend"), (Prefs(quant="Q9"), "unknown quant"),
-                                         (Prefs(kv_cache_type="q2"), "KV cache"), (Prefs(ctx=8), "at least 16")])
+@pytest.mark.parametrize(
+    "prefs,match",
+    [
+        (Prefs(backend="vllm"), "backend"),
+        (Prefs(quant="Q9"), "unknown quant"),
+        (Prefs(kv_cache_type="q2"), "KV cache"),
+        (Prefs(ctx=8), "at least 16"),
+    ],
+)
 def test_bad_preferences_are_config_errors(prefs: Prefs, match: str) -> None:
     from hwprobe.errors import ConfigError
 
@@ -250,8 +281,9 @@ def test_models_the_torch_engine_cannot_run_go_to_llama_cpp_even_when_they_fit()
     assert any("tokenizer" in r for r in p.reasons)
     assert torch_engine_refusal(dataclasses.replace(LLAMA2_7B, tokenizer="gpt2/smollm")) is None
     assert torch_engine_refusal(dataclasses.replace(LLAMA2_7B, tokenizer="llama/default")) is None  # SentencePiece
-    assert "experts" in torch_engine_refusal(MIXTRAL_8X7B.__class__(**{**MIXTRAL_8X7B.__dict__,
-                                                                      "architecture": "llama"}))
+    assert "experts" in torch_engine_refusal(
+        MIXTRAL_8X7B.__class__(**{**MIXTRAL_8X7B.__dict__, "architecture": "llama"})
+    )
 
 
 def test_torch_tokenizer_list_matches_the_engine() -> None:

@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from hw_shapes import LLAMA3_8B, MIXTRAL_8X7B
+
 from hwprobe import memory as m
 from hwprobe import plan
 from hwprobe.experts import expert_layer_bytes, expert_tokens_per_s
@@ -24,10 +24,24 @@ from hwprobe.shape import ModelShape
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Qwen3-30B-A3B's config.json: 128 experts of width 768, 8 used, no shared expert
-QWEN3_30B_A3B = ModelShape("Qwen3-30B-A3B", "qwen3moe", 48, 2048, 32, 4, 128, 768, 151936, 40960, n_experts=128,
-                           n_experts_used=8)
-QWEN2_57B_A14B = ModelShape("Qwen2-57B-A14B", "qwen2moe", 28, 3584, 28, 4, 128, 2560, 151936, 32768, n_experts=64,
-                            n_experts_used=8, shared_ffn_size=20480)
+QWEN3_30B_A3B = ModelShape(
+    "Qwen3-30B-A3B", "qwen3moe", 48, 2048, 32, 4, 128, 768, 151936, 40960, n_experts=128, n_experts_used=8
+)
+QWEN2_57B_A14B = ModelShape(
+    "Qwen2-57B-A14B",
+    "qwen2moe",
+    28,
+    3584,
+    28,
+    4,
+    128,
+    2560,
+    151936,
+    32768,
+    n_experts=64,
+    n_experts_used=8,
+    shared_ffn_size=20480,
+)
 
 
 def hw(name: str):
@@ -92,8 +106,9 @@ def test_the_fewest_expert_layers_that_fit() -> None:
     report = hw("rtx4090_24gb")
     p = plan(report, MIXTRAL_8X7B)
     layout = m.weights(MIXTRAL_8X7B, "Q4_K_M")
-    fewer = Candidate("llama.cpp", "Q4_K_M", layout, p.ctx, "f16", True, (0,), "none", 32,
-                      cpu_expert_layers=p.cpu_expert_layers - 1)
+    fewer = Candidate(
+        "llama.cpp", "Q4_K_M", layout, p.ctx, "f16", True, (0,), "none", 32, cpu_expert_layers=p.cpu_expert_layers - 1
+    )
     assert price(report, MIXTRAL_8X7B, fewer)[0].headroom_mib < 0
 
 
@@ -111,17 +126,41 @@ def test_shared_experts_stay_on_the_gpu_and_count_as_read_every_token() -> None:
 
 
 def test_file_expert_bytes_are_used_when_the_layout_is_the_files() -> None:
-    shape = dataclasses.replace(MIXTRAL_8X7B, layer_bytes=(1000,) * 32, expert_bytes=(900,) * 32,
-                                weight_bytes=40000, embedding_bytes=3000, output_bytes=3000, quant="Q4_K_M")
+    shape = dataclasses.replace(
+        MIXTRAL_8X7B,
+        layer_bytes=(1000,) * 32,
+        expert_bytes=(900,) * 32,
+        weight_bytes=40000,
+        embedding_bytes=3000,
+        output_bytes=3000,
+        quant="Q4_K_M",
+    )
     assert expert_layer_bytes(shape, m.weights(shape)) == (900,) * 32
     assert expert_layer_bytes(shape, m.weights(shape, "Q8_0")) != (900,) * 32  # another quant: by share
 
 
 def test_expert_estimate_by_hand() -> None:
     """Two layers, half of each block experts (1 GB), 1 of 4 used, 1 layer's experts on a 100 GB/s host."""
-    shape = ModelShape("toy", "llama", 2, 64, 1, 1, 64, 64, 10, 4096, n_experts=4, n_experts_used=1,
-                       layer_bytes=(2 * 10**9, 2 * 10**9), expert_bytes=(10**9, 10**9), weight_bytes=4 * 10**9,
-                       embedding_bytes=0, output_bytes=0, quant="F16")
+    shape = ModelShape(
+        "toy",
+        "llama",
+        2,
+        64,
+        1,
+        1,
+        64,
+        64,
+        10,
+        4096,
+        n_experts=4,
+        n_experts_used=1,
+        layer_bytes=(2 * 10**9, 2 * 10**9),
+        expert_bytes=(10**9, 10**9),
+        weight_bytes=4 * 10**9,
+        embedding_bytes=0,
+        output_bytes=0,
+        quant="F16",
+    )
     report = dataclasses.replace(hw("rtx4090_24gb"), ram_bandwidth_gbps=100.0)
     layout = dataclasses.replace(m.weights(shape), head_bytes=0, other_bytes=0)
     tps = expert_tokens_per_s(report, shape, layout, 0, 1, kv_bytes=0)
@@ -130,10 +169,17 @@ def test_expert_estimate_by_hand() -> None:
     assert tps == pytest.approx(1 / (gpu + cpu), abs=0.05)
 
 
-@pytest.mark.parametrize("model,fixture,quant", [
-    ("Mixtral-8x7B", "rtx4090_24gb", None), ("Mixtral-8x7B", "rtx3090_24gb", None),
-    ("Qwen3-30B-A3B", "rtx4090_24gb", None), ("Qwen3-30B-A3B", "rtx3090_24gb", None),
-    ("Qwen3-30B-A3B", "rtx4090_24gb", "Q8_0"), ("Qwen3-30B-A3B", "rtx3090_24gb", "Q8_0")])
+@pytest.mark.parametrize(
+    "model,fixture,quant",
+    [
+        ("Mixtral-8x7B", "rtx4090_24gb", None),
+        ("Mixtral-8x7B", "rtx3090_24gb", None),
+        ("Qwen3-30B-A3B", "rtx4090_24gb", None),
+        ("Qwen3-30B-A3B", "rtx3090_24gb", None),
+        ("Qwen3-30B-A3B", "rtx4090_24gb", "Q8_0"),
+        ("Qwen3-30B-A3B", "rtx3090_24gb", "Q8_0"),
+    ],
+)
 def test_readme_moe_plans_are_what_the_planner_says(model: str, fixture: str, quant: str | None) -> None:
     """The README's table of MoE plans comes from `hearth plan examples/moe/*/config.json --hardware ...`."""
     from app.commands.plan import _config_shape
@@ -143,8 +189,11 @@ def test_readme_moe_plans_are_what_the_planner_says(model: str, fixture: str, qu
     p = plan(hw(fixture), shape, Prefs(quant=quant))
     gpu = {"rtx4090_24gb": "RTX 4090", "rtx3090_24gb": "RTX 3090"}[fixture]
     label = model.replace("-8x7B", " 8x7B")
-    rows = [r for r in (root / "README.md").read_text().splitlines() if r.startswith(f"| {label} (")
-            and f"| {gpu} |" in r and ((quant or "") in r if quant else "--quant" not in r)]
+    rows = [
+        r
+        for r in (root / "README.md").read_text().splitlines()
+        if r.startswith(f"| {label} (") and f"| {gpu} |" in r and ((quant or "") in r if quant else "--quant" not in r)
+    ]
     assert len(rows) == 1, rows
     row = rows[0]
     if p.cpu_expert_layers:

@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from hw_shapes import LLAMA2_7B, q4_0_llama_spec
+from test_planner_torch_offload import OLD_LINK, Q4_0_13B
+
 from hwprobe import plan
 from hwprobe.plan_types import Prefs
 from hwprobe.report import load_report
-from test_planner_torch_offload import OLD_LINK, Q4_0_13B
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SMALL_Q4_0 = q4_0_llama_spec("Small-Q4_0", 8, 1024, 2816).to_shape()
@@ -47,10 +47,13 @@ def test_on_the_cpu_serving_prefers_the_torch_engine_and_says_why() -> None:
     assert not any(r.startswith("serving") for r in single.reasons)
 
 
-@pytest.mark.parametrize("prefs,expect", [
-    (Prefs(prefer_batching=True, backend="llama.cpp"), "serving: backend llama.cpp as asked"),
-    (Prefs(prefer_batching=True, max_num_seqs=1), "single user (max concurrency 1)"),
-])
+@pytest.mark.parametrize(
+    "prefs,expect",
+    [
+        (Prefs(prefer_batching=True, backend="llama.cpp"), "serving: backend llama.cpp as asked"),
+        (Prefs(prefer_batching=True, max_num_seqs=1), "single user (max concurrency 1)"),
+    ],
+)
 def test_an_explicit_backend_or_one_client_keeps_llama_cpp(prefs: Prefs, expect: str) -> None:
     p = plan(hw("no_gpu_laptop"), SMALL_Q4_0, prefs)
     assert p.backend == "llama.cpp" and not p.serving
@@ -62,8 +65,10 @@ def test_torch_engine_that_does_not_fit_ram_leaves_llama_cpp_serving() -> None:
     # over the laptop's RAM budget, where llama.cpp's Q8_0 fits
     p = plan(hw("no_gpu_laptop"), LLAMA2_7B, SERVE)
     assert (p.backend, p.quant) == ("llama.cpp", "Q8_0") and p.fits
-    assert p.reasons[0].startswith("serving: llama.cpp answers one request at a time (the others queue), because "
-                                   "the torch engine's weights and KV pool for 16 sequences do not fit host RAM")
+    assert p.reasons[0].startswith(
+        "serving: llama.cpp answers one request at a time (the others queue), because "
+        "the torch engine's weights and KV pool for 16 sequences do not fit host RAM"
+    )
 
 
 def test_a_model_the_torch_engine_cannot_run_is_served_by_llama_cpp_with_the_reason() -> None:

@@ -22,12 +22,11 @@ import json
 from pathlib import Path
 
 import pytest
-
 from hw_shapes import LLAMA2_13B, LLAMA2_70B, MIXTRAL_8X7B, q4_0_llama_spec
+
 from hwprobe import memory as m
 from hwprobe import plan
-from hwprobe.placement import (TORCH_OFFLOAD_BUFFERS, Candidate, expected_tokens_per_s, price,
-                               torch_offload_tokens_per_s)
+from hwprobe.placement import TORCH_OFFLOAD_BUFFERS, Candidate, expected_tokens_per_s, price, torch_offload_tokens_per_s
 from hwprobe.plan_types import Prefs
 from hwprobe.report import GpuInfo, HardwareReport, load_report
 
@@ -40,18 +39,32 @@ def _q4_0_13b():
     """Llama-2-13B as a Q4_0 GGUF whose every projection the torch engine keeps as int4 blocks."""
     params = LLAMA2_13B.estimated_param_count
     return dataclasses.replace(
-        LLAMA2_13B, quant="Q4_0", weight_bytes=int(params * 4.5 / 8), param_count=params,
-        layer_bytes=(int(PROJ_13B * 4.5 / 8),) * 40, embedding_bytes=int(32000 * 5120 * 4.5 / 8),
-        output_bytes=int(32000 * 5120 * 6.56 / 8), tokenizer="llama/default",
-        extra={"file_format": "gguf", "gguf_repacked": ((PROJ_13B, 0),) * 40})
+        LLAMA2_13B,
+        quant="Q4_0",
+        weight_bytes=int(params * 4.5 / 8),
+        param_count=params,
+        layer_bytes=(int(PROJ_13B * 4.5 / 8),) * 40,
+        embedding_bytes=int(32000 * 5120 * 4.5 / 8),
+        output_bytes=int(32000 * 5120 * 6.56 / 8),
+        tokenizer="llama/default",
+        extra={"file_format": "gguf", "gguf_repacked": ((PROJ_13B, 0),) * 40},
+    )
 
 
 Q4_0_13B = _q4_0_13b()
 
 
 def _laptop(pcie_gen: int, ram_gbps: float) -> HardwareReport:
-    gpu = GpuInfo(0, "NVIDIA GeForce RTX 4060 Laptop GPU", 8192, 7892, compute_capability="8.9",
-                  pcie_generation=pcie_gen, pcie_width=16, memory_bandwidth_gbps=272.0)
+    gpu = GpuInfo(
+        0,
+        "NVIDIA GeForce RTX 4060 Laptop GPU",
+        8192,
+        7892,
+        compute_capability="8.9",
+        pcie_generation=pcie_gen,
+        pcie_width=16,
+        memory_bandwidth_gbps=272.0,
+    )
     return HardwareReport((gpu,), "Intel Core i7-13700H", 6, 12, True, False, 65536, 60000, ram_gbps)
 
 
@@ -77,8 +90,12 @@ def test_a_fast_link_and_slow_ram_stream_the_blocks_on_the_torch_engine() -> Non
     assert "streaming 29 of 40 layers (GGUF) over PCIe 4.0 x16 (~20 GB/s, host RAM being slower" in race
     assert f"~{p.expected_tokens_per_s:.1f} tokens/s" in race and f"~{llama.expected_tokens_per_s:.1f} tokens/s" in race
     assert "computing 13 of them on the CPU" in race and race.split(": ")[-1].startswith("the torch engine is faster")
-    assert any(r.startswith("11 of 40 layers on GPU 0, the first 29 streamed from pinned host RAM through 2 GPU "
-                            "buffers of 190 MiB") for r in p.reasons)
+    assert any(
+        r.startswith(
+            "11 of 40 layers on GPU 0, the first 29 streamed from pinned host RAM through 2 GPU buffers of 190 MiB"
+        )
+        for r in p.reasons
+    )
 
 
 def test_an_old_link_leaves_the_cpu_layers_to_llama_cpp() -> None:
@@ -136,17 +153,24 @@ def test_the_buffers_are_sized_to_the_largest_streamed_block_and_no_more_than_th
 
 def test_streaming_estimate_is_the_plans_speed() -> None:
     p = plan(FAST_LINK_SLOW_RAM, Q4_0_13B)
-    c = Candidate("torch", "GGUF", m.weights(Q4_0_13B, "GGUF"), 4096, "f16", True, (0,), "none", 11,
-                  max_num_seqs=16)
+    c = Candidate("torch", "GGUF", m.weights(Q4_0_13B, "GGUF"), 4096, "f16", True, (0,), "none", 11, max_num_seqs=16)
     devices = price(FAST_LINK_SLOW_RAM, Q4_0_13B, c)
     assert devices == p.devices
-    assert p.expected_tokens_per_s == expected_tokens_per_s(FAST_LINK_SLOW_RAM, Q4_0_13B, c, devices) == \
-        torch_offload_tokens_per_s(FAST_LINK_SLOW_RAM, Q4_0_13B, c)
+    assert (
+        p.expected_tokens_per_s
+        == expected_tokens_per_s(FAST_LINK_SLOW_RAM, Q4_0_13B, c, devices)
+        == torch_offload_tokens_per_s(FAST_LINK_SLOW_RAM, Q4_0_13B, c)
+    )
 
 
-@pytest.mark.parametrize("shape,prefs", [(MIXTRAL_8X7B, Prefs()),  # the torch engine runs no MoE
-                                         (Q4_0_13B, Prefs(kv_cache_type="q8_0"))],  # nor a quantized KV cache
-                         ids=["moe", "q8_0-kv"])
+@pytest.mark.parametrize(
+    "shape,prefs",
+    [
+        (MIXTRAL_8X7B, Prefs()),  # the torch engine runs no MoE
+        (Q4_0_13B, Prefs(kv_cache_type="q8_0")),
+    ],  # nor a quantized KV cache
+    ids=["moe", "q8_0-kv"],
+)
 def test_no_race_where_the_torch_engine_cannot_run_the_model(shape, prefs) -> None:
     p = plan(FAST_LINK_SLOW_RAM, shape, prefs)
     # a MoE model may keep every layer on the GPU with some experts in host RAM (hwprobe.experts)
@@ -161,8 +185,9 @@ def test_backend_torch_with_n_gpu_layers_is_planned_as_streaming() -> None:
     assert (p.backend, p.quant, p.n_gpu_layers, p.device, p.ctx) == ("torch", "W4A16", 30, "cuda:0", 4096)
     lay = m.weights(LLAMA2_70B, "W4A16")
     gpu, host = p.devices
-    assert gpu.weights_mib == m.mib(sum(lay.layer_bytes[50:]) + lay.embedding_bytes + lay.head_bytes
-                                    + lay.other_bytes + 2 * lay.layer_bytes[0])
+    assert gpu.weights_mib == m.mib(
+        sum(lay.layer_bytes[50:]) + lay.embedding_bytes + lay.head_bytes + lay.other_bytes + 2 * lay.layer_bytes[0]
+    )
     assert gpu.kv_mib >= 2 * 80 * 8 * 128 * 2 * 4096 // m.MIB  # 1280: all 80 layers, at least one sequence
     assert host.weights_mib == m.mib(50 * lay.layer_bytes[0]) and p.fits
     c = Candidate("torch", "W4A16", lay, 4096, "f16", True, (0,), "none", 30)
@@ -175,17 +200,37 @@ def test_a_safetensors_model_too_big_for_the_card_streams_rather_than_running_on
     p = plan(load_report(FIXTURES / "rtx3090_24gb.json"), shape)
     assert (p.backend, p.device, p.quant) == ("torch", "cuda:0", "W4A16")  # the fastest to stream
     assert 30 < p.n_gpu_layers < 80 and p.fits
-    assert any(r.startswith("backend torch: the torch engine supports llama but none of its formats fits entirely "
-                            "on GPU 0 (bf16 128.5 GiB, W8A16 64.7 GiB, W4A16 34.8 GiB)") for r in p.reasons)
+    assert any(
+        r.startswith(
+            "backend torch: the torch engine supports llama but none of its formats fits entirely "
+            "on GPU 0 (bf16 128.5 GiB, W8A16 64.7 GiB, W4A16 34.8 GiB)"
+        )
+        for r in p.reasons
+    )
 
 
 # ---- app.loading.decide: a streaming plan becomes LoadOptions ---------------------------------------------------
 
+
 def _hardware_file(tmp_path: Path, pcie_gen: int, ram_gbps: float) -> str:
-    report = {"gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 4060 Laptop GPU", "memory_total_mib": 8192,
-                        "memory_free_mib": 7892, "compute_capability": "8.9", "pcie_generation": pcie_gen,
-                        "pcie_width": 16, "memory_bandwidth_gbps": 272.0}],
-              "ram_total_mib": 65536, "ram_available_mib": 60000, "cpu_cores": 6, "ram_bandwidth_gbps": ram_gbps}
+    report = {
+        "gpus": [
+            {
+                "index": 0,
+                "name": "NVIDIA GeForce RTX 4060 Laptop GPU",
+                "memory_total_mib": 8192,
+                "memory_free_mib": 7892,
+                "compute_capability": "8.9",
+                "pcie_generation": pcie_gen,
+                "pcie_width": 16,
+                "memory_bandwidth_gbps": 272.0,
+            }
+        ],
+        "ram_total_mib": 65536,
+        "ram_available_mib": 60000,
+        "cpu_cores": 6,
+        "ram_bandwidth_gbps": ram_gbps,
+    }
     path = tmp_path / f"laptop_gen{pcie_gen}.json"
     path.write_text(json.dumps(report))
     return str(path)
@@ -214,7 +259,6 @@ def test_decide_with_backend_torch_and_n_gpu_layers_streams_the_rest(tmp_path: P
     spec = q4_0_llama_spec("Llama-2-13B-Q4_0", 40, 5120, 13824)
     d = decide(spec, Settings(backend="torch", n_gpu_layers=8), _hardware_file(tmp_path, 3, 30.0))
     o = d.options
-    assert (d.backend, d.plan.quant, o.device, o.n_gpu_layers, o.weight_quant) == ("torch", "GGUF", "cuda:0", 8,
-                                                                                    "gguf")
+    assert (d.backend, d.plan.quant, o.device, o.n_gpu_layers, o.weight_quant) == ("torch", "GGUF", "cuda:0", 8, "gguf")
     assert d.plan.devices[0].kv_mib >= KV_13B_4096_MIB and d.plan.fits
     assert o.kv_cache_bytes == d.plan.kv_pool_bytes == d.plan.devices[0].kv_pool_tokens * 2 * 40 * 40 * 128 * 2

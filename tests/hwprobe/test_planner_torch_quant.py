@@ -14,8 +14,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-
 from hw_shapes import LLAMA2_7B, LLAMA2_13B
+
 from hwprobe import memory as m
 from hwprobe import plan
 from hwprobe.plan_types import Prefs
@@ -40,10 +40,16 @@ def gguf_7b(quant: str, bpw: float, kept: tuple[tuple[int, int], ...]):
     as ModelSpec.to_shape fills extra["gguf_repacked"] from the file's tensor types."""
     params = LLAMA2_7B.estimated_param_count
     return dataclasses.replace(
-        LLAMA2_7B, quant=quant, weight_bytes=int(params * bpw / 8), param_count=params,
-        layer_bytes=(int(PROJ_7B * bpw / 8),) * 32, embedding_bytes=int(32000 * 4096 * bpw / 8),
-        output_bytes=int(32000 * 4096 * 6.56 / 8), tokenizer="llama/default",
-        extra={"file_format": "gguf", "gguf_repacked": kept})
+        LLAMA2_7B,
+        quant=quant,
+        weight_bytes=int(params * bpw / 8),
+        param_count=params,
+        layer_bytes=(int(PROJ_7B * bpw / 8),) * 32,
+        embedding_bytes=int(32000 * 4096 * bpw / 8),
+        output_bytes=int(32000 * 4096 * 6.56 / 8),
+        tokenizer="llama/default",
+        extra={"file_format": "gguf", "gguf_repacked": kept},
+    )
 
 
 Q4_0_7B = gguf_7b("Q4_0", 4.5, ((PROJ_7B, 0),) * 32)
@@ -108,11 +114,14 @@ def test_a_q4_k_m_gguf_dequantizes_what_does_not_repack() -> None:
     assert any(r.startswith("weights GGUF") and "76 % as int4" in r for r in p.reasons)  # 16 half-kept layers
 
 
-@pytest.mark.parametrize("shape,want", [
-    (Q8_0_7B, ["bf16", "GGUF"]),  # W8A16 (8.0) would be below its 8.5 bits
-    (Q4_K_M_7B, ["bf16", "GGUF", "W8A16", "FP8"]),  # never W4A16 (4.25 < 4.89)
-    (Q6_K_7B, ["bf16", "W8A16", "FP8"]),  # no block of it repacks: no "GGUF"
-])
+@pytest.mark.parametrize(
+    "shape,want",
+    [
+        (Q8_0_7B, ["bf16", "GGUF"]),  # W8A16 (8.0) would be below its 8.5 bits
+        (Q4_K_M_7B, ["bf16", "GGUF", "W8A16", "FP8"]),  # never W4A16 (4.25 < 4.89)
+        (Q6_K_7B, ["bf16", "W8A16", "FP8"]),  # no block of it repacks: no "GGUF"
+    ],
+)
 def test_a_gguf_is_never_recut_below_its_own_bits(shape, want) -> None:
     assert _torch_formats(hw("rtx4090_24gb").gpus, shape, Prefs()) == want
     assert _torch_formats(hw("rtx4090_24gb").gpus, shape, Prefs(backend="torch")) == want

@@ -15,9 +15,21 @@ from hwprobe.nvml import MIB, read_nvml
 from hwprobe.probe import probe, read_cpuinfo
 from hwprobe.report import load_report, report_from_dict
 
-MINIMAL = {"gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 3090", "memory_total_mib": 24576,
-                     "memory_free_mib": 23900, "compute_capability": "8.6", "nvlink_peers": [1]}],
-           "ram_total_mib": 65536, "ram_available_mib": 60000, "cpu_cores": 16}
+MINIMAL = {
+    "gpus": [
+        {
+            "index": 0,
+            "name": "NVIDIA GeForce RTX 3090",
+            "memory_total_mib": 24576,
+            "memory_free_mib": 23900,
+            "compute_capability": "8.6",
+            "nvlink_peers": [1],
+        }
+    ],
+    "ram_total_mib": 65536,
+    "ram_available_mib": 60000,
+    "cpu_cores": 16,
+}
 
 
 def test_minimal_form_from_the_issue_gets_documented_defaults(tmp_path: Path) -> None:
@@ -40,15 +52,18 @@ def test_report_round_trips_through_json() -> None:
     assert r.sources.items() <= again.sources.items()  # the probe's sources survive; the rest say hardware-file
 
 
-@pytest.mark.parametrize("bad,match", [
-    ([], "must be a JSON object"),
-    ({"gpus": [{"name": "x"}]}, "no memory_total_mib"),
-    ({"gpus": [{"memory_total_mib": 100, "memory_free_mib": 200}]}, "cannot exceed|> memory_total_mib"),
-    ({"gpus": [{"memory_total_mib": "lots"}]}, "whole number"),
-    ({"gpus": [{"memory_total_mib": 100, "compute_capability": "ampere"}]}, "compute_capability"),
-    ({"gpus": [{"index": 0, "memory_total_mib": 1}, {"index": 0, "memory_total_mib": 1}]}, "indices repeat"),
-    ({"cpu_cores": 0}, "cpu_cores"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ([], "must be a JSON object"),
+        ({"gpus": [{"name": "x"}]}, "no memory_total_mib"),
+        ({"gpus": [{"memory_total_mib": 100, "memory_free_mib": 200}]}, "cannot exceed|> memory_total_mib"),
+        ({"gpus": [{"memory_total_mib": "lots"}]}, "whole number"),
+        ({"gpus": [{"memory_total_mib": 100, "compute_capability": "ampere"}]}, "compute_capability"),
+        ({"gpus": [{"index": 0, "memory_total_mib": 1}, {"index": 0, "memory_total_mib": 1}]}, "indices repeat"),
+        ({"cpu_cores": 0}, "cpu_cores"),
+    ],
+)
 def test_bad_reports_name_the_field(bad, match: str) -> None:
     with pytest.raises(HardwareReportError, match=match):
         report_from_dict(bad)
@@ -63,8 +78,10 @@ def test_unreadable_file_is_a_hardware_report_error(tmp_path: Path) -> None:
 
 
 def test_cpuinfo_flags() -> None:
-    model, flags = read_cpuinfo("processor\t: 0\nmodel name\t: AMD EPYC 9654\nflags\t\t: fpu avx2 avx512f\n"
-                                "processor\t: 1\nmodel name\t: other\n")
+    model, flags = read_cpuinfo(
+        "processor\t: 0\nmodel name\t: AMD EPYC 9654\nflags\t\t: fpu avx2 avx512f\n"
+        "processor\t: 1\nmodel name\t: other\n"
+    )
     assert model == "AMD EPYC 9654" and {"avx2", "avx512f"} <= flags
 
 
@@ -131,7 +148,12 @@ def test_nvml_reader_against_a_fake_module() -> None:
     assert res is not None and (res.driver_version, res.cuda_version) == ("550.54.14", "12.4")
     g0, g1 = res.gpus
     assert (g0.name, g0.uuid, g0.compute_capability, g0.pcie_generation, g0.pcie_width) == (
-        "NVIDIA GeForce RTX 3090", "GPU-0", "8.6", 4, 16)
+        "NVIDIA GeForce RTX 3090",
+        "GPU-0",
+        "8.6",
+        4,
+        16,
+    )
     assert (g0.nvlink_peers, g0.p2p_peers, g1.nvlink_peers) == ((1,), (1,), (0,))
     assert (g1.memory_total_mib, g1.memory_free_mib, g1.memory_used_mib) == (24576, 18132, 6444)
     assert [(p.pid, p.used_mib) for p in g1.other_processes] == [(4242, 6144)]

@@ -18,8 +18,21 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 # shapes from each model's config.json (Gemma 3 1B: 26 layers, 5:1 sliding window of 512; Qwen3-8B;
 # Phi-3-mini-4k; Phi-4 14B); the tokenizers are what hwprobe.support checks, not necessarily the files' own
-GEMMA3_1B = ModelShape("Gemma-3-1B", "gemma3", 26, 1152, 4, 1, 256, 6912, 262144, 32768, sliding_window=512,
-                       sliding_window_layers=22, tokenizer="llama/default")
+GEMMA3_1B = ModelShape(
+    "Gemma-3-1B",
+    "gemma3",
+    26,
+    1152,
+    4,
+    1,
+    256,
+    6912,
+    262144,
+    32768,
+    sliding_window=512,
+    sliding_window_layers=22,
+    tokenizer="llama/default",
+)
 QWEN3_8B = ModelShape("Qwen3-8B", "qwen3", 36, 4096, 32, 8, 128, 12288, 151936, 40960, tokenizer="gpt2/qwen2")
 PHI3_MINI = ModelShape("Phi-3-mini-4k", "phi3", 32, 3072, 32, 32, 96, 8192, 32064, 4096, tokenizer="llama/default")
 PHI4 = ModelShape("Phi-4", "phi3", 40, 5120, 40, 10, 128, 17920, 100352, 16384, tokenizer="gpt2/dbrx")
@@ -46,10 +59,13 @@ def test_on_a_cpu_the_reason_names_both_engines() -> None:
     assert any("faster for one stream" in r and "the torch engine runs gemma3 too" in r for r in p.reasons)
 
 
-@pytest.mark.parametrize("shape,why", [
-    (FALCON, "does not implement falcon"),
-    (PHI4, "tokenizer"),  # a byte-level BPE pre-tokenizer ("dbrx") the torch engine does not build
-])
+@pytest.mark.parametrize(
+    "shape,why",
+    [
+        (FALCON, "does not implement falcon"),
+        (PHI4, "tokenizer"),  # a byte-level BPE pre-tokenizer ("dbrx") the torch engine does not build
+    ],
+)
 def test_what_the_torch_engine_cannot_run_goes_to_llama_cpp_and_says_why(shape: ModelShape, why: str) -> None:
     for fixture in ("rtx4090_24gb", "no_gpu_laptop"):
         p = plan(load_report(FIXTURES / f"{fixture}.json"), shape, Prefs())

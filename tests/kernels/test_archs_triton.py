@@ -24,8 +24,9 @@ def test_triton_kernel_set_matches_the_torch_path(tmp_path: Path, arch: str) -> 
 
 
 @pytest.mark.parametrize("prompt_lens,steps", [([14], 4), ([3, 20, 9], 3)])
-def test_gemma3_decode_steps_through_cuda_graph_buffers_match_eager_steps(tmp_path: Path, prompt_lens: list[int],
-                                                                          steps: int) -> None:
+def test_gemma3_decode_steps_through_cuda_graph_buffers_match_eager_steps(
+    tmp_path: Path, prompt_lens: list[int], steps: int
+) -> None:
     """DecodeGraphs' static buffers (capture=False: the step a CUDA graph captures, run eagerly) with Gemma's
     windowed layers: the window reaches the Triton decode kernel through the graph's metadata too."""
     pytest.importorskip("triton")

@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.attention_triton import (paged_decode_reference, paged_decode_triton, paged_prefill_reference,
-                                      paged_prefill_triton)
+from kernels.attention_triton import (
+    paged_decode_reference,
+    paged_decode_triton,
+    paged_prefill_reference,
+    paged_prefill_triton,
+)
 from tests.kernels.conftest import device
 
 pytestmark = pytest.mark.kernels
@@ -30,8 +34,11 @@ def _cache(lens: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype, de
 
 
 DECODE = [  # (seq lens, heads, kv heads, head dim, blocks per split)
-    ([1], 4, 4, 64, None), ([15, 16, 17], 9, 3, 64, None), ([40], 8, 1, 128, 1),
-    ([33, 1, 16], 8, 1, 64, 1), ([17], 3, 1, 64, 2),
+    ([1], 4, 4, 64, None),
+    ([15, 16, 17], 9, 3, 64, None),
+    ([40], 8, 1, 128, 1),
+    ([33, 1, 16], 8, 1, 64, 1),
+    ([17], 3, 1, 64, 2),
 ]
 
 
@@ -42,14 +49,16 @@ def test_paged_decode(dtype, lens, heads, kv_heads, head_dim, split) -> None:
     dev = device()
     k_cache, v_cache, tables, seq_lens = _cache(lens, kv_heads, head_dim, dtype, dev)
     q = torch.randn(len(lens), heads, head_dim, dtype=dtype, device=dev)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     got = paged_decode_triton(q, k_cache, v_cache, tables, seq_lens, scale, blocks_per_split=split)
     want = paged_decode_reference(q, k_cache, v_cache, tables, seq_lens, scale)
     torch.testing.assert_close(got, want, atol=TOL[dtype], rtol=TOL[dtype])
 
 
 PREFILL = [  # (query lens, prefix lens, heads, kv heads, head dim)
-    ([17], [0], 4, 4, 64), ([1, 15, 16], [16, 5, 0], 9, 3, 64), ([17, 3], [15, 1], 8, 1, 128),
+    ([17], [0], 4, 4, 64),
+    ([1, 15, 16], [16, 5, 0], 9, 3, 64),
+    ([17, 3], [15, 1], 8, 1, 128),
 ]
 
 
@@ -62,7 +71,7 @@ def test_paged_prefill(dtype, q_lens, prefix, heads, kv_heads, head_dim) -> None
     k_cache, v_cache, tables, seq_lens = _cache(lens, kv_heads, head_dim, dtype, dev)
     cu = torch.tensor([0] + list(torch.cumsum(torch.tensor(q_lens), 0)), dtype=torch.int32, device=dev)
     q = torch.randn(sum(q_lens), heads, head_dim, dtype=dtype, device=dev)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     got = paged_prefill_triton(q, k_cache, v_cache, tables, seq_lens, cu, scale)
     want = paged_prefill_reference(q, k_cache, v_cache, tables, seq_lens, cu, scale)
     torch.testing.assert_close(got, want, atol=TOL[dtype], rtol=TOL[dtype])
@@ -84,17 +93,23 @@ def test_paged_attention_full_matrix_gpu(dtype, batch, max_len, heads, kv_heads,
     lens = torch.randint(1, max_len + 1, (batch,)).tolist()
     lens[0] = max_len
     k_cache, v_cache, tables, seq_lens = _cache(lens, kv_heads, head_dim, dtype, "cuda")
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     q = torch.randn(batch, heads, head_dim, dtype=dtype, device="cuda")
-    torch.testing.assert_close(paged_decode_triton(q, k_cache, v_cache, tables, seq_lens, scale),
-                               paged_decode_reference(q, k_cache, v_cache, tables, seq_lens, scale),
-                               atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(
+        paged_decode_triton(q, k_cache, v_cache, tables, seq_lens, scale),
+        paged_decode_reference(q, k_cache, v_cache, tables, seq_lens, scale),
+        atol=TOL[dtype],
+        rtol=TOL[dtype],
+    )
     q_lens = [max(1, n // 2) for n in lens]
     cu = torch.tensor([0] + list(torch.cumsum(torch.tensor(q_lens), 0)), dtype=torch.int32, device="cuda")
     qp = torch.randn(sum(q_lens), heads, head_dim, dtype=dtype, device="cuda")
-    torch.testing.assert_close(paged_prefill_triton(qp, k_cache, v_cache, tables, seq_lens, cu, scale),
-                               paged_prefill_reference(qp, k_cache, v_cache, tables, seq_lens, cu, scale),
-                               atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(
+        paged_prefill_triton(qp, k_cache, v_cache, tables, seq_lens, cu, scale),
+        paged_prefill_reference(qp, k_cache, v_cache, tables, seq_lens, cu, scale),
+        atol=TOL[dtype],
+        rtol=TOL[dtype],
+    )
 
 
 @pytest.mark.parametrize("q_lens,prefix", [([1, 1, 1], [0, 15, 16]), ([1, 17, 1], [16, 0, 3])])
@@ -106,10 +121,15 @@ def test_model_contract_mixed_batch(q_lens, prefix) -> None:
     dev = device()
     lens = [a + b for a, b in zip(q_lens, prefix)]
     k_cache, v_cache, tables, _ = _cache(lens, 3, 64, torch.float16, dev)
-    seqs = [(p, n, tuple(int(x) for x in tables[s, : (p + n + BS - 1) // BS]))
-            for s, (n, p) in enumerate(zip(q_lens, prefix))]
+    seqs = [
+        (p, n, tuple(int(x) for x in tables[s, : (p + n + BS - 1) // BS]))
+        for s, (n, p) in enumerate(zip(q_lens, prefix))
+    ]
     meta = attention.build_attention_metadata(seqs, BS, dev)
     q = torch.randn(sum(q_lens), 9, 64, dtype=torch.float16, device=dev)
-    torch.testing.assert_close(paged_attention_triton(q, k_cache, v_cache, meta, 0.125),
-                               attention.paged_attention_reference(q, k_cache, v_cache, meta, 0.125),
-                               atol=3e-3, rtol=3e-3)
+    torch.testing.assert_close(
+        paged_attention_triton(q, k_cache, v_cache, meta, 0.125),
+        attention.paged_attention_reference(q, k_cache, v_cache, meta, 0.125),
+        atol=3e-3,
+        rtol=3e-3,
+    )

@@ -6,8 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.attention_triton import (paged_decode_reference, paged_decode_triton, paged_prefill_reference,
-                                      paged_prefill_triton)
+from kernels.attention_triton import (
+    paged_decode_reference,
+    paged_decode_triton,
+    paged_prefill_reference,
+    paged_prefill_triton,
+)
 from tests.kernels.conftest import device
 
 pytestmark = pytest.mark.kernels
@@ -15,8 +19,9 @@ BS = 16
 
 
 # (q dtype, cache dtype, tolerance): the interpreter has no bf16 arithmetic, so fp16/fp32 pairs here
-@pytest.mark.parametrize("q_dtype,kv_dtype,tol", [(torch.float32, torch.float16, 1e-4),
-                                                  (torch.float16, torch.float32, 3e-3)])
+@pytest.mark.parametrize(
+    "q_dtype,kv_dtype,tol", [(torch.float32, torch.float16, 1e-4), (torch.float16, torch.float32, 3e-3)]
+)
 def test_cache_in_another_float_type(q_dtype: torch.dtype, kv_dtype: torch.dtype, tol: float) -> None:
     torch.manual_seed(5)
     dev = device()
@@ -28,13 +33,17 @@ def test_cache_in_another_float_type(q_dtype: torch.dtype, kv_dtype: torch.dtype
     q = torch.randn(2, 6, 64, dtype=q_dtype, device=dev)
     got = paged_decode_triton(q, k_cache, v_cache, tables, seq_lens, 0.125, blocks_per_split=1)
     assert got.dtype == q_dtype
-    torch.testing.assert_close(got, paged_decode_reference(q, k_cache, v_cache, tables, seq_lens, 0.125),
-                               atol=tol, rtol=tol)
+    torch.testing.assert_close(
+        got, paged_decode_reference(q, k_cache, v_cache, tables, seq_lens, 0.125), atol=tol, rtol=tol
+    )
     cu = torch.tensor([0, 5, 8], dtype=torch.int32, device=dev)  # chunks of 5 and 3 on cached prefixes
     qp = torch.randn(8, 6, 64, dtype=q_dtype, device=dev)
-    torch.testing.assert_close(paged_prefill_triton(qp, k_cache, v_cache, tables, seq_lens, cu, 0.125),
-                               paged_prefill_reference(qp, k_cache, v_cache, tables, seq_lens, cu, 0.125),
-                               atol=tol, rtol=tol)
+    torch.testing.assert_close(
+        paged_prefill_triton(qp, k_cache, v_cache, tables, seq_lens, cu, 0.125),
+        paged_prefill_reference(qp, k_cache, v_cache, tables, seq_lens, cu, 0.125),
+        atol=tol,
+        rtol=tol,
+    )
 
 
 def test_k_and_v_caches_must_agree() -> None:

@@ -7,8 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.moe import (grouped_matmul_torch, moe_experts_grouped, moe_experts_reference, moe_experts_torch, route,
-                         sort_by_expert)
+from kernels.moe import (
+    grouped_matmul_torch,
+    moe_experts_grouped,
+    moe_experts_reference,
+    moe_experts_torch,
+    route,
+    sort_by_expert,
+)
 from kernels.moe_triton import BLOCK_M, grouped_matmul_triton, moe_experts_triton, tile_table
 from tests.kernels.conftest import device
 
@@ -19,8 +25,8 @@ DTYPES = [torch.float16, torch.float32]
 
 def _weights(n_experts: int, hidden: int, ffn: int, dtype: torch.dtype, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    gate_up = (torch.randn(n_experts, 2 * ffn, hidden, generator=g) / hidden ** 0.5).to(dtype).to(device())
-    down = (torch.randn(n_experts, hidden, ffn, generator=g) / ffn ** 0.5).to(dtype).to(device())
+    gate_up = (torch.randn(n_experts, 2 * ffn, hidden, generator=g) / hidden**0.5).to(dtype).to(device())
+    down = (torch.randn(n_experts, hidden, ffn, generator=g) / ffn**0.5).to(dtype).to(device())
     return gate_up, down
 
 
@@ -59,13 +65,20 @@ def test_tile_table_covers_every_row_once(counts: list[int]) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("counts,n,k", [([1], 64, 64), ([0, 17, 0, 3], 100, 48), ([BLOCK_M + 1, BLOCK_M - 1], 65, 33),
-                                        ([5, 0, 0, 0, 0, 0, 0, 2], 128, 96)])
+@pytest.mark.parametrize(
+    "counts,n,k",
+    [
+        ([1], 64, 64),
+        ([0, 17, 0, 3], 100, 48),
+        ([BLOCK_M + 1, BLOCK_M - 1], 65, 33),
+        ([5, 0, 0, 0, 0, 0, 0, 2], 128, 96),
+    ],
+)
 def test_grouped_matmul_triton_matches_torch(dtype: torch.dtype, counts: list[int], n: int, k: int) -> None:
     g = torch.Generator().manual_seed(1)
     offsets = torch.tensor([0] + counts).cumsum(0).to(device())
     x = torch.randn(int(offsets[-1]), k, generator=g).to(dtype).to(device())
-    w = (torch.randn(len(counts), n, k, generator=g) / k ** 0.5).to(dtype).to(device())
+    w = (torch.randn(len(counts), n, k, generator=g) / k**0.5).to(dtype).to(device())
     want = grouped_matmul_torch(x.float(), w.float(), offsets)
     got = grouped_matmul_triton(x, w, offsets)
     assert got.dtype == dtype
@@ -82,10 +95,10 @@ def test_grouped_matmul_triton_refuses_shapes_that_do_not_multiply() -> None:
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens,experts,top_k,hidden,ffn", [(1, 4, 2, 64, 32), (17, 8, 2, 48, 40),
-                                                              (5, 3, 3, 32, 16)])
-def test_moe_experts_match_the_reference(impl: str, dtype: torch.dtype, tokens: int, experts: int, top_k: int,
-                                         hidden: int, ffn: int) -> None:
+@pytest.mark.parametrize("tokens,experts,top_k,hidden,ffn", [(1, 4, 2, 64, 32), (17, 8, 2, 48, 40), (5, 3, 3, 32, 16)])
+def test_moe_experts_match_the_reference(
+    impl: str, dtype: torch.dtype, tokens: int, experts: int, top_k: int, hidden: int, ffn: int
+) -> None:
     gate_up, down = _weights(experts, hidden, ffn, dtype)
     g = torch.Generator().manual_seed(2)
     x = torch.randn(tokens, hidden, generator=g).to(dtype).to(device())
@@ -103,5 +116,6 @@ def test_all_tokens_on_one_expert_and_the_others_idle() -> None:
     ids = torch.full((9, 1), 4, device=device())
     weights = torch.ones(9, 1, device=device())
     want = moe_experts_reference(x, gate_up, down, weights, ids)
-    torch.testing.assert_close(moe_experts_grouped(x, gate_up, down, weights, ids, grouped_matmul_triton), want,
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        moe_experts_grouped(x, gate_up, down, weights, ids, grouped_matmul_triton), want, atol=1e-5, rtol=1e-5
+    )

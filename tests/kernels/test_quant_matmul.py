@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.quant_matmul import (QuantWeight, dequantize, pack_int4, quant_matmul_reference, quant_matmul_torch,
-                                  quantize_fp8, quantize_int4, quantize_int8, unpack_int4)
+from kernels.quant_matmul import (
+    QuantWeight,
+    dequantize,
+    pack_int4,
+    quant_matmul_reference,
+    quant_matmul_torch,
+    quantize_fp8,
+    quantize_int4,
+    quantize_int8,
+    unpack_int4,
+)
 from tests.kernels.conftest import device
 
 pytestmark = pytest.mark.kernels
@@ -30,8 +39,9 @@ def test_pack_roundtrip() -> None:
 def test_quantize_error_small(kind: str) -> None:
     torch.manual_seed(0)
     w = torch.randn(48, 256, dtype=torch.float16)
-    qw = {"int8": lambda: quantize_int8(w), "int4": lambda: quantize_int4(w, 128),
-          "fp8": lambda: quantize_fp8(w)}[kind]()
+    qw = {"int8": lambda: quantize_int8(w), "int4": lambda: quantize_int4(w, 128), "fp8": lambda: quantize_fp8(w)}[
+        kind
+    ]()
     rel = (dequantize(qw) - w.float()).norm() / w.float().norm()
     assert rel < {"int8": 0.01, "int4": 0.12, "fp8": 0.05}[kind], rel
     bits = qw.nbytes * 8 / w.numel()
@@ -75,8 +85,7 @@ def test_triton_split_k_and_bias() -> None:
     w = _make("int4", 48, 512, 128, torch.float16)
     x = torch.randn(2, 512, dtype=torch.float16, device=device())
     bias = torch.randn(48, dtype=torch.float16, device=device())
-    _close(quant_matmul_triton(x, w, bias, blocks=(16, 32, 128, 2)), quant_matmul_reference(x, w, bias),
-           torch.float16)
+    _close(quant_matmul_triton(x, w, bias, blocks=(16, 32, 128, 2)), quant_matmul_reference(x, w, bias), torch.float16)
 
 
 def test_triton_strided_input() -> None:
@@ -112,7 +121,10 @@ def test_triton_full_matrix_gpu(kind: str, dtype: torch.dtype, m: int, n: int, k
     if kind == "fp8" and not fp8_supported(torch.device("cuda")):
         pytest.skip("FP8 needs compute capability >= 8.9")
     w = torch.randn(n, k, device="cuda")
-    qw = {"int8": lambda: quantize_int8(w, None, dtype), "int4": lambda: quantize_int4(w, 128, dtype),
-          "fp8": lambda: quantize_fp8(w, dtype)}[kind]()
+    qw = {
+        "int8": lambda: quantize_int8(w, None, dtype),
+        "int4": lambda: quantize_int4(w, 128, dtype),
+        "fp8": lambda: quantize_fp8(w, dtype),
+    }[kind]()
     x = torch.randn(m, k, dtype=dtype, device="cuda")
     _close(quant_matmul_triton(x, qw), quant_matmul_reference(x, qw), dtype)

@@ -120,7 +120,7 @@ def test_rows_take_a_fixed_kernel_inside_a_runner_step() -> None:
         return list(calls)
 
     x = torch.randn(40, 128).bfloat16()
-    assert kernels(lambda: torch.cat([layer(x[i:i + 1]) for i in range(3)])) == [("packed", 1)] * 3  # 1 row < 32
+    assert kernels(lambda: torch.cat([layer(x[i : i + 1]) for i in range(3)])) == [("packed", 1)] * 3  # 1 row < 32
     quantized_alone = kernels.out
     assert kernels(lambda: layer(x[3:])) == [("dense", 37)]
     dense_alone = kernels.out

@@ -7,8 +7,15 @@ import pytest
 import torch
 from torch import nn
 
-from backends.torch_engine.quantize import (QuantConfig, QuantLinear, awq_quantize, collect_calibration,
-                                            quantize_model, quantize_weight, repack_gguf)
+from backends.torch_engine.quantize import (
+    QuantConfig,
+    QuantLinear,
+    awq_quantize,
+    collect_calibration,
+    quantize_model,
+    quantize_weight,
+    repack_gguf,
+)
 from kernels.quant_matmul import dequantize
 
 pytestmark = pytest.mark.kernels
@@ -103,6 +110,7 @@ def test_repack_gguf_rejects_wrong_sizes() -> None:
 
 # ---- on-load quantization helpers (backends/torch_engine/loader.py uses them) ---------------------------------
 
+
 @pytest.mark.parametrize("kind", ["int8", "int4", "fp8"])
 @pytest.mark.parametrize("chunk", [1, 384, 1000, 10**9])  # below one row, exactly 3 rows, a ragged split, whole
 def test_quantize_rows_in_chunks_is_bit_identical(kind: str, chunk: int) -> None:
@@ -132,6 +140,7 @@ def test_layer_config_falls_back_to_smaller_groups_then_dense() -> None:
 
 
 # ---- GGUF blocks through the Triton kernel (group size 32; Q4_K's sub-blocks) ---------------------------------
+
 
 def _random_q4_k(rows: int, k: int, seed: int = 0) -> np.ndarray:
     """Random but valid Q4_K blocks (gguf cannot quantize Q4_K): fp16 d and dmin, then random 6-bit scale/min
@@ -163,9 +172,18 @@ def test_repack_q4_k_matches_gguf_dequantize_on_synthetic_blocks() -> None:
 
 
 # K = 96 / 160: groups of 32 straddle the 64-wide K tiles; 288 is 9 groups; Q4_K needs multiples of 256.
-@pytest.mark.parametrize("ggml_type,m,n,k", [("Q4_0", 1, 40, 96), ("Q4_0", 17, 33, 288), ("Q4_1", 3, 64, 160),
-                                             ("Q8_0", 1, 72, 96), ("Q8_0", 16, 24, 288), ("Q4_K", 2, 20, 256),
-                                             ("Q4_K", 5, 36, 512)])
+@pytest.mark.parametrize(
+    "ggml_type,m,n,k",
+    [
+        ("Q4_0", 1, 40, 96),
+        ("Q4_0", 17, 33, 288),
+        ("Q4_1", 3, 64, 160),
+        ("Q8_0", 1, 72, 96),
+        ("Q8_0", 16, 24, 288),
+        ("Q4_K", 2, 20, 256),
+        ("Q4_K", 5, 36, 512),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])  # the interpreter does no bf16 arithmetic
 def test_triton_runs_repacked_gguf_blocks(ggml_type: str, m: int, n: int, k: int, dtype: torch.dtype) -> None:
     """What weight_quant="gguf" hands the CUDA path: group size 32, scales (and int4 offsets) in the
@@ -174,8 +192,9 @@ def test_triton_runs_repacked_gguf_blocks(ggml_type: str, m: int, n: int, k: int
     from kernels.quant_matmul_triton import quant_matmul_triton
     from tests.kernels.conftest import device
 
-    qw = repack_gguf(torch.from_numpy(np.ascontiguousarray(_gguf_raw(ggml_type, n, k))), ggml_type, n, k,
-                     scale_dtype=dtype).to(device())
+    qw = repack_gguf(
+        torch.from_numpy(np.ascontiguousarray(_gguf_raw(ggml_type, n, k))), ggml_type, n, k, scale_dtype=dtype
+    ).to(device())
     assert qw.group_size == 32 and qw.kind == ("int8" if ggml_type == "Q8_0" else "int4")
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + n)).to(dtype).to(device())
     want = quant_matmul_reference(x, qw).float()

@@ -20,19 +20,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backends.torch_engine.quantize import QuantConfig, collect_calibration, quantize_model, repack_gguf, QuantLinear
+from backends.torch_engine.quantize import QuantConfig, QuantLinear, collect_calibration, quantize_model, repack_gguf
 
 pytestmark = [pytest.mark.kernels, pytest.mark.slow]
 
-TEXT = ("The history of the city begins with a small fishing village on the river. Over the centuries it grew "
-        "into a trading port, and merchants from many countries came to sell cloth, spices and wine. In the "
-        "nineteenth century railways connected it to the capital, factories were built along the water, and "
-        "the population doubled in thirty years. Today the old harbour is a park, the warehouses are museums, "
-        "and students from the university fill the cafes in the evening. Visitors often say that the best way "
-        "to see the city is to walk along the river at sunset, when the bridges are lit and the bells ring.")
+TEXT = (
+    "The history of the city begins with a small fishing village on the river. Over the centuries it grew "
+    "into a trading port, and merchants from many countries came to sell cloth, spices and wine. In the "
+    "nineteenth century railways connected it to the capital, factories were built along the water, and "
+    "the population doubled in thirty years. Today the old harbour is a park, the warehouses are museums, "
+    "and students from the university fill the cafes in the evening. Visitors often say that the best way "
+    "to see the city is to walk along the river at sunset, when the bridges are lit and the bells ring."
+)
 
-LINEARS = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
-           "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+LINEARS = {
+    "q": "attn_q",
+    "k": "attn_k",
+    "v": "attn_v",
+    "o": "attn_output",
+    "gate": "ffn_gate",
+    "up": "ffn_up",
+    "down": "ffn_down",
+}
 
 
 class _Block(nn.Module):
@@ -40,8 +49,15 @@ class _Block(nn.Module):
         super().__init__()
         hd = hidden // heads
         self.heads, self.kv_heads, self.hd = heads, kv_heads, hd
-        shapes = {"q": (hidden, hidden), "k": (hidden, kv_heads * hd), "v": (hidden, kv_heads * hd),
-                  "o": (hidden, hidden), "gate": (hidden, ffn), "up": (hidden, ffn), "down": (ffn, hidden)}
+        shapes = {
+            "q": (hidden, hidden),
+            "k": (hidden, kv_heads * hd),
+            "v": (hidden, kv_heads * hd),
+            "o": (hidden, hidden),
+            "gate": (hidden, ffn),
+            "up": (hidden, ffn),
+            "down": (ffn, hidden),
+        }
         for name, (i, o) in shapes.items():
             setattr(self, name, nn.Linear(i, o, bias=False))
         self.attn_norm = nn.Parameter(torch.ones(hidden))
@@ -70,8 +86,9 @@ class _Llama(nn.Module):
         super().__init__()
         self.eps = meta["eps"]
         self.embed = nn.Parameter(embed)
-        self.layers = nn.ModuleList(_Block(meta["hidden"], meta["ffn"], meta["heads"], meta["kv_heads"])
-                                    for _ in range(meta["layers"]))
+        self.layers = nn.ModuleList(
+            _Block(meta["hidden"], meta["ffn"], meta["heads"], meta["kv_heads"]) for _ in range(meta["layers"])
+        )
         self.norm = nn.Parameter(torch.ones(meta["hidden"]))
         hd = meta["hidden"] // meta["heads"]
         self.inv_freq = 1.0 / (meta["base"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
@@ -92,10 +109,15 @@ def starter(starter_path):
 
     reader = gguf.GGUFReader(str(starter_path))
     f = lambda k: reader.fields[k].contents()  # noqa: E731
-    meta = {"hidden": f("llama.embedding_length"), "ffn": f("llama.feed_forward_length"),
-            "heads": f("llama.attention.head_count"), "kv_heads": f("llama.attention.head_count_kv"),
-            "layers": f("llama.block_count"), "base": f("llama.rope.freq_base"),
-            "eps": f("llama.attention.layer_norm_rms_epsilon")}
+    meta = {
+        "hidden": f("llama.embedding_length"),
+        "ffn": f("llama.feed_forward_length"),
+        "heads": f("llama.attention.head_count"),
+        "kv_heads": f("llama.attention.head_count_kv"),
+        "layers": f("llama.block_count"),
+        "base": f("llama.rope.freq_base"),
+        "eps": f("llama.attention.layer_norm_rms_epsilon"),
+    }
     tensors = {t.name: t for t in reader.tensors}
     dense = lambda n: torch.from_numpy(gguf.quants.dequantize(tensors[n].data, tensors[n].tensor_type).copy())  # noqa: E731
     from llama_cpp import Llama
@@ -152,7 +174,12 @@ def test_quantized_perplexity_bounds(starter, starter_path) -> None:
         for mod, gg in LINEARS.items():
             t = tensors[f"blk.{i}.{gg}.weight"]
             lin = getattr(layer, mod)
-            qw = repack_gguf(torch.from_numpy(np.asarray(t.data).copy()), t.tensor_type.name,
-                             lin.out_features, lin.in_features, scale_dtype=torch.float32)
+            qw = repack_gguf(
+                torch.from_numpy(np.asarray(t.data).copy()),
+                t.tensor_type.name,
+                lin.out_features,
+                lin.in_features,
+                scale_dtype=torch.float32,
+            )
             setattr(layer, mod, QuantLinear(qw))
     assert abs(_ppl(repacked, ids) - base) / base < 1e-4

@@ -10,7 +10,7 @@ import torch
 from kernels import activation, attention
 from tests.kernels.test_torch_ops import CASES, _paged_case
 
-SCALE = 32 ** -0.5
+SCALE = 32**-0.5
 
 
 @pytest.mark.parametrize("case", ["decode-1-on-blocks", "one-decode-and-a-chunk", "chunk-on-prefix", "mixed"])
@@ -33,8 +33,12 @@ def test_a_window_as_long_as_the_context_changes_nothing(case: str) -> None:
     q, k_cache, v_cache, meta = _paged_case(CASES[case], 4, 2, torch.float32)
     longest = max(meta.context_lens)
     for impl in (attention.paged_attention_reference, attention.paged_attention_torch):
-        torch.testing.assert_close(impl(q, k_cache, v_cache, attention.with_sliding_window(meta, longest), SCALE),
-                                   impl(q, k_cache, v_cache, meta, SCALE), atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(
+            impl(q, k_cache, v_cache, attention.with_sliding_window(meta, longest), SCALE),
+            impl(q, k_cache, v_cache, meta, SCALE),
+            atol=1e-6,
+            rtol=1e-6,
+        )
 
 
 def test_a_window_of_one_returns_each_querys_own_value() -> None:
@@ -56,9 +60,12 @@ def test_triton_kernels_honour_the_window(case: str, window: int) -> None:
 
     q, k_cache, v_cache, meta = _paged_case(CASES[case], 6, 2, torch.float32)
     windowed = attention.with_sliding_window(meta, window)
-    torch.testing.assert_close(paged_attention_triton(q, k_cache, v_cache, windowed, SCALE),
-                               attention.paged_attention_reference(q, k_cache, v_cache, windowed, SCALE),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        paged_attention_triton(q, k_cache, v_cache, windowed, SCALE),
+        attention.paged_attention_reference(q, k_cache, v_cache, windowed, SCALE),
+        atol=1e-4,
+        rtol=1e-4,
+    )
 
 
 @pytest.mark.parametrize("window", [1, 16, 17, 33])
@@ -71,8 +78,7 @@ def test_triton_decode_splits_wholly_behind_the_window_weigh_nothing(window: int
     q, k_cache, v_cache, meta = _paged_case([(100, 1), (40, 1), (5, 1)], 6, 2, torch.float32)
     table, seq_lens = step_tables(meta, q.device)
     got = paged_decode_triton(q, k_cache, v_cache, table, seq_lens, SCALE, blocks_per_split=1, window=window)
-    want = attention.paged_attention_reference(q, k_cache, v_cache, attention.with_sliding_window(meta, window),
-                                               SCALE)
+    want = attention.paged_attention_reference(q, k_cache, v_cache, attention.with_sliding_window(meta, window), SCALE)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
@@ -85,5 +91,9 @@ def test_gelu_tanh_and_mul(n: int, dtype: torch.dtype) -> None:
     torch.testing.assert_close(activation.gelu_tanh_and_mul_torch(x).float(), ref.float(), atol=tol, rtol=tol)
     # known values: gelu_tanh(0) = 0, gelu_tanh(1) = 0.841192, gelu_tanh(-3) = -0.003637
     gate_up = torch.tensor([[0.0, 1.0, -3.0, 2.0, 2.0, 2.0]], dtype=torch.float64)
-    torch.testing.assert_close(activation.gelu_tanh_and_mul_reference(gate_up),
-                               torch.tensor([[0.0, 1.682384, -0.007274]], dtype=torch.float64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        activation.gelu_tanh_and_mul_reference(gate_up),
+        torch.tensor([[0.0, 1.682384, -0.007274]], dtype=torch.float64),
+        atol=1e-6,
+        rtol=0,
+    )

@@ -23,8 +23,9 @@ def test_rms_norm(dtype: torch.dtype, tokens: int, hidden: int) -> None:
     x = torch.randn(tokens, hidden, dtype=dtype, device=device())
     r = torch.randn(tokens, hidden, dtype=dtype, device=device())
     w = torch.rand(hidden, dtype=dtype, device=device()) + 0.5
-    torch.testing.assert_close(rms_norm_triton(x, w, 1e-6), rms_norm_reference(x, w, 1e-6),
-                               atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(
+        rms_norm_triton(x, w, 1e-6), rms_norm_reference(x, w, 1e-6), atol=TOL[dtype], rtol=TOL[dtype]
+    )
     out, summed = fused_add_rms_norm_triton(x, r, w, 1e-6)
     want_out, want_sum = fused_add_rms_norm_reference(x, r, w, 1e-6)
     torch.testing.assert_close(summed, want_sum, atol=0, rtol=0)
@@ -36,13 +37,25 @@ def test_rms_norm_rejects_bad_weight() -> None:
         rms_norm_triton(torch.randn(2, 8, device=device()), torch.ones(9, device=device()), 1e-6)
 
 
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 8192}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens,heads,kv_heads,head_dim,scaling", [
-    (1, 4, 4, 64, None), (16, 9, 3, 64, None), (17, 8, 1, 128, LLAMA3), (3, 3, 1, 32, {"type": "linear", "factor": 4})])
+@pytest.mark.parametrize(
+    "tokens,heads,kv_heads,head_dim,scaling",
+    [
+        (1, 4, 4, 64, None),
+        (16, 9, 3, 64, None),
+        (17, 8, 1, 128, LLAMA3),
+        (3, 3, 1, 32, {"type": "linear", "factor": 4}),
+    ],
+)
 def test_rope(dtype, tokens, heads, kv_heads, head_dim, scaling) -> None:
     positions = torch.randint(0, 20000, (tokens,))
     cos, sin = rope_cos_sin(positions, rope_inv_freq(head_dim, 500000.0, scaling))

@@ -21,6 +21,7 @@ def test_rms_norm(n: int, dtype: torch.dtype) -> None:
     ref = rmsnorm.rms_norm_reference(x, w, 1e-5).float()
     torch.testing.assert_close(rmsnorm.rms_norm_torch(x, w, 1e-5).float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_add_rms_norm_torch_matches_the_reference(dtype: torch.dtype) -> None:
     """The residual stream is the same bits as the reference's (one rounding of x + r), the norm within TOL."""
@@ -42,9 +43,9 @@ def test_cpu_rms_norm_is_row_invariant_and_follows_weight_updates() -> None:
     assert torch.equal(rmsnorm.rms_norm_torch(x[7:8], w, 1e-6), many[7:8])
     assert torch.equal(rmsnorm.rms_norm_torch(x[:16], w, 1e-6), many[:16])
     w.mul_(2.0)
-    torch.testing.assert_close(rmsnorm.rms_norm_torch(x, w, 1e-6).float(),
-                               rmsnorm.rms_norm_reference(x, w, 1e-6).float(), atol=3e-2, rtol=3e-2)
-
+    torch.testing.assert_close(
+        rmsnorm.rms_norm_torch(x, w, 1e-6).float(), rmsnorm.rms_norm_reference(x, w, 1e-6).float(), atol=3e-2, rtol=3e-2
+    )
 
 
 @pytest.mark.parametrize("n", [1, 17, 33])
@@ -74,16 +75,31 @@ def test_rope_matches_reference_and_the_formula(n: int) -> None:
 
 def test_llama3_rope_scaling_keeps_high_frequencies_and_divides_low_ones() -> None:
     base = rope.rope_inv_freq(128, 500000.0)
-    scaled = rope.rope_inv_freq(128, 500000.0, {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                "high_freq_factor": 4.0, "original_context_length": 8192})
+    scaled = rope.rope_inv_freq(
+        128,
+        500000.0,
+        {
+            "type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_context_length": 8192,
+        },
+    )
     assert torch.allclose(scaled[:8], base[:8])  # short wavelengths untouched
     assert torch.allclose(scaled[-4:], base[-4:] / 8)  # long wavelengths divided by the factor
     factors = torch.full((64,), 2.0)
     assert torch.allclose(rope.rope_inv_freq(128, 500000.0, freq_factors=factors), base / 2)
 
 
-def _paged_case(seqs_spec: list[tuple[int, int]], num_heads: int, kv_heads: int, dtype: torch.dtype,
-                block_size: int = 16, head_dim: int = 32):
+def _paged_case(
+    seqs_spec: list[tuple[int, int]],
+    num_heads: int,
+    kv_heads: int,
+    dtype: torch.dtype,
+    block_size: int = 16,
+    head_dim: int = 32,
+):
     """Random caches holding each sequence's context in shuffled blocks; seqs_spec: (start, q_len)."""
     rng = random.Random(0)
     need = sum(-(-(s + q) // block_size) for s, q in seqs_spec)
@@ -122,8 +138,8 @@ CASES = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_paged_attention_fast_path_matches_reference(case: str, ratio: int, dtype: torch.dtype) -> None:
     q, k_cache, v_cache, meta = _paged_case(CASES[case], 2 * ratio, 2, dtype)
-    ref = attention.paged_attention_reference(q, k_cache, v_cache, meta, 32 ** -0.5)
-    out = attention.paged_attention_torch(q, k_cache, v_cache, meta, 32 ** -0.5)
+    ref = attention.paged_attention_reference(q, k_cache, v_cache, meta, 32**-0.5)
+    out = attention.paged_attention_torch(q, k_cache, v_cache, meta, 32**-0.5)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
 
@@ -178,8 +194,12 @@ def test_fast_decode_attention_gives_a_sequence_the_same_result_alone_and_in_a_b
     batch = attention.build_attention_metadata([(n - 1, 1, t) for n, t in zip(lens, tables)], bs)
     alone = attention.build_attention_metadata([(lens[0] - 1, 1, tables[0])], bs)
     together = attention.paged_attention_torch(q, k_cache, v_cache, batch, 0.125)
-    assert_same_up_to_rounding(attention.paged_attention_torch(q[:1], k_cache, v_cache, alone, 0.125),
-                               together[:1], 1, "sequence 0 alone vs in the batch")
+    assert_same_up_to_rounding(
+        attention.paged_attention_torch(q[:1], k_cache, v_cache, alone, 0.125),
+        together[:1],
+        1,
+        "sequence 0 alone vs in the batch",
+    )
 
 
 def test_reference_attention_is_causal_on_a_cached_prefix() -> None:

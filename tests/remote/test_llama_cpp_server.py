@@ -39,10 +39,28 @@ def llama_server(starter_path: Path, tmp_path_factory: pytest.TempPathFactory):
     port = free_port()
     log = tmp_path_factory.mktemp("llama-server") / "server.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(starter_path),
-                                 "--model_alias", ALIAS, "--host", "127.0.0.1", "--port", str(port),
-                                 "--n_ctx", "1024", "--n_threads", "2"], stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(starter_path),
+                "--model_alias",
+                ALIAS,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--n_ctx",
+                "1024",
+                "--n_threads",
+                "2",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while True:
@@ -94,8 +112,7 @@ def test_abort_and_a_model_it_does_not_serve(llama_server):
     rest = list(stream)
     assert rest[-1].finish_reason is FinishReason.ABORT
     assert sum(1 for e in rest if e.kind is EventKind.TOKEN) < 400
-    assert backend.generate(ask(backend, "Hi", max_tokens=4)).finish_reason in (FinishReason.STOP,
-                                                                                 FinishReason.LENGTH)
+    assert backend.generate(ask(backend, "Hi", max_tokens=4)).finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     backend.close()
     with pytest.raises(ConfigError, match=f"it serves {ALIAS}"):
         remote(llama_server, "gpt-5")

@@ -8,11 +8,11 @@ import threading
 import pytest
 
 from app.requests import chat_request
+from app.server.background import free_port
 from backends.api import EventKind, FinishReason, Request, SamplingParams
 from backends.errors import BackendUnavailableError, ContextOverflowError, InvalidRequestError
 from backends.remote.backend import RemoteBackend
 from backends.remote.spec import RemoteTarget, remote_spec
-from app.server.background import free_port
 from hwprobe.errors import ConfigError
 from tests.fakes import loaded_fake
 
@@ -43,8 +43,10 @@ def test_streams_a_chat_with_usage_and_the_model_from_v1_models(served):
     assert done.stats.prompt_tokens > 0 and done.stats.ttft_s > 0 and done.stats.total_s >= done.stats.ttft_s
     # the server got the messages (rendered there with its model's template) and the sampling asked for
     sent = fake.requests[-1]
-    assert sent.messages is not None and [m.content for m in sent.messages] == ["be brief",
-                                                                                 "What is the capital of France?"]
+    assert sent.messages is not None and [m.content for m in sent.messages] == [
+        "be brief",
+        "What is the capital of France?",
+    ]
     assert "<|im_start|>user\nWhat is the capital" in sent.prompt
     assert sent.sampling.seed == 7 and sent.sampling.temperature == 0 and sent.sampling.stop[0] == "zzz"
     backend.close()
@@ -124,13 +126,16 @@ def test_a_mid_stream_failure_ends_with_error(served):
     backend.close()
 
 
-@pytest.mark.parametrize("status,body,error", [
-    (403, {"error": {"message": "forbidden"}}, ConfigError),
-    (400, {"error": {"message": "Requested tokens (3000) exceed context window of 2048"}}, ContextOverflowError),
-    (400, {"detail": "This model's maximum context length is 2048 tokens"}, ContextOverflowError),
-    (400, {"error": {"message": "temperature is bad"}}, InvalidRequestError),
-    (404, {"error": {"message": "model 'x' not found"}}, ConfigError),
-])
+@pytest.mark.parametrize(
+    "status,body,error",
+    [
+        (403, {"error": {"message": "forbidden"}}, ConfigError),
+        (400, {"error": {"message": "Requested tokens (3000) exceed context window of 2048"}}, ContextOverflowError),
+        (400, {"detail": "This model's maximum context length is 2048 tokens"}, ContextOverflowError),
+        (400, {"error": {"message": "temperature is bad"}}, InvalidRequestError),
+        (404, {"error": {"message": "model 'x' not found"}}, ConfigError),
+    ],
+)
 def test_http_errors_map_to_hearth_errors(status, body, error):
     import httpx
 

@@ -23,8 +23,22 @@ def error_lines(err: str) -> list[str]:
 def test_run_streams_the_remote_reply_with_hearths_system_prompt(served, capsys):
     fake = loaded_fake(replies=(REPLY,))
     server = served(fake, "big-model")
-    assert main(["run", "--backend", "remote", "--url", server.url, "-t", "0", "--verbose",
-                 "What is the capital of France?"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--backend",
+                "remote",
+                "--url",
+                server.url,
+                "-t",
+                "0",
+                "--verbose",
+                "What is the capital of France?",
+            ]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     assert out.strip() == REPLY
     assert "big-model on remote" in err and server.url in err and "tok/s" in err
@@ -45,8 +59,9 @@ def test_the_key_comes_from_the_environment_or_settings_toml(served, capsys, mon
     out, err = capsys.readouterr()
     lines = error_lines(err)
     assert "refused the API key (401, key from [remote] api_key in" in lines[0] and out == ""
-    settings.write_text(f'backend = "remote"\n[remote]\nurl = "{server.url}"\napi_key = "sesame"\n'
-                        'model = "fake-model"\n')
+    settings.write_text(
+        f'backend = "remote"\n[remote]\nurl = "{server.url}"\napi_key = "sesame"\nmodel = "fake-model"\n'
+    )
     assert main(["run", "Hi"]) == 0
     assert capsys.readouterr().out.strip() == REPLY
 
@@ -58,10 +73,13 @@ def test_an_unreachable_url_is_one_line_and_exit_2_never_a_local_model(capsys):
     assert out == "" and f"cannot reach {url}/v1" in error_lines(err)[0]
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--backend", "remote"], "--backend remote needs the server's URL"),
-    (["--backend", "remote", "--url", "gpu-box:8000"], "url must be an http:// or https:// URL"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--backend", "remote"], "--backend remote needs the server's URL"),
+        (["--backend", "remote", "--url", "gpu-box:8000"], "url must be an http:// or https:// URL"),
+    ],
+)
 def test_bad_remote_settings_are_config_errors(args, match, capsys):
     assert main(["run", *args, "Hi"]) == 2
     assert match in error_lines(capsys.readouterr().err)[0]
@@ -73,10 +91,23 @@ def test_plan_suggests_a_remote_server_when_nothing_fits_here(tmp_path, capsys):
 
     config = tmp_path / "llama-2-70b" / "config.json"
     config.parent.mkdir()
-    config.write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80,
-        "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 32000,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}))
+    config.write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 8192,
+                "num_hidden_layers": 80,
+                "num_attention_heads": 64,
+                "num_key_value_heads": 8,
+                "intermediate_size": 28672,
+                "vocab_size": 32000,
+                "max_position_embeddings": 4096,
+                "rms_norm_eps": 1e-5,
+                "rope_theta": 10000.0,
+            }
+        )
+    )
     laptop = Path(__file__).parent.parent / "hwprobe" / "fixtures" / "no_gpu_laptop.json"  # 16 GB, no GPU
     assert main(["plan", str(config), "--hardware", str(laptop)]) == 2
     lines = error_lines(capsys.readouterr().err)
@@ -88,8 +119,27 @@ def test_bench_measures_a_remote_model(served, capsys):
 
     fake = loaded_fake(replies=(" ".join(f"w{i}" for i in range(64)),))
     server = served(fake, "bench-model")
-    assert main(["bench", "--backends", "remote", "--url", server.url, "--concurrency", "1,2", "--requests", "2",
-                 "--prompt-tokens", "16", "--gen-tokens", "8", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--backends",
+                "remote",
+                "--url",
+                server.url,
+                "--concurrency",
+                "1,2",
+                "--requests",
+                "2",
+                "--prompt-tokens",
+                "16",
+                "--gen-tokens",
+                "8",
+                "--json",
+            ]
+        )
+        == 0
+    )
     results = json.loads(capsys.readouterr().out)["results"]
     assert [(r["backend"], r["concurrency"]) for r in results] == [("remote", 1), ("remote", 2)]
     assert all("error" not in r and r["aggregate_tokens_per_s"] > 0 and r["peak_rss_mib"] is None for r in results)

@@ -29,8 +29,10 @@ async def test_the_tui_chats_through_a_remote_server_and_shows_its_model(served)
         await wait_for(pilot, lambda: app.turn is None and len(chat_text(app)) == 2)
         assert chat_text(app) == [("user", "Capital of France?"), ("assistant", "Paris, of course.")]
         sent = fake.requests[-1].messages
-        assert [(m.role, m.content) for m in sent] == [("system", "You are a helpful assistant."),
-                                                        ("user", "Capital of France?")]
+        assert [(m.role, m.content) for m in sent] == [
+            ("system", "You are a helpful assistant."),
+            ("user", "Capital of France?"),
+        ]
         assert "tok/s" in str(app.status.render())
         await pilot.pause(0.2)
 

@@ -7,8 +7,17 @@ import typing
 
 import pytest
 
-from backends.api import (ChatMessage, EngineStats, EventKind, FinishReason, GenerationEvent, LoadOptions, Request,
-                          RequestStats, SamplingParams)
+from backends.api import (
+    ChatMessage,
+    EngineStats,
+    EventKind,
+    FinishReason,
+    GenerationEvent,
+    LoadOptions,
+    Request,
+    RequestStats,
+    SamplingParams,
+)
 from backends.errors import ContextOverflowError, OutOfMemoryError, RunnerError
 from backends.runner import protocol as p
 from tests.fakes import fake_spec
@@ -17,23 +26,49 @@ TO_RUNNER = [
     p.Load("llama.cpp", fake_spec(), LoadOptions(n_ctx=512, extra_bufts=False, tensor_split=(0.5, 0.5))),
     p.Stream(Request(prompt="hi", sampling=SamplingParams(temperature=0, stop=("\n",), seed=7))),
     p.Stream(Request(prompt_token_ids=(1, 2, 3), add_special=False)),
-    p.Stream(Request(prompt="<s>hi", add_special=False,
-                     messages=(ChatMessage("system", "be brief"), ChatMessage("user", "hi")))),
-    p.Abort("req-1"), p.Tokenize(1, "héllo", add_special=False), p.Detokenize(2, [1, 2]), p.Logits(3, [4, 5]),
-    p.Describe(4), p.Stats(5), p.Close(),
+    p.Stream(
+        Request(
+            prompt="<s>hi", add_special=False, messages=(ChatMessage("system", "be brief"), ChatMessage("user", "hi"))
+        )
+    ),
+    p.Abort("req-1"),
+    p.Tokenize(1, "héllo", add_special=False),
+    p.Detokenize(2, [1, 2]),
+    p.Logits(3, [4, 5]),
+    p.Describe(4),
+    p.Stats(5),
+    p.Close(),
 ]
 FROM_RUNNER = [
-    p.Heartbeat(123), p.Progress(0.5, "weights"), p.Loaded(2048, {"backend": "torch", "kv_blocks": 7}),
+    p.Heartbeat(123),
+    p.Progress(0.5, "weights"),
+    p.Loaded(2048, {"backend": "torch", "kv_blocks": 7}),
     p.LoadFailed(p.ErrorInfo("OutOfMemoryError", "needs 9 GiB", "try --ctx 2048")),
     p.Event(GenerationEvent(EventKind.STARTED, "r", stats=RequestStats(prompt_tokens=3, cached_tokens=2))),
     p.Event(GenerationEvent(EventKind.TOKEN, "r", text="é", token_ids=(5, 6))),
-    p.Event(GenerationEvent(EventKind.FINISHED, "r", finish_reason=FinishReason.ERROR, stats=RequestStats(),
-                            error="boom", error_code="runner_crashed")),
-    p.Events([GenerationEvent(EventKind.TOKEN, "a", text="x", token_ids=(7,)),
-              GenerationEvent(EventKind.TOKEN, "b", text="y", token_ids=(8,))]),
-    p.StreamFailed("r", p.ErrorInfo("ContextOverflowError", "too long")), p.TokensReply(1, [1, 2]),
-    p.TextReply(2, "text"), p.ArrayReply(3, [2, 3], bytes(range(24)) * (1 << 12)), p.DescribeReply(4, {"a": 1}),
-    p.StatsReply(5, EngineStats(running=1, kv_blocks=10, rss_bytes=1 << 30)), p.CallFailed(6, p.ErrorInfo("X", "y")),
+    p.Event(
+        GenerationEvent(
+            EventKind.FINISHED,
+            "r",
+            finish_reason=FinishReason.ERROR,
+            stats=RequestStats(),
+            error="boom",
+            error_code="runner_crashed",
+        )
+    ),
+    p.Events(
+        [
+            GenerationEvent(EventKind.TOKEN, "a", text="x", token_ids=(7,)),
+            GenerationEvent(EventKind.TOKEN, "b", text="y", token_ids=(8,)),
+        ]
+    ),
+    p.StreamFailed("r", p.ErrorInfo("ContextOverflowError", "too long")),
+    p.TokensReply(1, [1, 2]),
+    p.TextReply(2, "text"),
+    p.ArrayReply(3, [2, 3], bytes(range(24)) * (1 << 12)),
+    p.DescribeReply(4, {"a": 1}),
+    p.StatsReply(5, EngineStats(running=1, kv_blocks=10, rss_bytes=1 << 30)),
+    p.CallFailed(6, p.ErrorInfo("X", "y")),
     p.Closed(),
 ]
 

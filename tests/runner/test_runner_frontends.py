@@ -25,8 +25,13 @@ MODEL = "smollm2-135m-instruct.q4_1"  # the name `hearth serve --model PATH` ser
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "HEARTH_BACKEND_CLASS": "tests.runner_fakes:CrashingFake", "PYTHONPATH": ROOT,
-            "HEARTH_FAKE_TOKEN_DELAY": "0.05", **extra}
+    return {
+        **os.environ,
+        "HEARTH_BACKEND_CLASS": "tests.runner_fakes:CrashingFake",
+        "PYTHONPATH": ROOT,
+        "HEARTH_FAKE_TOKEN_DELAY": "0.05",
+        **extra,
+    }
 
 
 def _free_port() -> int:
@@ -41,13 +46,25 @@ def serve(starter_path: Path):
 
     def start(**env: str) -> str:
         port = _free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--model", str(starter_path), "--port",
-                                 str(port)], env=_env(**env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, cwd=ROOT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", "--model", str(starter_path), "--port", str(port)],
+            env=_env(**env),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
-        wait_healthy(proc, url, 60, lambda: (proc.stderr.read() if proc.stderr else "") if proc.poll() is not None
-                     else "hearth serve did not start", interval_s=0.1)
+        wait_healthy(
+            proc,
+            url,
+            60,
+            lambda: (
+                (proc.stderr.read() if proc.stderr else "") if proc.poll() is not None else "hearth serve did not start"
+            ),
+            interval_s=0.1,
+        )
         return url + "/v1"
 
     yield start
@@ -69,8 +86,9 @@ def _victim_and_bystander(client: openai.OpenAI, trigger: str) -> tuple[Exceptio
     t.start()
     error: Exception | None = None
     try:
-        for _ in client.chat.completions.create(model=MODEL, stream=True,
-                                                messages=[{"role": "user", "content": trigger}]):
+        for _ in client.chat.completions.create(
+            model=MODEL, stream=True, messages=[{"role": "user", "content": trigger}]
+        ):
             pass
     except openai.APIError as exc:
         error = exc
@@ -78,8 +96,10 @@ def _victim_and_bystander(client: openai.OpenAI, trigger: str) -> tuple[Exceptio
     return error, str(out.get("text"))
 
 
-@pytest.mark.parametrize("trigger,env,said", [("please CRASH", {}, "SIGSEGV"),
-                                              ("please HANG", {"HEARTH_RUNNER_TIMEOUT": "2"}, "stopped answering")])
+@pytest.mark.parametrize(
+    "trigger,env,said",
+    [("please CRASH", {}, "SIGSEGV"), ("please HANG", {"HEARTH_RUNNER_TIMEOUT": "2"}, "stopped answering")],
+)
 def test_serve_survives_a_runner_that_dies_or_freezes(serve, trigger, env, said) -> None:
     url = serve(**env)
     client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
@@ -92,13 +112,25 @@ def test_serve_survives_a_runner_that_dies_or_freezes(serve, trigger, env, said)
 
 
 def test_run_prints_one_line_and_exits_non_zero_when_the_runner_dies(starter_path: Path) -> None:
-    p = subprocess.run([sys.executable, "-m", "app", "run", "--model", str(starter_path), "please CRASH"],
-                       env=_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, "-m", "app", "run", "--model", str(starter_path), "please CRASH"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert p.returncode == 4, p.stderr
     assert "Traceback" not in p.stderr and "core dumped" not in p.stderr
     errors = [line for line in p.stderr.splitlines() if line.startswith("hearth: error: ")]
     assert len(errors) == 1 and "SIGSEGV" in errors[0], p.stderr
-    p = subprocess.run([sys.executable, "-m", "app", "run", "--model", str(starter_path), "CRASH-NOW"],
-                       env=_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, "-m", "app", "run", "--model", str(starter_path), "CRASH-NOW"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert p.returncode == 4 and "Traceback" not in p.stderr, p.stderr
     assert p.stderr.startswith("hearth: error: ") and "SIGSEGV" in p.stderr.splitlines()[0], p.stderr

@@ -22,8 +22,13 @@ EXTRA_BUFTS = "tests.runner_fakes:ExtraBuftsCrashFake"
 
 
 def _backend(tmp_path, name=CRASHING, **kw):  # type: ignore[no-untyped-def]
-    b = RunnerBackend(fake_spec(path=str(tmp_path / "fake.gguf")), LoadOptions(n_ctx=2048), backend=name,
-                      log_dir=tmp_path / "logs", **kw)
+    b = RunnerBackend(
+        fake_spec(path=str(tmp_path / "fake.gguf")),
+        LoadOptions(n_ctx=2048),
+        backend=name,
+        log_dir=tmp_path / "logs",
+        **kw,
+    )
     return b
 
 
@@ -157,11 +162,13 @@ def test_a_runner_exits_when_hearth_dies(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, time; sys.path[:0] = %r\n"
-            "from backends.runner.client import RunnerBackend\nfrom backends.api import LoadOptions\n"
-            "from tests.fakes import fake_spec\n"
-            "b = RunnerBackend(fake_spec(), LoadOptions(n_ctx=2048), backend=%r, log_dir=%r)\n"
-            "b.load(); print(b.pid, flush=True); time.sleep(60)\n") % (sys.path, CRASHING, str(tmp_path))
+    code = (
+        "import sys, time; sys.path[:0] = %r\n"
+        "from backends.runner.client import RunnerBackend\nfrom backends.api import LoadOptions\n"
+        "from tests.fakes import fake_spec\n"
+        "b = RunnerBackend(fake_spec(), LoadOptions(n_ctx=2048), backend=%r, log_dir=%r)\n"
+        "b.load(); print(b.pid, flush=True); time.sleep(60)\n"
+    ) % (sys.path, CRASHING, str(tmp_path))
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     runner_pid = int(parent.stdout.readline())
     parent.kill()

@@ -29,8 +29,9 @@ def _collect(backend: RunnerBackend, prompt: str) -> tuple[list, threading.Event
 
 
 def test_concurrent_streams_arrive_whole_and_in_order(tmp_path) -> None:
-    b = RunnerBackend(fake_spec(path=str(tmp_path / "fake.gguf")), LoadOptions(n_ctx=2048), backend=FAKE,
-                      log_dir=tmp_path / "logs")
+    b = RunnerBackend(
+        fake_spec(path=str(tmp_path / "fake.gguf")), LoadOptions(n_ctx=2048), backend=FAKE, log_dir=tmp_path / "logs"
+    )
     b.load()
     try:
         streams = [_collect(b, f"prompt {i}") for i in range(8)]
@@ -47,8 +48,12 @@ def test_concurrent_streams_arrive_whole_and_in_order(tmp_path) -> None:
 
 
 def test_a_crash_is_the_last_item(tmp_path) -> None:
-    b = RunnerBackend(fake_spec(path=str(tmp_path / "fake.gguf")), LoadOptions(n_ctx=2048),
-                      backend="tests.runner_fakes:CrashingFake", log_dir=tmp_path / "logs")
+    b = RunnerBackend(
+        fake_spec(path=str(tmp_path / "fake.gguf")),
+        LoadOptions(n_ctx=2048),
+        backend="tests.runner_fakes:CrashingFake",
+        log_dir=tmp_path / "logs",
+    )
     b.load()
     try:
         items, done = _collect(b, "CRASH after two")  # two tokens shown, then SIGSEGV: cut off, with the reason

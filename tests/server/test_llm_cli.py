@@ -42,16 +42,34 @@ def served(tmp_path_factory):
     log = tmp / "serve.log"
     with open(log, "wb") as out:
         # the backend the plan picks, as users run it (tests/server/test_server_sampling_surface.py covers both)
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--model", str(gguf), "--port",
-                                 str(port), "--ctx", "512", "--threads", "2"],
-                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "serve",
+                "--model",
+                str(gguf),
+                "--port",
+                str(port),
+                "--ctx",
+                "512",
+                "--threads",
+                "2",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}/v1"
     wait_healthy(proc, f"http://127.0.0.1:{port}", 120, log)
     home = tmp / "llm"
     home.mkdir()
     (home / "extra-openai-models.yaml").write_text(
-        f"- model_id: hearth-chat\n  model_name: {MODEL}\n  api_base: \"{url}\"\n"
-        f"- model_id: hearth-completion\n  model_name: {MODEL}\n  api_base: \"{url}\"\n  completion: true\n")
+        f'- model_id: hearth-chat\n  model_name: {MODEL}\n  api_base: "{url}"\n'
+        f'- model_id: hearth-completion\n  model_name: {MODEL}\n  api_base: "{url}"\n  completion: true\n'
+    )
     llm_env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI")}
     llm_env["LLM_USER_PATH"] = str(home)
     yield url, llm_env
@@ -73,9 +91,18 @@ def test_llm_chat_streamed_and_not_equals_the_openai_client(served) -> None:
     from openai import OpenAI
 
     url, env = served
-    want = OpenAI(base_url=url, api_key="unused", max_retries=0).chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": PROMPT}], temperature=0, max_tokens=12,
-        extra_body={"ignore_eos": True}).choices[0].message.content
+    want = (
+        OpenAI(base_url=url, api_key="unused", max_retries=0)
+        .chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": PROMPT}],
+            temperature=0,
+            max_tokens=12,
+            extra_body={"ignore_eos": True},
+        )
+        .choices[0]
+        .message.content
+    )
     assert want
     options = ["-o", "temperature", "0", "-o", "max_tokens", "12"]
     # ignore_eos is not an llm option: the tiny model may stop early, so compare prefixes of equal length
@@ -90,8 +117,21 @@ def test_llm_chat_streamed_and_not_equals_the_openai_client(served) -> None:
 
 def test_llm_completion_model_gets_top_logprobs(served) -> None:
     url, env = served
-    text = llm(env, "-m", "hearth-completion", "The capital of France is", "-o", "logprobs", "2",
-               "-o", "max_tokens", "4", "-o", "temperature", "0").removesuffix("\n")
+    text = llm(
+        env,
+        "-m",
+        "hearth-completion",
+        "The capital of France is",
+        "-o",
+        "logprobs",
+        "2",
+        "-o",
+        "max_tokens",
+        "4",
+        "-o",
+        "temperature",
+        "0",
+    ).removesuffix("\n")
     entry = json.loads(llm(env, "logs", "-n", "1", "--json"))[0]
     assert entry["response"] == text
     logprobs = entry["response_json"]["logprobs"]

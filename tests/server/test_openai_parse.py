@@ -35,8 +35,12 @@ def url(request, tmp_path_factory):
     env = {**os.environ, "HEARTH_HOME": str(tmp_path_factory.mktemp("home")), "HEARTH_THREADS": "2"}
     log = tmp_path_factory.mktemp("log") / "serve.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([HEARTH, "serve", "--port", str(port), "--ctx", "1024", "--backend", request.param],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [HEARTH, "serve", "--port", str(port), "--ctx", "1024", "--backend", request.param],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, base, 180, log, interval_s=0.3)
@@ -57,8 +61,9 @@ def client(url: str):
 
 
 def test_parse_with_a_pydantic_model(url: str) -> None:
-    r = client(url).chat.completions.parse(model=MODEL, messages=ASK, response_format=City, temperature=0,
-                                           max_tokens=120)
+    r = client(url).chat.completions.parse(
+        model=MODEL, messages=ASK, response_format=City, temperature=0, max_tokens=120
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "stop", choice.message.content
     city = choice.message.parsed
@@ -67,17 +72,33 @@ def test_parse_with_a_pydantic_model(url: str) -> None:
 
 def test_json_object_streamed_and_cut(url: str) -> None:
     c = client(url)
-    chunks = list(c.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=120, stream=True,
-                                            response_format={"type": "json_schema", "json_schema": {
-                                                "name": "city", "schema": City.model_json_schema()}}))
+    chunks = list(
+        c.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            temperature=0,
+            max_tokens=120,
+            stream=True,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "city", "schema": City.model_json_schema()},
+            },
+        )
+    )
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "stop"
     City.model_validate_json(text)
-    r = c.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=4,
-                                  response_format={"type": "json_object"})
+    r = c.chat.completions.create(
+        model=MODEL, messages=ASK, temperature=0, max_tokens=4, response_format={"type": "json_object"}
+    )
     assert r.choices[0].finish_reason == "length" and r.choices[0].message.content.startswith("{")
-    r = c.completions.create(model=MODEL, prompt="A JSON object describing a dog:", temperature=0, max_tokens=80,
-                             extra_body={"response_format": {"type": "json_object"}})
+    r = c.completions.create(
+        model=MODEL,
+        prompt="A JSON object describing a dog:",
+        temperature=0,
+        max_tokens=80,
+        extra_body={"response_format": {"type": "json_object"}},
+    )
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(r.choices[0].text), dict)
     else:

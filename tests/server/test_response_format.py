@@ -17,14 +17,16 @@ from tests.fakes import loaded_fake as fake
 pytestmark = pytest.mark.server
 
 CHAT = "/v1/chat/completions"
-SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
-                                           "b": {"type": "boolean"}},
-          "required": ["a", "b"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "boolean"}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
 
 
 def chat(response_format) -> dict:
-    return {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
-            "response_format": response_format}
+    return {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "response_format": response_format}
 
 
 def js(schema=SCHEMA, **kw) -> dict:
@@ -35,12 +37,18 @@ BAD = [
     ("unknown type", {"type": "xml"}, "response_format.type"),
     ("not an object", "json", "response_format"),
     ("json_schema without its object", {"type": "json_schema"}, "response_format.json_schema"),
-    ("json_schema with json_object", {"type": "json_object", "json_schema": {"name": "x"}},
-     "response_format.json_schema"),
+    (
+        "json_schema with json_object",
+        {"type": "json_object", "json_schema": {"name": "x"}},
+        "response_format.json_schema",
+    ),
     ("a name with spaces", js(name="my thing"), "response_format.json_schema.name"),
     ("strict not a bool", js(strict="yes"), "response_format.json_schema.strict"),
-    ("schema not an object", {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}},
-     "response_format.json_schema.schema"),
+    (
+        "schema not an object",
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}},
+        "response_format.json_schema.schema",
+    ),
     ("unimplemented keyword", js({"type": "string", "not": {"const": "a"}}), "response_format.json_schema.schema"),
     ("schema over the size bound", js({"enum": ["x" * 70_000]}), "response_format.json_schema.schema"),
     ("an unknown field", {"type": "json_object", "grammar": "root ::= x"}, "response_format.grammar"),

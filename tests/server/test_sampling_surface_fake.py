@@ -44,8 +44,10 @@ def test_n_choices_reach_the_backend_with_seed_plus_i(live) -> None:
 def test_the_remote_backend_forwards_penalties_and_logit_bias() -> None:
     from backends.remote.backend import _body
 
-    _, sent = _body("m", Request(prompt="x", sampling=SamplingParams(presence_penalty=0.5, frequency_penalty=-1,
-                                                                     logit_bias={12: -100})))
+    _, sent = _body(
+        "m",
+        Request(prompt="x", sampling=SamplingParams(presence_penalty=0.5, frequency_penalty=-1, logit_bias={12: -100})),
+    )
     assert sent["presence_penalty"] == 0.5 and sent["frequency_penalty"] == -1
     assert sent["logit_bias"] == {"12": -100}
     _, plain = _body("m", Request(prompt="x"))
@@ -60,7 +62,8 @@ def test_logprobs_cross_the_runner_boundary_unchanged() -> None:
     from backends.runner.protocol import Event, FromRunner
 
     entry = TokenLogprob(5, -0.25, ((5, -0.25), (9, -1.5)), b"\xe2\x80", (b"\xe2\x80", b" x"))
-    event = GenerationEvent(EventKind.STARTED, "r", prompt_logprobs=(TokenLogprob(1, None, (), b"A"), entry),
-                            logprobs=(entry,))
+    event = GenerationEvent(
+        EventKind.STARTED, "r", prompt_logprobs=(TokenLogprob(1, None, (), b"A"), entry), logprobs=(entry,)
+    )
     back = msgspec.msgpack.Decoder(FromRunner).decode(msgspec.msgpack.Encoder().encode(Event(event)))
     assert back.event == event

@@ -124,8 +124,9 @@ def test_completion_prompt_as_token_ids_and_ignore_eos(live) -> None:
     backend = fake(replies=["one two"])
     s = live(backend)
     with httpx.Client(base_url=s.url) as c:
-        r = c.post("/v1/completions", json={"model": "fake-model", "prompt": [5, 6, 7], "max_tokens": 4,
-                                           "ignore_eos": True})
+        r = c.post(
+            "/v1/completions", json={"model": "fake-model", "prompt": [5, 6, 7], "max_tokens": 4, "ignore_eos": True}
+        )
         assert r.status_code == 200, r.text
         req = backend.requests[-1]
         assert req.prompt_token_ids == (5, 6, 7) and req.prompt is None and req.sampling.ignore_eos

@@ -32,8 +32,9 @@ def served(request, tmp_path_factory):
     if request.param == "torch":
         from backends.torch_engine.backend import TorchBackend
 
-        backend = ref = TorchBackend(spec, LoadOptions(n_ctx=256, n_batch=32, max_num_seqs=8, dtype="float32",
-                                                       device="cpu"))
+        backend = ref = TorchBackend(
+            spec, LoadOptions(n_ctx=256, n_batch=32, max_num_seqs=8, dtype="float32", device="cpu")
+        )
         backend.load()
     else:
         from backends.llama_cpp.backend import LlamaCppBackend
@@ -63,8 +64,15 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 def test_chat_logprobs_and_top_logprobs(served) -> None:
     client, _, _ = served
-    kw = dict(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=6, logprobs=True, top_logprobs=3,
-              extra_body={"ignore_eos": True})
+    kw = dict(
+        model=MODEL,
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=6,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
     r = client.chat.completions.create(**kw)
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens == 6
@@ -73,8 +81,13 @@ def test_chat_logprobs_and_top_logprobs(served) -> None:
         assert len(e.top_logprobs) == 3 and e.logprob <= 0
         assert e.top_logprobs[0].bytes == e.bytes and e.top_logprobs[0].logprob == pytest.approx(e.logprob)
         assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
-    streamed = [e for ch in client.chat.completions.create(stream=True, **kw)
-                for c in ch.choices if c.logprobs for e in c.logprobs.content]
+    streamed = [
+        e
+        for ch in client.chat.completions.create(stream=True, **kw)
+        for c in ch.choices
+        if c.logprobs
+        for e in c.logprobs.content
+    ]
     assert [e.bytes for e in streamed] == [e.bytes for e in content]
     assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=TOL)
     plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
@@ -84,8 +97,9 @@ def test_chat_logprobs_and_top_logprobs(served) -> None:
 def test_completions_echo_with_logprobs_agrees_with_the_logits(served) -> None:
     client, backend, ref = served
     ids = backend.tokenize(PROMPT, add_special=False)
-    r = client.completions.create(model=MODEL, prompt=ids, echo=True, logprobs=2, max_tokens=4, temperature=0,
-                                  extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model=MODEL, prompt=ids, echo=True, logprobs=2, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    )
     choice = r.choices[0]
     prompt_text = backend.detokenize(ids)
     assert choice.text.startswith(prompt_text) and len(choice.text) > len(prompt_text)
@@ -93,17 +107,20 @@ def test_completions_echo_with_logprobs_agrees_with_the_logits(served) -> None:
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == len(ids) + 4
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     assert lp.text_offset == sorted(lp.text_offset) and "".join(lp.tokens) == choice.text
-    generated = backend.generate(Request(prompt_token_ids=ids, sampling=SamplingParams(
-        temperature=0, max_tokens=4, ignore_eos=True))).token_ids
+    generated = backend.generate(
+        Request(prompt_token_ids=ids, sampling=SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    ).token_ids
     all_ids = list(ids) + list(generated)
     lsm = log_softmax(ref.logits(all_ids))
     for pos in range(1, len(all_ids)):
         assert lp.token_logprobs[pos] == pytest.approx(lsm[pos - 1, all_ids[pos]], abs=TOL), pos
         assert 2 <= len(lp.top_logprobs[pos]) <= 3  # the 2 best plus the chosen one
-    no_echo = client.completions.create(model=MODEL, prompt=ids, logprobs=0, max_tokens=4, temperature=0,
-                                        extra_body={"ignore_eos": True}).choices[0]
-    assert no_echo.text == choice.text[len(prompt_text):] and no_echo.logprobs.token_logprobs == pytest.approx(
-        lp.token_logprobs[len(ids):], abs=TOL)
+    no_echo = client.completions.create(
+        model=MODEL, prompt=ids, logprobs=0, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    ).choices[0]
+    assert no_echo.text == choice.text[len(prompt_text) :] and no_echo.logprobs.token_logprobs == pytest.approx(
+        lp.token_logprobs[len(ids) :], abs=TOL
+    )
     echo_only = client.completions.create(model=MODEL, prompt=PROMPT, echo=True, max_tokens=2).choices[0]
     assert echo_only.text.startswith(PROMPT) and echo_only.logprobs is None
 
@@ -138,40 +155,69 @@ def test_n_choices_use_seed_plus_i_and_stream_with_an_index_each(served) -> None
 
 def test_logit_bias_and_penalties_reach_the_backend(served) -> None:
     client, backend, _ = served
-    forced = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=1.0, seed=1,
-                                       logit_bias={"1234": 100}, logprobs=0, extra_body={"ignore_eos": True})
+    forced = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=4,
+        temperature=1.0,
+        seed=1,
+        logit_bias={"1234": 100},
+        logprobs=0,
+        extra_body={"ignore_eos": True},
+    )
     assert forced.choices[0].logprobs.tokens == [backend.detokenize([1234])] * 4
-    greedy = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=0,
-                                       extra_body={"ignore_eos": True}).choices[0].logprobs.tokens
+    greedy = (
+        client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=0, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .logprobs.tokens
+    )
     first = backend.tokenize(greedy[0], add_special=False)[0]
-    banned = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=0,
-                                       logit_bias={str(first): -100}, extra_body={"ignore_eos": True})
+    banned = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=4,
+        temperature=0,
+        logprobs=0,
+        logit_bias={str(first): -100},
+        extra_body={"ignore_eos": True},
+    )
     assert banned.choices[0].logprobs.tokens[0] != greedy[0]
     ids = backend.tokenize(PROMPT)
     for kw in (dict(frequency_penalty=1.5), dict(presence_penalty=2.0)):
-        served_text = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0,
-                                                extra_body={"ignore_eos": True}, **kw).choices[0].text
-        direct = backend.generate(Request(prompt_token_ids=ids, sampling=SamplingParams(
-            temperature=0, max_tokens=6, ignore_eos=True, **kw))).text
+        served_text = (
+            client.completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}, **kw
+            )
+            .choices[0]
+            .text
+        )
+        direct = backend.generate(
+            Request(prompt_token_ids=ids, sampling=SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, **kw))
+        ).text
         assert served_text == direct
 
 
-@pytest.mark.parametrize("endpoint,extra,param", [
-    ("chat", {"best_of": 2}, "best_of"),
-    ("chat", {"web_search_options": {}}, "web_search_options"),
-    ("chat", {"prediction": {"type": "content", "content": "x"}}, "prediction"),
-    ("chat", {"temprature": 0.5}, "temprature"),
-    ("chat", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
-    ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ("chat", {"n": 17}, "n"),
-    ("chat", {"logit_bias": {"abc": 1}}, "logit_bias"),
-    ("chat", {"logit_bias": {"99999999": 1}}, "logit_bias"),
-    ("chat", {"logit_bias": {"5": 101}}, "logit_bias"),
-    ("chat", {"presence_penalty": 2.5}, "presence_penalty"),
-    ("completions", {"suffix": "end"}, "suffix"),
-    ("completions", {"logprobs": True}, "logprobs"),  # an integer on completions
-    ("completions", {"stream_options": {"include_usage": True, "chunk_size": 3}}, "stream_options.chunk_size"),
-])
+@pytest.mark.parametrize(
+    "endpoint,extra,param",
+    [
+        ("chat", {"best_of": 2}, "best_of"),
+        ("chat", {"web_search_options": {}}, "web_search_options"),
+        ("chat", {"prediction": {"type": "content", "content": "x"}}, "prediction"),
+        ("chat", {"temprature": 0.5}, "temprature"),
+        ("chat", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+        ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("chat", {"n": 17}, "n"),
+        ("chat", {"logit_bias": {"abc": 1}}, "logit_bias"),
+        ("chat", {"logit_bias": {"99999999": 1}}, "logit_bias"),
+        ("chat", {"logit_bias": {"5": 101}}, "logit_bias"),
+        ("chat", {"presence_penalty": 2.5}, "presence_penalty"),
+        ("completions", {"suffix": "end"}, "suffix"),
+        ("completions", {"logprobs": True}, "logprobs"),  # an integer on completions
+        ("completions", {"stream_options": {"include_usage": True, "chunk_size": 3}}, "stream_options.chunk_size"),
+    ],
+)
 def test_a_field_hearth_does_not_serve_is_a_400_naming_it(served, endpoint, extra, param) -> None:
     import openai
 
@@ -187,7 +233,11 @@ def test_a_field_hearth_does_not_serve_is_a_400_naming_it(served, endpoint, extr
 
 def test_null_fields_and_documented_extensions_are_accepted(served) -> None:
     client, _, _ = served
-    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, user="someone",
-                                       extra_body={"top_k": 5, "min_p": 0.1, "repeat_penalty": 1.1,
-                                                   "service_tier": None, "logit_bias": None})
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=2,
+        user="someone",
+        extra_body={"top_k": 5, "min_p": 0.1, "repeat_penalty": 1.1, "service_tier": None, "logit_bias": None},
+    )
     assert r.choices[0].finish_reason in ("stop", "length")

@@ -11,8 +11,9 @@ from tests.fakes import FakeBackend
 pytestmark = pytest.mark.server
 
 
-@pytest.mark.parametrize("seed, status", [(2**64 - 1, 200), (-(2**63), 200), (-1, 200), (2**64, 400),
-                                          (-(2**63) - 1, 400), (10**30, 400)])
+@pytest.mark.parametrize(
+    "seed, status", [(2**64 - 1, 200), (-(2**63), 200), (-1, 200), (2**64, 400), (-(2**63) - 1, 400), (10**30, 400)]
+)
 def test_seed_range_at_the_http_edge(live, seed: int, status: int) -> None:
     backend = FakeBackend()
     backend.load()

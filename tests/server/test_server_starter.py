@@ -28,9 +28,12 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("log") / "serve.log"
     with open(log, "wb") as out:
         # llama.cpp as asked: the default serve plans the torch engine on this CPU (tests/server/test_serve_plan.py)
-        proc = subprocess.Popen([HEARTH, "serve", "--port", str(port), "--ctx", "1024", "--backend", "llama.cpp"],
-                                env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [HEARTH, "serve", "--port", str(port), "--ctx", "1024", "--backend", "llama.cpp"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     wait_healthy(proc, url, 60, log)
     yield proc, url, log
@@ -45,8 +48,10 @@ def client(url: str, key: str = "k3y"):
     return OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
 
 
-QUESTION = [{"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": "What is the capital of France?"}]
+QUESTION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 
 
 def test_chat_non_streaming_and_streaming_agree(server) -> None:
@@ -58,8 +63,17 @@ def test_chat_non_streaming_and_streaming_agree(server) -> None:
     text = r.choices[0].message.content
     assert "Paris" in text and r.choices[0].finish_reason == "stop"
     assert r.usage.prompt_tokens > 10 and r.usage.completion_tokens > 3
-    chunks = list(c.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=30, seed=1,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        c.chat.completions.create(
+            model=MODEL,
+            messages=QUESTION,
+            temperature=0,
+            max_tokens=30,
+            seed=1,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert streamed == text
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
@@ -71,11 +85,14 @@ def test_completion_length_and_stop(server) -> None:
     c = client(url)
     r = c.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=5, temperature=0)
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
-    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
-        model=MODEL, prompt="One, two, three, four,", max_tokens=5, temperature=0, stream=True))
+    streamed = "".join(
+        ch.choices[0].text
+        for ch in c.completions.create(
+            model=MODEL, prompt="One, two, three, four,", max_tokens=5, temperature=0, stream=True
+        )
+    )
     assert streamed == r.choices[0].text
-    r = c.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=20, temperature=0,
-                             stop=[","])
+    r = c.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=20, temperature=0, stop=[","])
     assert "," not in r.choices[0].text and r.choices[0].finish_reason == "stop"
 
 
@@ -89,8 +106,7 @@ def test_errors_through_the_openai_client(server) -> None:
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="nope", messages=QUESTION)
     with pytest.raises(openai.BadRequestError) as info:
-        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 2000}],
-                                  max_tokens=4)
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 2000}], max_tokens=4)
     assert info.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError):
         c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4096)
@@ -106,8 +122,9 @@ def test_sigterm_finishes_and_exits_0(server) -> None:
     result = {}
 
     def long_call() -> None:
-        r = client(url).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=200, temperature=0,
-                                      extra_body={"ignore_eos": True})
+        r = client(url).completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=200, temperature=0, extra_body={"ignore_eos": True}
+        )
         result["reason"] = r.choices[0].finish_reason
 
     t = threading.Thread(target=long_call)

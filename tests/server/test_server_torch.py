@@ -41,8 +41,15 @@ def messages(i: int) -> list[dict]:
 
 
 def ask(client, i: int) -> str:
-    stream = client.chat.completions.create(model="starter", messages=messages(i), temperature=0, seed=i,
-                                            max_tokens=N_TOKENS, stream=True, extra_body={"ignore_eos": True})
+    stream = client.chat.completions.create(
+        model="starter",
+        messages=messages(i),
+        temperature=0,
+        seed=i,
+        max_tokens=N_TOKENS,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     return "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
 
 
@@ -75,12 +82,27 @@ def test_16_parallel_streams_equal_alone_and_throughput(live, torch_backend) -> 
     reqs = []
     for i in range(N_CLIENTS):
         r = render_for_spec(torch_backend.spec, messages(i))
-        reqs.append(Request(prompt=r.text, add_special=r.add_special, sampling=SamplingParams(
-            temperature=0, top_k=0, min_p=0, top_p=1, max_tokens=N_TOKENS, seed=i, stop=tuple(r.stop),
-            ignore_eos=True)))
+        reqs.append(
+            Request(
+                prompt=r.text,
+                add_special=r.add_special,
+                sampling=SamplingParams(
+                    temperature=0,
+                    top_k=0,
+                    min_p=0,
+                    top_p=1,
+                    max_tokens=N_TOKENS,
+                    seed=i,
+                    stop=tuple(r.stop),
+                    ignore_eos=True,
+                ),
+            )
+        )
     done: list = [None] * N_CLIENTS
-    threads = [threading.Thread(target=lambda i=i: done.__setitem__(i, torch_backend.generate(reqs[i])))
-               for i in range(N_CLIENTS)]
+    threads = [
+        threading.Thread(target=lambda i=i: done.__setitem__(i, torch_backend.generate(reqs[i])))
+        for i in range(N_CLIENTS)
+    ]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -90,8 +112,10 @@ def test_16_parallel_streams_equal_alone_and_throughput(live, torch_backend) -> 
     tokens = sum(c.stats.completion_tokens for c in done)
     print("\nHTTP batched vs HTTP alone differ for clients", [i for i in range(N_CLIENTS) if batched[i] != alone[i]])
     http_tps, direct_tps = tokens / http_s, tokens / direct_s
-    print(f"\n{N_CLIENTS} clients x {N_TOKENS} tokens: HTTP {http_tps:.1f} tok/s, in-process {direct_tps:.1f} tok/s "
-          f"({100 * http_tps / direct_tps:.0f}%)")
+    print(
+        f"\n{N_CLIENTS} clients x {N_TOKENS} tokens: HTTP {http_tps:.1f} tok/s, in-process {direct_tps:.1f} tok/s "
+        f"({100 * http_tps / direct_tps:.0f}%)"
+    )
     # Every reply, over HTTP or in-process, alone or among 16, agrees with the reference run.
     token_bytes = torch_backend._parts.tokenizer.token_bytes
     for i, r in enumerate(reqs):

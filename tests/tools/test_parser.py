@@ -11,8 +11,10 @@ from backends.api import ToolCall
 from backends.tools import CallDelta, HermesFormat, Llama3Format, MistralFormat, TextDelta, ToolCallParser, parse_reply
 
 FORMATS = [HermesFormat(), Llama3Format(), MistralFormat()]
-CALLS = [ToolCall("call_1", "get_weather", '{"city": "Paris", "days": [1, 2], "note": "a \\"quoted\\" }"}'),
-         ToolCall("call_2", "no_args", "{}")]
+CALLS = [
+    ToolCall("call_1", "get_weather", '{"city": "Paris", "days": [1, 2], "note": "a \\"quoted\\" }"}'),
+    ToolCall("call_2", "no_args", "{}"),
+]
 
 
 def calls_of(calls: list[ToolCall]) -> list[tuple[str, dict]]:
@@ -27,7 +29,7 @@ def streamed(fmt, text: str, seed: int, **kw) -> tuple[str, list[ToolCall], list
     i = 0
     while i < len(text):
         k = rng.randint(1, 6)
-        deltas += parser.feed(text[i:i + k])
+        deltas += parser.feed(text[i : i + k])
         i += k
     deltas += parser.finish()
     content = "".join(d.text for d in deltas if isinstance(d, TextDelta))
@@ -62,8 +64,17 @@ def test_hermes_text_around_calls_is_content_and_blanks_before_a_call_are_droppe
         assert streamed(fmt, text, seed)[:2][0] == "Let me check."
 
 
-@pytest.mark.parametrize("text", ["Plain answer, no call.", "a <tool_c", "x <tool_call>{\"name\": 3}</tool_call> y",
-                                  "<tool_call>not json</tool_call>", "less < than <tool_call", "  spaced  \n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Plain answer, no call.",
+        "a <tool_c",
+        'x <tool_call>{"name": 3}</tool_call> y',
+        "<tool_call>not json</tool_call>",
+        "less < than <tool_call",
+        "  spaced  \n",
+    ],
+)
 def test_hermes_text_that_is_no_call_is_kept_exactly(text) -> None:
     fmt = HermesFormat()
     assert parse_reply(fmt, text) == (text, [])

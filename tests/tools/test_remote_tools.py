@@ -20,10 +20,14 @@ from tests.fakes import loaded_fake
 
 pytestmark = pytest.mark.server
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}}}}
-TWO_CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-             '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+TWO_CALLS = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+)
 
 
 def test_tool_call_deltas_become_hermes_text_the_parser_reads_back() -> None:
@@ -40,18 +44,33 @@ def test_tool_call_deltas_become_hermes_text_the_parser_reads_back() -> None:
 def test_tools_pass_through_a_remote_backend_and_read_back_as_calls() -> None:
     fake = loaded_fake(replies=[TWO_CALLS])
     inner = BackgroundServer(fake, "inner-model")
-    remote = RemoteBackend(remote_spec("inner-model", inner.url), None,
-                           RemoteTarget(inner.url, "inner-model", None, "the test"))
+    remote = RemoteBackend(
+        remote_spec("inner-model", inner.url), None, RemoteTarget(inner.url, "inner-model", None, "the test")
+    )
     remote.load()
     try:
-        history = [{"role": "user", "content": "Weather?"},
-                   {"role": "assistant", "content": "", "tool_calls": [
-                       {"id": "call_0", "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
-                   {"role": "tool", "tool_call_id": "call_0", "content": "19 C"},
-                   {"role": "user", "content": "And Paris and Oslo?"}]
-        built = chat_request(remote.spec, history, SamplingParams(temperature=0, max_tokens=64),
-                             tools=tool_request_from_openai([WEATHER], "auto"))
+        history = [
+            {"role": "user", "content": "Weather?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "call_0",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_0", "content": "19 C"},
+            {"role": "user", "content": "And Paris and Oslo?"},
+        ]
+        built = chat_request(
+            remote.spec,
+            history,
+            SamplingParams(temperature=0, max_tokens=64),
+            tools=tool_request_from_openai([WEATHER], "auto"),
+        )
         assert built.request.constraint is None  # the remote server forces calls itself
         reply = built.tools.parser()
         deltas = []

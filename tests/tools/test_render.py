@@ -15,37 +15,58 @@ from backends.tools.detect import detect
 from tests.fakes import fake_spec
 from tests.tools import templates as T
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 CALL_ID = "abcDEF123"  # nine letters and digits: Mistral's templates insist
-HISTORY = [{"role": "system", "content": "Be brief."},
-           {"role": "user", "content": "Weather in Paris?"},
-           {"role": "assistant", "content": "", "tool_calls": [
-               {"id": CALL_ID, "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-           {"role": "tool", "tool_call_id": CALL_ID, "name": "get_weather", "content": "22 C, sunny"},
-           {"role": "user", "content": "And tomorrow?"}]
+HISTORY = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": CALL_ID, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": CALL_ID, "name": "get_weather", "content": "22 C, sunny"},
+    {"role": "user", "content": "And tomorrow?"},
+]
 
 
 def build(template, messages=HISTORY, choice=None, tools=(WEATHER,), parallel=None):
     spec = fake_spec(chat_template=template)
-    return chat_request(spec, messages, SamplingParams(temperature=0),
-                        tools=tool_request_from_openai(list(tools), choice, parallel))
+    return chat_request(
+        spec, messages, SamplingParams(temperature=0), tools=tool_request_from_openai(list(tools), choice, parallel)
+    )
 
 
-@pytest.mark.parametrize("template,family,native", [
-    (T.HERMES, "hermes", True), (T.LLAMA3, "llama3", True), (T.MISTRAL, "mistral", True),
-    (T.CHATML_NO_TOOLS, "hermes", False), (None, "hermes", False)])
+@pytest.mark.parametrize(
+    "template,family,native",
+    [
+        (T.HERMES, "hermes", True),
+        (T.LLAMA3, "llama3", True),
+        (T.MISTRAL, "mistral", True),
+        (T.CHATML_NO_TOOLS, "hermes", False),
+        (None, "hermes", False),
+    ],
+)
 def test_family_is_detected_from_the_template(template, family, native) -> None:
     style = detect(template, "llama")
     assert (style.format.name, style.native) == (family, native)
 
 
 # where each template writes the assistant's call turn: (text before it, text after it)
-CALL_TURN = {"hermes": ("Weather in Paris?<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>"),
-             "llama3": ("Weather in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"),
-             "mistral": ("[/INST]", "</s>")}
+CALL_TURN = {
+    "hermes": ("Weather in Paris?<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>"),
+    "llama3": ("Weather in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"),
+    "mistral": ("[/INST]", "</s>"),
+}
 
 
 @pytest.mark.parametrize("template", [T.HERMES, T.LLAMA3, T.MISTRAL])
@@ -70,21 +91,28 @@ def test_a_template_without_tools_gets_the_hermes_block_and_calls_as_text() -> N
     prompt = built.request.prompt
     assert prompt.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions")
     assert json.dumps(WEATHER) in prompt
-    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-            '</tool_call><|im_end|>') in prompt
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        "</tool_call><|im_end|>"
+    ) in prompt
     assert "<|im_start|>user\n<tool_response>\n22 C, sunny\n</tool_response><|im_end|>" in prompt
     assert built.tools.format.name == "hermes" and built.request.constraint is None  # auto: parsed afterwards
 
 
 def test_consecutive_tool_results_share_one_user_turn() -> None:
-    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
-             for i in range(2)]
-    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": calls},
-                {"role": "tool", "tool_call_id": "c0", "content": "one"},
-                {"role": "tool", "tool_call_id": "c1", "content": "two"}]
+    calls = [
+        {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}} for i in range(2)
+    ]
+    messages = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c0", "content": "one"},
+        {"role": "tool", "tool_call_id": "c1", "content": "two"},
+    ]
     prompt = build(T.CHATML_NO_TOOLS, messages).request.prompt
-    assert ("<|im_start|>user\n<tool_response>\none\n</tool_response>\n<tool_response>\ntwo\n</tool_response>"
-            "<|im_end|>") in prompt
+    assert (
+        "<|im_start|>user\n<tool_response>\none\n</tool_response>\n<tool_response>\ntwo\n</tool_response><|im_end|>"
+    ) in prompt
 
 
 def test_choice_none_renders_no_tools_but_keeps_the_history() -> None:
@@ -95,11 +123,18 @@ def test_choice_none_renders_no_tools_but_keeps_the_history() -> None:
     assert "<tools>" not in built.request.prompt
 
 
-@pytest.mark.parametrize("template,prefix,suffix", [(T.CHATML_NO_TOOLS, "<tool_call>\n", "\n</tool_call>"),
-                                                    (T.LLAMA3, "", ""), (T.MISTRAL, "[TOOL_CALLS]", "")])
+@pytest.mark.parametrize(
+    "template,prefix,suffix",
+    [(T.CHATML_NO_TOOLS, "<tool_call>\n", "\n</tool_call>"), (T.LLAMA3, "", ""), (T.MISTRAL, "[TOOL_CALLS]", "")],
+)
 def test_forced_choices_carry_the_family_constraint(template, prefix, suffix) -> None:
-    second = {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}}}}
+    second = {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}},
+        },
+    }
     for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
         built = build(template, choice=choice, tools=(WEATHER, second))
         c = built.request.constraint
@@ -124,8 +159,9 @@ def test_a_plain_conversation_is_unchanged_by_the_tool_machinery() -> None:
 
 
 def test_a_template_that_does_not_render_tools_is_read_as_hermes_whatever_its_family() -> None:
-    llama3_without_tools = T.LLAMA3.replace("{%- if tools %}", "{%- if false %}").replace("{% for t in tools %}",
-                                                                                          "{% for t in [] %}")
+    llama3_without_tools = T.LLAMA3.replace("{%- if tools %}", "{%- if false %}").replace(
+        "{% for t in tools %}", "{% for t in [] %}"
+    )
     assert detect(llama3_without_tools, "llama").format.name == "hermes"
     assert not detect(llama3_without_tools, "llama").native
     unknown = "{% if tools %}<|tool|>{{ tools | tojson }}<|/tool|>{% endif %}{{ messages[0].content }}"
@@ -133,9 +169,11 @@ def test_a_template_that_does_not_render_tools_is_read_as_hermes_whatever_its_fa
 
 
 def test_a_template_that_refuses_system_messages_gets_the_block_in_the_first_user_turn() -> None:
-    no_system = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not "
-                 "supported') }}{% endif %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    no_system = (
+        "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not "
+        "supported') }}{% endif %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    )
     built = build(no_system, messages=[{"role": "user", "content": "Weather in Paris?"}])
     assert built.request.prompt.startswith("<start_of_turn>user\n# Tools\n\nYou may call")
     assert "Weather in Paris?<end_of_turn>" in built.request.prompt

@@ -15,9 +15,14 @@ from tests.fakes import FakeBackend, loaded_fake
 
 pytestmark = pytest.mark.server
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>'
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
@@ -49,8 +54,10 @@ def test_auto_call_whole_and_streamed_and_the_result_round_trip(serve) -> None:
     assert "# Tools" in backend.requests[-1].prompt  # ChatML without tool support: hearth's system block
 
     # the tool result goes back; the model answers in text
-    history = ASK + [choice.message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": "22 C"}]
+    history = ASK + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "22 C"},
+    ]
     r2 = client.chat.completions.create(model="fake-model", messages=history, tools=[WEATHER])
     assert r2.choices[0].message.content == "It is 22 C in Paris." and r2.choices[0].finish_reason == "stop"
     assert not r2.choices[0].message.tool_calls
@@ -105,8 +112,12 @@ def test_forced_choices_reach_the_backend_as_a_constraint(serve) -> None:
     backend = ConstrainedFake(replies=[CALL])
     backend.load()
     _, client = serve(backend)
-    r = client.chat.completions.create(model="fake-model", messages=ASK, tools=[WEATHER],
-                                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    r = client.chat.completions.create(
+        model="fake-model",
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     c = backend.requests[-1].constraint
     assert (c.kind, c.prefix, c.suffix) == ("json_schema", "<tool_call>\n", "\n</tool_call>")
     assert json.loads(c.schema)["properties"]["name"] == {"const": "get_weather"}
@@ -118,20 +129,49 @@ def test_forced_choices_reach_the_backend_as_a_constraint(serve) -> None:
 BAD = [
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
     ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools.0.function.name"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
-     "tools[0].function.parameters.type"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-     "tool_choice.function.name"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+        "tools[0].function.parameters.type",
+    ),
+    (
+        {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "tool_choice.function.name",
+    ),
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
-     "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {  # a keyword the grammar lacks
-        "type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}], "tool_choice": "required"}, "tools"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+    (
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {  # a keyword the grammar lacks
+                            "type": "object",
+                            "properties": {"a": {"not": {"type": "string"}}},
+                        },
+                    },
+                }
+            ],
+            "tool_choice": "required",
+        },
+        "tools",
+    ),
     ({"messages": [{"role": "tool", "content": "22 C"}]}, "messages.0"),
     ({"messages": [{"role": "assistant", "content": None}]}, "messages.0"),
-    ({"messages": [{"role": "user", "content": "x", "tool_calls": [
-        {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[0].tool_calls"),
+    (
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": "x",
+                    "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                }
+            ]
+        },
+        "messages[0].tool_calls",
+    ),
 ]
 
 

@@ -18,13 +18,26 @@ from tests.tools import templates as T
 
 pytestmark = [pytest.mark.slow]
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather of a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 30}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}}
-ASK = [{"role": "system", "content": "You are a helpful assistant."},
-       {"role": "user", "content": "What is the weather in Paris?"}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+ASK = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +55,12 @@ def llama(starter_path):
 def test_forced_call_in_each_family_format(llama, template) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     spec = dataclasses.replace(llama.spec, chat_template=template)
-    built = chat_request(spec, ASK, SamplingParams(temperature=0, seed=1, max_tokens=80),
-                         tools=tool_request_from_openai([WEATHER], "required"))
+    built = chat_request(
+        spec,
+        ASK,
+        SamplingParams(temperature=0, seed=1, max_tokens=80),
+        tools=tool_request_from_openai([WEATHER], "required"),
+    )
     assert '"get_weather"' in built.request.prompt and "# Tools\n\nYou may call" not in built.request.prompt
     done = llama.generate(built.request)
     constraint = built.request.constraint

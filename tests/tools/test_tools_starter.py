@@ -25,16 +25,35 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 MODEL = "smollm2-135m-instruct"
 ROOT = Path(__file__).resolve().parents[2]
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather of a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 40},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "Get the current time in a time zone",
-    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET", "PST"]}},
-                   "required": ["zone"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 40},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Get the current time in a time zone",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET", "PST"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 GREEDY = {"temperature": 0, "seed": 1, "max_tokens": 40}
 
@@ -45,9 +64,13 @@ def client(request, starter_path, tmp_path_factory):
     env = {**os.environ, "HEARTH_HOME": str(tmp_path_factory.mktemp("home")), "PYTHONPATH": str(ROOT)}
     log = tmp_path_factory.mktemp("log") / "serve.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", str(port), "--ctx", "1024",
-                                 "--backend", request.param], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=ROOT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", "--port", str(port), "--ctx", "1024", "--backend", request.param],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url, 120, log)
@@ -81,8 +104,13 @@ def test_required_and_named_choices_return_a_valid_call(client, forced) -> None:
     assert forced.finish_reason == "tool_calls", forced
     (call,) = forced.message.tool_calls
     valid_call(call, WEATHER if call.function.name == "get_weather" else TIME)
-    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, TIME],
-                                       tool_choice={"type": "function", "function": {"name": "get_time"}}, **GREEDY)
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        **GREEDY,
+    )
     (call,) = r.choices[0].message.tool_calls
     assert valid_call(call, TIME)["zone"] in ("UTC", "CET", "PST")
 
@@ -107,11 +135,17 @@ def test_streamed_call_deltas_reassemble_to_the_whole_call(client, forced) -> No
 
 def test_a_tool_result_round_trips_and_auto_answers_or_calls(client, forced) -> None:
     call = forced.choices[0].message
-    history = ASK + [call.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.tool_calls[0].id,
-                      "content": json.dumps({"temperature": 21, "sky": "sunny"})}]
-    r = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER, TIME], tool_choice="auto",
-                                       **GREEDY)
+    history = ASK + [
+        call.model_dump(exclude_none=True),
+        {
+            "role": "tool",
+            "tool_call_id": call.tool_calls[0].id,
+            "content": json.dumps({"temperature": 21, "sky": "sunny"}),
+        },
+    ]
+    r = client.chat.completions.create(
+        model=MODEL, messages=history, tools=[WEATHER, TIME], tool_choice="auto", **GREEDY
+    )
     # the call and its result are in the prompt now: it grew by more than the call's own tokens
     assert r.usage.prompt_tokens > forced.usage.prompt_tokens + forced.usage.completion_tokens
     message = r.choices[0].message

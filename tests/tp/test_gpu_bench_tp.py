@@ -13,9 +13,25 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_bench.py"
 
 def test_gpu_bench_tp_row_dry_run() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--no-hf", "--no-engine", "--variants", "fp16",
-                           "--batches", "1,3", "--tensor-parallel", "2"], capture_output=True, text=True, timeout=300,
-                          env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--dry-run",
+            "--no-hf",
+            "--no-engine",
+            "--variants",
+            "fp16",
+            "--batches",
+            "1,3",
+            "--tensor-parallel",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("TP=2 (gloo, CPU)")]
     assert [r.split("batch")[1].split(":")[0].strip() for r in rows] == ["1", "3"]

@@ -19,8 +19,10 @@ def test_the_starter_shares_its_heads_unevenly_at_two_ranks() -> None:
     assert (b.q_start, b.q_stop, b.kv_start, b.kv_stop) == (6, 9, 2, 3)
 
 
-@pytest.mark.parametrize("n_heads,n_kv,world", [(32, 8, 2), (32, 8, 4), (32, 8, 3), (28, 4, 4), (12, 2, 4),
-                                                (8, 1, 2), (8, 1, 8), (9, 3, 3), (16, 16, 5)])
+@pytest.mark.parametrize(
+    "n_heads,n_kv,world",
+    [(32, 8, 2), (32, 8, 4), (32, 8, 3), (28, 4, 4), (12, 2, 4), (8, 1, 2), (8, 1, 8), (9, 3, 3), (16, 16, 5)],
+)
 def test_every_query_head_sits_with_its_kv_head(n_heads: int, n_kv: int, world: int) -> None:
     group = n_heads // n_kv
     shards = head_shards(n_heads, n_kv, world)

@@ -31,11 +31,13 @@ SEQS = [(list(range(3, 40)), 0, [0, 1, 2]), ([10, 11, 12], 0, [3]), ([7], 0, [4]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("tp")
-    models = {w: write_tiny_llama(d / f"tiny-{w}.gguf", weight_type=w, tied=w == "F32", **TINY)
-              for w in ("F32", "Q4_0")}
+    models = {
+        w: write_tiny_llama(d / f"tiny-{w}.gguf", weight_type=w, tied=w == "F32", **TINY) for w in ("F32", "Q4_0")
+    }
     # Qwen2: biases on Q, K and V (sharded with their rows), an untied head
-    models["qwen2"] = write_tiny_llama(d / "tiny-qwen2.gguf", weight_type="F32", tied=False, architecture="qwen2",
-                                       qkv_bias=True, **TINY)
+    models["qwen2"] = write_tiny_llama(
+        d / "tiny-qwen2.gguf", weight_type="F32", tied=False, architecture="qwen2", qkv_bias=True, **TINY
+    )
     return models
 
 
@@ -50,8 +52,9 @@ def _logits(runner: ModelRunner) -> torch.Tensor:
         runner.close()
 
 
-@pytest.mark.parametrize("weights,dtype,tol", [("F32", "float32", 1e-4), ("Q4_0", "bfloat16", 0.02),
-                                               ("qwen2", "float32", 1e-4)])
+@pytest.mark.parametrize(
+    "weights,dtype,tol", [("F32", "float32", 1e-4), ("Q4_0", "bfloat16", 0.02), ("qwen2", "float32", 1e-4)]
+)
 def test_two_ranks_give_one_ranks_logits(tiny, weights: str, dtype: str, tol: float) -> None:
     spec = load_spec(tiny[weights])
     opts = dict(n_ctx=64, max_num_seqs=2, dtype=dtype, device="cpu", weight_quant="auto")
@@ -151,8 +154,9 @@ def test_a_killed_rank_restarts_the_runner_and_its_group(tiny, tmp_path) -> None
     b.on_notice = notices.append
     runner_pid, rank_pid = b.pid, b.describe()["tp_rank_pids"][0]
     sp = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
-    want = b.generate(Request(prompt_token_ids=[1, 40, 41], sampling=SamplingParams(temperature=0, max_tokens=6,
-                                                                                      ignore_eos=True))).token_ids
+    want = b.generate(
+        Request(prompt_token_ids=[1, 40, 41], sampling=SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    ).token_ids
     t0 = time.monotonic()
     events = []
     killed = False
@@ -165,8 +169,9 @@ def test_a_killed_rank_restarts_the_runner_and_its_group(tiny, tmp_path) -> None
     assert last.kind is EventKind.FINISHED and last.finish_reason is FinishReason.ERROR
     assert "exited with status 3" in last.error  # the runner ended itself: its group was down
     assert time.monotonic() - t0 < 60  # nothing waited for a collective timeout
-    again = b.generate(Request(prompt_token_ids=[1, 40, 41], sampling=SamplingParams(temperature=0, max_tokens=6,
-                                                                                      ignore_eos=True)))
+    again = b.generate(
+        Request(prompt_token_ids=[1, 40, 41], sampling=SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    )
     assert again.finish_reason is FinishReason.LENGTH and again.token_ids == want
     new_ranks = b.describe()["tp_rank_pids"]
     assert b.pid != runner_pid and new_ranks[0] != rank_pid

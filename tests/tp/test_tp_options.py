@@ -44,8 +44,7 @@ def test_the_plan_becomes_load_options(starter_spec) -> None:
     d = decide(starter_spec, Settings(tensor_parallel=2))  # this machine: no GPU, 2 ranks on the CPU cores
     assert (d.backend, d.options.tensor_parallel, d.options.device) == ("torch", 2, "cpu")
     d = decide(starter_spec, Settings(tensor_parallel=2), str(FIXTURES / "2x3090_nvlink.json"))
-    assert (d.backend, d.options.tensor_parallel, d.options.device, d.plan.split_mode) == ("torch", 2, "cuda",
-                                                                                          "tensor")
+    assert (d.backend, d.options.tensor_parallel, d.options.device, d.plan.split_mode) == ("torch", 2, "cuda", "tensor")
     # each rank's KV pool is the plan's per-device bytes
     assert d.options.kv_cache_bytes == d.plan.kv_pool_bytes > 0
     d = decide(starter_spec, Settings(), str(FIXTURES / "2x3090_nvlink.json"))  # 135 M fits one card in bf16
@@ -62,13 +61,27 @@ def test_bad_values_are_refused() -> None:
 
 
 def test_plan_json_reports_the_ranks(starter_path) -> None:
-    r = hearth("plan", str(starter_path), "--hardware", str(FIXTURES / "2x3090_nvlink.json"), "--tensor-parallel",
-               "2", "--json")
+    r = hearth(
+        "plan",
+        str(starter_path),
+        "--hardware",
+        str(FIXTURES / "2x3090_nvlink.json"),
+        "--tensor-parallel",
+        "2",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert (d["backend"], d["split_mode"], d["tensor_parallel"]) == ("torch", "tensor", 2)
-    r = hearth("plan", str(starter_path), "--hardware", str(FIXTURES / "2x3090_nvlink.json"), "--backend",
-               "llama.cpp", "--json")
+    r = hearth(
+        "plan",
+        str(starter_path),
+        "--hardware",
+        str(FIXTURES / "2x3090_nvlink.json"),
+        "--backend",
+        "llama.cpp",
+        "--json",
+    )
     assert json.loads(r.stdout)["tensor_parallel"] == 1
 
 

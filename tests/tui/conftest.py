@@ -36,7 +36,9 @@ def make_app(backend: FakeBackend) -> Callable[..., Any]:
 
     def make(**kw: Any) -> HearthApp:
         settings = kw.pop("settings", Settings(model="fake-model"))
-        return HearthApp(settings, loader=kw.pop("loader", fake_loader(backend)), conversations=ConversationStore.open())
+        return HearthApp(
+            settings, loader=kw.pop("loader", fake_loader(backend)), conversations=ConversationStore.open()
+        )
 
     return make
 

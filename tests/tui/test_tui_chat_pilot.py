@@ -113,8 +113,13 @@ async def test_switch_conversation(make_app, backend) -> None:
         assert [c.title for c in app.store.list("second")] == ["second chat"]
 
 
-@pytest.mark.parametrize("error", [ContextOverflowError("prompt is 5000 tokens, context 4096", "start a new chat"),
-                                   OutOfMemoryError("needs 9.8 GiB, 8.0 GiB free", "try --ctx 2048")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        ContextOverflowError("prompt is 5000 tokens, context 4096", "start a new chat"),
+        OutOfMemoryError("needs 9.8 GiB, 8.0 GiB free", "try --ctx 2048"),
+    ],
+)
 async def test_backend_errors_notify_and_restore_prompt(make_app, backend, error) -> None:
     app = make_app()
     async with app.run_test(size=(100, 30)) as pilot:

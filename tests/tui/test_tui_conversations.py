@@ -58,7 +58,7 @@ def test_bad_database_is_refused_and_left_untouched(tmp_path, kind) -> None:
         store.close()
         if kind == "truncated":
             data = path.read_bytes()
-            path.write_bytes(data[:100] + b"\x00" * 50 + data[150:len(data) // 2])
+            path.write_bytes(data[:100] + b"\x00" * 50 + data[150 : len(data) // 2])
         elif kind == "newer":
             with sqlite3.connect(path) as raw:
                 raw.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")

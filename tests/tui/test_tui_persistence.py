@@ -48,8 +48,14 @@ CHILD = textwrap.dedent("""
 
 
 async def test_sigkill_mid_reply_then_restart(make_app) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         line = proc.stdout.readline()
         if line.strip() != "STREAMING":
@@ -65,8 +71,11 @@ async def test_sigkill_mid_reply_then_restart(make_app) -> None:
     app = make_app()  # same HEARTH_HOME: the database and state.json the killed app wrote
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: len(chat_text(app)) == 3, 30)
-        assert chat_text(app) == [("user", "first question"), ("assistant", "the first reply"),
-                                  ("user", "second question")]
+        assert chat_text(app) == [
+            ("user", "first question"),
+            ("assistant", "the first reply"),
+            ("user", "second question"),
+        ]
         assert app.conv.title == "first question"  # the last conversation reopened
         await pilot.press("ctrl+r")  # and the unanswered question can be answered now
         await wait_for(pilot, lambda: app.turn is None and len(chat_text(app)) == 4)

@@ -54,8 +54,9 @@ async def test_switching_models_ends_the_old_runner_and_frees_its_memory(make_ap
     made: list[RunnerBackend] = []
 
     def loader(settings, progress=None):  # type: ignore[no-untyped-def]
-        backend = RunnerBackend(fake_spec(name=settings.model), backend="tests.runner_fakes:CrashingFake",
-                                log_dir=tmp_path)
+        backend = RunnerBackend(
+            fake_spec(name=settings.model), backend="tests.runner_fakes:CrashingFake", log_dir=tmp_path
+        )
         made.append(backend)
         backend.load(progress)
         entry = ModelEntry(settings.model, backend.spec.path, source="builtin")

@@ -8,14 +8,17 @@ import backends.runner.memory as memory
 from backends.llama_cpp.backend import extra_bufts_default
 
 
-@pytest.mark.parametrize("amx,checked,env,want", [
-    (False, False, "", True),
-    (True, False, "", False),
-    (True, True, "", True),  # the doctor's check passed with this build on this machine
-    (True, True, "0", False),  # the environment overrides the check
-    (False, False, "0", False),
-    (True, False, "1", True),
-])
+@pytest.mark.parametrize(
+    "amx,checked,env,want",
+    [
+        (False, False, "", True),
+        (True, False, "", False),
+        (True, True, "", True),  # the doctor's check passed with this build on this machine
+        (True, True, "0", False),  # the environment overrides the check
+        (False, False, "0", False),
+        (True, False, "1", True),
+    ],
+)
 def test_extra_bufts_rule(monkeypatch, amx, checked, env, want) -> None:
     monkeypatch.setattr(memory, "has_amx", lambda cpuinfo="/proc/cpuinfo": amx)
     monkeypatch.setenv("HEARTH_LLAMA_EXTRA_BUFTS", env)

@@ -13,8 +13,14 @@ from tests.gguf_factory import write_tiny_llama
 
 def test_starter_spec_matches_known_figures(starter_path: Path) -> None:
     s = load_spec(starter_path)
-    assert (s.architecture, s.n_layers, s.hidden_size, s.n_heads, s.n_kv_heads, s.head_dim) == \
-        ("llama", 30, 576, 9, 3, 64)
+    assert (s.architecture, s.n_layers, s.hidden_size, s.n_heads, s.n_kv_heads, s.head_dim) == (
+        "llama",
+        30,
+        576,
+        9,
+        3,
+        64,
+    )
     assert (s.vocab_size, s.context_length, s.rope_base, s.ffn_size) == (49152, 8192, 100000.0, 1536)
     assert s.file_type == "Q4_1" and s.tied_embeddings
     assert s.tensor_types == {"Q4_1": 210, "F32": 61, "Q8_0": 1} and len(s.tensors) == 272
@@ -22,8 +28,10 @@ def test_starter_spec_matches_known_figures(starter_path: Path) -> None:
     assert 5.7 < s.bits_per_weight < 5.8  # NOTES.md: 5.74 bpw overall
     assert s.chat_template and "<|im_start|>" in s.chat_template
     assert (s.bos_token_text, s.eos_token_text, s.eos_token_ids) == ("<|im_start|>", "<|im_end|>", (2,))
-    assert sum(s.layer_bytes()) + s.tensor("token_embd.weight").n_bytes + \
-        s.tensor("output_norm.weight").n_bytes == s.weight_bytes
+    assert (
+        sum(s.layer_bytes()) + s.tensor("token_embd.weight").n_bytes + s.tensor("output_norm.weight").n_bytes
+        == s.weight_bytes
+    )
 
 
 def test_gemma_spec(gemma_path: Path) -> None:
@@ -56,12 +64,15 @@ def test_truncated_file_is_reported(tmp_path: Path) -> None:
         load_spec(header_only)
 
 
-@pytest.mark.parametrize("content, match", [
-    (b"", "not a GGUF file"),
-    (b"PK\x03\x04" + b"\0" * 100, "not a GGUF file"),
-    (b"GGUF" + (9).to_bytes(4, "little") + b"\0" * 40, "version 9"),
-    (b"GGUF" + (3).to_bytes(4, "little") + (1 << 40).to_bytes(8, "little") + b"\0" * 40, "corrupt"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"", "not a GGUF file"),
+        (b"PK\x03\x04" + b"\0" * 100, "not a GGUF file"),
+        (b"GGUF" + (9).to_bytes(4, "little") + b"\0" * 40, "version 9"),
+        (b"GGUF" + (3).to_bytes(4, "little") + (1 << 40).to_bytes(8, "little") + b"\0" * 40, "corrupt"),
+    ],
+)
 def test_bad_files(tmp_path: Path, content: bytes, match: str) -> None:
     p = tmp_path / "bad.gguf"
     p.write_bytes(content)
@@ -77,10 +88,10 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_split_gguf_reads_all_shards(tmp_path: Path) -> None:
     import gguf
 
-    from backends.gguf_reader import read_model_header
-
     # Two shards written by hand: split.count on the first, tensors in both.
     import numpy as np
+
+    from backends.gguf_reader import read_model_header
 
     paths = [tmp_path / f"m-{i:05d}-of-00002.gguf" for i in (1, 2)]
     for i, p in enumerate(paths):
@@ -88,7 +99,10 @@ def test_split_gguf_reads_all_shards(tmp_path: Path) -> None:
         w.add_uint16("split.no", i)
         w.add_uint16("split.count", 2)
         w.add_tensor(f"t{i}.weight", np.zeros((4, 8), dtype=np.float32))
-        w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
     first, shards = read_model_header(paths[0])
     assert len(shards) == 2 and [t.name for h in shards for t in h.tensors] == ["t0.weight", "t1.weight"]
     paths[1].unlink()

@@ -26,9 +26,18 @@ def test_the_planner_plans_for_exactly_the_registrys_local_backends():
 def test_settings_and_new_conversations_take_the_contracts_sampling_defaults():
     s, c = Settings(), ChatSettings()
     assert (s.temperature, s.top_p, s.top_k, s.min_p, s.repeat_penalty) == (
-        SAMPLING.temperature, SAMPLING.top_p, SAMPLING.top_k, SAMPLING.min_p, SAMPLING.repeat_penalty)
-    assert (c.temperature, c.top_p, c.max_tokens, c.system_prompt) == (s.temperature, s.top_p, s.max_tokens,
-                                                                       s.system_prompt)
+        SAMPLING.temperature,
+        SAMPLING.top_p,
+        SAMPLING.top_k,
+        SAMPLING.min_p,
+        SAMPLING.repeat_penalty,
+    )
+    assert (c.temperature, c.top_p, c.max_tokens, c.system_prompt) == (
+        s.temperature,
+        s.top_p,
+        s.max_tokens,
+        s.system_prompt,
+    )
     assert s.system_prompt == SYSTEM_PROMPT != ""
 
 
@@ -61,5 +70,6 @@ def test_sampling_from_takes_a_conversations_own_settings_over_the_apps():
     s = Settings(temperature=0.3, top_k=7, max_tokens=99)
     assert sampling_from(s) == SamplingParams(temperature=0.3, top_k=7, max_tokens=99)
     chat = ChatSettings("x", temperature=0.0, top_p=0.5, max_tokens=12, seed=4)
-    assert sampling_from(s, chat, ("S",)) == SamplingParams(temperature=0.0, top_p=0.5, top_k=7, max_tokens=12,
-                                                           seed=4, stop=("S",))
+    assert sampling_from(s, chat, ("S",)) == SamplingParams(
+        temperature=0.0, top_p=0.5, top_k=7, max_tokens=12, seed=4, stop=("S",)
+    )

@@ -3,7 +3,7 @@ and refused by a backend that lacks the capability instead of being ignored."""
 
 import pytest
 
-from backends.api import (MAX_LOGIT_BIAS, Capabilities, Constraint, Request, SamplingParams, TokenLogprob)
+from backends.api import MAX_LOGIT_BIAS, Capabilities, Constraint, Request, SamplingParams, TokenLogprob
 from backends.errors import InvalidRequestError
 from tests.fakes import FakeBackend
 
@@ -15,15 +15,18 @@ def test_logit_bias_dict_is_stored_sorted_and_hashable():
     assert sp.penalized and not SamplingParams().penalized
 
 
-@pytest.mark.parametrize("kwargs, word", [
-    ({"presence_penalty": 2.5}, "presence_penalty"),
-    ({"frequency_penalty": -3}, "frequency_penalty"),
-    ({"logit_bias": {1: 101}}, "logit_bias"),
-    ({"logit_bias": {-1: 1}}, "logit_bias"),
-    ({"logit_bias": {i: 1 for i in range(MAX_LOGIT_BIAS + 1)}}, "logit_bias"),
-    ({"logprobs": 21}, "logprobs"),
-    ({"logprobs": True}, "logprobs"),
-])
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"logit_bias": {1: 101}}, "logit_bias"),
+        ({"logit_bias": {-1: 1}}, "logit_bias"),
+        ({"logit_bias": {i: 1 for i in range(MAX_LOGIT_BIAS + 1)}}, "logit_bias"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),
+    ],
+)
 def test_bad_values_are_refused_by_name(kwargs, word):
     with pytest.raises(InvalidRequestError, match=word):
         SamplingParams(**kwargs)
@@ -49,6 +52,9 @@ def test_a_backend_without_the_capability_refuses_instead_of_ignoring():
     with pytest.raises(InvalidRequestError, match="log-probabilities"):
         backend.refuse_unsupported(Request(prompt="x", sampling=SamplingParams(logprobs=0)))
     backend.capabilities = Capabilities(constraints=True, logprobs=True)
-    backend.refuse_unsupported(Request(prompt="x", constraint=Constraint("json_object"),
-                                       sampling=SamplingParams(logprobs=2, prompt_logprobs=True)))
+    backend.refuse_unsupported(
+        Request(
+            prompt="x", constraint=Constraint("json_object"), sampling=SamplingParams(logprobs=2, prompt_logprobs=True)
+        )
+    )
     assert TokenLogprob(1, None).top == ()

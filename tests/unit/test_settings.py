@@ -17,14 +17,17 @@ def test_file_env_flags_precedence(tmp_path: Path) -> None:
     assert (s.model, s.ctx) == ("c", 2048)
 
 
-@pytest.mark.parametrize("text, match", [
-    ("modle = 'x'", "unknown setting 'modle'"),
-    ("temperature = 'hot'", "temperature must be float"),
-    ("[server]\nprt = 1", r"unknown setting \[server\] prt"),
-    ("backend = 'vllm'", "backend must be one of"),
-    ("ctx = 3", "at least 16"),
-    ("this is not toml", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("modle = 'x'", "unknown setting 'modle'"),
+        ("temperature = 'hot'", "temperature must be float"),
+        ("[server]\nprt = 1", r"unknown setting \[server\] prt"),
+        ("backend = 'vllm'", "backend must be one of"),
+        ("ctx = 3", "at least 16"),
+        ("this is not toml", "not valid TOML"),
+    ],
+)
 def test_invalid_settings_are_named(tmp_path: Path, text: str, match: str) -> None:
     f = tmp_path / "settings.toml"
     f.write_text(text)

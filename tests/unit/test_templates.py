@@ -21,20 +21,24 @@ def test_template_default_system_prompt(starter_path: Path) -> None:
 
 
 def test_fallback_is_documented_and_visible(gemma_path: Path) -> None:
-    r = render_for_spec(load_spec(gemma_path), MSGS + [{"role": "assistant", "content": "Hello."},
-                                                       {"role": "user", "content": "Bye"}])
+    r = render_for_spec(
+        load_spec(gemma_path), MSGS + [{"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]
+    )
     assert r.template_source == FALLBACK_NAME
     assert r.text == "Be brief.\n\nUser: Hi\nAssistant: Hello.\nUser: Bye\nAssistant:"
     assert r.stop == ("\nUser:",) and r.add_special
 
 
-@pytest.mark.parametrize("payload", [
-    "{{ ''.__class__.__mro__ }}",
-    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
-    "{% for m in messages %}{{ m.__class__.__init__.__globals__ }}{% endfor %}",
-    "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
-    "{{ messages.append({'role': 'x'}) }}",
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "{{ ''.__class__.__mro__ }}",
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{% for m in messages %}{{ m.__class__.__init__.__globals__ }}{% endfor %}",
+        "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+        "{{ messages.append({'role': 'x'}) }}",
+    ],
+)
 def test_sandbox_refuses_python_internals(payload: str) -> None:
     with pytest.raises(TemplateError, match="refused|failed"):
         render_chat(MSGS, template=payload)
@@ -46,8 +50,7 @@ def test_range_bomb_is_refused() -> None:
 
 
 def test_bos_in_template_turns_off_add_special() -> None:
-    r = render_chat(MSGS, template="{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}",
-                    bos_token="<s>")
+    r = render_chat(MSGS, template="{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}", bos_token="<s>")
     assert r.text == "<s>Be brief.Hi" and not r.add_special
 
 
@@ -58,11 +61,14 @@ def test_raise_exception_and_syntax_errors() -> None:
         render_chat(MSGS, template="{% for %}")
 
 
-@pytest.mark.parametrize("messages, match", [
-    ([], "no messages"),
-    ([{"role": "wizard", "content": "x"}], "role 'wizard'"),
-    ([{"role": "user", "content": 3}], "needs text content"),
-])
+@pytest.mark.parametrize(
+    "messages, match",
+    [
+        ([], "no messages"),
+        ([{"role": "wizard", "content": "x"}], "role 'wizard'"),
+        ([{"role": "user", "content": 3}], "needs text content"),
+    ],
+)
 def test_bad_conversations(messages, match) -> None:
     with pytest.raises(InvalidRequestError, match=match):
         render_chat(messages, template=None)

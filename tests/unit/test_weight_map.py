@@ -15,13 +15,28 @@ class T:  # the three TensorSpec fields repacked_params reads
     n_elements: int
 
 
-def _layer(i: int, q: str = "Q4_K", k: str = "Q4_K", v: str = "Q4_K", o: str = "Q4_K", gate: str = "Q4_K",
-           up: str = "Q4_K", down: str = "Q4_K") -> list[T]:
+def _layer(
+    i: int,
+    q: str = "Q4_K",
+    k: str = "Q4_K",
+    v: str = "Q4_K",
+    o: str = "Q4_K",
+    gate: str = "Q4_K",
+    up: str = "Q4_K",
+    down: str = "Q4_K",
+) -> list[T]:
     b = f"blk.{i}."
-    return [T(b + "attn_q.weight", q, 100), T(b + "attn_k.weight", k, 20), T(b + "attn_v.weight", v, 20),
-            T(b + "attn_output.weight", o, 100), T(b + "ffn_gate.weight", gate, 300), T(b + "ffn_up.weight", up, 300),
-            T(b + "ffn_down.weight", down, 300), T(b + "attn_norm.weight", "F32", 10),
-            T(b + "attn_q.bias", "F32", 10)]
+    return [
+        T(b + "attn_q.weight", q, 100),
+        T(b + "attn_k.weight", k, 20),
+        T(b + "attn_v.weight", v, 20),
+        T(b + "attn_output.weight", o, 100),
+        T(b + "ffn_gate.weight", gate, 300),
+        T(b + "ffn_up.weight", up, 300),
+        T(b + "ffn_down.weight", down, 300),
+        T(b + "attn_norm.weight", "F32", 10),
+        T(b + "attn_q.bias", "F32", 10),
+    ]
 
 
 def test_template() -> None:
@@ -36,7 +51,8 @@ def test_merged_parameters_keep_their_blocks_only_when_all_shards_repack_to_one_
         *_layer(2, q="Q4_0", k="Q4_1", v="Q4_K", gate="Q8_0", up="Q8_0", down="Q8_0"),  # int4 mixes; gate/up int8
         *_layer(3, v="Q8_0", gate="F16"),  # int4 + int8 in one merged parameter: dense; F16 never repacks
         *_layer(4),  # beyond n_layers (a stray tensor): ignored
-        T("token_embd.weight", "Q4_K", 5000), T("output.weight", "Q6_K", 5000),  # not projections
+        T("token_embd.weight", "Q4_K", 5000),
+        T("output.weight", "Q6_K", 5000),  # not projections
     ]
     assert repacked_params(tensors, 4) == ((1140, 0), (100 + 600, 0), (240, 900), (100 + 300, 0))
 
@@ -56,12 +72,17 @@ def test_architecture_name_maps() -> None:
     # Hugging Face's Gemma names its post-attention norm like Llama's pre-MLP one
     assert gemma_hf["model.layers.{i}.post_attention_layernorm.weight"][0] == "layers.{i}.attn_post_norm.weight"
     assert gemma_hf["model.layers.{i}.pre_feedforward_layernorm.weight"][0] == "layers.{i}.post_norm.weight"
-    assert names("qwen3", "safetensors")["model.layers.{i}.self_attn.q_norm.weight"][0] == \
-        "layers.{i}.attn.q_norm.weight"
+    assert (
+        names("qwen3", "safetensors")["model.layers.{i}.self_attn.q_norm.weight"][0] == "layers.{i}.attn.q_norm.weight"
+    )
 
 
 def test_phi3_fused_projections_keep_their_blocks() -> None:
-    tensors = [T("blk.0.attn_qkv.weight", "Q4_K", 300), T("blk.0.attn_output.weight", "Q4_K", 100),
-               T("blk.0.ffn_up.weight", "Q8_0", 600), T("blk.0.ffn_down.weight", "Q6_K", 300)]
+    tensors = [
+        T("blk.0.attn_qkv.weight", "Q4_K", 300),
+        T("blk.0.attn_output.weight", "Q4_K", 100),
+        T("blk.0.ffn_up.weight", "Q8_0", 600),
+        T("blk.0.ffn_down.weight", "Q6_K", 300),
+    ]
     assert repacked_params(tensors, 1, "phi3") == ((400, 600),)
     assert repacked_params(tensors, 1) == ((100, 600),)  # read as Llama names, attn_qkv is no projection

@@ -23,8 +23,15 @@ def model_row(entry: Any, spec: Any, decision: Any) -> tuple[str, ...]:
     plan = getattr(decision, "plan", None)
     speed = getattr(plan, "expected_tokens_per_s", None)
     ngl = decision.options.n_gpu_layers
-    return (entry.name, _gib(spec.file_size_bytes), spec.file_type, decision.backend, str(decision.options.n_ctx),
-            "all" if ngl == -1 else str(ngl), f"{speed:.0f}" if speed else "?")
+    return (
+        entry.name,
+        _gib(spec.file_size_bytes),
+        spec.file_type,
+        decision.backend,
+        str(decision.options.n_ctx),
+        "all" if ngl == -1 else str(ngl),
+        f"{speed:.0f}" if speed else "?",
+    )
 
 
 def plan_rows(settings: Any) -> tuple[list[tuple[str, ...]], dict[str, list[str]]]:

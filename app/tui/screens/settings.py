@@ -24,7 +24,9 @@ def parse_settings(system: str, temperature: str, top_p: str, max_tokens: str, s
         t, p, n = float(temperature), float(top_p), int(max_tokens)
         s = int(seed) if seed.strip() else None
     except ValueError as exc:
-        raise HearthError(f"not a number: {exc}", "temperature/top-p are decimals, max tokens and seed integers")
+        raise HearthError(
+            f"not a number: {exc}", "temperature/top-p are decimals, max tokens and seed integers"
+        ) from None
     SamplingParams(temperature=t, top_p=p, max_tokens=n, seed=s)  # validates (InvalidRequestError)
     return ChatSettings(system.strip(), t, p, n, s)
 

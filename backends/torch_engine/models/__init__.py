@@ -9,8 +9,11 @@ paged KV cache with QK-norm / sliding window / partial rotary options, the gated
 | qwen3.py  | qwen3                                      | QK-norm                                          |
 | gemma3.py | gemma3                                     | sandwich norms, GeGLU, embedding scale, local and |
 |           |                                            | global RoPE, the sliding-window pattern           |
-| phi3.py   | phi3 (Phi-3, Phi-3.5, Phi-4)               | fused QKV / gate-up tensors, partial rotary, LongRoPE |
-| moe.py    | llama with experts (Mixtral), qwen2moe, qwen3moe | the MLP a sparse MoE (router, grouped experts, shared expert); any model with experts loads through ../moe_loader.py, not FAMILIES |
+| phi3.py   | phi3 (Phi-3, Phi-3.5, Phi-4)               | fused QKV / gate-up tensors, partial rotary,      |
+|           |                                            | LongRoPE                                          |
+| moe.py    | llama with experts (Mixtral), qwen2moe,    | the MLP a sparse MoE (router, grouped experts,    |
+|           | qwen3moe                                   | shared expert); any model with experts loads      |
+|           |                                            | through ../moe_loader.py, not FAMILIES            |
 
 Adding an architecture (dense, attention + gated MLP):
 1. Write `models/NAME.py` with `ARCHITECTURES` (the GGUF names it runs), `GGUF_QK_REORDERED` (arch -> whether
@@ -34,8 +37,14 @@ import importlib
 from types import ModuleType
 
 # GGUF architecture name -> family module in this package
-FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "gemma3": "gemma3",
-            "phi3": "phi3"}
+FAMILIES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "llama",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3",
+    "phi3": "phi3",
+}
 
 
 def family(architecture: str) -> ModuleType:

@@ -53,9 +53,16 @@ class GemmaBlock(nn.Module):
         self.ffn_post_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, ops)
         self.local_rope = bool(cfg.rope_base_local) and cfg.is_sliding(layer)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             h, stream = self.input_norm.forward(x), x
         else:
@@ -77,8 +84,9 @@ def _window_layers(spec: ModelSpec, hf: dict[str, Any]) -> tuple[bool, ...]:
     types = hf.get("layer_types")
     if isinstance(types, list) and len(types) == n:
         return tuple(t == "sliding_attention" for t in types)
-    pattern = spec.metadata.get("gemma3.attention.sliding_window_pattern",
-                                hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern")))
+    pattern = spec.metadata.get(
+        "gemma3.attention.sliding_window_pattern", hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern"))
+    )
     if isinstance(pattern, list) and len(pattern) == n:
         return tuple(bool(v) for v in pattern)
     period = pattern if isinstance(pattern, int) and pattern > 0 else SLIDING_PATTERN
@@ -100,7 +108,12 @@ def config(spec: ModelSpec, base: DecoderConfig) -> DecoderConfig:
         local_base = float(spec.metadata.get("gemma3.rope.freq_base_swa") or LOCAL_ROPE_BASE)
         softcap = 0.0 if spec.sliding_window else float(spec.metadata.get("gemma3.final_logit_softcapping") or 0.0)
     return dataclasses.replace(
-        base, qk_norm=True, activation="gelu_tanh", embed_scale=math.sqrt(spec.hidden_size),
-        attn_scale=float(scalar) ** -0.5, final_softcap=softcap,
+        base,
+        qk_norm=True,
+        activation="gelu_tanh",
+        embed_scale=math.sqrt(spec.hidden_size),
+        attn_scale=float(scalar) ** -0.5,
+        final_softcap=softcap,
         window_layers=_window_layers(spec, hf) if spec.sliding_window else (),
-        rope_base_local=local_base if spec.sliding_window else 0.0)
+        rope_base_local=local_base if spec.sliding_window else 0.0,
+    )

@@ -95,13 +95,20 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps, ops)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps, ops)
         self.qk_norm = cfg.qk_norm
-        self.scale = cfg.attn_scale or cfg.head_dim ** -0.5
+        self.scale = cfg.attn_scale or cfg.head_dim**-0.5
         self.window = cfg.sliding_window if cfg.is_sliding(layer) else 0
         self.rope_dim = cfg.rope_dim if 0 < cfg.rope_dim < cfg.head_dim else 0
         self.ops = ops
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q = q.reshape(n, self.n_heads, self.head_dim)  # (num_tokens, num_heads, head_dim)
@@ -149,9 +156,16 @@ class Block(nn.Module):
         self.mlp = MLP(cfg, ops)
         self.local_rope = bool(cfg.rope_base_local) and cfg.is_sliding(layer)  # which RoPE tables it reads
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the previous block's MLP output (the embedding for block 0, with residual None); residual: the
         stream before it.  Returns (this block's MLP output, the stream before it): each residual add is fused
         with the RMSNorm that follows it (ops.add_rms_norm), the last one with the model's final norm."""
@@ -194,13 +208,17 @@ class DecoderModel(nn.Module):
         rot = cfg.rope_dim if 0 < cfg.rope_dim < cfg.head_dim else cfg.head_dim
         # (rotated dims // 2,) float32; the loader overwrites both with the file's frequencies and scaling
         self.register_buffer("inv_freq", torch.ones(rot // 2), persistent=False)
-        self.register_buffer("inv_freq_local", torch.ones(rot // 2) if cfg.rope_base_local else None,
-                             persistent=False)
+        self.register_buffer("inv_freq_local", torch.ones(rot // 2) if cfg.rope_base_local else None, persistent=False)
         # set by backends.torch_engine.offload.offload_layers when some blocks' weights live in host memory
         self.offload: LayerStreamer | None = None
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         cos, sin = rope_cos_sin(positions, self.inv_freq)  # (num_tokens, 1, rotated dims // 2) each
         if self.cfg.rope_attn_factor != 1.0:  # LongRoPE scales q.k through both rotated vectors (llama.cpp: mscale)
             cos, sin = cos * self.cfg.rope_attn_factor, sin * self.cfg.rope_attn_factor

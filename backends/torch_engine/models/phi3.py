@@ -46,8 +46,9 @@ def config(spec: ModelSpec, base: DecoderConfig) -> DecoderConfig:
         if kind in ("longrope", "su"):
             short = tuple(float(f) for f in scaling.get("short_factor") or ())
             long = tuple(float(f) for f in scaling.get("long_factor") or ())
-            original = int(scaling.get("original_max_position_embeddings")
-                           or hf.get("original_max_position_embeddings") or 0)
+            original = int(
+                scaling.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings") or 0
+            )
             attn_factor = _hf_attn_factor(scaling, spec.context_length, original)
             scaling = {}
     else:
@@ -56,9 +57,17 @@ def config(spec: ModelSpec, base: DecoderConfig) -> DecoderConfig:
         if any(t.name == "rope_factors_long.weight" for t in spec.tensors):  # the loader reads the factors
             original = int(spec.metadata.get("phi3.rope.scaling.original_context_length") or spec.context_length)
         attn_factor = float(spec.metadata.get("phi3.rope.scaling.attn_factor") or 1.0)
-    return dataclasses.replace(base, rope_dim=rope_dim, rope_scaling=scaling, rope_factors=short,
-                               rope_factors_long=long, rope_original_ctx=original, rope_attn_factor=attn_factor,
-                               sliding_window=0, window_layers=())
+    return dataclasses.replace(
+        base,
+        rope_dim=rope_dim,
+        rope_scaling=scaling,
+        rope_factors=short,
+        rope_factors_long=long,
+        rope_original_ctx=original,
+        rope_attn_factor=attn_factor,
+        sliding_window=0,
+        window_layers=(),
+    )
 
 
 def _hf_attn_factor(scaling: dict, max_positions: int, original: int) -> float:

@@ -76,8 +76,9 @@ def init_group(rank: int, world: int, port: int, device: torch.device, store=Non
     import torch.distributed as dist
 
     if dist.is_initialized():
-        raise ConfigError("this process already runs a tensor-parallel group",
-                          "close the other tensor-parallel model first")
+        raise ConfigError(
+            "this process already runs a tensor-parallel group", "close the other tensor-parallel model first"
+        )
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=timeout_s())
     if store is None:
@@ -90,8 +91,9 @@ def make_store(world: int):
     """Rank 0's TCPStore on a free port of 127.0.0.1 (port 0: the OS picks; no race with other programs)."""
     import torch.distributed as dist
 
-    return dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timedelta(seconds=timeout_s()),
-                         wait_for_workers=False)
+    return dist.TCPStore(
+        "127.0.0.1", 0, world, is_master=True, timeout=timedelta(seconds=timeout_s()), wait_for_workers=False
+    )
 
 
 def leave_group() -> None:

@@ -6,12 +6,12 @@ which ends with EOF the moment rank 0's process dies (so a rank never outlives t
 a collective would time out every HEARTH_TP_TIMEOUT_S of idleness.  Only the forward's all-reduces and the
 logits gather are collectives.
 
-A dead rank takes the whole group down: a watcher thread waits on every rank's socket (a rank sends nothing
-once loaded, so its socket turning readable means EOF: it ended); when one ends unasked it kills the others and marks the group down (the next step raises TensorParallelError; a collective
-already in flight fails at once, its peer's sockets being closed).  Inside a runner process (HEARTH_RUNNER=1) it
-then ends the runner itself, so that the runner's supervision (backends/runner/client.py) restarts the model
-with a fresh group: a KV cache half lost with a rank cannot be trusted, prefix cache included.
-"""
+A dead rank takes the whole group down: a watcher thread waits on every rank's socket (a rank sends nothing once
+loaded, so its socket turning readable means EOF: it ended); when one ends unasked it kills the others and marks the
+group down (the next step raises TensorParallelError; a collective already in flight fails at once, its peer's sockets
+being closed).  Inside a runner process (HEARTH_RUNNER=1) it then ends the runner itself, so that the runner's
+supervision (backends/runner/client.py) restarts the model with a fresh group: a KV cache half lost with a rank cannot
+be trusted, prefix cache included."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+
 from backends.api import LoadOptions
 from backends.errors import ModelLoadError, TensorParallelError
 from backends.modelspec import ModelSpec
@@ -81,9 +82,24 @@ def _start_rank(rank: int, world: int, port: int) -> tuple[subprocess.Popen, mpc
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(x for x in sys.path if x and os.path.isdir(x))
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "backends.torch_engine.tp.worker", "--fd", str(theirs.fileno()),
-                                 "--rank", str(rank), "--world", str(world), "--port", str(port)],
-                                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "backends.torch_engine.tp.worker",
+                "--fd",
+                str(theirs.fileno()),
+                "--rank",
+                str(rank),
+                "--world",
+                str(world),
+                "--port",
+                str(port),
+            ],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
     finally:
         theirs.close()
     return proc, mpc.Connection(ours.detach())
@@ -143,11 +159,14 @@ class WorkerGroup:
             if msg is not None and msg[0] == kind:
                 continue
             if msg is not None and msg[0] == "failed":
-                raise ModelLoadError(f"tensor-parallel rank {rank} failed while {doing}: {msg[1]}",
-                                     msg[2] or "see the runner log for its traceback")
-            raise TensorParallelError(f"tensor-parallel rank {rank} (pid {proc.pid}) {_exit_cause(_code(proc))} while "
-                                          f"{doing}", "see the runner log; a rank that runs out of memory is "
-                                          "killed by the OS")
+                raise ModelLoadError(
+                    f"tensor-parallel rank {rank} failed while {doing}: {msg[1]}",
+                    msg[2] or "see the runner log for its traceback",
+                )
+            raise TensorParallelError(
+                f"tensor-parallel rank {rank} (pid {proc.pid}) {_exit_cause(_code(proc))} while {doing}",
+                "see the runner log; a rank that runs out of memory is killed by the OS",
+            )
 
     def send(self, message: tuple) -> None:
         """Hand every rank a message (a step's inputs); raises TensorParallelError when the group is down."""
@@ -161,8 +180,10 @@ class WorkerGroup:
 
     def check(self) -> None:
         if self.down_reason is not None:
-            raise TensorParallelError(f"the tensor-parallel group is down: {self.down_reason}",
-                                      "load the model again (in a runner process hearth restarts it itself)")
+            raise TensorParallelError(
+                f"the tensor-parallel group is down: {self.down_reason}",
+                "load the model again (in a runner process hearth restarts it itself)",
+            )
 
     def down(self, reason: str) -> None:
         """The group is unusable: kill every rank; inside a runner, end the runner too (module docstring)."""
@@ -172,8 +193,11 @@ class WorkerGroup:
             self.down_reason = reason
         self._kill_all()
         if os.environ.get("HEARTH_RUNNER") == "1":
-            print(f"hearth tensor parallel: {reason}; the group is down and this runner exits so that hearth "
-                  "restarts it", file=sys.stderr, flush=True)
+            print(
+                f"hearth tensor parallel: {reason}; the group is down and this runner exits so that hearth restarts it",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(RUNNER_EXIT_CODE)
 
     def dead_rank(self, wait_s: float = 2.0) -> str | None:

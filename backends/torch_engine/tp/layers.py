@@ -37,8 +37,15 @@ def _rows(w: torch.Tensor | QuantWeight, lo: int, hi: int) -> torch.Tensor | Qua
     """Output rows [lo, hi), copied: a view would keep the whole tensor alive."""
     if isinstance(w, torch.Tensor):
         return w[lo:hi].clone()
-    return QuantWeight(w.kind, w.qweight[lo:hi].clone(), w.scales[lo:hi].clone(),
-                       None if w.offsets is None else w.offsets[lo:hi].clone(), w.group_size, w.in_features, hi - lo)
+    return QuantWeight(
+        w.kind,
+        w.qweight[lo:hi].clone(),
+        w.scales[lo:hi].clone(),
+        None if w.offsets is None else w.offsets[lo:hi].clone(),
+        w.group_size,
+        w.in_features,
+        hi - lo,
+    )
 
 
 def _cat_rows(parts: list) -> torch.Tensor | QuantWeight:
@@ -55,10 +62,15 @@ def _cols(w: torch.Tensor | QuantWeight, lo: int, hi: int, dtype: torch.dtype) -
     if lo % g or (hi % g and hi != w.in_features):
         return dequantize(w)[:, lo:hi].to(dtype).contiguous()
     per_byte = 2 if w.kind == "int4" else 1  # int4 packs two inputs per byte
-    return QuantWeight(w.kind, w.qweight[:, lo // per_byte:hi // per_byte].contiguous(),
-                       w.scales[:, lo // g:-(-hi // g)].contiguous(),
-                       None if w.offsets is None else w.offsets[:, lo // g:-(-hi // g)].contiguous(),
-                       g, hi - lo, w.out_features)
+    return QuantWeight(
+        w.kind,
+        w.qweight[:, lo // per_byte : hi // per_byte].contiguous(),
+        w.scales[:, lo // g : -(-hi // g)].contiguous(),
+        None if w.offsets is None else w.offsets[:, lo // g : -(-hi // g)].contiguous(),
+        g,
+        hi - lo,
+        w.out_features,
+    )
 
 
 def _weight(m: nn.Module) -> torch.Tensor | QuantWeight:
@@ -135,8 +147,9 @@ def shard_model(model: nn.Module, comm: Comm) -> HeadShard:
     dtype = model.embed.weight.dtype
     for layer in model.layers:
         if not hasattr(layer.mlp, "gate_up_proj"):  # e.g. a mixture of experts: no rule for it here yet
-            raise ConfigError(f"tensor parallelism splits dense MLPs only, not {type(layer.mlp).__name__}",
-                              "drop --tensor-parallel")
+            raise ConfigError(
+                f"tensor parallelism splits dense MLPs only, not {type(layer.mlp).__name__}", "drop --tensor-parallel"
+            )
         _shard_attention(layer.attn, heads, hd, cfg, comm, dtype)
         _shard_mlp(layer.mlp, cfg.ffn_size, comm, dtype)
     _shard_vocab(model, cfg, comm)
@@ -145,8 +158,11 @@ def shard_model(model: nn.Module, comm: Comm) -> HeadShard:
 
 def _shard_attention(attn: nn.Module, h: HeadShard, hd: int, cfg, comm: Comm, dtype: torch.dtype) -> None:
     q_size, kv_size = cfg.n_heads * hd, cfg.n_kv_heads * hd
-    spans = [(h.q_start * hd, h.q_stop * hd), (q_size + h.kv_start * hd, q_size + h.kv_stop * hd),
-             (q_size + kv_size + h.kv_start * hd, q_size + kv_size + h.kv_stop * hd)]
+    spans = [
+        (h.q_start * hd, h.q_stop * hd),
+        (q_size + h.kv_start * hd, q_size + h.kv_stop * hd),
+        (q_size + kv_size + h.kv_start * hd, q_size + kv_size + h.kv_stop * hd),
+    ]
     w, b = _weight(attn.qkv_proj), attn.qkv_proj.bias
     weight = _cat_rows([_rows(w, lo, hi) for lo, hi in spans])
     bias = None if b is None else torch.cat([b.data[lo:hi] for lo, hi in spans])
@@ -154,8 +170,11 @@ def _shard_attention(attn: nn.Module, h: HeadShard, hd: int, cfg, comm: Comm, dt
     attn.n_heads, attn.n_kv_heads = h.num_heads, h.num_kv_heads
     attn.split = (h.num_heads * hd, h.num_kv_heads * hd, h.num_kv_heads * hd)
     o = attn.o_proj
-    attn.o_proj = RowParallel(_linear(_cols(_weight(o), h.q_start * hd, h.q_stop * hd, dtype), None),
-                              None if o.bias is None else o.bias.data, comm)
+    attn.o_proj = RowParallel(
+        _linear(_cols(_weight(o), h.q_start * hd, h.q_stop * hd, dtype), None),
+        None if o.bias is None else o.bias.data,
+        comm,
+    )
 
 
 def _shard_mlp(mlp: nn.Module, ffn: int, comm: Comm, dtype: torch.dtype) -> None:
@@ -165,8 +184,9 @@ def _shard_mlp(mlp: nn.Module, ffn: int, comm: Comm, dtype: torch.dtype) -> None
     lo, hi = ffn_shards(ffn, comm.world, unit)[comm.rank]
     gu = _weight(mlp.gate_up_proj)
     mlp.gate_up_proj = _linear(_cat_rows([_rows(gu, lo, hi), _rows(gu, ffn + lo, ffn + hi)]), None)
-    mlp.down_proj = RowParallel(_linear(_cols(down, lo, hi, dtype), None),
-                                None if mlp.down_proj.bias is None else mlp.down_proj.bias.data, comm)
+    mlp.down_proj = RowParallel(
+        _linear(_cols(down, lo, hi, dtype), None), None if mlp.down_proj.bias is None else mlp.down_proj.bias.data, comm
+    )
 
 
 def _shard_vocab(model: nn.Module, cfg, comm: Comm) -> None:

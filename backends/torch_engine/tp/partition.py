@@ -50,17 +50,21 @@ def head_shards(n_heads: int, n_kv_heads: int, world: int) -> list[HeadShard]:
     if world < 1:
         raise ConfigError(f"tensor parallelism needs at least 1 rank, got {world}")
     if n_kv_heads < 1 or n_heads % n_kv_heads:
-        raise ConfigError(f"the model's {n_heads} query heads do not group over its {n_kv_heads} KV heads",
-                          "run it without --tensor-parallel")
+        raise ConfigError(
+            f"the model's {n_heads} query heads do not group over its {n_kv_heads} KV heads",
+            "run it without --tensor-parallel",
+        )
     group = n_heads // n_kv_heads
     if world <= n_kv_heads:
         return [HeadShard(a * group, b * group, a, b) for a, b in balanced(n_kv_heads, world)]
     reps = world // n_kv_heads
     if world % n_kv_heads or group % reps:
-        raise ConfigError(f"{world} ranks cannot share {n_heads} query heads and {n_kv_heads} KV heads: with more "
-                          "ranks than KV heads the rank count must be a multiple of the KV heads and divide the "
-                          f"{group} query heads of each",
-                          f"use --tensor-parallel {n_kv_heads} or fewer")
+        raise ConfigError(
+            f"{world} ranks cannot share {n_heads} query heads and {n_kv_heads} KV heads: with more "
+            "ranks than KV heads the rank count must be a multiple of the KV heads and divide the "
+            f"{group} query heads of each",
+            f"use --tensor-parallel {n_kv_heads} or fewer",
+        )
     per = group // reps
     return [HeadShard(r * per, (r + 1) * per, r // reps, r // reps + 1) for r in range(world)]
 

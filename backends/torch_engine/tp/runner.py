@@ -26,19 +26,27 @@ def check_tensor_parallel(spec: ModelSpec, options: LoadOptions) -> None:
     """Refuse, before any process starts, what a group of options.tensor_parallel ranks cannot run."""
     world = options.tensor_parallel
     if spec.n_experts:
-        raise ConfigError(f"tensor parallelism does not split mixture-of-experts layers yet ({spec.name} has "
-                          f"{spec.n_experts} experts)", "drop --tensor-parallel")
+        raise ConfigError(
+            f"tensor parallelism does not split mixture-of-experts layers yet ({spec.name} has "
+            f"{spec.n_experts} experts)",
+            "drop --tensor-parallel",
+        )
     head_shards(spec.n_heads, spec.n_kv_heads, world)
     if 0 < options.n_gpu_layers < spec.n_layers:
-        raise ConfigError(f"--tensor-parallel {world} keeps every layer on the GPUs, but {options.n_gpu_layers} of "
-                          f"{spec.n_layers} layers were asked for", "drop --gpu-layers, or --tensor-parallel")
+        raise ConfigError(
+            f"--tensor-parallel {world} keeps every layer on the GPUs, but {options.n_gpu_layers} of "
+            f"{spec.n_layers} layers were asked for",
+            "drop --gpu-layers, or --tensor-parallel",
+        )
     device = rank_options(options, 0, world).device
     if device.startswith("cuda"):
         first = int(device.split(":")[1])
         have = torch.cuda.device_count()
         if first + world > have:
-            raise ConfigError(f"--tensor-parallel {world} needs {world} GPUs from cuda:{first}, this machine has "
-                              f"{have}", f"use --tensor-parallel {max(1, have - first)}")
+            raise ConfigError(
+                f"--tensor-parallel {world} needs {world} GPUs from cuda:{first}, this machine has {have}",
+                f"use --tensor-parallel {max(1, have - first)}",
+            )
 
 
 class TPModelRunner(ModelRunner):
@@ -57,8 +65,12 @@ class TPModelRunner(ModelRunner):
         self._graphs_decided, self.cuda_graphs_off = True, "off (tensor parallel)"
 
     @torch.inference_mode()
-    def forward(self, seqs: list[tuple[Sequence[int], int, Sequence[int]]], logit_rows: str = "last",
-                num_decodes: int | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        seqs: list[tuple[Sequence[int], int, Sequence[int]]],
+        logit_rows: str = "last",
+        num_decodes: int | None = None,
+    ) -> torch.Tensor:
         seqs = [(list(tokens), int(start), list(table)) for tokens, start, table in seqs]
         self.group.send(("forward", seqs, logit_rows, num_decodes))
         try:
@@ -67,14 +79,20 @@ class TPModelRunner(ModelRunner):
             if self.group.down_reason is None:  # a peer that died, else rank 0's own failure (the others then
                 # wait in a collective that will not complete)
                 self.group.down(self.group.dead_rank() or f"rank 0's forward failed ({type(exc).__name__}: {exc})")
-            raise TensorParallelError(f"the tensor-parallel group is down: {self.group.down_reason}",
-                                      "load the model again (in a runner process hearth restarts it itself)"
-                                      ) from exc
+            raise TensorParallelError(
+                f"the tensor-parallel group is down: {self.group.down_reason}",
+                "load the model again (in a runner process hearth restarts it itself)",
+            ) from exc
 
     def describe(self) -> dict[str, Any]:
         shards = head_shards(self.spec.n_heads, self.spec.n_kv_heads, self.group.world)
-        return {**super().describe(), "tensor_parallel": self.group.world, "tp_rank_pids": self.group.pids,
-                "tp_heads": [s.num_heads for s in shards], "tp_kv_heads": [s.num_kv_heads for s in shards]}
+        return {
+            **super().describe(),
+            "tensor_parallel": self.group.world,
+            "tp_rank_pids": self.group.pids,
+            "tp_heads": [s.num_heads for s in shards],
+            "tp_kv_heads": [s.num_kv_heads for s in shards],
+        }
 
     def ranks_rss_bytes(self) -> int:
         """Resident memory of ranks 1..N-1 (their processes are this engine's too: stats() adds them)."""
