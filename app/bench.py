@@ -4,10 +4,15 @@ The parent (`run_bench`) starts `python -m app.bench WORKLOAD_JSON` once per bac
 start and peak memory belongs to that backend alone (the peak is that of the runner that holds the model).
 The worker prints one JSON object per line on stdout:
 {"progress": done, "total": n} while it runs, then {"result": {...}} per concurrency, or {"error": "..."}.
+
+`busy_cores` (hearth bench --busy-cores N): N other processes spin, one core each, for as long as every
+backend's worker runs (its load included), the way a browser tab, a compiler or another model take cores on
+a user's machine; the figures are then what a backend keeps of its speed on a busy CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import statistics
@@ -15,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -42,6 +47,7 @@ class Workload:
     requests: int = 16  # requests per concurrency level
     seed: int = 0  # prompt ids and sampling seed
     threads: int | None = None  # CPU threads for the backend
+    busy_cores: int = 0  # competing processes spinning one core each during the runs (busy_processes)
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for backend-specific settings
 
 
@@ -353,6 +359,8 @@ def worker(w: Workload) -> None:
                     "peak_rss_mib": None if remote else backend.stats().peak_rss_bytes / 2**20,
                     "peak_gpu_mib": None if remote else (backend.stats().gpu_bytes / 2**20) or None,
                     "wall_s": wall,
+                    # the torch engine's CPU threads at the end of the level (it adapts them: threads.py)
+                    "cpu_threads": _cpu_threads(backend),
                     "requests": w.requests,
                     "prompt_tokens": w.prompt_tokens,
                     "gen_tokens": w.gen_tokens,
@@ -368,11 +376,55 @@ def worker(w: Workload) -> None:
         backend.close()
 
 
+def _cpu_threads(backend: Any) -> int | None:
+    try:
+        value = backend.describe().get("cpu_threads")
+    except Exception:  # noqa: BLE001 - a figure for the report, never a failed run
+        return None
+    return value if isinstance(value, int) else None
+
+
+BUSY_LOOP = "while True:\n    pass"
+
+
+@contextlib.contextmanager
+def busy_processes(n: int) -> Iterator[list[subprocess.Popen]]:
+    """`n` processes that each keep one core busy (a Python `while True: pass`, not pinned to a core: the
+    scheduler moves it as it moves any program) for the duration of the block; killed when it ends."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for _ in range(n):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-S", "-c", BUSY_LOOP],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
 def run_bench(
     workload: Workload, backends: list[str], progress: Callable[[str, int, int], None] | None = None
 ) -> list[dict[str, Any]]:
     """Run `workload` on each backend in its own fresh subprocess; results in backend, concurrency order,
-    each with ratios to the first backend's figures at the same concurrency (`ratio_<figure>`)."""
+    each with ratios to the first backend's figures at the same concurrency (`ratio_<figure>`).  With
+    workload.busy_cores, that many busy processes run beside every backend (busy_processes)."""
+    with busy_processes(workload.busy_cores):
+        results = _run_backends(workload, backends, progress)
+    add_ratios(results)
+    return results
+
+
+def _run_backends(
+    workload: Workload, backends: list[str], progress: Callable[[str, int, int], None] | None
+) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     for name in backends:
         w = Workload(**{**asdict(workload), "backend": name})
@@ -400,7 +452,6 @@ def run_bench(
             last = (stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
             got = [{"backend": name, "concurrency": c, "error": last} for c in w.concurrency]
         results.extend(got)
-    add_ratios(results)
     return results
 
 

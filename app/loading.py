@@ -109,6 +109,7 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         kv_cache_type=settings.kv_cache_type or plan.kv_cache_type,
         flash_attn=plan.flash_attn,
         n_threads=settings.threads or physical_cores(),
+        adaptive_threads=settings.threads is None,  # --threads N is exactly N; else the torch engine adapts
         n_batch=plan.batch_size,
         max_num_seqs=settings.max_concurrency,
         # the plan is the allocation: the torch engine's KV pool is the bytes the plan gave it (whole blocks)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 NAME = "bench"
@@ -13,6 +14,7 @@ DESCRIPTION = """Run the same fixed-seed synthetic workload on each backend, eac
 
   hearth bench                                           starter model, llama.cpp and torch, concurrency 1,4,16
   hearth bench --backends llama.cpp --concurrency 1,16 --gen-tokens 128 --requests 16 --json
+  hearth bench --concurrency 1,16 --busy-cores 1         the same with one core kept busy by another process
 
 Every request has exactly --prompt-tokens prompt tokens and generates exactly --gen-tokens tokens.
 A backend that cannot batch serves concurrent requests one after another (the honest baseline).
@@ -51,7 +53,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-tokens", dest="gen_tokens", type=int, default=128, metavar="N")
     p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per concurrency level")
     p.add_argument("--seed", type=int, default=0, metavar="S")
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: physical cores)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU threads, exactly (default: physical cores; the torch engine then adapts its count to the load)",
+    )
+    p.add_argument(
+        "--busy-cores",
+        dest="busy_cores",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N competing processes that each keep one core busy during every backend's runs (load "
+        "included), as other programs do on a user's machine; said under the table and in --json "
+        "(workload.busy_cores) (default 0)",
+    )
     p.add_argument(
         "--tensor-parallel",
         "--tp",
@@ -140,6 +157,12 @@ def run(args: argparse.Namespace) -> int:
             "--prompt-tokens, --gen-tokens and --requests must be at least 1",
             "e.g. --prompt-tokens 128 --gen-tokens 128 --requests 16",
         )
+    cores = os.cpu_count() or 1
+    if not 0 <= args.busy_cores <= cores:
+        raise InvalidRequestError(
+            f"--busy-cores {args.busy_cores}: this machine has {cores} logical cores",
+            f"use 0 to {cores} (1 is one core taken by another program)",
+        )
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if "remote" in backends:  # a wrong key or an unreachable URL: one line and exit 2, before any table
         from app.remote import open_remote
@@ -155,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         requests=args.requests,
         seed=args.seed,
         threads=args.threads,
+        busy_cores=args.busy_cores,
         extra={
             k: v
             for k, v in (
@@ -188,7 +212,15 @@ def run(args: argparse.Namespace) -> int:
                 {
                     "workload": {
                         k: getattr(workload, k)
-                        for k in ("model", "concurrency", "prompt_tokens", "gen_tokens", "requests", "seed")
+                        for k in (
+                            "model",
+                            "concurrency",
+                            "prompt_tokens",
+                            "gen_tokens",
+                            "requests",
+                            "seed",
+                            "busy_cores",
+                        )
                     },
                     "runtime_baseline_mib": baseline,
                     "results": results,
@@ -199,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_table(results))
         print(format_baseline(baseline))
+        if workload.busy_cores:
+            print(format_busy(workload.busy_cores, results))
     return 0
 
 
@@ -219,4 +253,14 @@ def format_baseline(mib: float | None) -> str:
     return (
         f'runtime baseline: {figure} peak RSS of `python -c "import torch, app.cli"` (inside every RSS '
         "figure above; no plan counts it)"
+    )
+
+
+def format_busy(n: int, results: list[dict]) -> str:
+    """The line under the table that says the CPU was busy, with the torch engine's thread counts."""
+    threads = sorted({r["cpu_threads"] for r in results if r.get("cpu_threads")})
+    chosen = f"; the torch engine ran with {'/'.join(map(str, threads))} CPU threads" if threads else ""
+    return (
+        f"busy CPU: {n} other process{'es' if n > 1 else ''} kept {'a core' if n == 1 else f'{n} cores'} busy "
+        f"(a spinning loop each) during every run{chosen}"
     )

@@ -22,6 +22,7 @@ from backends.modelspec import ModelSpec
 from backends.torch_engine.cuda_graphs import DecodeGraphs, graph_sizes, unavailable_reason
 from backends.torch_engine.parts import EngineParts, kv_pool_blocks
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
+from backends.torch_engine.threads import IdleCores, ThreadTuner
 from kernels.attention import allocate_kv_cache, build_attention_metadata
 from kernels.dispatch import kernel_set
 
@@ -145,8 +146,17 @@ class ModelRunner:
         # On CPU the cache follows the compute dtype: fp16 arithmetic there is slow and converting every
         # gathered block each layer costs more than the memory it saves.
         self.kv_dtype = _KV_DTYPES[options.kv_cache_type] if self.device.type == "cuda" else self.dtype
-        if options.n_threads and self.device.type == "cpu":
+        self.thread_tuner: ThreadTuner | None = None
+        if self.device.type == "cpu" and options.adaptive_threads and tp is None:
+            # the count each step runs with is measured, not fixed (threads.py); loading uses them all
+            self.thread_tuner = ThreadTuner(
+                options.n_threads or torch.get_num_threads(), torch.set_num_threads, idle_cores=IdleCores()
+            )
+        elif options.n_threads and self.device.type == "cpu":
             torch.set_num_threads(options.n_threads)
+        # read here, on the engine thread: OpenMP's thread count is per calling thread, and describe() may be
+        # called from any
+        self._fixed_threads = torch.get_num_threads()
         self.ops = kernel_set(kernels)
         self.weight_quant = resolve_weight_quant(options.weight_quant, spec, self.device, self.dtype)
         # int8 / int4 / fp8 are quantized by the loader as it reads each projection (round-to-nearest, the
@@ -298,11 +308,19 @@ class ModelRunner:
         prompt_logits: dict[str, torch.Tensor] = {}
         if logits is None:
             wide = [s.all_logits for s in scheduled]
+            num_decodes = sum(s.is_decode for s in scheduled)
+            tuner = self.thread_tuner
+            key = num_decodes if tuner is not None and num_decodes == len(scheduled) else None  # decode-only
+            if tuner is not None:
+                tuner.before_step(key)
+            t_forward = time.perf_counter()
             logits = self.forward(
                 [(s.token_ids, s.start_position, s.block_table) for s in scheduled],
                 logit_rows=wide if any(wide) else "last",
-                num_decodes=sum(s.is_decode for s in scheduled),
+                num_decodes=num_decodes,
             )
+            if tuner is not None:
+                tuner.after_step(key, time.perf_counter() - t_forward)
             if any(wide):  # split the flagged requests' rows off; one row per request remains
                 last, at = [], 0
                 for s in scheduled:
@@ -375,9 +393,22 @@ class ModelRunner:
             "cpu_packed_layers": self.cpu_packed_layers,
             "dense_copy_bytes": self.dense_copy_bytes,
             "tensor_parallel": 1,
+            **self._describe_threads(),
             **self._describe_offload(),
             **self._describe_experts(),
             **self._describe_graphs(),
+        }
+
+    def _describe_threads(self) -> dict[str, Any]:
+        if self.device.type != "cpu":
+            return {}
+        tuner = self.thread_tuner
+        if tuner is None:
+            return {"cpu_threads": self._fixed_threads, "cpu_threads_policy": "fixed"}
+        return {
+            "cpu_threads": tuner.threads,  # an int read from another thread: always a whole value
+            "cpu_threads_policy": f"adaptive (1 to {tuner.max_threads})",
+            "cpu_thread_switches": tuner.switches,
         }
 
     def _describe_experts(self) -> dict[str, Any]:
