@@ -73,7 +73,10 @@ def _wq_matmul_kernel(
             shift = (rk[:, None] % 2) * 4
             w = ((wq.to(tl.int32) >> shift) & 0xF).to(tl.float32)
         else:
-            w = tl.load(w_ptr + rn[None, :] * stride_wn + rk[:, None] * stride_wk, mask=wk_mask, other=0).to(tl.float32)
+            # No `other=`: an integer 0 cannot be cast to fp8e4nv on real Triton (3.6 refused to compile it; the
+            # interpreter accepted it), and a masked-off lane must not carry an fp8 NaN into 0 * NaN below.
+            w = tl.load(w_ptr + rn[None, :] * stride_wn + rk[:, None] * stride_wk, mask=wk_mask).to(tl.float32)
+            w = tl.where(wk_mask, w, 0.0)
         g = rk[:, None] // group_size
         s = tl.load(s_ptr + rn[None, :] * stride_sn + g * stride_sg, mask=wk_mask, other=0.0).to(tl.float32)
         w = w * s  # (BLOCK_K, BLOCK_N)
