@@ -30,8 +30,7 @@ import triton
 import triton.language as tl
 
 # The `window` the kernels receive for a layer without a sliding window: wider than any context, so the window
-# arithmetic (seq_len - window, q_pos - window) needs no branch.  A `tl.where(window > 0, ...)` on scalars made
-# Triton 3.6's interpreter hand a 1-element array to `range()` (TypeError on numpy 2), seen on the first GPU run.
+# arithmetic (seq_len - window, q_pos - window) needs no branch per program.
 NO_WINDOW = 1 << 30
 
 # ---- references -----------------------------------------------------------------------------------------------

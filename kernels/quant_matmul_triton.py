@@ -95,10 +95,14 @@ def _wq_matmul_kernel(
                 other=0.0,
             )  # (BLOCK_M, BLOCK_K)
             wk_mask = k_mask[:, None] & n_mask[None, :]
-            # No `other=`: an integer 0 cannot be cast to fp8e4nv on real Triton (3.6 refused to compile it; the
-            # interpreter accepted it), and a masked-off lane must not carry an fp8 NaN into 0 * NaN below.
-            w = tl.load(w_ptr + rn[None, :] * stride_wn + rk[:, None] * stride_wk, mask=wk_mask).to(tl.float32)
-            w = tl.where(wk_mask, w, 0.0)
+            w_ptrs = w_ptr + rn[None, :] * stride_wn + rk[:, None] * stride_wk
+            if KIND == 2:
+                # fp8: no `other=` (an integer 0 cannot be cast to fp8e4nv on real Triton: 3.6 refused to
+                # compile it, the interpreter accepted it); masked-off lanes are zeroed after the cast instead, so
+                # no fp8 NaN meets 0 * NaN below
+                w = tl.where(wk_mask, tl.load(w_ptrs, mask=wk_mask).to(tl.float32), 0.0)
+            else:
+                w = tl.load(w_ptrs, mask=wk_mask, other=0).to(tl.float32)
             g = rk[:, None] // group_size
             s = tl.load(s_ptr + rn[None, :] * stride_sn + g * stride_sg, mask=wk_mask, other=0.0).to(tl.float32)
             w = w * s  # (BLOCK_K, BLOCK_N)

@@ -100,8 +100,12 @@ def test_the_first_graph_step_is_checked_against_the_eager_one(spec, tmp_path: P
 
     record = tmp_path / "k.json"
     runner = _runner(spec, record)
-    graphs = runner.decode_graphs = _static(runner)
-    runner._graphs_decided = True
+    if device() == "cpu":
+        graphs = runner.decode_graphs = _static(runner)
+        runner._graphs_decided = True
+    else:  # the runner's own CUDA graphs (captured at their first step)
+        graphs = runner._decode_graphs()
+        assert graphs is not None, runner.cuda_graphs_off
     if broken:
         real = graphs.run
         graphs.run = lambda rows: real(rows) + 1.0  # type: ignore[method-assign]
@@ -122,6 +126,7 @@ def test_the_first_graph_step_is_checked_against_the_eager_one(spec, tmp_path: P
         assert runner.describe()["cuda_graphs"].startswith("off (the first captured decode step differed")
         # the next load on this key leaves graphs off from the start
         later = _runner(spec, record)
+        assert later.kernel_check.graphs["verdict"] == "mismatch"
         assert "differed from the eager one" in later._graphs_vetoed()
     else:
         assert runner.decode_graphs is graphs and got.extra.get("cuda_graph")

@@ -68,7 +68,9 @@ def test_faults_are_found_and_only_the_faulty_kernels_are_replaced() -> None:
     silu = [c for c in _cases(triton) if c.name == "silu_and_mul"]
     verdicts["silu_and_mul"] = selfcheck.run_checks(silu, device(), _dtype(), judge_speed=True, reps=2)[0]
     assert verdicts["rms_norm"].verdict == "failed" and "fp8e4nv" in verdicts["rms_norm"].detail
-    assert verdicts["rope"].verdict == "wrong" and verdicts["rope"].max_error == pytest.approx(0.5, abs=0.01)
+    assert verdicts["rope"].verdict == "wrong" and verdicts["rope"].max_error == pytest.approx(
+        0.5, abs=0.05
+    )  # bf16 on a GPU
     assert verdicts["silu_and_mul"].verdict == "slow" and verdicts["silu_and_mul"].kernel_us > 15_000
     kept = {n for n, v in verdicts.items() if v.kept}
     assert kept == set(verdicts) - {"rms_norm", "rope", "silu_and_mul"}
