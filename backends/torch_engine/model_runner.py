@@ -173,13 +173,18 @@ class ModelRunner:
                 weight_quant=self.weight_quant,
                 host_layers=host_layers,
                 n_ctx=options.n_ctx,
+                tp=tp,  # a rank reads only its share of the file (issue 25: whole models ran ranks out of memory)
             )
         kv_heads = pool_kv_heads = spec.n_kv_heads
         if tp is not None and tp.world > 1:  # before the CPU packing below, which then packs this rank's shares
             from backends.torch_engine.tp.layers import pool_kv_heads as most_kv_heads
             from backends.torch_engine.tp.layers import shard_model
 
-            kv_heads, pool_kv_heads = shard_model(self.model, tp).num_kv_heads, most_kv_heads(spec, tp.world)
+            pool_kv_heads = most_kv_heads(spec, tp.world)
+            if spec.n_experts:  # the MoE loader reads whole models: cut afterwards (shard_model refuses MoE MLPs)
+                kv_heads = shard_model(self.model, tp).num_kv_heads
+            else:
+                kv_heads = self.model.cfg.n_kv_heads  # the loader built this rank's share
         self.kernel_check, self.kernel_check_error = self._check_kernels(options.kernel_check_record)
         self.cpu_packed_layers = 0
         self.dense_copy_bytes = 0
