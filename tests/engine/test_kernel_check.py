@@ -130,3 +130,24 @@ def test_the_first_graph_step_is_checked_against_the_eager_one(spec, tmp_path: P
         assert "differed from the eager one" in later._graphs_vetoed()
     else:
         assert runner.decode_graphs is graphs and got.extra.get("cuda_graph")
+
+
+def test_doctor_checks_every_format_and_prints_the_recorded_table(
+    spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    """`hearth doctor --kernels`' check (every weight format the device runs, recorded) and the table `hearth
+    doctor` prints from the record."""
+    from app.commands import doctor
+    from app.loading import kernel_check_record
+    from backends.torch_engine.kernel_check import doctor_check
+
+    skip_triton_on_cpu_without_interpreter(device())
+    monkeypatch.setenv("HEARTH_HOME", str(tmp_path))
+    check = doctor_check(spec, str(kernel_check_record()))
+    names = [v.name for v in check.verdicts]
+    assert {"rms_norm", "paged_attention.decode", "write_kv", "quant_matmul.int8", "quant_matmul.int4"} <= set(names)
+    assert check.replaced == [] and check.checked_s > 0
+    doctor._print_kernel_tables()
+    out = capsys.readouterr().out
+    assert "kernel self-check: " in out and "max error" in out and "verdict" in out
+    assert "quant_matmul.int4" in out and "last check took" in out
