@@ -105,6 +105,17 @@ def _model_params(extra_bufts: bool, overrides: Any = None) -> Iterator[None]:
         lib.llama_model_default_params = original
 
 
+def open_llama(path: str, extra_bufts: bool | None = None, **kwargs: Any) -> Any:
+    """A bare `llama_cpp.Llama(path, **kwargs)` under this machine's extra-buffer rule (extra_bufts_default when
+    None): for the places that use llama.cpp directly as a reference (tests, scripts), which would otherwise
+    segfault at the first decode on an AMX CPU."""
+    import llama_cpp
+
+    on = extra_bufts_default()[0] if extra_bufts is None else extra_bufts
+    with _model_params(on):
+        return llama_cpp.Llama(str(path), **kwargs)
+
+
 def known_architectures() -> frozenset[str]:
     """Architectures llama.cpp can load.  The gguf package mirrors llama.cpp's list (MODEL_ARCH_NAMES), so this
     needs no model load; an architecture missing here fails fast with a clear error instead of a C++ log."""
