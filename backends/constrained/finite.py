@@ -197,6 +197,10 @@ class _Analysis:
             if target is None:
                 return "; ".join(steps)
             if target in seen or target == "#":
+                if all(" is $ref " in step for step in steps):  # nothing but references: no value at all
+                    return (
+                        "; ".join(steps) + f", which leads back to {target}: a $ref cycle that never reaches a schema"
+                    )
                 return "; ".join(steps) + f", which leads back to {target}: {_ENDLESS}"
             seen.add(target)
             node, path = self.targets[target], target

@@ -483,7 +483,10 @@ def _masker(matcher: Any) -> Callable[[Any, Any], Any]:
     import numpy as np
 
     def mask(_input_ids: Any, scores: Any) -> Any:
-        allowed = matcher.allowed()
+        try:
+            allowed = matcher.allowed()
+        except InvalidRequestError:  # the grammar failed (a limit): matcher.accept() raises it again, typed, on
+            return scores  # the token sampled now; raised here, llama-cpp-python's ctypes callback only prints it
         n = min(len(allowed), len(scores))
         scores[:n][~allowed[:n]] = -np.inf
         scores[n:] = -np.inf

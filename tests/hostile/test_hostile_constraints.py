@@ -33,7 +33,7 @@ REFUSED = {
     "nested deeper than the bound": (nested(200), "levels deep"),
     "a $ref cycle that admits no value": (
         {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
-        "cannot be compiled|allows no first token",
+        r"no JSON value satisfies the schema: .*\$ref cycle that never reaches a schema",
     ),
     "an unimplemented keyword": ({"type": "string", "not": {"const": "x"}}, "Unimplemented"),
     "an unsatisfiable schema": ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "Unsatisfiable"),
