@@ -195,18 +195,23 @@ class _Analysis:
             why, target = blocked
             steps.append(why)
             if target is None:
-                return "; ".join(steps)
+                return _chain(steps)
             if target in seen or target == "#":
-                if all(" is $ref " in step for step in steps):  # nothing but references: no value at all
-                    return (
-                        "; ".join(steps) + f", which leads back to {target}: a $ref cycle that never reaches a schema"
-                    )
-                return "; ".join(steps) + f", which leads back to {target}: {_ENDLESS}"
+                if not any(" requires " in step for step in steps):  # nothing but references: no value at all
+                    return _chain(steps) + f", which leads back to {target}: a $ref cycle that never reaches a schema"
+                return _chain(steps) + f", which leads back to {target}: {_ENDLESS}"
             seen.add(target)
             node, path = self.targets[target], target
 
 
 _MISSING = object()
+
+
+def _chain(steps: list[str], keep: int = 6) -> str:
+    """The steps joined, the middle of a long chain elided so that the message stays one readable line."""
+    if len(steps) > keep:
+        steps = [*steps[:3], f"... {len(steps) - 5} more steps ...", *steps[-2:]]
+    return "; ".join(steps)
 
 
 def _list(value: Any) -> list:
