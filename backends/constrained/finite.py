@@ -142,20 +142,27 @@ class _Analysis:
 
     def _object(self, node: dict, path: str) -> tuple[str, str | None] | None:
         properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        patterns = node.get("patternProperties") if isinstance(node.get("patternProperties"), dict) else {}
         for name in _list(node.get("required")):
             if not isinstance(name, str):
                 continue
-            if name in properties:
-                sub, where = properties[name], f"{path}/properties/{_escape(name)}"
-            elif node.get("patternProperties"):
-                continue  # which pattern applies is the regex engine's business: assume a finite one
-            elif "additionalProperties" in node:
-                sub, where = node["additionalProperties"], f"{path}/additionalProperties"
+            # every schema that applies to the value of `name`: its property, each pattern it matches, or else
+            # additionalProperties (JSON Schema applies them all, so each must admit a finite value)
+            applies = [(properties[name], f"{path}/properties/{_escape(name)}")] if name in properties else []
+            for pattern, sub in patterns.items():
+                matched = _matches(pattern, name)
+                if matched is None:
+                    applies = []  # a pattern Python's re cannot read: assume the value can be finite
+                    break
+                if matched:
+                    applies.append((sub, f"{path}/patternProperties/{_escape(pattern)}"))
             else:
-                continue
-            blocked = self._admits(sub, where)
-            if blocked is not None:
-                return (f'{path} requires property "{name}"; {blocked[0]}', blocked[1])
+                if not applies and "additionalProperties" in node:
+                    applies = [(node["additionalProperties"], f"{path}/additionalProperties")]
+            for sub, where in applies:
+                blocked = self._admits(sub, where)
+                if blocked is not None:
+                    return (f'{path} requires property "{name}"; {blocked[0]}', blocked[1])
         return None
 
     def _array(self, node: dict, path: str) -> tuple[str, str | None] | None:
@@ -212,6 +219,17 @@ def _chain(steps: list[str], keep: int = 6) -> str:
     if len(steps) > keep:
         steps = [*steps[:3], f"... {len(steps) - 5} more steps ...", *steps[-2:]]
     return "; ".join(steps)
+
+
+def _matches(pattern: str, name: str) -> bool | None:
+    """Whether a patternProperties regex (ECMA 262, unanchored) matches `name`; None when Python's re cannot
+    read it.  The simple patterns schemas use read the same in both."""
+    import re
+
+    try:
+        return re.search(pattern, name) is not None
+    except (re.error, RecursionError, OverflowError):
+        return None
 
 
 def _list(value: Any) -> list:

@@ -87,6 +87,10 @@ REFUSED.update(
             },
             ENDLESS,
         ),
+        "recursion through a patternProperties key": (
+            {"type": "object", "patternProperties": {"^a$": {"$ref": "#"}}, "required": ["a"]},
+            ENDLESS,
+        ),
         "recursion through allOf": (
             {"type": "object", "properties": {"a": {"allOf": [{"$ref": "#"}]}}, "required": ["a"]},
             ENDLESS,
@@ -156,6 +160,11 @@ BOUNDED = {
     "nullable recursive object": {"type": ["object", "null"], "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
     "an untyped schema (a string satisfies it)": {"properties": {"a": {"$ref": "#"}}, "required": ["a"]},
     "nested lists": {"type": "array", "items": {"$ref": "#"}},
+    "a required key no recursive pattern matches": {
+        "type": "object",
+        "patternProperties": {"^b": {"$ref": "#"}},
+        "required": ["a"],
+    },
     "recursive tree": {
         "$defs": {"n": {"type": "object", "properties": {"c": {"type": "array", "items": {"$ref": "#/$defs/n"}}}}},
         "$ref": "#/$defs/n",
