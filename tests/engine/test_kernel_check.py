@@ -45,7 +45,9 @@ def test_faulty_kernels_are_replaced_the_model_answers_and_the_record_remembers(
     spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import kernels.dispatch as dispatch
+    from kernels import selfcheck
 
+    monkeypatch.setattr(selfcheck, "BUDGET_S", 600.0)  # every kernel checked at the first load, even compiling
     real = dispatch._triton
     monkeypatch.setitem(dispatch._BUILDERS, "triton", lambda: faulty_triton(real()))
     record = tmp_path / "kernel_checks.json"
@@ -146,7 +148,9 @@ def test_doctor_checks_every_format_and_prints_the_recorded_table(
     check = doctor_check(spec, str(kernel_check_record()))
     names = [v.name for v in check.verdicts]
     assert {"rms_norm", "paged_attention.decode", "write_kv", "quant_matmul.int8", "quant_matmul.int4"} <= set(names)
-    assert check.replaced == [] and check.checked_s > 0
+    # correct everywhere; speed verdicts are the device's (a GPU shared with 7 other test workers may time a
+    # microsecond kernel slow)
+    assert all(v.verdict in ("ok", "slow") for v in check.verdicts) and check.checked_s > 0
     doctor._print_kernel_tables()
     out = capsys.readouterr().out
     assert "kernel self-check: " in out and "max error" in out and "verdict" in out
