@@ -344,7 +344,8 @@ class GenerationEvent:
     stats: RequestStats | None = None  # STARTED (partial) and FINISHED (final)
     error: str | None = None  # FINISHED with FinishReason.ERROR: one-line message
     # FINISHED with FinishReason.ERROR: what kind of failure, for front ends that map it (HTTP status, TUI notice):
-    # "runner_crashed" (the runner process died or stopped answering), None for the backend's own errors
+    # "runner_crashed" (the runner process died or stopped answering), "constraint_limit" (the request's constraint
+    # hit llguidance's per-step limits mid-reply: the schema's fault, a 400), None for the backend's other errors
     error_code: str | None = None
     # TOKEN, when sampling.logprobs is set: one entry per id in token_ids, in order
     logprobs: tuple[TokenLogprob, ...] = ()
@@ -442,6 +443,9 @@ class LoadOptions:
     cpu_expert_layers: int = 0
     # torch engine: ranks of tensor parallelism (one process per GPU, or per share of the CPU cores); 1 = none
     tensor_parallel: int = 1
+    # torch engine: the JSON file of kernel self-check verdicts per device (backends/torch_engine/kernel_check);
+    # None = no self-check (the app passes hearth's cache dir; direct library use and tests opt in)
+    kernel_check_record: str | None = None
 
     def __post_init__(self) -> None:
         from backends.errors import ConfigError
