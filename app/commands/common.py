@@ -36,7 +36,13 @@ def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, rem
         help="transformer layers to put on GPUs (-1 = all)",
     )
     g.add_argument("--kv-cache-type", dest="kv_cache_type", choices=("f16", "q8_0", "q4_0"), help="KV cache precision")
-    g.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: physical cores)")
+    g.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU threads, exactly (default: physical cores, and the torch engine then adapts its count to the "
+        "load: fewer while other programs take cores)",
+    )
     g.add_argument(
         "--tensor-parallel",
         "--tp",
