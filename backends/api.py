@@ -465,6 +465,12 @@ class Backend(ABC):
     name: ClassVar[str] = "abstract"
     capabilities: ClassVar[Capabilities] = Capabilities()
 
+    def on_notice(self, text: str) -> None:
+        """Called with a one-line notice about the backend itself, not about one request (a runner that crashed
+        and is restarting, a configuration the runner fell back to).  A front end that shows them assigns its
+        own callable (`backend.on_notice = post`); the default drops them.  May be called from any thread."""
+        return None  # the no-op default (not abstract: most backends have nothing to tell)
+
     def __init__(self, spec: ModelSpec, options: LoadOptions | None = None) -> None:
         self.spec = spec
         self.options = options or LoadOptions()

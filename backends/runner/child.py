@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import importlib
 import os
 import socket
 import sys
@@ -24,19 +23,11 @@ import threading
 from collections import deque
 from typing import Any
 
+from backends.api import EventKind, FinishReason, GenerationEvent, RequestStats
+from backends.registry import backend_class
 from backends.runner import protocol as p
 
 HEARTBEAT_S = 0.5
-
-
-def backend_class(name: str) -> Any:
-    """A registry name, or "module:Class" for a backend outside the registry (tests, plugins)."""
-    if ":" in name:
-        module, cls = name.split(":", 1)
-        return getattr(importlib.import_module(module), cls)
-    from backends.registry import get_backend_info
-
-    return get_backend_info(name).load_class()
 
 
 class RunnerServer:
@@ -111,8 +102,6 @@ class RunnerServer:
             self.send(p.LoadFailed(p.error_info(exc)))
 
     def _stream(self, request: Any) -> None:
-        from backends.api import EventKind, FinishReason, GenerationEvent, RequestStats
-
         started = False
         try:
             for event in self.backend.stream(request):
