@@ -24,8 +24,9 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
+from backends.describe import Description  # noqa: F401 - part of the contract: engines import it from here
 from backends.errors import InvalidRequestError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -567,9 +568,10 @@ class Backend(ABC):
     def eos_token_ids(self) -> frozenset[int]:
         return frozenset(self.spec.eos_token_ids)
 
-    def describe(self) -> dict[str, Any]:
-        """What was loaded, for --verbose and the TUI: backend, device, context, layers on GPU, ..."""
-        return {"backend": self.name, "model": self.spec.name, "n_ctx": self.n_ctx}
+    def describe(self) -> Description:
+        """What was loaded, for --verbose and the TUI: backend, model, context, and the engine's own facts
+        (device, layers on GPU, KV type, ...): see backends/describe.py."""
+        return Description(self.name, self.spec.name, self.n_ctx)
 
     def stats(self) -> EngineStats:
         """The engine's current state (see EngineStats); the base class knows only memory."""

@@ -154,7 +154,7 @@ class HearthApp(ScreenActions, App[None]):
         self.loaded, self.loading = msg.loaded, False
         self.prompt_box.border_title = msg.loaded.entry.name
         self.query_one(ProgressBar).display = False
-        self.status.set(model=msg.loaded.entry.name, state="ready", n_ctx=msg.describe.get("n_ctx"), memory=msg.memory)
+        self.status.set(model=msg.loaded.entry.name, state="ready", n_ctx=msg.describe.n_ctx, memory=msg.memory)
         if self.pending is not None:
             conv_id, self.pending = self.pending, None
             self.generate(conv_id)

@@ -17,7 +17,7 @@ from app.conversations import Conversation
 from app.loaded import Loaded
 from app.settings import Settings
 from app.tui import events
-from backends.api import Backend, EventKind, Request
+from backends.api import Backend, Description, EventKind, Request
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,8 @@ def load_model(loader: Callable[..., Any], settings: Settings, post: Post) -> No
         loaded = loader(settings, progress=progress)
         # the Backend contract's notices (a runner's crashes and restarts) reach the UI as messages
         loaded.backend.on_notice = lambda text: post(events.RunnerNotice(text))  # type: ignore[method-assign]
-        post(events.ModelReady(loaded, loaded.backend.describe(), _memory(loaded.backend)))
+        described = Description.from_mapping(loaded.backend.describe())  # a plugin's may still be a dict
+        post(events.ModelReady(loaded, described, _memory(loaded.backend)))
     except Exception as exc:  # any failure keeps the app running; HearthErrors carry their hint
         post(events.ModelFailed(settings.model, _one_line(exc)))
 

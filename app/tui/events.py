@@ -7,6 +7,8 @@ from typing import Any
 
 from textual.message import Message
 
+from backends.api import Description
+
 
 @dataclass
 class LoadProgress(Message):
@@ -17,7 +19,7 @@ class LoadProgress(Message):
 @dataclass
 class ModelReady(Message):
     loaded: Any  # app.loading.Loaded
-    describe: dict[str, Any]  # backend.describe(), read in the worker
+    describe: Description  # backend.describe(), read in the worker
     memory: dict[str, int]  # backend.memory_in_use()
 
 

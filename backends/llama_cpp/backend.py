@@ -25,6 +25,7 @@ from typing import Any
 from backends.api import (
     Backend,
     Capabilities,
+    Description,
     EventKind,
     FinishReason,
     GenerationEvent,
@@ -435,7 +436,7 @@ class LlamaCppBackend(Backend):
         return reason, None
 
     # -- facts -------------------------------------------------------------------------------------------
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Description:
         o = self.options
         info: dict[str, Any] = {
             "backend": self.name,
@@ -454,7 +455,7 @@ class LlamaCppBackend(Backend):
             info["tensor_buft_overrides"] = f"{self._overrides.pattern}=CPU"
         if self._notes:
             info["notes"] = list(self._notes)
-        return info
+        return Description.from_mapping(info)
 
 
 def _masker(matcher: Any) -> Callable[[Any, Any], Any]:

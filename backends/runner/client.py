@@ -38,6 +38,7 @@ from typing import Any
 from backends.api import (
     Backend,
     Capabilities,
+    Description,
     EngineStats,
     EventKind,
     FinishReason,
@@ -289,7 +290,7 @@ class RunnerBackend(Backend):
         return runner.pid if runner is not None else None
 
     # -- messages from runners (reader threads) -----------------------------------------------------------
-    def on_message(self, runner: RunnerProcess, m: Any) -> None:
+    def on_message(self, runner: RunnerProcess, m: p.FromRunner) -> None:
         if isinstance(m, p.Heartbeat):
             return
         if isinstance(m, p.Event):
@@ -538,7 +539,7 @@ class RunnerBackend(Backend):
         reply = self._call(lambda i: p.Logits(i, ids), f"logits({len(ids)} tokens)")
         return np.frombuffer(reply.data, dtype=np.float32).reshape(reply.shape)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Description:
         try:
             info = dict(self._call(lambda i: p.Describe(i), "describe()").describe)
         except HearthError:
@@ -547,7 +548,7 @@ class RunnerBackend(Backend):
         info["runner_pid"] = runner.pid if runner is not None else None
         if self.config.why:
             info["runner_config"] = self.config.why
-        return info
+        return Description.from_mapping(info)
 
     def stats(self) -> EngineStats:
         return self._call(lambda i: p.Stats(i), "stats()").stats

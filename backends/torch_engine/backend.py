@@ -33,6 +33,7 @@ from typing import Any
 from backends.api import (
     Backend,
     Capabilities,
+    Description,
     EngineStats,
     EventKind,
     FinishReason,
@@ -497,7 +498,7 @@ class TorchBackend(Backend):
             peak_rss_bytes=peak_rss_bytes(),
         )
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Description:
         info: dict[str, Any] = {
             "backend": self.name,
             "model": self.spec.name,
@@ -518,7 +519,7 @@ class TorchBackend(Backend):
             )
         if self._parts is not None and self._parts.describe is not None:
             info.update(self._parts.describe())
-        return info
+        return Description.from_mapping(info)
 
     def memory_in_use(self) -> dict[str, int]:
         info = super().memory_in_use()
