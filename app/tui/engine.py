@@ -26,7 +26,7 @@ BATCH_S = 0.05  # seconds between two text chunks posted to the UI
 Post = Callable[[Any], Any]  # App.post_message (thread-safe)
 
 
-def build_request(loaded: Any, conv: Conversation, settings: Settings) -> Request:
+def build_request(loaded: Loaded, conv: Conversation, settings: Settings) -> Request:
     """The conversation through the one request builder (app/requests.py, as `hearth run` and the server);
     the conversation's own settings win over the app's."""
     from app.requests import chat_request, sampling_from

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from textual.message import Message
 
-from backends.api import Description
+from app.loaded import Loaded
+from backends.api import Description, RequestStats
 
 
 @dataclass
@@ -18,7 +18,7 @@ class LoadProgress(Message):
 
 @dataclass
 class ModelReady(Message):
-    loaded: Any  # app.loading.Loaded
+    loaded: Loaded
     describe: Description  # backend.describe(), read in the worker
     memory: dict[str, int]  # backend.memory_in_use()
 
@@ -39,7 +39,7 @@ class ReplyChunk(Message):
 class ReplyDone(Message):
     turn_id: int
     finish_reason: str  # FinishReason value
-    stats: Any  # RequestStats
+    stats: RequestStats | None
     error: str | None  # FinishReason.ERROR: one line
     memory: dict[str, int]  # backend.memory_in_use() after the reply
     error_code: str | None = None  # GenerationEvent.error_code: "runner_crashed" when the model's process died
