@@ -189,7 +189,9 @@ class _ChatChunks:
 
     def finished(self, index: int, gen: Generation) -> bytes:
         finish, reply = finish_reason(gen), self.replies[index]
-        return self.answer.sse([self._choice(index, None, reply.finish_reason(finish) if reply else finish)])
+        if reply is not None:
+            finish = reply.finish_reason(finish)
+        return self.answer.sse([self._choice(index, None, finish)])
 
 
 class _CompletionChunks:
