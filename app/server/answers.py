@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from app.server.choices import Choices
 from app.server.errors import APIError
 from app.server.logprobs import CompletionLogprobs, chat_logprobs
+from app.server.response_format import constraint_param, limit_error, named
 from app.server.runner import Generation
 from app.server.schemas import ChatCompletionRequest, CompletionRequest, StreamOptions
 from app.server.tool_replies import ToolReply
@@ -37,6 +38,7 @@ class Answer:
     model: str
     want_logprobs: bool
     include_usage: bool = False  # streaming: stream_options.include_usage
+    constraint_param: str | None = None  # the field a constraint's errors name (response_format.constraint_param)
 
     def body(self, choices: list[dict]) -> dict:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices}
@@ -53,7 +55,13 @@ def _sse(payload: dict) -> bytes:
 
 
 def _answer(
-    choices: Choices, prefix: str, obj: str, model: str, want_logprobs: bool, options: StreamOptions | None
+    choices: Choices,
+    prefix: str,
+    obj: str,
+    model: str,
+    want_logprobs: bool,
+    options: StreamOptions | None,
+    body: ChatCompletionRequest | CompletionRequest,
 ) -> Answer:
     return Answer(
         id=prefix + choices.requests[0].request_id[4:],
@@ -62,6 +70,7 @@ def _answer(
         model=model,
         want_logprobs=want_logprobs,
         include_usage=bool(options and options.include_usage),
+        constraint_param=constraint_param(body, choices.requests[0]),
     )
 
 
@@ -83,7 +92,12 @@ def finish_reason(gen: Generation) -> str:
     return reason if reason in ("stop", "length") else "stop"
 
 
-def failed(event: GenerationEvent) -> APIError:
+def failed(event: GenerationEvent, param: str | None = None) -> APIError:
+    """The error of a reply that ended with FinishReason.ERROR: a 400 when its constraint hit llguidance's limits
+    (the schema's fault: app/server/response_format.limit_error), else a 500."""
+    limit = limit_error(event, param)
+    if limit is not None:
+        return limit
     return APIError(500, f"generation failed: {event.error}", type="server_error", code=event.error_code)
 
 
@@ -97,7 +111,7 @@ class _Collected:
     logprobs: list[list[TokenLogprob]]
 
 
-async def _collect(choices: Choices, prompt_logprobs: bool) -> _Collected:
+async def _collect(choices: Choices, prompt_logprobs: bool, param: str | None) -> _Collected:
     """Every choice's text and logprob entries; a refused choice or a failed generation raises its APIError."""
     n = len(choices.requests)
     gens: list[Generation | None] = [None] * n
@@ -107,7 +121,7 @@ async def _collect(choices: Choices, prompt_logprobs: bool) -> _Collected:
     try:
         async for index, gen, item in events:
             if isinstance(item, APIError):
-                raise item
+                raise named(item, param)
             if item is None:
                 gens[index] = gen
                 if prompt_logprobs:
@@ -116,7 +130,7 @@ async def _collect(choices: Choices, prompt_logprobs: bool) -> _Collected:
                 texts[index].append(item.text)
                 logprobs[index].extend(item.logprobs)
             elif item.kind is EventKind.FINISHED and item.finish_reason.value == "error":
-                raise failed(item)
+                raise failed(item, param)
     finally:
         await events.aclose()
     return _Collected(gens, ["".join(t) for t in texts], logprobs)
@@ -125,8 +139,8 @@ async def _collect(choices: Choices, prompt_logprobs: bool) -> _Collected:
 async def chat_collected(
     choices: Choices, body: ChatCompletionRequest, model: str, tools: ToolReading | None
 ) -> JSONResponse:
-    answer = _answer(choices, "chatcmpl-", "chat.completion", model, body.logprobs, None)
-    got = await _collect(choices, prompt_logprobs=False)
+    answer = _answer(choices, "chatcmpl-", "chat.completion", model, body.logprobs, None, body)
+    got = await _collect(choices, prompt_logprobs=False, param=answer.constraint_param)
     out = []
     for i, gen in enumerate(got.gens):
         choice: dict = {"index": i, "finish_reason": finish_reason(gen), "logprobs": None}
@@ -145,8 +159,8 @@ async def chat_collected(
 async def completion_collected(choices: Choices, body: CompletionRequest, model: str, echo: str | None) -> JSONResponse:
     """`echo`: the prompt's text when the request echoes it (its logprobs lead the choice's when asked)."""
     want = body.logprobs is not None
-    answer = _answer(choices, "cmpl-", "text_completion", model, want, None)
-    got = await _collect(choices, prompt_logprobs=echo is not None and want)
+    answer = _answer(choices, "cmpl-", "text_completion", model, want, None, body)
+    got = await _collect(choices, prompt_logprobs=echo is not None and want, param=answer.constraint_param)
     out = []
     for i, gen in enumerate(got.gens):
         choice: dict = {"index": i, "finish_reason": finish_reason(gen), "logprobs": None}
@@ -224,8 +238,9 @@ async def _events(choices: Choices, chunks: _ChatChunks | _CompletionChunks) -> 
     events = choices.events()
     try:
         async for index, gen, item in events:
+            param = chunks.answer.constraint_param
             if isinstance(item, APIError):
-                yield _sse(item.body())
+                yield _sse(named(item, param).body())
             elif item is None:  # this choice started
                 gens[index] = gen
                 for chunk in chunks.started(index, gen):
@@ -237,7 +252,7 @@ async def _events(choices: Choices, chunks: _ChatChunks | _CompletionChunks) -> 
                 for chunk in chunks.token(index, "", final=True):
                     yield chunk
                 if item.finish_reason.value == "error":
-                    yield _sse(failed(item).body())
+                    yield _sse(failed(item, param).body())
                 yield chunks.finished(index, gen)
         if chunks.answer.include_usage:
             yield chunks.answer.sse([], usage(gens))
@@ -249,13 +264,13 @@ async def _events(choices: Choices, chunks: _ChatChunks | _CompletionChunks) -> 
 def chat_streamed(
     choices: Choices, body: ChatCompletionRequest, model: str, tools: ToolReading | None
 ) -> StreamingResponse:
-    answer = _answer(choices, "chatcmpl-", "chat.completion.chunk", model, body.logprobs, body.stream_options)
+    answer = _answer(choices, "chatcmpl-", "chat.completion.chunk", model, body.logprobs, body.stream_options, body)
     chunks = _ChatChunks(answer, len(choices.requests), tools)
     return StreamingResponse(_events(choices, chunks), media_type="text/event-stream", headers=_SSE_HEADERS)
 
 
 def completion_streamed(choices: Choices, body: CompletionRequest, model: str, echo: str | None) -> StreamingResponse:
     want = body.logprobs is not None
-    answer = _answer(choices, "cmpl-", "text_completion", model, want, body.stream_options)
+    answer = _answer(choices, "cmpl-", "text_completion", model, want, body.stream_options, body)
     chunks = _CompletionChunks(answer, len(choices.requests), echo)
     return StreamingResponse(_events(choices, chunks), media_type="text/event-stream", headers=_SSE_HEADERS)

@@ -36,6 +36,7 @@ from app.server.inputs import (
     unknown_model,
 )
 from app.server.metrics import ServerMetrics
+from app.server.response_format import constraint_param, named
 from app.server.runner import Runner
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
 from backends.api import Backend
@@ -171,7 +172,7 @@ def _generation_routes(app: FastAPI, backend: Backend, config: ServerConfig, run
         choices = Choices(runner, choice_requests(req, body.n))
 
         async def answer() -> Response:
-            await choices.open()  # choice 0's errors (prompt too long, queue full) are the HTTP status
+            await _open(choices, body)  # choice 0's errors (prompt too long, queue full) are the HTTP status
             if body.stream:
                 return chat_streamed(choices, body, config.model_name, built.tools)
             return await chat_collected(choices, body, config.model_name, built.tools)
@@ -193,12 +194,21 @@ def _generation_routes(app: FastAPI, backend: Backend, config: ServerConfig, run
         choices = Choices(runner, choice_requests(req, body.n))
 
         async def answer() -> Response:
-            await choices.open()
+            await _open(choices, body)
             if body.stream:
                 return completion_streamed(choices, body, config.model_name, echo)
             return await completion_collected(choices, body, config.model_name, echo)
 
         return await _respond(request, answer())
+
+
+async def _open(choices: Choices, body: ChatCompletionRequest | CompletionRequest) -> None:
+    """Admit and start choice 0; a ConstraintError the backend raised compiling for its vocabulary is the 400 of
+    the field the schema came from (response_format.named)."""
+    try:
+        await choices.open()
+    except APIError as exc:
+        raise named(exc, constraint_param(body, choices.requests[0])) from None
 
 
 def _model_card(name: str) -> dict:
