@@ -41,7 +41,7 @@ from backends.errors import ConfigError, ModelFormatError, UnsupportedArchitectu
 from backends.modelspec import ModelSpec
 from backends.torch_engine.models import FAMILIES, family
 from backends.torch_engine.models.layers import DecoderConfig, DecoderModel
-from backends.torch_engine.weights import FREQ_FACTORS, ROPE_FACTOR_TENSORS, file_weights, unreorder
+from backends.torch_engine.weights import FREQ_FACTORS, ROPE_FACTOR_TENSORS, Selection, file_weights, unreorder
 from backends.weight_map import SHARDS, is_projection_param, template
 from backends.weight_map import names as weight_names
 from kernels.dispatch import KernelSet
@@ -50,6 +50,7 @@ from kernels.rope import rope_inv_freq
 
 if TYPE_CHECKING:  # pragma: no cover
     from backends.torch_engine.quantize import QuantConfig
+    from backends.torch_engine.tp.comm import Comm
 
 
 ARCHITECTURES = tuple(sorted(FAMILIES))
@@ -210,8 +211,11 @@ def load_model(
     weight_quant: str = "none",
     host_layers: int = 0,
     n_ctx: int = 0,
+    tp: Comm | None = None,
 ) -> DecoderModel:
     """Build the model and fill every parameter from the file; ModelFormatError if one is missing.
+    tp: a tensor-parallel rank: the model is this rank's share, read as such (only its rows and columns leave
+    the file, before dequantizing and before the copy to the device: tp/layers.ReadPlan), with its collectives.
     weight_quant (one of LOAD_QUANTS): "none" dense in `dtype`; "gguf" keeps a GGUF's Q4_0 / Q4_1 / Q4_K / Q8_0
     projection blocks; "int8" / "int4" / "fp8" quantize each projection as it is read (module docstring).
     host_layers: the first so many blocks will stream from host RAM (offload.py): their weights never stay on
@@ -230,6 +234,20 @@ def load_model(
     check_file_shapes(spec, cfg)
     gguf = spec.format == "gguf"
     names = weight_names(spec.architecture, spec.format)
+    plan = None
+    if tp is not None and tp.world > 1:
+        from backends.torch_engine.tp.layers import read_plan
+
+        plan = read_plan(cfg, tp.rank, tp.world, _down_group(spec, names, keep_gguf_quant, rtn, cfg.ffn_size))
+        cfg = plan.local_config(cfg)  # the model is built at this rank's widths
+
+    def select(name: str) -> Selection:
+        key, layer = template(_text_model_name(name))
+        if plan is None or key not in names:
+            return None, None
+        target, shard = names[key]
+        return plan.select(target.format(i=layer), shard)
+
     fam = family(spec.architecture)
     reorder = gguf and fam.GGUF_QK_REORDERED[spec.architecture]
     norm_offset = 0.0 if gguf else getattr(fam, "HF_NORM_OFFSET", 0.0)
@@ -251,7 +269,7 @@ def load_model(
     def keep(name: str, qtype: object) -> bool:
         return (keep_gguf_quant and _is_projection(template(name)[0], names)) or (quant_head and name == head_name)
 
-    for name, tensor in file_weights(spec, keep, scale_dtype, dtype):
+    for name, tensor in file_weights(spec, keep, scale_dtype, dtype, select):
         if name in ROPE_FACTOR_TENSORS:
             factors[name] = tensor.reshape(-1)
             continue
@@ -274,8 +292,9 @@ def load_model(
             params[target] = tensor
         else:
             shards.setdefault(target, {})[SHARDS[shard]] = tensor
-    for target, parts in shards.items():
-        params[target] = _merge([parts[i] for i in sorted(parts)], dtype)
+    for target in list(shards):  # popped as merged: a merged copy never lives beside every layer's parts
+        parts = shards.pop(target)
+        params[target] = _merge([parts.pop(i) for i in sorted(parts)], dtype)
     complete_params(model, params, spec, f"{spec.architecture} model")
     quantized = {k: v for k, v in params.items() if isinstance(v, QuantWeight)}
     model.load_state_dict({k: v for k, v in params.items() if k not in quantized}, strict=False, assign=True)
@@ -305,4 +324,27 @@ def load_model(
     model.inv_freq = rope_inv_freq(rot, cfg.rope_base, scaling, freq_factors)
     if cfg.rope_base_local:  # sliding-window layers' own RoPE (Gemma 3): their base, no scaling
         model.inv_freq_local = rope_inv_freq(rot, cfg.rope_base_local)
+    if plan is not None:
+        from backends.torch_engine.tp.layers import wrap_loaded_shares
+
+        wrap_loaded_shares(model, plan, tp)  # type: ignore[arg-type]
     return (model if host_layers else model.to(device)).eval()
+
+
+def _down_group(spec: ModelSpec, names: dict, keep_gguf: bool, rtn: QuantConfig | None, ffn: int) -> int:
+    """The quantization group of down_proj's inputs as the loader will hold it (its FFN split falls on whole
+    groups, as tp/layers.shard_model's does): a kept GGUF block (32), an int4 group, else 1 (dense, or int8 /
+    fp8 per channel, quantized from the rank's own columns)."""
+    if rtn is not None:
+        from backends.torch_engine.quantize import layer_config
+
+        layer = layer_config(rtn, ffn)
+        return layer.group_size if layer is not None and layer.kind == "int4" else 1
+    if keep_gguf and spec.format == "gguf":
+        from backends.torch_engine.quantize import GGUF_BLOCKS
+
+        for t in spec.tensors:
+            key, _ = template(_text_model_name(t.name))
+            if names.get(key, ("", None))[0].endswith("mlp.down_proj.weight"):
+                return 32 if t.ggml_type in GGUF_BLOCKS else 1
+    return 1
