@@ -397,7 +397,8 @@ class EngineStats:
     kv_block_size: int = 0  # tokens per block
     prefix_cached_blocks: int = 0  # blocks that hold a reusable prompt prefix
     prefix_hit_tokens: int = 0  # prompt tokens served from the prefix cache since load
-    preemptions: int = 0  # requests preempted for KV space since load
+    preemptions: int = 0  # requests preempted (for KV space or for a higher priority) since load
+    deferred: int = 0  # running requests held back a step by the TTFT plan since load (torch engine)
     generated_tokens: int = 0  # tokens generated since load
     rss_bytes: int = 0  # resident memory of the process that holds the model
     peak_rss_bytes: int = 0  # the highest resident memory that process has had (VmHWM): loading's peaks count

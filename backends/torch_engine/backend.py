@@ -493,6 +493,7 @@ class TorchBackend(Backend):
             prefix_cached_blocks=bm.num_cached_blocks,
             prefix_hit_tokens=bm.num_hit_tokens,
             preemptions=s.num_preemptions,
+            deferred=s.num_deferred,
             generated_tokens=self._generated_tokens,
         )
 
