@@ -112,7 +112,7 @@ def _json_error(err: APIError) -> JSONResponse:
 
 def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
     """An app serving `backend` (already loaded).  The caller owns the backend and closes it."""
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(ttft_target_s=backend.options.ttft_target_ms / 1000)
     runner = Runner(backend, config.limits, metrics)
     app = FastAPI(title="hearth", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.runner = runner
@@ -162,7 +162,7 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
         built = await run_in_threadpool(_chat_request, backend, [m.as_dict() for m in body.messages], sampling, tools)
         if built.tools is not None and body.logprobs:  # held-back call text no longer lines up with its tokens
             raise APIError(400, "logprobs with tools is not supported: ask for one of them", param="logprobs")
-        req = await run_in_threadpool(_constrained, built.request, body)
+        req = _prioritised(await run_in_threadpool(_constrained, built.request, body), body)
         return await _respond(
             request,
             runner,
@@ -177,7 +177,7 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
     async def completions(request: HTTPRequest) -> Response:
         body = await _parse(request, CompletionRequest, config)
         req = _completion_request(body, _sampling(body, body.max_tokens, backend, config), backend)
-        req = await run_in_threadpool(_constrained, req, body)
+        req = _prioritised(await run_in_threadpool(_constrained, req, body), body)
         echo = None
         if body.echo:  # the prompt's text as given, or its token ids' text
             echo = (
@@ -302,6 +302,12 @@ def _constrained(req: Request, body: Any) -> Request:
             param="response_format",
         )
     return req if constraint is None else dataclasses.replace(req, constraint=constraint)
+
+
+def _prioritised(req: Request, body: Any) -> Request:
+    """The request with the body's `priority` (vLLM's: lower runs first; the API's default 0 ranks behind the
+    chat app's and `hearth run`'s own requests, which take INTERACTIVE_PRIORITY)."""
+    return req if body.priority is None else dataclasses.replace(req, priority=body.priority)
 
 
 def _request_id() -> str:
