@@ -122,6 +122,7 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         # --n-gpu-layers is plain layer offload
         cpu_expert_layers=plan.cpu_expert_layers if not torch and settings.n_gpu_layers is None else 0,
         tensor_parallel=plan.tensor_parallel if torch and plan.backend == "torch" else 1,
+        ttft_target_ms=settings.ttft_target_ms,
     )
     reasons = tuple(plan.reasons)
     if hardware_file:

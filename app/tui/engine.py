@@ -33,6 +33,7 @@ def build_request(loaded: Any, conv: Conversation, settings: Settings) -> Reques
         conv.chat_messages(),
         sampling_from(settings, conv.settings),
         constraint=constraint_for(settings.json_output),
+        priority=settings.priority,  # the person at the keyboard ranks ahead of API traffic (app.defaults)
     ).request
 
 
