@@ -136,7 +136,7 @@ def run_phase(stream: Stream, args: argparse.Namespace, interactive: bool, seed0
             sent = time.perf_counter()
             question = CHAT_QUESTIONS[k % len(CHAT_QUESTIONS)] + f" (turn {k})"
             try:
-                for t, _ in stream(question, args.chat_tokens, seed0 + 7 + k, -1):
+                for t, _ in stream(question, args.chat_tokens, seed0 + 7 + k, args.chat_priority):
                     phase.chat_ttft_s.append(t - sent)
                     break  # the rest of the reply is not waited for: the person reads it as it streams
             except Exception as exc:  # noqa: BLE001
@@ -197,6 +197,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "interval_s": args.interval,
         "duration_s": args.duration,
         "ttft_target_ms": args.ttft_target_ms,
+        "chat_priority": args.chat_priority,
         "chat_requests": len(ttft),
         "chat_ttft_ms_p50": percentile(ttft, 50) * 1000 if ttft else None,
         "chat_ttft_ms_p95": percentile(ttft, 95) * 1000 if ttft else None,
@@ -222,6 +223,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-tokens", dest="chat_tokens", type=int, default=64, help="tokens per chat reply (64)")
     p.add_argument("--prompt-words", dest="prompt_words", type=int, default=96, help="background prompt words (96)")
     p.add_argument("--interval", type=float, default=3.0, help="seconds between two chat turns (3)")
+    p.add_argument(
+        "--chat-priority",
+        dest="chat_priority",
+        type=int,
+        default=-1,
+        help="the interactive client's priority (-1, as hearth run and the chat app; 0 with --ttft-target-ms 0 "
+        "measures plain first-come-first-served scheduling for comparison)",
+    )
     p.add_argument("--duration", type=float, default=60.0, help="measured seconds per phase (60)")
     p.add_argument("--warmup", type=float, default=10.0, help="seconds before measuring (10)")
     p.add_argument("--ttft-target-ms", dest="ttft_target_ms", type=float, default=500.0, help="(500)")
