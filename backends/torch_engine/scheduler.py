@@ -151,7 +151,8 @@ class Scheduler:
         planned = False  # the head was scheduled under the TTFT plan this step
         admitting = True  # strict rank order: once one waiting request cannot get in, none ranked below it does
         # running decodes still ahead in the walk: a prompt chunk leaves them a token each, so a long prompt
-        # never stalls the streams that are generating (only the TTFT plan's head may take the whole budget)
+        # never stalls the streams that are generating (only the TTFT plan's head may take the whole budget,
+        # while its first token can still come within the target)
         decodes_left = sum(1 for r in self.running if not r.is_prefilling)
 
         for request in order:
@@ -160,8 +161,8 @@ class Scheduler:
             if request.request_id in preempted:
                 continue  # preempted earlier in this walk: back to waiting, not re-admitted in the same step
             room = budget if cap is None else min(budget, cap - used)
-            if not decoding and not (request is head and self.ttft_target_s is not None):
-                room -= min(decodes_left, budget - 1)  # a prompt chunk of at least one token when the budget has it
+            if not decoding and not (request is head and self._ttft_attainable(request, room, now)):
+                room -= min(decodes_left, max(room - 1, 0))  # a chunk of at least one token when there is room
             if room <= 0:
                 if request.status is RequestStatus.RUNNING and planned:
                     self.num_deferred += 1  # held back for the head (its budget or its time)
@@ -229,6 +230,14 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         return num_new
+
+    def _ttft_attainable(self, head: EngineRequest, room: int, now: float) -> bool:
+        """Whether the head's first token can still come within the target if it takes `room` tokens now (its
+        prefill alone); only then may it take the whole budget, ahead of the decodes ranked after it."""
+        if self.ttft_target_s is None:
+            return False
+        remaining = head.num_tokens - head.num_computed_tokens  # an upper bound: a cached prefix only shortens it
+        return self._ttft_cap(head, min(remaining, room), 0, now) is not None
 
     def _ttft_cap(self, head: EngineRequest, chunk: int, used: int, now: float) -> int | None:
         """Tokens this step may hold in all so that `head` (just given `chunk` tokens, `used` in the step so

@@ -195,3 +195,21 @@ def test_ttft_plan_counts_the_chunks_a_long_prompt_still_needs() -> None:
     assert abs(unplanned - 0.216) < 1e-6 and deferred == 0
     planned, deferred = _first_token_s(0.2)
     assert planned <= 0.2 + 1e-9 and 0 < deferred <= 24
+
+
+def test_the_head_takes_the_whole_budget_only_while_its_target_is_within_reach() -> None:
+    """A long prompt at priority 0 (the head) arrives while a priority-1 request decodes: with a target out of
+    reach the decode keeps its token every step (a long prompt never stalls a stream); with one in reach the
+    head's chunks take the whole budget until its first token."""
+    for ttft_s, stalls in ((0.05, False), (10.0, True)):
+        bm, s, kv, clock = make(num_blocks=64, budget=32, ttft_s=ttft_s, cost=_cost(0.01, 0.001))
+        s.add_request(req("b", [5, 6], max_tokens=40, priority=1, at=clock.now))
+        fake_step(s, kv)  # b's prefill: it decodes from now on
+        s.add_request(req("long", list(range(1, 301)), max_tokens=2, at=clock.now + 0.001))
+        b_tokens = []
+        while not s.requests["long"].num_output_tokens:
+            out, _ = fake_step(s, kv)
+            assert out.total_num_tokens <= 32
+            b_tokens.append(out.num_scheduled_tokens.get("b", 0))
+        assert (0 in b_tokens) is stalls, (ttft_s, b_tokens)
+        assert (s.num_deferred > 0) is stalls
