@@ -135,6 +135,20 @@ def percentile(values: list[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
+def ttft_by_priority(ttft_ms: list[float], priorities: list[int], target_ms: float) -> dict[str, dict[str, float]]:
+    """{priority: {requests, p50_ms, p95_ms, met_pct}} (priority as text: JSON keys), request i at priorities[i]."""
+    out: dict[str, dict[str, float]] = {}
+    for p in sorted(set(priorities)):
+        values = [t for t, q in zip(ttft_ms, priorities) if q == p]
+        out[str(p)] = {
+            "requests": len(values),
+            "p50_ms": percentile(values, 50),
+            "p95_ms": percentile(values, 95),
+            "met_pct": 100 * sum(t <= target_ms for t in values) / len(values),
+        }
+    return out
+
+
 def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -151,12 +165,12 @@ class _Sample:
     error: str | None = None
 
 
-def _in_process(backend: Any, w: Workload) -> Callable[[tuple[int, ...], int], _Sample]:
+def _in_process(backend: Any, w: Workload) -> Callable[[tuple[int, ...], int, int], _Sample]:
     from backends.api import Request, SamplingParams
 
-    def one(prompt: tuple[int, ...], seed: int) -> _Sample:
+    def one(prompt: tuple[int, ...], seed: int, priority: int) -> _Sample:
         params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
-        c = backend.generate(Request(prompt_token_ids=prompt, sampling=params))
+        c = backend.generate(Request(prompt_token_ids=prompt, sampling=params, priority=priority))
         return _Sample(
             len(c.token_ids), c.stats.ttft_s, c.stats.prefill_tokens_per_s, c.stats.decode_tokens_per_s, c.error
         )
@@ -164,16 +178,17 @@ def _in_process(backend: Any, w: Workload) -> Callable[[tuple[int, ...], int], _
     return one
 
 
-def _chat(backend: Any, w: Workload, *, remote: bool) -> Callable[[str, int], _Sample]:
+def _chat(backend: Any, w: Workload, *, remote: bool) -> Callable[[str, int, int], _Sample]:
     """Each prompt is one user message through the one request builder (the model's chat template, as the
     server does for /v1/chat/completions): --chat on a local model, or a remote model (--backend remote), whose
     generated tokens are the server's count (its usage chunk, else the streamed deltas)."""
     from app.requests import chat_request
     from backends.api import SamplingParams
 
-    def one(prompt: str, seed: int) -> _Sample:
+    def one(prompt: str, seed: int, priority: int) -> _Sample:
         params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
-        c = backend.generate(chat_request(backend.spec, [{"role": "user", "content": prompt}], params).request)
+        messages = [{"role": "user", "content": prompt}]
+        c = backend.generate(chat_request(backend.spec, messages, params, priority=priority).request)
         return _Sample(
             c.stats.completion_tokens if remote else len(c.token_ids),
             c.stats.ttft_s,
@@ -185,18 +200,19 @@ def _chat(backend: Any, w: Workload, *, remote: bool) -> Callable[[str, int], _S
     return one
 
 
-def _over_http_chat(url: str, w: Workload) -> Callable[[str, int], _Sample]:
+def _over_http_chat(url: str, w: Workload) -> Callable[[str, int, int], _Sample]:
     """--chat over HTTP: a streaming POST /v1/chat/completions with one user message (what chat clients send)."""
     import httpx
 
     local = threading.local()
 
-    def one(prompt: str, seed: int) -> _Sample:
+    def one(prompt: str, seed: int, priority: int) -> _Sample:
         client = getattr(local, "client", None)
         if client is None:
             client = local.client = httpx.Client(base_url=url, timeout=600)
         body = {
             "model": "bench",
+            "priority": priority,
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": w.gen_tokens,
             "temperature": 0,
@@ -237,18 +253,19 @@ def _read_sse(client: Any, path: str, body: dict[str, Any], text_of: Callable[[d
     return _Sample(tokens, ttft, prompt_tokens / ttft if ttft > 0 else 0.0, decode)
 
 
-def _over_http(url: str, w: Workload) -> Callable[[tuple[int, ...], int], _Sample]:
+def _over_http(url: str, w: Workload) -> Callable[[tuple[int, ...], int, int], _Sample]:
     """The same request as a streaming POST /v1/completions with token ids (what an OpenAI client sends)."""
     import httpx
 
     local = threading.local()
 
-    def one(prompt: tuple[int, ...], seed: int) -> _Sample:
+    def one(prompt: tuple[int, ...], seed: int, priority: int) -> _Sample:
         client = getattr(local, "client", None)
         if client is None:
             client = local.client = httpx.Client(base_url=url, timeout=600)
         body = {
             "model": "bench",
+            "priority": priority,
             "prompt": list(prompt),
             "max_tokens": w.gen_tokens,
             "temperature": 0,
@@ -269,6 +286,8 @@ def worker(w: Workload) -> None:
     from app.settings import load_settings
 
     t0 = time.perf_counter()
+    target_ms = float(w.extra.get("ttft_target_ms", 500.0))
+    priorities = list(w.extra.get("priorities") or [0])  # request i runs at priorities[i % len]
     try:
         settings = load_settings(
             model=w.model,
@@ -280,6 +299,7 @@ def worker(w: Workload) -> None:
             remote_model=w.extra.get("remote_model"),
             # --tensor-parallel is the torch engine's; llama.cpp splits GPUs itself
             tensor_parallel=w.extra.get("tensor_parallel") if w.backend == "torch" else None,
+            ttft_target_ms=target_ms,
         )
         loaded = open_backend(settings)
     except Exception as e:  # any load failure becomes one line in the table, not a dead run
@@ -321,7 +341,7 @@ def worker(w: Workload) -> None:
 
                 def one(i: int) -> _Sample:
                     nonlocal done
-                    sample = run_one(prompts[i], w.seed + i)
+                    sample = run_one(prompts[i], w.seed + i, priorities[i % len(priorities)])
                     with lock:
                         done += 1
                         _emit({"progress": done, "total": total})
@@ -352,6 +372,11 @@ def worker(w: Workload) -> None:
                     "load_s": load_s,
                     "ttft_ms_p50": percentile(ttft, 50),
                     "ttft_ms_p95": percentile(ttft, 95),
+                    "ttft_target_ms": target_ms,
+                    "ttft_met_pct": 100 * sum(t <= target_ms for t in ttft) / len(ttft),
+                    "ttft_by_priority": ttft_by_priority(
+                        ttft, [priorities[i % len(priorities)] for i in range(w.requests)], target_ms
+                    ),
                     "prefill_tokens_per_s": statistics.mean(s.prefill_tokens_per_s for s in samples),
                     "decode_tokens_per_s": statistics.mean(s.decode_tokens_per_s for s in samples),
                     "aggregate_tokens_per_s": aggregate,

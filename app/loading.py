@@ -109,6 +109,7 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         # --n-gpu-layers is plain layer offload
         cpu_expert_layers=plan.cpu_expert_layers if not torch and settings.n_gpu_layers is None else 0,
         tensor_parallel=plan.tensor_parallel if torch and plan.backend == "torch" else 1,
+        ttft_target_ms=settings.ttft_target_ms,
         # the torch engine checks its Triton kernels on a new device once and remembers the verdicts here
         kernel_check_record=str(kernel_check_record()) if torch else None,
     )

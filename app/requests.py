@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.api import Constraint, Request, SamplingParams
+from backends.api import API_PRIORITY, Constraint, Request, SamplingParams
 from backends.errors import TemplateError
 from backends.modelspec import REMOTE_FORMAT, ModelSpec
 from backends.templates import FALLBACK_NAME, check_messages, render_chat, render_for_spec
@@ -66,6 +66,7 @@ def chat_request(
     request_id: str | None = None,
     constraint: Constraint | None = None,
     tools: ToolRequest | None = None,
+    priority: int = API_PRIORITY,
 ) -> ChatRequest:
     """The Request for a conversation: rendered with `spec`'s template (raises TemplateError / InvalidRequestError
     for a bad conversation or template), `sampling.stop` first, then the format's own stop strings.
@@ -121,6 +122,7 @@ def chat_request(
         sampling=dataclasses.replace(sampling, stop=stop),
         messages=chat,
         constraint=constraint,
+        priority=priority,
         **remote_tools,
         **ids,
     )

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,13 @@ from typing import TYPE_CHECKING, ClassVar
 
 from backends.describe import Description  # noqa: F401 - part of the contract: engines import it from here
 from backends.errors import InvalidRequestError
+from backends.priority import (  # noqa: F401 - the priority constants are the contract's, re-exported
+    API_PRIORITY,
+    INTERACTIVE_PRIORITY,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    PriorityLock,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -268,8 +274,20 @@ class Request:
     # itself (remote); local engines read the prompt, where the tools are rendered already.  None = no tools
     tools: str | None = None
     tool_choice: str | None = None
+    # scheduling rank (vLLM's `priority`): lower runs first, then earlier arrival; PRIORITY_MIN..PRIORITY_MAX.
+    # The torch engine admits and preempts by it; llama.cpp orders its queue by it (backends/priority.py)
+    priority: int = API_PRIORITY
 
     def __post_init__(self) -> None:
+        if (
+            not isinstance(self.priority, int)
+            or isinstance(self.priority, bool)
+            or not PRIORITY_MIN <= self.priority <= PRIORITY_MAX
+        ):
+            raise InvalidRequestError(
+                f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX} (lower runs first), "
+                f"got {self.priority!r}"
+            )
         if (self.prompt is None) == (self.prompt_token_ids is None):
             raise InvalidRequestError("a request needs exactly one of prompt and prompt_token_ids")
         if self.prompt_token_ids is not None:
@@ -381,7 +399,8 @@ class EngineStats:
     kv_block_size: int = 0  # tokens per block
     prefix_cached_blocks: int = 0  # blocks that hold a reusable prompt prefix
     prefix_hit_tokens: int = 0  # prompt tokens served from the prefix cache since load
-    preemptions: int = 0  # requests preempted for KV space since load
+    preemptions: int = 0  # requests preempted (for KV space or for a higher priority) since load
+    deferred: int = 0  # running requests held back a step by the TTFT plan since load (torch engine)
     generated_tokens: int = 0  # tokens generated since load
     rss_bytes: int = 0  # resident memory of the process that holds the model
     peak_rss_bytes: int = 0  # the highest resident memory that process has had (VmHWM): loading's peaks count
@@ -444,6 +463,10 @@ class LoadOptions:
     cpu_expert_layers: int = 0
     # torch engine: ranks of tensor parallelism (one process per GPU, or per share of the CPU cores); 1 = none
     tensor_parallel: int = 1
+    # torch engine: the time-to-first-token target (ms) each step is planned for (the best-ranked request still
+    # waiting for its first token gets it whenever its prefill alone fits; backends/torch_engine/scheduler.py);
+    # 0 = no plan, the plain token budget every step
+    ttft_target_ms: float = 500.0
     # torch engine: the JSON file of kernel self-check verdicts per device (backends/torch_engine/kernel_check);
     # None = no self-check (the app passes hearth's cache dir; direct library use and tests opt in)
     kernel_check_record: str | None = None
@@ -461,6 +484,10 @@ class LoadOptions:
             raise ConfigError(f"n_batch and max_num_seqs must be >= 1, got {self.n_batch}, {self.max_num_seqs}")
         if self.tensor_parallel < 1:
             raise ConfigError(f"--tensor-parallel must be 1 or more ranks, got {self.tensor_parallel}")
+        if not 0 <= self.ttft_target_ms <= 3_600_000:
+            raise ConfigError(
+                f"--ttft-target-ms must be from 0 (off) to 3600000 ms, got {self.ttft_target_ms}", "the default is 500"
+            )
 
 
 class Backend(ABC):
@@ -483,7 +510,8 @@ class Backend(ABC):
     def __init__(self, spec: ModelSpec, options: LoadOptions | None = None) -> None:
         self.spec = spec
         self.options = options or LoadOptions()
-        self._serial = threading.Lock()
+        # engines that serve one request at a time take turns by priority, then arrival (backends/priority.py)
+        self._serial = PriorityLock()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     @abstractmethod

@@ -36,6 +36,18 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _priority_list(text: str) -> list[int]:
+    from backends.api import PRIORITY_MAX, PRIORITY_MIN
+
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or not all(PRIORITY_MIN <= v <= PRIORITY_MAX for v in values):
+        raise argparse.ArgumentTypeError(f"expected priorities from {PRIORITY_MIN} to {PRIORITY_MAX}, got {text!r}")
+    return values
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     MODEL.add(p)
     p.add_argument(
@@ -84,6 +96,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "template (in process: the one request builder; with --http: streaming "
         "/v1/chat/completions), as chat clients send them",
     )
+    p.add_argument(
+        "--ttft-target-ms",
+        dest="ttft_target_ms",
+        type=float,
+        default=500.0,
+        metavar="MS",
+        help="the torch engine's TTFT target, and the bar for the 'TTFT ok' column: the share of requests whose "
+        "first token came within it (default 500)",
+    )
+    p.add_argument(
+        "--priorities",
+        type=_priority_list,
+        default=[0],
+        metavar="0,-1",
+        help="request i runs at priority P[i %% len(P)] (lower runs first); TTFT percentiles and the share "
+        "within the target are then reported per priority (default 0, the API's)",
+    )
     p.add_argument("--json", action="store_true", help='print {"results": [...]} instead of a table')
     p.add_argument(
         "--url",
@@ -106,6 +135,7 @@ def format_table(results: list[dict]) -> str:
         ("load s", "load_s", "{:.2f}"),
         ("TTFT p50 ms", "ttft_ms_p50", "{:.1f}"),
         ("TTFT p95 ms", "ttft_ms_p95", "{:.1f}"),
+        ("TTFT ok %", "ttft_met_pct", "{:.0f}"),
         ("prefill tok/s", "prefill_tokens_per_s", "{:.0f}"),
         ("decode tok/s", "decode_tokens_per_s", "{:.1f}"),
         ("aggr tok/s", "aggregate_tokens_per_s", "{:.1f}"),
@@ -180,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
                 ("url", args.url),
                 ("remote_model", args.remote_model),
                 ("tensor_parallel", args.tensor_parallel),
+                ("ttft_target_ms", args.ttft_target_ms),
+                ("priorities", args.priorities if args.priorities != [0] else None),
             )
             if v is not None
         },
@@ -223,10 +255,29 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         print(format_table(results))
+        by_priority = format_priorities(results)
+        if by_priority:
+            print(by_priority)
         print(format_baseline(baseline))
         if workload.busy_cores:
             print(format_busy(workload.busy_cores, results))
     return 0
+
+
+def format_priorities(results: list[dict]) -> str:
+    """One line per (row, priority) when the requests ran at several priorities ('' otherwise)."""
+    lines = []
+    for r in results:
+        groups = r.get("ttft_by_priority") or {}
+        if len(groups) < 2:
+            continue
+        for p, g in groups.items():
+            lines.append(
+                f"  {r['backend']} x{r['concurrency']} priority {p}: {g['requests']} requests, TTFT p50 "
+                f"{g['p50_ms']:.0f} ms, p95 {g['p95_ms']:.0f} ms, {g['met_pct']:.0f}% within "
+                f"{r['ttft_target_ms']:g} ms"
+            )
+    return "\n".join(lines)
 
 
 def runtime_baseline_mib() -> float | None:

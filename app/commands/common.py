@@ -55,6 +55,17 @@ TENSOR_PARALLEL = Option(
         "without GPUs, N processes share the CPU cores); 1 = never; default: the plan decides",
     },
 )
+TTFT_TARGET = Option(
+    ("--ttft-target-ms",),
+    {
+        "dest": "ttft_target_ms",
+        "type": float,
+        "metavar": "MS",
+        "help": "torch engine: the time-to-first-token target each step is planned for: the best-ranked request "
+        "waiting for its first token gets it within MS whenever its prompt alone fits, other work is held back "
+        "as needed (default 500; 0 = no plan)",
+    },
+)
 HARDWARE = Option(
     ("--hardware",),
     {
@@ -84,6 +95,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, rem
     KV_CACHE_TYPE.add(g)
     THREADS.add(g)
     TENSOR_PARALLEL.add(g)
+    TTFT_TARGET.add(g)
     HARDWARE.add(g)
     if remote:
         r = p.add_argument_group("remote model (--backend remote: any OpenAI-compatible server)")
@@ -114,6 +126,13 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
         help=f"1 = off (default {S.repeat_penalty:g})",
     )
     g.add_argument("--seed", type=int, metavar="S", help="same seed, same reply")
+    g.add_argument(
+        "--priority",
+        type=int,
+        metavar="P",
+        help="scheduling priority of this request, lower runs first (default -1: ahead of the API's 0, e.g. a "
+        "`hearth serve` sharing the engine's runner)",
+    )
     g.add_argument(
         "--max-tokens",
         "-n",

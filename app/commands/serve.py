@@ -24,7 +24,9 @@ llama.cpp, runs one at a time and the rest queue); at most --queue-limit (defaul
 with Retry-After.  SIGINT/SIGTERM: stop accepting, give running requests --shutdown-grace seconds (default
 10), abort the rest, exit 0.  Sampling: logprobs/top_logprobs (chat), logprobs/echo (completions), n <= 16,
 presence/frequency penalty, logit_bias, and top_k/min_p/repeat_penalty/ignore_eos; any other field is a 400
-naming it (README: "Sampling fields").
+naming it (README: "Sampling fields").  priority (vLLM's: -100..100, lower runs first, default 0; `hearth run` and
+the chat app send -1): the torch engine admits and preempts by it, llama.cpp's queue is ordered by it;
+--ttft-target-ms plans the torch engine's steps for a first token within it (README: "Priorities").
 
 Tool calling: tools (at most 128), tool_choice and tool messages, in the model's own template format
 (Hermes/Qwen, Llama 3.x, Mistral) or, for a template without tool support, hearth's Hermes-style block in the

@@ -30,6 +30,7 @@ from app.server.inputs import (
     completion_request,
     constrained,
     parse,
+    prioritised,
     sampling_of,
     too_large,
     tools_of,
@@ -99,7 +100,7 @@ def _json_error(err: APIError) -> JSONResponse:
 
 def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
     """An app serving `backend` (already loaded).  The caller owns the backend and closes it."""
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(ttft_target_s=backend.options.ttft_target_ms / 1000)
     runner = Runner(backend, config.limits, metrics)
     app = FastAPI(title="hearth", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.runner = runner
@@ -168,7 +169,7 @@ def _generation_routes(app: FastAPI, backend: Backend, config: ServerConfig, run
         built = await run_in_threadpool(build_chat_request, backend, messages, sampling, tools)
         if built.tools is not None and body.logprobs:  # held-back call text no longer lines up with its tokens
             raise APIError(400, "logprobs with tools is not supported: ask for one of them", param="logprobs")
-        req = await run_in_threadpool(constrained, built.request, body)
+        req = prioritised(await run_in_threadpool(constrained, built.request, body), body)
         choices = Choices(runner, choice_requests(req, body.n))
 
         async def answer() -> Response:
@@ -183,7 +184,7 @@ def _generation_routes(app: FastAPI, backend: Backend, config: ServerConfig, run
     async def completions(request: HTTPRequest) -> Response:
         body = await parse(request, CompletionRequest, config)
         req = completion_request(body, sampling_of(body, body.max_tokens, backend, config), backend)
-        req = await run_in_threadpool(constrained, req, body)
+        req = prioritised(await run_in_threadpool(constrained, req, body), body)
         echo = None
         if body.echo:  # the prompt's text as given, or its token ids' text
             echo = (

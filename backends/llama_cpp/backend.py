@@ -335,7 +335,7 @@ class LlamaCppBackend(Backend):
     ) -> Iterator[GenerationEvent]:
         rid = request.request_id
         stats = RequestStats(prompt_tokens=len(ids))
-        with self._serial:
+        with self._serial.hold(request.priority):  # one at a time, in priority order
             self._running = rid
             try:
                 stats.queue_s = time.perf_counter() - submitted

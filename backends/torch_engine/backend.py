@@ -155,7 +155,13 @@ class TorchBackend(Backend):
         o = self.options
         try:
             parts = self._build(self.spec, o, progress)
-            scheduler = Scheduler(BlockManager(parts.num_blocks), o.max_num_seqs, o.n_batch, o.n_ctx)
+            scheduler = Scheduler(
+                BlockManager(parts.num_blocks),
+                o.max_num_seqs,
+                o.n_batch,
+                o.n_ctx,
+                ttft_target_s=o.ttft_target_ms / 1000 if o.ttft_target_ms > 0 else None,
+            )
         except BaseException as exc:  # noqa: BLE001 - handed to load() in the caller's thread
             ready.put(Reply(error=exc))
             return
@@ -272,7 +278,15 @@ class TorchBackend(Backend):
             matcher = self._constraint_compiler().matcher(request.constraint)
             # the grammar's end is end-of-sequence (its only allowed token), even with ignore_eos
             eos, sampling = self.eos_token_ids, dataclasses.replace(sampling, ignore_eos=False)
-        er = EngineRequest(request.request_id, tuple(ids), sampling, eos, arrival_time=submitted, matcher=matcher)
+        er = EngineRequest(
+            request.request_id,
+            tuple(ids),
+            sampling,
+            eos,
+            arrival_time=submitted,
+            priority=request.priority,
+            matcher=matcher,
+        )
         out: queue.SimpleQueue = queue.SimpleQueue()
         self._post(Add(er, out))
         return self._events(request, er, out)
@@ -486,6 +500,7 @@ class TorchBackend(Backend):
             prefix_cached_blocks=bm.num_cached_blocks,
             prefix_hit_tokens=bm.num_hit_tokens,
             preemptions=s.num_preemptions,
+            deferred=s.num_deferred,
             generated_tokens=self._generated_tokens,
         )
 

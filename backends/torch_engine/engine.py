@@ -14,6 +14,7 @@ of `runner.execute` (the batched forward) is raised: it is every running request
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from backends.api import TokenLogprob
 from backends.errors import HearthError
@@ -51,6 +52,7 @@ class Engine:
     def step(self) -> list[RequestUpdate]:
         """Run one batch; return what happened to each request that got a token or failed (finished ones
         included)."""
+        started = time.perf_counter()
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
@@ -76,6 +78,7 @@ class Engine:
             if u.finished:
                 self.sampler.forget(u.request.request_id)
         self.num_steps += 1
+        self.scheduler.observe_step(out.total_num_tokens, time.perf_counter() - started)  # the TTFT plan's costs
         return updates
 
     def _sample(self, result: RunnerOutput) -> tuple[dict[str, int], dict[str, Exception]]:
