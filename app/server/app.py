@@ -31,9 +31,12 @@ from app.defaults import SAMPLING
 from app.requests import ChatRequest, chat_request
 from app.server.body import decode_body
 from app.server.choices import Choices, choice_requests
+from app.server.embeddings import EmbeddingRequest, openai_embeddings
 from app.server.errors import APIError
 from app.server.logprobs import CompletionLogprobs, chat_logprobs
 from app.server.metrics import ServerMetrics
+from app.server.ollama import add_ollama_routes, ollama_error
+from app.server.ollama_models import Catalog
 from app.server.runner import Generation, Limits, Runner
 from app.server.schemas import OPENAI_FIELDS, ChatCompletionRequest, CompletionRequest
 from app.server.tool_replies import ToolReply
@@ -52,6 +55,9 @@ class ServerConfig:
     system_prompt: str | None = None  # not injected: OpenAI clients send their own system message
     max_messages: int = 4096  # messages in one chat request (render and tokenize cost grows with them)
     max_json_depth: int = 64  # nesting of arrays/objects in a body (OpenAI bodies nest well under 20)
+    # the registered models Ollama's /api/tags and /api/show list (app/server/ollama_models.py); None = only the
+    # served one
+    catalog: Catalog | None = None
 
 
 class _Guard:
@@ -92,14 +98,31 @@ class _Guard:
         label = path if path in _KNOWN_PATHS else "other"
         try:
             if error is not None:
-                await _json_error(error)(scope, receive, counting_send)
+                respond = ollama_error if path.startswith("/api/") else _json_error  # each API's error shape
+                await respond(error)(scope, receive, counting_send)
             else:
                 await self.app(scope, receive, counting_send)
         finally:
             self.metrics.requests.labels(label, str(status_seen[0] if status_seen else 499)).inc()
 
 
-_KNOWN_PATHS = {"/v1/models", "/v1/chat/completions", "/v1/completions", "/health", "/metrics"}
+_KNOWN_PATHS = {
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/health",
+    "/metrics",
+    "/api/chat",
+    "/api/generate",
+    "/api/embed",
+    "/api/embeddings",
+    "/api/tags",
+    "/api/show",
+    "/api/ps",
+    "/api/version",
+    "/api/pull",
+}
 
 
 def _too_large(limit: int) -> APIError:
@@ -128,11 +151,13 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(404)
     async def _not_found(request: HTTPRequest, _: Exception) -> JSONResponse:
-        return _json_error(APIError(404, f"no such endpoint: {request.url.path}", code="not_found"))
+        respond = ollama_error if request.url.path.startswith("/api/") else _json_error
+        return respond(APIError(404, f"no such endpoint: {request.url.path}", code="not_found"))
 
     @app.exception_handler(405)
     async def _bad_method(request: HTTPRequest, _: Exception) -> JSONResponse:
-        return _json_error(APIError(405, f"{request.method} is not allowed on {request.url.path}"))
+        respond = ollama_error if request.url.path.startswith("/api/") else _json_error
+        return respond(APIError(405, f"{request.method} is not allowed on {request.url.path}"))
 
     @app.get("/health")
     async def health() -> dict:
@@ -189,8 +214,29 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
             request, runner, choice_requests(req, body.n), body, chat=False, model_name=config.model_name, echo=echo
         )
 
+    @app.post("/v1/embeddings")
+    async def embeddings(request: HTTPRequest) -> Response:
+        body = await _parse(request, EmbeddingRequest, config)
+        return await _unless_gone_response(request, _as_json(openai_embeddings(backend, body)))
+
+    # Ollama's API on the same server (app/server/ollama.py): its own error shape, the same request path
+    add_ollama_routes(
+        app, backend, runner, config.model_name, config.limits.max_body_bytes, config.catalog, _unless_gone_response
+    )
     app.add_middleware(_Guard, config=config, metrics=metrics)
     return app
+
+
+async def _as_json(work: Awaitable[dict]) -> Response:
+    return JSONResponse(await work)
+
+
+async def _unless_gone_response(request: HTTPRequest, work: Awaitable[Response]) -> Response:
+    """`work`'s response, or a 499 once the client disconnects first (the work is cancelled)."""
+    try:
+        return await _unless_gone(request, work)
+    except _ClientGone:
+        return Response(status_code=499)
 
 
 _UNION_TAGS = {"float", "int", "str", "bool", "list"}

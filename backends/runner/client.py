@@ -539,6 +539,13 @@ class RunnerBackend(Backend):
         reply = self._call(lambda i: p.Logits(i, ids), f"logits({len(ids)} tokens)")
         return np.frombuffer(reply.data, dtype=np.float32).reshape(reply.shape)
 
+    def embed(self, inputs: Sequence[Sequence[int]]) -> Any:
+        import numpy as np
+
+        batch = [[int(t) for t in ids] for ids in inputs]
+        reply = self._call(lambda i: p.Embed(i, batch), f"embed({len(batch)} inputs)")
+        return np.frombuffer(reply.data, dtype=np.float32).reshape(reply.shape)
+
     def describe(self) -> dict[str, Any]:
         try:
             info = dict(self._call(lambda i: p.Describe(i), "describe()").describe)
