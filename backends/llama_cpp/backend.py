@@ -232,7 +232,7 @@ class LlamaCppBackend(Backend):
 
             llm = self._llm
             self._embedder = self._worker.call(
-                lambda: EmbeddingContext(llm._model, llm._ctx, llm.n_ctx(), o.verbose, owned=False)
+                lambda: EmbeddingContext(llm._model, llm._ctx, self.n_ctx, o.verbose, owned=False)
             )
         if progress:
             progress(1.0, "ready")
@@ -253,7 +253,10 @@ class LlamaCppBackend(Backend):
     def n_ctx(self) -> int:
         # llama.cpp may pad its context up (to 256), but llama-cpp-python sizes its token buffers by the
         # n_ctx asked for: the smaller one is the real limit.
-        return min(self._llm.n_ctx(), self.options.n_ctx) if self._llm is not None else self.options.n_ctx
+        n = min(self._llm.n_ctx(), self.options.n_ctx) if self._llm is not None else self.options.n_ctx
+        if self._embedding_model and self.spec.context_length:  # an encoder has positions for this many, no more
+            n = min(n, self.spec.context_length)
+        return n
 
     def _require(self) -> Any:
         if self._llm is None:

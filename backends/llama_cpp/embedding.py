@@ -25,7 +25,6 @@ class EmbeddingContext:
     frees it (a context made by `new`), else the Llama that made it does (an embedding model's own context)."""
 
     def __init__(self, model: Any, ctx: Any, n_ctx: int, verbose: bool, owned: bool) -> None:
-        import llama_cpp
         from llama_cpp import _internals as internals
 
         self.n_ctx = n_ctx
@@ -33,9 +32,6 @@ class EmbeddingContext:
         self._ctx = ctx
         self._owned = owned
         self._batch = internals.LlamaBatch(n_tokens=n_ctx, embd=0, n_seq_max=1, verbose=verbose)
-        self._encoder = bool(llama_cpp.llama_model_has_encoder(model.model)) and not bool(
-            llama_cpp.llama_model_has_decoder(model.model)
-        )
 
     @classmethod
     def new(cls, model: Any, n_ctx: int, pooling: str, n_threads: int | None, verbose: bool) -> EmbeddingContext:
@@ -71,10 +67,7 @@ class EmbeddingContext:
             self._ctx.kv_cache_clear()
             self._batch.reset()
             self._batch.add_sequence(list(ids), 0, True)  # every token an output: llama.cpp pools their rows
-            if self._encoder:
-                self._ctx.encode(self._batch)
-            else:
-                self._ctx.decode(self._batch)
+            self._ctx.decode(self._batch)  # an encoder's context runs llama_encode for it (llama.cpp's own switch)
             ptr = llama_cpp.llama_get_embeddings_seq(self._ctx.ctx, 0)
             if not ptr:
                 raise InvalidRequestError("llama.cpp returned no pooled embedding for this model")
