@@ -480,6 +480,17 @@ class Backend(ABC):
     def close(self) -> None:
         """Free everything the backend holds.  Idempotent; aborts running streams first."""
 
+    def unload(self) -> bool:
+        """Free the model's memory while idle, keeping this backend usable: the next call loads it again (what
+        Ollama's keep_alive does).  Returns False when this backend cannot (the default: it stays loaded), or
+        when requests are running.  `resident` says which state it is in."""
+        return False
+
+    @property
+    def resident(self) -> bool:
+        """False only between an unload() and the next load (see unload)."""
+        return True
+
     def __enter__(self) -> Backend:
         self.load()
         return self

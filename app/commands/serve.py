@@ -30,7 +30,9 @@ naming it (README: "Sampling fields").
 Ollama's API on the same server, for clients built for Ollama (Open WebUI, Continue, LangChain's ChatOllama,
 the ollama Python package): /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show,
 /api/ps, /api/version, /api/pull.  --ollama-port 11434 listens on Ollama's port too, where those clients look
-without settings (README "Use it from other tools").  Embeddings: /v1/embeddings (OpenAI) and /api/embed.
+without settings (README "Use it from other tools").  --keep-alive 5m unloads the model after 5 idle minutes
+(its runner ends, so its memory goes back) and loads it at the next request, as Ollama's keep_alive does;
+a request's own keep_alive wins.  Embeddings: /v1/embeddings (OpenAI) and /api/embed.
 
 Tool calling: tools (at most 128), tool_choice and tool messages, in the model's own template format
 (Hermes/Qwen, Llama 3.x, Mistral) or, for a template without tool support, hearth's Hermes-style block in the
@@ -54,6 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="also listen on port N (11434 is Ollama's: Ollama clients find hearth there without settings)",
+    )
+    p.add_argument(
+        "--keep-alive",
+        dest="keep_alive",
+        metavar="DURATION",
+        help="unload the model after it has been idle this long (5m, 30s, 1h, or seconds; 0 at once; default: "
+        "never); the next request loads it again.  Ollama's keep_alive in a request wins for that request",
     )
     p.add_argument("--api-key", dest="api_key", metavar="KEY", help="require 'Authorization: Bearer KEY'")
     p.add_argument(
@@ -114,6 +123,14 @@ def run(args: argparse.Namespace) -> int:
     from app.server.runner import Limits
     from backends.errors import ConfigError
 
+    keep_alive_s = None
+    if args.keep_alive is not None:
+        from app.server.ollama_schemas import keep_alive_seconds
+
+        try:
+            keep_alive_s = keep_alive_seconds(args.keep_alive)
+        except ValueError as exc:
+            raise ConfigError(f"--keep-alive: {exc}") from None
     if args.ollama_port is not None and not 1 <= args.ollama_port <= 65535:
         raise ConfigError(f"--ollama-port must be a port from 1 to 65535, got {args.ollama_port}")
     if args.queue_limit < 0 or args.max_body_bytes < 1 or args.shutdown_grace < 0:
@@ -150,7 +167,11 @@ def run(args: argparse.Namespace) -> int:
             shutdown_grace_s=args.shutdown_grace,
         )
         config = ServerConfig(
-            model_name=loaded.entry.name, api_key=settings.api_key or None, limits=limits, catalog=_store_catalog
+            model_name=loaded.entry.name,
+            api_key=settings.api_key or None,
+            limits=limits,
+            catalog=_store_catalog,
+            keep_alive_s=keep_alive_s,
         )
         app = create_app(backend, config)
         slots = app.state.runner.slots

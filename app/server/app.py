@@ -33,6 +33,7 @@ from app.server.body import decode_body
 from app.server.choices import Choices, choice_requests
 from app.server.embeddings import EmbeddingRequest, openai_embeddings
 from app.server.errors import APIError
+from app.server.keep_alive import STATUS_PATHS, KeepAlive
 from app.server.logprobs import CompletionLogprobs, chat_logprobs
 from app.server.metrics import ServerMetrics
 from app.server.ollama import add_ollama_routes, ollama_error
@@ -58,14 +59,17 @@ class ServerConfig:
     # the registered models Ollama's /api/tags and /api/show list (app/server/ollama_models.py); None = only the
     # served one
     catalog: Catalog | None = None
+    # seconds the model stays loaded after the last request (Ollama's keep_alive; a request's own keep_alive wins
+    # on /api/*); None = forever.  app/server/keep_alive.py
+    keep_alive_s: float | None = None
 
 
 class _Guard:
     """Pure ASGI middleware (streams and disconnects pass through untouched): API key, Content-Length limit,
     and the requests-by-status counter."""
 
-    def __init__(self, app: Any, config: ServerConfig, metrics: ServerMetrics) -> None:
-        self.app, self.config, self.metrics = app, config, metrics
+    def __init__(self, app: Any, config: ServerConfig, metrics: ServerMetrics, keep_alive: KeepAlive) -> None:
+        self.app, self.config, self.metrics, self.keep_alive = app, config, metrics, keep_alive
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -100,8 +104,11 @@ class _Guard:
             if error is not None:
                 respond = ollama_error if path.startswith("/api/") else _json_error  # each API's error shape
                 await respond(error)(scope, receive, counting_send)
-            else:
+            elif path in STATUS_PATHS:
                 await self.app(scope, receive, counting_send)
+            else:
+                with self.keep_alive.busy():  # the model is in use: keep_alive counts from the last one's end
+                    await self.app(scope, receive, counting_send)
         finally:
             self.metrics.requests.labels(label, str(status_seen[0] if status_seen else 499)).inc()
 
@@ -137,9 +144,11 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
     """An app serving `backend` (already loaded).  The caller owns the backend and closes it."""
     metrics = ServerMetrics()
     runner = Runner(backend, config.limits, metrics)
+    keep_alive = KeepAlive(backend, config.keep_alive_s)
     app = FastAPI(title="hearth", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.runner = runner
     app.state.metrics = metrics
+    app.state.keep_alive = keep_alive
 
     @app.exception_handler(APIError)
     async def _api_error(_: HTTPRequest, exc: APIError) -> JSONResponse:
@@ -221,9 +230,16 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
 
     # Ollama's API on the same server (app/server/ollama.py): its own error shape, the same request path
     add_ollama_routes(
-        app, backend, runner, config.model_name, config.limits.max_body_bytes, config.catalog, _unless_gone_response
+        app,
+        backend,
+        runner,
+        config.model_name,
+        config.limits.max_body_bytes,
+        config.catalog,
+        _unless_gone_response,
+        keep_alive,
     )
-    app.add_middleware(_Guard, config=config, metrics=metrics)
+    app.add_middleware(_Guard, config=config, metrics=metrics, keep_alive=keep_alive)
     return app
 
 

@@ -12,8 +12,9 @@ sees it), embeddings through app/server/embeddings.py.  Only the shapes differ:
 - tool calls are `message.tool_calls: [{"function": {"name", "arguments": {...}}}]`, arguments as an object.
 A request without a system message gets hearth's default one (app/defaults.py), where Ollama would use the
 Modelfile's SYSTEM: the model's own template default can be worse (README "Choices hearth makes for you").
-`keep_alive` is parsed and checked (a 400 for garbage); the one served model stays loaded whatever it says (see
-the README: hearth serve holds one model, the way `hearth serve --model M` was started).
+`keep_alive` (a duration or seconds; 0 unloads, negative keeps forever) is when the model is unloaded after this
+request (app/server/keep_alive.py); the next request loads it again and reports that as load_duration.  The
+server holds one model, the one `hearth serve --model M` started with.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from app.requests import ChatRequest, chat_request
 from app.server.body import decode_body
 from app.server.embeddings import embed_inputs
 from app.server.errors import APIError
+from app.server.keep_alive import KeepAlive
 from app.server.ollama_models import (
     Catalog,
     CatalogEntry,
@@ -84,6 +86,7 @@ def add_ollama_routes(
     max_body_bytes: int,
     catalog: Catalog | None,
     unless_gone: Callable[[HTTPRequest, Awaitable[Response]], Awaitable[Response]],
+    keep_alive: KeepAlive,
 ) -> None:
     """Register the /api/* routes for `backend`, served as `served` (its registered name).  `unless_gone`:
     app.py's wait that ends (a 499) and cancels the work when the client disconnects first."""
@@ -139,8 +142,10 @@ def add_ollama_routes(
 
     @app.get("/api/ps")
     async def ps() -> dict:
+        if not backend.resident:  # keep_alive unloaded it: nothing is running
+            return {"models": []}
         memory = await run_in_threadpool(backend.memory_in_use)
-        return {"models": [ps_entry(entry, backend.n_ctx, memory, None)]}
+        return {"models": [ps_entry(entry, backend.n_ctx, memory, keep_alive.expires_at)]}
 
     async def show(request: HTTPRequest) -> Response:
         body = await parse(request, ModelBody)
@@ -176,9 +181,10 @@ def add_ollama_routes(
         body: ChatBody = await parse(request, ChatBody)
         check_model(body.model)
         _refuse_embedding_model(backend)
-        _keep_alive(body.keep_alive)
+        keep = _keep_alive(body.keep_alive, keep_alive)
         if not body.messages:  # Ollama: an empty chat loads the model (and keep_alive 0 unloads it)
-            return _loaded_reply(served, chat=True, stream=body.stream)
+            return await _load_or_unload(keep_alive, keep, served, chat=True, stream=body.stream)
+        load_s = await keep_alive.load()
         sampling = _sampling(body.options, backend)
         tools = _tools(body.tools)
         messages = _messages(body.messages)
@@ -192,6 +198,7 @@ def add_ollama_routes(
             runner,
             req,
             served,
+            load_s=load_s,
             chat=True,
             stream=body.stream,
             tools=built.tools,
@@ -203,7 +210,7 @@ def add_ollama_routes(
         body: GenerateBody = await parse(request, GenerateBody)
         check_model(body.model)
         _refuse_embedding_model(backend)
-        _keep_alive(body.keep_alive)
+        keep = _keep_alive(body.keep_alive, keep_alive)
         for field, why in (
             ("images", "hearth serves text models (no vision)"),
             ("suffix", "fill-in-the-middle is not supported"),
@@ -214,7 +221,8 @@ def add_ollama_routes(
         if body.template:
             raise APIError(400, "template: hearth renders the model's own chat template; use raw: true for raw text")
         if not body.prompt:
-            return _loaded_reply(served, chat=False, stream=body.stream)
+            return await _load_or_unload(keep_alive, keep, served, chat=False, stream=body.stream)
+        load_s = await keep_alive.load()
         sampling = _sampling(body.options, backend)
         think = _think(body.think, backend)
         if body.raw:
@@ -233,6 +241,7 @@ def add_ollama_routes(
             runner,
             req,
             served,
+            load_s=load_s,
             chat=False,
             stream=body.stream,
             tools=reading,
@@ -247,7 +256,7 @@ def add_ollama_routes(
     async def embed(request: HTTPRequest) -> Response:
         body: EmbedBody = await parse(request, EmbedBody)
         check_model(body.model)
-        _keep_alive(body.keep_alive)
+        _keep_alive(body.keep_alive, keep_alive)
         _options_only_checked(body.options)
         if body.dimensions is not None and body.dimensions != backend.spec.hidden_size:
             raise APIError(
@@ -259,6 +268,7 @@ def add_ollama_routes(
         if not inputs or any(not text for text in inputs):
             raise APIError(400, "input must be a non-empty string or a list of non-empty strings")
         started = time.perf_counter()
+        load_s = await keep_alive.load()
         done = await run_in_threadpool(embed_inputs, backend, inputs, body.truncate, "input")
         total = time.perf_counter() - started
         return JSONResponse(
@@ -266,7 +276,7 @@ def add_ollama_routes(
                 "model": served,
                 "embeddings": [[float(x) for x in row] for row in done.vectors],
                 "total_duration": _ns(total),
-                "load_duration": 0,
+                "load_duration": _ns(load_s),
                 "prompt_eval_count": sum(done.token_counts),
             }
         )
@@ -274,7 +284,7 @@ def add_ollama_routes(
     async def embeddings(request: HTTPRequest) -> Response:
         body: EmbeddingsBody = await parse(request, EmbeddingsBody)
         check_model(body.model)
-        _keep_alive(body.keep_alive)
+        _keep_alive(body.keep_alive, keep_alive)
         _options_only_checked(body.options)
         if not body.prompt:  # Ollama answers an empty prompt with an empty embedding (it only loads the model)
             return JSONResponse({"embedding": []})
@@ -299,11 +309,25 @@ def _validate(raw: bytes, schema: type[BaseModel]) -> Any:
         raise APIError(400, f"{loc or 'body'}: {first.get('msg')}") from None
 
 
-def _keep_alive(value: Any) -> None:
+def _keep_alive(value: Any, keep_alive: KeepAlive) -> float | None | bool:
+    """The request's keep_alive in seconds (None: forever; False: not given), set as this request's."""
+    if value is None:
+        return False
     try:
-        keep_alive_seconds(value)
+        seconds = keep_alive_seconds(value)
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
+    keep_alive.request_keep_alive(seconds)
+    return seconds
+
+
+async def _load_or_unload(keep_alive: KeepAlive, keep: float | None | bool, served: str, chat: bool, stream: bool):
+    """Ollama's request without a prompt: keep_alive 0 unloads the model, anything else loads it."""
+    if keep is not False and keep is not None and keep <= 0:
+        await keep_alive.unload_now()
+        return _loaded_reply(served, chat, stream, "unload")
+    await keep_alive.load()
+    return _loaded_reply(served, chat, stream, "load")
 
 
 def _options_only_checked(raw: dict | None) -> None:
@@ -453,8 +477,8 @@ def _ns(seconds: float) -> int:
     return max(int(seconds * 1e9), 0)
 
 
-def _loaded_reply(served: str, chat: bool, stream: bool) -> Response:
-    line: dict[str, Any] = {"model": served, "created_at": timestamp(time.time()), "done": True, "done_reason": "load"}
+def _loaded_reply(served: str, chat: bool, stream: bool, reason: str) -> Response:
+    line: dict[str, Any] = {"model": served, "created_at": timestamp(time.time()), "done": True, "done_reason": reason}
     line.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
     return Response(json.dumps(line) + "\n", media_type="application/x-ndjson") if stream else JSONResponse(line)
 
@@ -509,7 +533,7 @@ def _tool_calls(reply: ToolReply) -> list[dict]:
     return out
 
 
-def _counters(gen: Generation, total_s: float) -> dict[str, Any]:
+def _counters(gen: Generation, total_s: float, load_s: float) -> dict[str, Any]:
     stats = gen.finished.stats if gen.finished and gen.finished.stats else gen.started.stats
     reason = gen.finished.finish_reason.value if gen.finished else "stop"
     prefill = max((stats.ttft_s - stats.queue_s) if stats else 0.0, 0.0)
@@ -517,7 +541,7 @@ def _counters(gen: Generation, total_s: float) -> dict[str, Any]:
         "done": True,
         "done_reason": reason if reason in ("stop", "length") else "stop",
         "total_duration": _ns(total_s),
-        "load_duration": 0,  # the model was loaded when the server started
+        "load_duration": _ns(load_s),  # 0 unless keep_alive had unloaded it
         "prompt_eval_count": stats.prompt_tokens if stats else 0,
         "prompt_eval_duration": _ns(prefill),
         "eval_count": stats.completion_tokens if stats else 0,
@@ -531,6 +555,7 @@ async def _answer(
     req: Request,
     served: str,
     *,
+    load_s: float,
     chat: bool,
     stream: bool,
     tools: ToolReading | None,
@@ -589,7 +614,7 @@ async def _answer(
                 "".join(parts) + text,
                 "".join(thinking_parts) + th,
                 calls,
-                _counters(gen, time.perf_counter() - arrived),
+                _counters(gen, time.perf_counter() - arrived + load_s, load_s),
             )
 
         async def respond() -> Response:
@@ -612,7 +637,8 @@ async def _answer(
                         yield (json.dumps({"error": f"generation failed: {event.error}"}) + "\n").encode()
                         return
                     yield (
-                        json.dumps(line("", "", None, _counters(gen, time.perf_counter() - arrived))) + "\n"
+                        json.dumps(line("", "", None, _counters(gen, time.perf_counter() - arrived + load_s, load_s)))
+                        + "\n"
                     ).encode()
         except APIError as exc:
             yield (json.dumps({"error": exc.message}) + "\n").encode()

@@ -192,3 +192,68 @@ def test_empty_chat_loads_and_keep_alive_is_accepted(serve) -> None:
     assert backend.requests == []
     r = client.generate(model="fake-model", prompt="", keep_alive=0)
     assert r.done and backend.requests == []
+
+
+class UnloadingFake(FakeBackend):
+    """A backend that unloads as RunnerBackend does: the next use loads it again."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.unloads = 0
+
+    def unload(self) -> bool:
+        if not self.loaded:
+            return False
+        self.loaded = False
+        self.unloads += 1
+        return True
+
+    @property
+    def resident(self) -> bool:
+        return self.loaded
+
+    def stream(self, request):
+        if not self.loaded:
+            self.load()
+        yield from super().stream(request)
+
+
+def _wait_for(check, timeout_s: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_keep_alive_unloads_after_idle_and_the_next_request_loads(serve) -> None:
+    backend = UnloadingFake(load_delay_s=0.2)
+    backend.load()
+    server, client = serve(backend)
+    r = client.chat(model="fake-model", messages=ASK, keep_alive=0)  # unload once this request is done
+    assert r.load_duration == 0
+    assert _wait_for(lambda: backend.unloads == 1) and client.ps().models == []
+    r = client.chat(model="fake-model", messages=ASK, keep_alive="1s")
+    assert r.load_duration >= 0.2e9 and backend.loaded  # loaded again, and the reply says how long it took
+    (running,) = client.ps().models
+    assert running.expires_at is not None and running.expires_at.year > 2000
+    assert _wait_for(lambda: backend.unloads == 2)
+    client.generate(model="fake-model", prompt="")  # Ollama's preload: an empty request loads it
+    assert backend.loaded
+    client.generate(model="fake-model", prompt="", keep_alive=0)  # and with keep_alive 0 unloads it
+    assert backend.unloads == 3 and not backend.loaded
+    client.chat(model="fake-model", messages=ASK, keep_alive=-1)  # negative: forever
+    assert client.ps().models[0].expires_at.year == 1  # Go's zero time: never
+
+
+def test_the_servers_default_keep_alive_counts_openai_requests_too(serve) -> None:
+    backend = UnloadingFake()
+    backend.load()
+    server, _ = serve(backend, keep_alive_s=0.3)
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "fake-model", "messages": ASK})
+    assert r.status_code == 200
+    assert _wait_for(lambda: backend.unloads == 1)
+    assert httpx.get(server.url + "/health").status_code == 200 and not backend.loaded  # status paths load nothing
