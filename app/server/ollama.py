@@ -495,6 +495,11 @@ class _Think:
 
     def feed(self, text: str) -> tuple[str, str]:
         """(thinking, content) of the next piece."""
+        if self.state == "after":  # the blank lines between </think> and the answer are not the answer's
+            text = text.lstrip("\n")
+            if not text:
+                return "", ""
+            self.state = "content"
         if self.state == "content":
             return "", text
         self.buf += text
@@ -510,16 +515,16 @@ class _Think:
         if self.state == "thinking":
             at = self.buf.find(self.CLOSE)
             if at >= 0:
-                thinking, content = self.buf[:at], self.buf[at + len(self.CLOSE) :].lstrip("\n")
-                self.state, self.buf = "content", ""
-                return thinking, content
+                thinking, rest = self.buf[:at], self.buf[at + len(self.CLOSE) :]
+                self.state, self.buf = "after", ""
+                return thinking, self.feed(rest)[1] if rest else ""
             keep = max((k for k in range(1, len(self.CLOSE)) if self.buf.endswith(self.CLOSE[:k])), default=0)
             thinking, self.buf = self.buf[: len(self.buf) - keep], self.buf[len(self.buf) - keep :]
         return thinking, content
 
     def flush(self) -> tuple[str, str]:
         rest, self.buf = self.buf, ""
-        return (rest, "") if self.state == "thinking" else ("", rest)
+        return (rest, "") if self.state == "thinking" else ("", rest.lstrip("\n") if self.state == "after" else rest)
 
 
 def _tool_calls(reply: ToolReply) -> list[dict]:

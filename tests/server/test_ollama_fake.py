@@ -257,3 +257,30 @@ def test_the_servers_default_keep_alive_counts_openai_requests_too(serve) -> Non
     assert r.status_code == 200
     assert _wait_for(lambda: backend.unloads == 1)
     assert httpx.get(server.url + "/health").status_code == 200 and not backend.loaded  # status paths load nothing
+
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def test_think_splits_reasoning_where_the_template_has_the_switch(serve) -> None:
+    from tests.fakes import fake_spec
+
+    backend = FakeBackend(
+        spec=fake_spec(chat_template=THINKING_TEMPLATE), replies=["<think>Paris is in France.</think>\n\nParis."]
+    )
+    backend.load()
+    _, client = serve(backend)
+    assert "thinking" in client.show("fake-model").capabilities
+    r = client.chat(model="fake-model", messages=ASK, think=True)
+    assert r.message.thinking == "Paris is in France." and r.message.content == "Paris."
+    parts = list(client.chat(model="fake-model", messages=ASK, think=True, stream=True))
+    assert "".join(p.message.thinking or "" for p in parts) == "Paris is in France."
+    assert "".join(p.message.content for p in parts) == "Paris."
+    client.chat(model="fake-model", messages=ASK, think=False)
+    assert backend.requests[-1].prompt.endswith("<think>\n\n</think>\n\n")  # the template's own switch, off
+    r = client.chat(model="fake-model", messages=ASK)  # not asked: the reply as the model wrote it
+    assert r.message.content.startswith("<think>") and not r.message.thinking
