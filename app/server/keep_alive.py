@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from backends.api import Backend
 
 # paths that report on the model without using it: they neither keep it loaded nor load it again
-STATUS_PATHS = frozenset({"/health", "/metrics", "/api/ps", "/api/tags", "/api/version", "/v1/models"})
+STATUS_PATHS = frozenset({"/", "/health", "/metrics", "/api/ps", "/api/tags", "/api/version", "/v1/models"})
 
 
 class KeepAlive:

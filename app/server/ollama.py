@@ -131,6 +131,10 @@ def add_ollama_routes(
         return handler
 
     # -- models -------------------------------------------------------------------------------------------
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> Response:  # Ollama answers its root with 200 "Ollama is running"; clients probe it
+        return Response("hearth is running (Ollama's API on /api, OpenAI's on /v1)\n", media_type="text/plain")
+
     @app.get("/api/version")
     async def version() -> dict:
         return {"version": OLLAMA_API_VERSION, "hearth": __version__}
