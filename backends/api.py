@@ -344,7 +344,8 @@ class GenerationEvent:
     stats: RequestStats | None = None  # STARTED (partial) and FINISHED (final)
     error: str | None = None  # FINISHED with FinishReason.ERROR: one-line message
     # FINISHED with FinishReason.ERROR: what kind of failure, for front ends that map it (HTTP status, TUI notice):
-    # "runner_crashed" (the runner process died or stopped answering), None for the backend's own errors
+    # "runner_crashed" (the runner process died or stopped answering), "constraint_limit" (the request's constraint
+    # hit llguidance's per-step limits mid-reply: the schema's fault, a 400), None for the backend's other errors
     error_code: str | None = None
     # TOKEN, when sampling.logprobs is set: one entry per id in token_ids, in order
     logprobs: tuple[TokenLogprob, ...] = ()

@@ -38,6 +38,7 @@ from app.server.logprobs import CompletionLogprobs, chat_logprobs
 from app.server.metrics import ServerMetrics
 from app.server.ollama import add_ollama_routes, ollama_error
 from app.server.ollama_models import Catalog
+from app.server.response_format import constraint_of, constraint_param, limit_error, named
 from app.server.runner import Generation, Limits, Runner
 from app.server.schemas import OPENAI_FIELDS, ChatCompletionRequest, CompletionRequest
 from app.server.tool_replies import ToolReply
@@ -354,8 +355,6 @@ def _completion_request(body: Any, sampling: SamplingParams, backend: Backend) -
 
 def _constrained(req: Request, body: Any) -> Request:
     """The request with the Constraint its response_format asks for (checked here: a 400 naming the field)."""
-    from app.server.response_format import constraint_of
-
     constraint = constraint_of(body.response_format)
     if constraint is not None and req.constraint is not None:  # a forced tool_choice constrains it already
         raise APIError(
@@ -498,7 +497,12 @@ async def _respond(
         return Response(status_code=499)  # nobody reads it; the metrics count it as "client closed request"
 
 
-def _failed(event: Any) -> APIError:
+def _failed(event: Any, constraint_param: str | None = None) -> APIError:
+    """The error of a reply that ended with FinishReason.ERROR: a 400 when its constraint hit llguidance's limits
+    (the schema's fault: app/server/response_format.limit_error), else a 500."""
+    limit = limit_error(event, constraint_param)
+    if limit is not None:
+        return limit
     return APIError(500, f"generation failed: {event.error}", type="server_error", code=event.error_code)
 
 
@@ -515,8 +519,12 @@ async def _answer(
     """Waits for a slot and, unless streaming, for the whole reply: both end early when the client leaves.
     `reqs`: one request per choice (app/server/choices.py); `echo`: the prompt's text when it is echoed.
     With tools, each choice's calls are parsed out of its text (app/server/tool_replies.py)."""
+    param = constraint_param(body, reqs[0])  # the field a constraint's errors name
     choices = Choices(runner, reqs)
-    await choices.open()  # choice 0's errors (prompt too long, queue full) are the HTTP status
+    try:
+        await choices.open()  # choice 0's errors (prompt too long, queue full) are the HTTP status
+    except APIError as exc:
+        raise named(exc, param) from None
     n = len(reqs)
     replies = [ToolReply(tools) if tools is not None else None for _ in range(n)]
     created = int(time.time())
@@ -531,7 +539,7 @@ async def _answer(
         try:
             async for index, gen, item in events:
                 if isinstance(item, APIError):
-                    raise item
+                    raise named(item, param)
                 if item is None:
                     gens[index] = gen
                     if echo is not None and want_logprobs:
@@ -540,7 +548,7 @@ async def _answer(
                     texts[index].append(item.text)
                     logprobs[index].extend(item.logprobs)
                 elif item.kind is EventKind.FINISHED and item.finish_reason.value == "error":
-                    raise _failed(item)
+                    raise _failed(item, param)
         finally:
             await events.aclose()
         out = []
@@ -595,7 +603,7 @@ async def _answer(
         try:
             async for index, gen, item in events:
                 if isinstance(item, APIError):
-                    yield f"data: {json.dumps(item.body())}\n\n".encode()
+                    yield f"data: {json.dumps(named(item, param).body())}\n\n".encode()
                 elif item is None:  # this choice started
                     gens[index] = gen
                     if chat:
@@ -610,7 +618,7 @@ async def _answer(
                     for chunk in pieces(index, "", final=True):
                         yield chunk
                     if item.finish_reason.value == "error":
-                        yield f"data: {json.dumps(_failed(item).body())}\n\n".encode()
+                        yield f"data: {json.dumps(_failed(item, param).body())}\n\n".encode()
                     finish, reply = _finish(gen), replies[index]
                     yield sse([choice(index, None, reply.finish_reason(finish) if reply is not None else finish)])
             if include_usage:

@@ -60,6 +60,7 @@ from app.server.ollama_schemas import (
     check_options,
     keep_alive_seconds,
 )
+from app.server.response_format import limit_error, named
 from app.server.runner import Generation, Runner
 from app.server.tool_replies import ToolReply
 from backends.api import Backend, EventKind, Request, SamplingParams
@@ -531,6 +532,12 @@ class _Think:
         return (rest, "") if self.state == "thinking" else ("", rest.lstrip("\n") if self.state == "after" else rest)
 
 
+def _failed(event: Any, param: str | None) -> APIError:
+    """A reply that ended in an error: a 400 when its `format` hit llguidance's limits (the schema's fault), else
+    a 500."""
+    return limit_error(event, param) or APIError(500, f"generation failed: {event.error}")
+
+
 def _tool_calls(reply: ToolReply) -> list[dict]:
     out = []
     for k, call in enumerate(reply.parser.calls):
@@ -572,7 +579,11 @@ async def _answer(
     unless_gone: Callable[[HTTPRequest, Awaitable[Response]], Awaitable[Response]],
 ) -> Response:
     arrived = time.perf_counter()
-    gen = await runner.open(req)  # admission and STARTED: errors here are the status (prompt too long, 429)
+    param = "format" if req.constraint is not None else None  # the field a constraint's errors name
+    try:
+        gen = await runner.open(req)  # admission and STARTED: errors here are the status (prompt too long, 429)
+    except APIError as exc:
+        raise named(exc, param) from None
     reply = ToolReply(tools) if tools is not None else None
     splitter = _Think(think)
 
@@ -617,7 +628,7 @@ async def _answer(
                     thinking_parts.append(th)
                     parts.append(text)
                 elif event.kind is EventKind.FINISHED and event.finish_reason.value == "error":
-                    raise APIError(500, f"generation failed: {event.error}")
+                    raise _failed(event, param)
             th, text, calls = closing()
             return line(
                 "".join(parts) + text,
@@ -643,7 +654,7 @@ async def _answer(
                     if th or text or calls:
                         yield (json.dumps(line(text, th, calls)) + "\n").encode()
                     if event.finish_reason.value == "error":
-                        yield (json.dumps({"error": f"generation failed: {event.error}"}) + "\n").encode()
+                        yield (json.dumps({"error": _failed(event, param).message}) + "\n").encode()
                         return
                     yield (
                         json.dumps(line("", "", None, _counters(gen, time.perf_counter() - arrived + load_s, load_s)))

@@ -107,6 +107,17 @@ def _model_params(extra_bufts: bool, overrides: Any = None) -> Iterator[None]:
         lib.llama_model_default_params = original
 
 
+def open_llama(path: str, extra_bufts: bool | None = None, **kwargs: Any) -> Any:
+    """A bare `llama_cpp.Llama(path, **kwargs)` under this machine's extra-buffer rule (extra_bufts_default when
+    None): for the places that use llama.cpp directly as a reference (tests, scripts), which would otherwise
+    segfault at the first decode on an AMX CPU."""
+    import llama_cpp
+
+    on = extra_bufts_default()[0] if extra_bufts is None else extra_bufts
+    with _model_params(on):
+        return llama_cpp.Llama(str(path), **kwargs)
+
+
 def known_architectures() -> frozenset[str]:
     """Architectures llama.cpp can load.  The gguf package mirrors llama.cpp's list (MODEL_ARCH_NAMES), so this
     needs no model load; an architecture missing here fails fast with a clear error instead of a C++ log."""
@@ -410,16 +421,19 @@ class LlamaCppBackend(Backend):
                 if request.sampling.prompt_logprobs:
                     stats.cached_tokens = 0  # the whole prompt was evaluated to keep every position's logits
                 yield GenerationEvent(EventKind.STARTED, rid, stats=stats, prompt_logprobs=prompt_logprobs)
+                error_code = None
                 if error is not None:
                     reason = FinishReason.ERROR
                 else:
-                    reason, error = yield from self._generate(llm, request, ids, stats, submitted, matcher)
+                    reason, error, error_code = yield from self._generate(llm, request, ids, stats, submitted, matcher)
             finally:
                 self._running = None
                 with self._abort_lock:
                     self._aborted.discard(rid)
         stats.total_s = time.perf_counter() - submitted
-        yield GenerationEvent(EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error)
+        yield GenerationEvent(
+            EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error, error_code=error_code
+        )
 
     def _score_prompt(self, llm: Any, request: Request, ids: list[int]) -> tuple[tuple[TokenLogprob, ...], str | None]:
         """(the prompt's log-probabilities, None) when the request asks for them, or ((), the error)."""
@@ -441,7 +455,7 @@ class LlamaCppBackend(Backend):
     ) -> Iterator[GenerationEvent]:
         rid, sp = request.request_id, request.sampling
         if self._is_aborted(rid):
-            return FinishReason.ABORT, None
+            return FinishReason.ABORT, None, None
         text = TextStream(self._token_bytes, sp.stop)
         eos = set() if sp.ignore_eos else set(self.spec.eos_token_ids) | {llm.token_eos()}
         processors = None
@@ -498,17 +512,17 @@ class LlamaCppBackend(Backend):
                     reason = FinishReason.LENGTH
                     break
         except MemoryError as exc:
-            return FinishReason.ERROR, f"out of memory while generating: {exc}"
+            return FinishReason.ERROR, f"out of memory while generating: {exc}", None
         except (RuntimeError, ValueError) as exc:  # llama_decode failures surface as RuntimeError
-            return FinishReason.ERROR, f"llama.cpp failed while generating: {exc}"
-        except InvalidRequestError as exc:  # the constraint's matcher refused a token or ran out of budget
-            return FinishReason.ERROR, exc.message
+            return FinishReason.ERROR, f"llama.cpp failed while generating: {exc}", None
+        except InvalidRequestError as exc:  # the constraint's matcher refused a token or hit a limit (typed)
+            return FinishReason.ERROR, exc.message, getattr(exc, "error_code", None)
         finally:
             self._worker.call(gen.close)
         tail = text.flush()
         if tail:
             yield GenerationEvent(EventKind.TOKEN, rid, text=tail)
-        return reason, None
+        return reason, None, None
 
     # -- facts -------------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -538,7 +552,10 @@ def _masker(matcher: Any) -> Callable[[Any, Any], Any]:
     import numpy as np
 
     def mask(_input_ids: Any, scores: Any) -> Any:
-        allowed = matcher.allowed()
+        try:
+            allowed = matcher.allowed()
+        except InvalidRequestError:  # the grammar failed (a limit): matcher.accept() raises it again, typed, on
+            return scores  # the token sampled now; raised here, llama-cpp-python's ctypes callback only prints it
         n = min(len(allowed), len(scores))
         scores[:n][~allowed[:n]] = -np.inf
         scores[n:] = -np.inf

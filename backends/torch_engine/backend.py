@@ -346,7 +346,7 @@ class TorchBackend(Backend):
         stats = RequestStats(prompt_tokens=er.num_prompt_tokens)
         text = TextStream(self._parts.tokenizer.token_bytes, sp.stop)
         started = done = False
-        reason, error = FinishReason.ERROR, None
+        reason, error, error_code = FinishReason.ERROR, None, None
         try:
             while True:
                 msg: StreamMessage = out.get()
@@ -385,7 +385,7 @@ class TorchBackend(Backend):
                         reason = _REASONS[msg.status]
                         break
                 elif isinstance(msg, Finished):
-                    reason, error = _REASONS[msg.status], msg.error
+                    reason, error, error_code = _REASONS[msg.status], msg.error, msg.error_code
                     break
             if error is None:
                 try:
@@ -396,7 +396,9 @@ class TorchBackend(Backend):
                     yield GenerationEvent(EventKind.TOKEN, rid, text=tail)
             stats.total_s = time.perf_counter() - er.arrival_time
             done = True
-            yield GenerationEvent(EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error)
+            yield GenerationEvent(
+                EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error, error_code=error_code
+            )
         finally:
             if not done:  # the caller stopped reading (closed the generator): free the request's blocks
                 self._post(Finish(rid, RequestStatus.FINISHED_ABORTED, notify=False))
@@ -471,7 +473,7 @@ class TorchBackend(Backend):
             if channel is None:
                 continue
             if u.error is not None:  # this request failed alone (preparing, sampling or its stop check)
-                channel.out.put(Finished(RequestStatus.FINISHED_ERROR, u.error))
+                channel.out.put(Finished(RequestStatus.FINISHED_ERROR, u.error, u.error_code))
                 continue
             self._generated_tokens += len(u.new_token_ids)
             for i, token in enumerate(u.new_token_ids):
