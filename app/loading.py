@@ -16,6 +16,7 @@ from typing import Any
 from app.settings import Settings
 from app.store import ModelEntry, ModelStore
 from backends.api import Backend, LoadOptions, ProgressCallback
+from backends.embeddings import is_embedding_model
 from backends.modelspec import ModelSpec
 from backends.registry import LOCAL_BACKENDS, get_backend_info
 
@@ -86,15 +87,19 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
 
     report = hardware_report(hardware_file)
     tp = settings.tensor_parallel
+    # an embedding model is planned small: one sequence (an embedding is one forward, with no KV kept after it),
+    # never a KV pool for concurrent chats it will not have
+    embedding = is_embedding_model(spec)
+    seqs = 1 if embedding else settings.max_concurrency
     # --tensor-parallel N > 1 is the torch engine's: with --backend auto it asks for the torch engine
     prefs = Prefs(
         backend="torch" if tp and tp > 1 and settings.backend == "auto" else settings.backend,
         ctx=settings.ctx,
         kv_cache_type=settings.kv_cache_type,
         n_gpu_layers=settings.n_gpu_layers,
-        max_num_seqs=settings.max_concurrency,
+        max_num_seqs=seqs,
         tensor_parallel=tp,
-        prefer_batching=serving,
+        prefer_batching=serving and not embedding,
     )
     plan = make_plan(report, spec.to_shape(), prefs)
     backend = prefs.backend if prefs.backend != "auto" else plan.backend
@@ -110,7 +115,7 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         flash_attn=plan.flash_attn,
         n_threads=settings.threads or physical_cores(),
         n_batch=plan.batch_size,
-        max_num_seqs=settings.max_concurrency,
+        max_num_seqs=seqs,
         # the plan is the allocation: the torch engine's KV pool is the bytes the plan gave it (whole blocks)
         kv_cache_bytes=plan.kv_pool_bytes if torch and plan.backend == "torch" and plan.kv_pool_bytes else None,
         dtype=_torch_dtype(plan, report) if torch else "auto",
@@ -124,6 +129,11 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         tensor_parallel=plan.tensor_parallel if torch and plan.backend == "torch" else 1,
     )
     reasons = tuple(plan.reasons)
+    if embedding:
+        reasons = (
+            f"embedding model ({spec.architecture}): planned for one sequence, it serves embeddings only",
+            *reasons,
+        )
     if hardware_file:
         reasons = (f"planned for the machine in {hardware_file}", *reasons)
     return Decision(backend, options, plan, reasons)

@@ -46,6 +46,7 @@ def test_an_embedding_model_is_listed_served_for_embeddings_and_refused_for_chat
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url, 60, log)
+        assert "embedding model (bert): planned for one sequence" in log.read_text()
         r = httpx.post(url + "/v1/embeddings", json={"model": "tinybert", "input": ["the cat", "paris"]}, timeout=30)
         vectors = np.array([d["embedding"] for d in r.json()["data"]])
         assert vectors.shape == (2, 32) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
