@@ -411,7 +411,8 @@ def _messages(messages: list[Any]) -> list[dict]:
             calls = []
             pending = []
             for k, call in enumerate(m.tool_calls):
-                call_id = f"call_{i}_{k}"
+                given = getattr(call, "id", None)  # newer Ollama versions give calls ids: kept when sent back
+                call_id = given if isinstance(given, str) and given else f"call_{i}_{k}"
                 args = call.function.arguments
                 text = args if isinstance(args, str) else json.dumps(args)
                 calls.append(
@@ -421,7 +422,8 @@ def _messages(messages: list[Any]) -> list[dict]:
             item["tool_calls"] = calls
         if m.role == "tool":
             name = m.tool_name or m.name
-            match = next((p for p in pending if name is None or p[1] == name), None)
+            match = next((p for p in pending if p[0] == m.tool_call_id), None) if m.tool_call_id else None
+            match = match or next((p for p in pending if name is None or p[1] == name), None)
             if match is None:
                 # a result with no call before it (clients that run tools themselves): give it an id of its own
                 match = (f"call_{i}_result", name or "tool")

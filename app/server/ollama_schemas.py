@@ -127,6 +127,7 @@ class Message(BaseModel):
     thinking: StrictStr | None = None  # an earlier reply's reasoning: not sent back to the model (as Ollama)
     tool_name: StrictStr | None = None  # tool: the function whose result this is
     name: StrictStr | None = None  # older clients' spelling of tool_name
+    tool_call_id: StrictStr | None = None  # clients that keep OpenAI's ids: the call this result answers
 
 
 Format = Literal["", "json"] | dict[str, Any]

@@ -99,3 +99,14 @@ def test_embedding_models_and_their_pooling() -> None:
     encoder = dataclasses.replace(fake_spec(), metadata={"llama.attention.causal": False})
     assert is_embedding_model(encoder)
     assert "embedding model" in not_for_chat(bert) and "/v1/embeddings" in not_for_chat(bert)
+
+
+def test_ollama_call_ids_given_by_the_client_are_kept() -> None:
+    call = {"id": "call_abc", "function": {"name": "f", "arguments": {}}}
+    msgs = [
+        Message(role="user", content="go"),
+        Message.model_validate({"role": "assistant", "content": "", "tool_calls": [call]}),
+        Message(role="tool", content="done", tool_call_id="call_abc"),
+    ]
+    out = _messages(msgs)
+    assert out[1]["tool_calls"][0]["id"] == "call_abc" and out[2]["tool_call_id"] == "call_abc"
