@@ -127,6 +127,8 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         # --n-gpu-layers is plain layer offload
         cpu_expert_layers=plan.cpu_expert_layers if not torch and settings.n_gpu_layers is None else 0,
         tensor_parallel=plan.tensor_parallel if torch and plan.backend == "torch" else 1,
+        # the torch engine checks its Triton kernels on a new device once and remembers the verdicts here
+        kernel_check_record=str(kernel_check_record()) if torch else None,
     )
     reasons = tuple(plan.reasons)
     if embedding:
@@ -137,6 +139,13 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
     if hardware_file:
         reasons = (f"planned for the machine in {hardware_file}", *reasons)
     return Decision(backend, options, plan, reasons)
+
+
+def kernel_check_record() -> Any:
+    """Where the torch engine keeps its kernel self-check verdicts per device (`hearth doctor` shows them)."""
+    from app.paths import get_paths
+
+    return get_paths().cache_dir / "kernel_checks.json"
 
 
 def in_process() -> bool:

@@ -440,6 +440,9 @@ class LoadOptions:
     cpu_expert_layers: int = 0
     # torch engine: ranks of tensor parallelism (one process per GPU, or per share of the CPU cores); 1 = none
     tensor_parallel: int = 1
+    # torch engine: the JSON file of kernel self-check verdicts per device (backends/torch_engine/kernel_check);
+    # None = no self-check (the app passes hearth's cache dir; direct library use and tests opt in)
+    kernel_check_record: str | None = None
 
     def __post_init__(self) -> None:
         from backends.errors import ConfigError

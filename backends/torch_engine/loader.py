@@ -51,6 +51,7 @@ from kernels.rope import rope_inv_freq
 
 if TYPE_CHECKING:  # pragma: no cover
     from backends.torch_engine.quantize import QuantConfig
+    from backends.torch_engine.tp.comm import Comm
 
 
 ARCHITECTURES = tuple(sorted(FAMILIES))
@@ -145,15 +146,25 @@ def _dequantize_rows(data: np.ndarray, qtype, shape: tuple[int, ...], dtype: tor
     return out
 
 
+Selection = tuple[list[tuple[int, int]] | None, tuple[int, int] | None]  # (output-row spans, input-column span)
+
+
+def _no_selection(name: str) -> Selection:
+    return None, None
+
+
 def _gguf_tensors(
     spec: ModelSpec,
     keep: Callable[[str, str], bool] = lambda name, qtype: False,
     scale_dtype: torch.dtype = torch.float32,
     dtype: torch.dtype = torch.float32,
+    select: Callable[[str], Selection] = _no_selection,
 ):
     """Yield (name, tensor in (out, in) order) for every tensor of a GGUF (all shards): 2-D ones in `dtype`,
     1-D ones (norms, biases) in float32; a tensor for which keep(name, type name) is true comes as a
-    QuantWeight of its repacked blocks instead."""
+    QuantWeight of its repacked blocks instead.  select(name): the rows (and columns) to read, a
+    tensor-parallel rank's share; they are cut from the file's raw blocks, before any dequantizing (columns on
+    whole blocks; a column span inside a block dequantizes the selected rows, then cuts)."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -169,14 +180,34 @@ def _gguf_tensors(
             start = header.data_offset + t.offset
             row_bytes = t.shape[0] // block * type_size
             data = raw[start : start + t.n_bytes].reshape(-1, row_bytes)
+            rows, cols = select(t.name)
+            if len(t.shape) == 2 and rows is not None:  # a rank's rows: only they leave the mmap
+                data = (
+                    np.concatenate([data[lo:hi] for lo, hi in rows]) if len(rows) > 1 else data[rows[0][0] : rows[0][1]]
+                )
+            k = int(t.shape[0])
+            if (
+                len(t.shape) == 2
+                and cols is not None
+                and cols[0] % block == 0
+                and (cols[1] % block == 0 or cols[1] == k)
+            ):
+                data = data[:, cols[0] // block * type_size : -(-cols[1] // block) * type_size]  # whole blocks
+                k, cols = cols[1] - cols[0], None
             if len(t.shape) == 2 and qtype.name in GGUF_BLOCKS and keep(t.name, qtype.name):
                 blocks = torch.from_numpy(np.array(data, dtype=np.uint8))
-                yield t.name, repack_gguf(blocks, qtype.name, int(t.shape[1]), int(t.shape[0]), scale_dtype)
+                qw = repack_gguf(blocks, qtype.name, int(data.shape[0]), k, scale_dtype)
+                if cols is not None:  # inside a 256-wide K-quant block: cut the repacked 32-groups instead
+                    from backends.torch_engine.tp.layers import _cols
+
+                    qw = _cols(qw, cols[0], cols[1], dtype)
+                yield t.name, qw
                 continue
-            shape = tuple(int(n) for n in reversed(t.shape))
+            shape = (int(data.shape[0]), k) if len(t.shape) == 2 else tuple(int(n) for n in reversed(t.shape))
             try:
                 if len(shape) == 2:
-                    yield t.name, _dequantize_rows(data, qtype, shape, dtype)
+                    dense = _dequantize_rows(data, qtype, shape, dtype)
+                    yield t.name, dense if cols is None else dense[:, cols[0] : cols[1]].contiguous()
                     continue
                 values = dequantize(data, qtype)
             except NotImplementedError:
@@ -184,20 +215,30 @@ def _gguf_tensors(
                     f"{spec.path}: tensor {t.name} has type {qtype.name}, which gguf cannot dequantize",
                     "use --backend llama.cpp, or a file in another quant",
                 ) from None
-            yield t.name, torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+            tensor = torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+            yield t.name, tensor if rows is None else torch.cat([tensor[lo:hi] for lo, hi in rows])
 
 
-def _hf_tensors(spec: ModelSpec):
+def _hf_tensors(spec: ModelSpec, select: Callable[[str], Selection] = _no_selection):
     """Yield (name, tensor) in the file's own dtype: load_model converts each to the compute dtype (norms to
     float32), so a 16-bit checkpoint never passes through a whole float32 copy of a tensor (a Llama-2-7B
-    embedding: 500 MB more at the loader's peak)."""
+    embedding: 500 MB more at the loader's peak).  select(name): a tensor-parallel rank's rows / columns, read
+    as slices (safetensors reads only those bytes)."""
     from safetensors import SafetensorError, safe_open
 
     for f in spec.files:
         try:
             with safe_open(f, framework="pt") as fh:
                 for name in fh.keys():
-                    yield name, fh.get_tensor(name)
+                    rows, cols = select(name)
+                    if rows is None and cols is None:
+                        yield name, fh.get_tensor(name)
+                        continue
+                    part = fh.get_slice(name)
+                    c = slice(None) if cols is None else slice(*cols)
+                    spans = rows or [(0, part.get_shape()[0])]
+                    pieces = [part[lo:hi, c] if len(part.get_shape()) == 2 else part[lo:hi] for lo, hi in spans]
+                    yield name, torch.cat(pieces) if len(pieces) > 1 else pieces[0]
         except SafetensorError as exc:
             raise ModelFormatError(f"{f} cannot be read as safetensors: {exc}", "download the file again") from None
 
@@ -293,8 +334,11 @@ def load_model(
     weight_quant: str = "none",
     host_layers: int = 0,
     n_ctx: int = 0,
+    tp: Comm | None = None,
 ) -> DecoderModel:
     """Build the model and fill every parameter from the file; ModelFormatError if one is missing.
+    tp: a tensor-parallel rank: the model is this rank's share, read as such (only its rows and columns leave
+    the file, before dequantizing and before the copy to the device: tp/layers.ReadPlan), with its collectives.
     weight_quant (one of LOAD_QUANTS): "none" dense in `dtype`; "gguf" keeps a GGUF's Q4_0 / Q4_1 / Q4_K / Q8_0
     projection blocks; "int8" / "int4" / "fp8" quantize each projection as it is read (module docstring).
     host_layers: the first so many blocks will stream from host RAM (offload.py): their weights never stay on
@@ -313,6 +357,20 @@ def load_model(
     check_file_shapes(spec, cfg)
     gguf = spec.format == "gguf"
     names = weight_names(spec.architecture, spec.format)
+    plan = None
+    if tp is not None and tp.world > 1:
+        from backends.torch_engine.tp.layers import read_plan
+
+        plan = read_plan(cfg, tp.rank, tp.world, _down_group(spec, names, keep_gguf_quant, rtn, cfg.ffn_size))
+        cfg = plan.local_config(cfg)  # the model is built at this rank's widths
+
+    def select(name: str) -> Selection:
+        key, layer = template(_text_model_name(name))
+        if plan is None or key not in names:
+            return None, None
+        target, shard = names[key]
+        return plan.select(target.format(i=layer), shard)
+
     fam = family(spec.architecture)
     reorder = gguf and fam.GGUF_QK_REORDERED[spec.architecture]
     norm_offset = 0.0 if gguf else getattr(fam, "HF_NORM_OFFSET", 0.0)
@@ -334,7 +392,7 @@ def load_model(
     def keep(name: str, qtype: object) -> bool:
         return (keep_gguf_quant and _is_projection(template(name)[0], names)) or (quant_head and name == head_name)
 
-    for name, tensor in _gguf_tensors(spec, keep, scale_dtype, dtype) if gguf else _hf_tensors(spec):
+    for name, tensor in _gguf_tensors(spec, keep, scale_dtype, dtype, select) if gguf else _hf_tensors(spec, select):
         if name in _SKIP:
             factors[name] = tensor.reshape(-1)
             continue
@@ -357,8 +415,9 @@ def load_model(
             params[target] = tensor
         else:
             shards.setdefault(target, {})[SHARDS[shard]] = tensor
-    for target, parts in shards.items():
-        params[target] = _merge([parts[i] for i in sorted(parts)], dtype)
+    for target in list(shards):  # popped as merged: a merged copy never lives beside every layer's parts
+        parts = shards.pop(target)
+        params[target] = _merge([parts.pop(i) for i in sorted(parts)], dtype)
     complete_params(model, params, spec, f"{spec.architecture} model")
     quantized = {k: v for k, v in params.items() if isinstance(v, QuantWeight)}
     model.load_state_dict({k: v for k, v in params.items() if k not in quantized}, strict=False, assign=True)
@@ -388,4 +447,27 @@ def load_model(
     model.inv_freq = rope_inv_freq(rot, cfg.rope_base, scaling, freq_factors)
     if cfg.rope_base_local:  # sliding-window layers' own RoPE (Gemma 3): their base, no scaling
         model.inv_freq_local = rope_inv_freq(rot, cfg.rope_base_local)
+    if plan is not None:
+        from backends.torch_engine.tp.layers import wrap_loaded_shares
+
+        wrap_loaded_shares(model, plan, tp)  # type: ignore[arg-type]
     return (model if host_layers else model.to(device)).eval()
+
+
+def _down_group(spec: ModelSpec, names: dict, keep_gguf: bool, rtn: QuantConfig | None, ffn: int) -> int:
+    """The quantization group of down_proj's inputs as the loader will hold it (its FFN split falls on whole
+    groups, as tp/layers.shard_model's does): a kept GGUF block (32), an int4 group, else 1 (dense, or int8 /
+    fp8 per channel, quantized from the rank's own columns)."""
+    if rtn is not None:
+        from backends.torch_engine.quantize import layer_config
+
+        layer = layer_config(rtn, ffn)
+        return layer.group_size if layer is not None and layer.kind == "int4" else 1
+    if keep_gguf and spec.format == "gguf":
+        from backends.torch_engine.quantize import GGUF_BLOCKS
+
+        for t in spec.tensors:
+            key, _ = template(_text_model_name(t.name))
+            if names.get(key, ("", None))[0].endswith("mlp.down_proj.weight"):
+                return 32 if t.ggml_type in GGUF_BLOCKS else 1
+    return 1
