@@ -7,6 +7,8 @@ import dataclasses
 import sys
 import time
 
+from app.commands.common import MODEL
+
 NAME = "doctor"
 HELP = "check that each engine runs a model on this machine (a crash is a finding, not a crash of hearth)"
 ORDER = 62
@@ -34,7 +36,7 @@ TOKENS = 16
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", metavar="NAME|PATH", help="the model to check with (default: the starter)")
+    MODEL.add(p, help="the model to check with (default: the starter)")
     p.add_argument(
         "--kernels",
         action="store_true",
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from app.loading import EXTRA_BUFTS_CHECK, config_memory, decide, runs_model
     from app.settings import load_settings
     from app.store import ModelStore
-    from backends.runner.memory import cpu_identity, has_amx
+    from hwprobe.cpu import cpu_identity, has_amx
 
     settings = load_settings(model=args.model)
     _, spec = ModelStore().spec(settings.model)

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from backends.api import LoadOptions, ProgressCallback
+from backends.api import LoadOptions
 from backends.errors import ConfigError
 from backends.modelspec import ModelSpec
 from backends.torch_engine.cuda_graphs import DecodeGraphs, graph_sizes, unavailable_reason
-from backends.torch_engine.parts import EngineParts, kv_pool_blocks
+from backends.torch_engine.devices import resolve_device
+from backends.torch_engine.parts import kv_pool_blocks
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
 from kernels.attention import allocate_kv_cache, build_attention_metadata
 from kernels.dispatch import kernel_set
@@ -36,12 +37,6 @@ _KV_DTYPES = {
     "fp32": torch.float32,
     "f32": torch.float32,
 }
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -518,40 +513,3 @@ class ModelRunner:
         self.decode_graphs = None  # the graphs write into the KV pool: they go first
         self.kv_caches = []
         self.model = None  # type: ignore[assignment]
-
-
-def build_engine_parts(
-    spec: ModelSpec,
-    options: LoadOptions,
-    progress: ProgressCallback | None = None,
-) -> EngineParts:
-    """The model half for TorchBackend: runner, tokenizer, pool size, prompt logits, describe, close."""
-    from backends.torch_engine.tokenizer import load_tokenizer
-
-    if progress is not None:
-        progress(0.0, "reading the tokenizer")
-    tokenizer = load_tokenizer(spec)
-    if progress is not None:
-        progress(0.1, "loading and dequantizing the weights")
-    if options.tensor_parallel > 1:  # rank 0 of a group of processes (backends/torch_engine/tp)
-        from backends.torch_engine.tp.runner import TPModelRunner
-
-        runner: ModelRunner = TPModelRunner(spec, options)
-    else:
-        runner = ModelRunner(spec, options)
-    if progress is not None:
-        progress(1.0, f"weights in {runner.describe()['dtype']} on {runner.device}")
-    if options.n_ctx > runner.num_blocks * BLOCK_SIZE:
-        raise ConfigError(
-            f"the KV pool holds {runner.num_blocks * BLOCK_SIZE} tokens, less than the context of {options.n_ctx}",
-            "raise the KV budget or lower --ctx",
-        )
-    return EngineParts(
-        runner=runner,
-        tokenizer=tokenizer,
-        num_blocks=runner.num_blocks,
-        prompt_logits=runner.prompt_logits,
-        embed=runner.embed if options.tensor_parallel == 1 else None,  # TP: the other ranks would wait forever
-        describe=runner.describe,
-        close=runner.close,
-    )
