@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -60,7 +61,7 @@ from app.server.ollama_schemas import (
     check_options,
     keep_alive_seconds,
 )
-from app.server.response_format import limit_error, named
+from app.server.response_format import JsonSchemaFormat, ResponseFormat, constraint_of, limit_error, named
 from app.server.runner import Generation, Runner
 from app.server.tool_replies import ToolReply
 from backends.api import Backend, EventKind, Request, SamplingParams
@@ -461,8 +462,6 @@ def _with_format(req: Request, fmt: Any) -> Request:
     """Ollama's `format` ("json" or a JSON schema) through the response_format compile path."""
     if fmt is None or fmt == "":
         return req
-    from app.server.response_format import JsonSchemaFormat, ResponseFormat, constraint_of
-
     if fmt == "json":
         rf = ResponseFormat(type="json_object")
     else:
@@ -475,8 +474,6 @@ def _with_format(req: Request, fmt: Any) -> Request:
 
 
 def _request_id() -> str:
-    import uuid
-
     return f"req-{uuid.uuid4().hex[:16]}"
 
 

@@ -44,7 +44,7 @@ from backends.errors import (
     OutOfMemoryError,
     UnsupportedArchitectureError,
 )
-from backends.llama_cpp.embedding import refuse_rank
+from backends.llama_cpp.embedding import EmbeddingContext, refuse_rank
 from backends.llama_cpp.extra_bufts import extra_bufts_default
 from backends.llama_cpp.one_thread import OneThread
 from backends.modelspec import ModelSpec
@@ -222,8 +222,6 @@ class LlamaCppBackend(Backend):
                 "--verbose to see llama.cpp's log",
             ) from None
         if self._embedding_model:
-            from backends.llama_cpp.embedding import EmbeddingContext
-
             llm = self._llm
             self._embedder = self._worker.call(
                 lambda: EmbeddingContext(llm._model, llm._ctx, self.n_ctx, o.verbose, owned=False)
@@ -317,8 +315,6 @@ class LlamaCppBackend(Backend):
                 )
         with self._serial:  # one request at a time on llama.cpp's thread, in arrival order with the chats
             if self._embedder is None:
-                from backends.llama_cpp.embedding import EmbeddingContext
-
                 o = self.options
                 try:
                     self._embedder = self._worker.call(
