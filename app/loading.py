@@ -19,6 +19,7 @@ from app.remote import open_remote
 from app.settings import Settings
 from app.store import ModelStore
 from backends.api import Backend, LoadOptions, ProgressCallback
+from backends.embeddings import is_embedding_model
 from backends.modelspec import ModelSpec
 from backends.registry import LOCAL_BACKENDS, backend_class, get_backend_info
 from backends.runner.client import ConfigMemory, RunnerBackend, config_memory_at
@@ -72,15 +73,19 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
     the plan prefers the engine that batches them (hwprobe.planner.serving)."""
     report = hardware_report(hardware_file)
     tp = settings.tensor_parallel
+    # an embedding model is planned small: one sequence (an embedding is one forward, with no KV kept after it),
+    # never a KV pool for concurrent chats it will not have
+    embedding = is_embedding_model(spec)
+    seqs = 1 if embedding else settings.max_concurrency
     # --tensor-parallel N > 1 is the torch engine's: with --backend auto it asks for the torch engine
     prefs = Prefs(
         backend="torch" if tp and tp > 1 and settings.backend == "auto" else settings.backend,
         ctx=settings.ctx,
         kv_cache_type=settings.kv_cache_type,
         n_gpu_layers=settings.n_gpu_layers,
-        max_num_seqs=settings.max_concurrency,
+        max_num_seqs=seqs,
         tensor_parallel=tp,
-        prefer_batching=serving,
+        prefer_batching=serving and not embedding,
     )
     plan = make_plan(report, spec.to_shape(), prefs)
     backend = prefs.backend if prefs.backend != "auto" else plan.backend
@@ -97,7 +102,7 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         n_threads=settings.threads or physical_cores(),
         adaptive_threads=settings.threads is None,  # --threads N is exactly N; else the torch engine adapts
         n_batch=plan.batch_size,
-        max_num_seqs=settings.max_concurrency,
+        max_num_seqs=seqs,
         # the plan is the allocation: the torch engine's KV pool is the bytes the plan gave it (whole blocks)
         kv_cache_bytes=plan.kv_pool_bytes if torch and plan.backend == "torch" and plan.kv_pool_bytes else None,
         dtype=_torch_dtype(plan, report) if torch else "auto",
@@ -114,6 +119,11 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         kernel_check_record=str(kernel_check_record()) if torch else None,
     )
     reasons = tuple(plan.reasons)
+    if embedding:
+        reasons = (
+            f"embedding model ({spec.architecture}): planned for one sequence, it serves embeddings only",
+            *reasons,
+        )
     if hardware_file:
         reasons = (f"planned for the machine in {hardware_file}", *reasons)
     return Decision(backend, options, plan, reasons)

@@ -67,6 +67,7 @@ def chat_request(
     constraint: Constraint | None = None,
     tools: ToolRequest | None = None,
     priority: int = API_PRIORITY,
+    template_vars: Mapping[str, Any] | None = None,
 ) -> ChatRequest:
     """The Request for a conversation: rendered with `spec`'s template (raises TemplateError / InvalidRequestError
     for a bad conversation or template), `sampling.stop` first, then the format's own stop strings.
@@ -78,7 +79,8 @@ def chat_request(
     A remote model's server applies its template itself: the prompt is then hearth's plain transcript (what a
     text-completion endpoint would be sent), without the plain format's stop strings, and the messages (and the
     tools, as OpenAI JSON) go as they are.  `constraint` makes the reply structured (JSON; app/structured.py, the
-    server's response_format); a forced tool_choice brings its own, so the two together are refused."""
+    server's response_format); a forced tool_choice brings its own, so the two together are refused.
+    `template_vars`: more variables for the model's template (Ollama's `think` as `enable_thinking`)."""
     checked = check_messages(messages)
     chat = tuple(message_from_dict(i, m) for i, m in enumerate(checked))
     remote = spec.format == REMOTE_FORMAT
@@ -88,6 +90,7 @@ def chat_request(
     variables: dict[str, Any] = {}
     if (tools is not None or has_tool_fields(chat)) and not remote:
         checked, variables = template_inputs(chat, style, tools)
+    variables = {**(template_vars or {}), **variables}
     if tools is not None:
         if tools.forced and constraint is not None:
             raise ToolRequestError(
@@ -110,6 +113,7 @@ def chat_request(
             if tools is None or not tools.rendered or style.native or any(m.role == "system" for m in chat):
                 raise
             checked, variables = template_inputs(chat, style, tools, system_role=False)
+            variables = {**(template_vars or {}), **variables}
             rendered = render_for_spec(spec, checked, extra=variables)
         extra = rendered.stop
         source = rendered.template_source

@@ -421,6 +421,7 @@ class Capabilities:
     logprobs: bool = False  # fills GenerationEvent.logprobs / prompt_logprobs when SamplingParams asks
     extra_bufts: bool = False  # honours LoadOptions.extra_bufts (llama.cpp's repacked weight buffers)
     local: bool = True  # runs the model on this machine (in a runner process); False = a remote server does
+    embeddings: bool = False  # implements embed(): pooled, L2-normalized vectors of token-id inputs
 
 
 @dataclass(frozen=True)
@@ -522,6 +523,17 @@ class Backend(ABC):
     def close(self) -> None:
         """Free everything the backend holds.  Idempotent; aborts running streams first."""
 
+    def unload(self) -> bool:
+        """Free the model's memory while idle, keeping this backend usable: the next call loads it again (what
+        Ollama's keep_alive does).  Returns False when this backend cannot (the default: it stays loaded), or
+        when requests are running.  `resident` says which state it is in."""
+        return False
+
+    @property
+    def resident(self) -> bool:
+        """False only between an unload() and the next load (see unload)."""
+        return True
+
     def __enter__(self) -> Backend:
         self.load()
         return self
@@ -588,6 +600,15 @@ class Backend(ABC):
     @abstractmethod
     def detokenize(self, token_ids: Sequence[int]) -> str:
         """Text of token ids (special tokens rendered as their text)."""
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """One embedding per input (token ids, special tokens included as the caller tokenized them): a float32
+        array of shape (len(inputs), hidden), each row the model's last hidden states (after the final norm)
+        pooled as `spec.pooling` says ("mean" unless the GGUF names its own: cls, last) and L2-normalized, as
+        llama.cpp's embedding mode and Ollama give them.  Each input must fit `n_ctx`; raises
+        ContextOverflowError naming the input otherwise.  Backends whose capabilities lack `embeddings` raise
+        InvalidRequestError."""
+        raise InvalidRequestError(f"the {self.name} backend does not compute embeddings")
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Raw next-token logits after every position: float32 array of shape (len(token_ids), vocab).

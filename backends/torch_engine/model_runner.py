@@ -441,6 +441,33 @@ class ModelRunner:
         ]
         return torch.cat(parts)
 
+    @torch.inference_mode()
+    def embed(self, token_ids: Sequence[int], block_table: Sequence[int], pooling: str) -> torch.Tensor:
+        """(hidden,) float32: the last hidden states (after the final norm, what llama.cpp's embedding mode pools)
+        of `token_ids`, pooled ("mean" | "cls" | "last") and L2-normalized.  Runs in chunks of n_batch tokens
+        over `block_table` (blocks the caller allocated), each chunk attending to the ones before it."""
+        from backends.torch_engine.quantize import QUANTIZED_ROWS
+
+        n, chunk = len(token_ids), self.options.n_batch
+        total: torch.Tensor | None = None
+        first = last = None
+        token = QUANTIZED_ROWS.set(0)  # prompt rows: the dense kernels where a layer has both
+        try:
+            for lo in range(0, n, chunk):
+                part = list(token_ids[lo : lo + chunk])
+                meta = build_attention_metadata([(lo, len(part), tuple(block_table))], BLOCK_SIZE, self.device)
+                ids = torch.tensor(part, dtype=torch.int64, device=self.device)
+                pos = torch.arange(lo, lo + len(part), dtype=torch.int64, device=self.device)
+                hidden = self.model(ids, pos, self.kv_caches, meta).float()  # (len(part), hidden)
+                total = hidden.sum(0) if total is None else total + hidden.sum(0)
+                first = hidden[0] if first is None else first
+                last = hidden[-1]
+        finally:
+            QUANTIZED_ROWS.reset(token)
+        assert total is not None and first is not None and last is not None
+        vector = {"mean": total / n, "cls": first, "last": last}[pooling]
+        return torch.nn.functional.normalize(vector, dim=0).cpu()
+
     def describe(self) -> dict[str, Any]:
         return {
             "device": str(self.device),
