@@ -41,6 +41,9 @@ class Workload:
     gen_tokens: int = 128  # exact generated tokens per request (ignore_eos)
     requests: int = 16  # requests per concurrency level
     seed: int = 0  # prompt ids and sampling seed
+    # 0 = greedy; > 0: every request samples at this temperature with its own seed (seed + request index), in
+    # process with hearth's other defaults (top-k 40, top-p 0.95, min-p 0.05), over HTTP with OpenAI's (none)
+    temperature: float = 0.0
     threads: int | None = None  # CPU threads for the backend
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for backend-specific settings
 
@@ -149,7 +152,7 @@ def _in_process(backend: Any, w: Workload) -> Callable[[tuple[int, ...], int], _
     from backends.api import Request, SamplingParams
 
     def one(prompt: tuple[int, ...], seed: int) -> _Sample:
-        params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
+        params = SamplingParams(temperature=w.temperature, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
         c = backend.generate(Request(prompt_token_ids=prompt, sampling=params))
         return _Sample(
             len(c.token_ids), c.stats.ttft_s, c.stats.prefill_tokens_per_s, c.stats.decode_tokens_per_s, c.error
@@ -166,7 +169,7 @@ def _chat(backend: Any, w: Workload, *, remote: bool) -> Callable[[str, int], _S
     from backends.api import SamplingParams
 
     def one(prompt: str, seed: int) -> _Sample:
-        params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
+        params = SamplingParams(temperature=w.temperature, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
         c = backend.generate(chat_request(backend.spec, [{"role": "user", "content": prompt}], params).request)
         return _Sample(
             c.stats.completion_tokens if remote else len(c.token_ids),
@@ -193,7 +196,7 @@ def _over_http_chat(url: str, w: Workload) -> Callable[[str, int], _Sample]:
             "model": "bench",
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": w.gen_tokens,
-            "temperature": 0,
+            "temperature": w.temperature,
             "seed": seed,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -245,7 +248,7 @@ def _over_http(url: str, w: Workload) -> Callable[[tuple[int, ...], int], _Sampl
             "model": "bench",
             "prompt": list(prompt),
             "max_tokens": w.gen_tokens,
-            "temperature": 0,
+            "temperature": w.temperature,
             "seed": seed,
             "stream": True,
             "stream_options": {"include_usage": True},

@@ -51,6 +51,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-tokens", dest="gen_tokens", type=int, default=128, metavar="N")
     p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per concurrency level")
     p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="0 = greedy (default); T > 0: every request samples at T with its own seed (--seed + its index): "
+        "in process with hearth's defaults (top-k 40, top-p 0.95, min-p 0.05), with --http as OpenAI clients "
+        "send it (no truncation)",
+    )
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: physical cores)")
     p.add_argument(
         "--tensor-parallel",
@@ -140,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
             "--prompt-tokens, --gen-tokens and --requests must be at least 1",
             "e.g. --prompt-tokens 128 --gen-tokens 128 --requests 16",
         )
+    if not args.temperature >= 0:  # NaN too
+        raise InvalidRequestError(f"--temperature must be >= 0, got {args.temperature}", "0 = greedy, e.g. 0.8")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if "remote" in backends:  # a wrong key or an unreachable URL: one line and exit 2, before any table
         from app.remote import open_remote
@@ -154,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         gen_tokens=args.gen_tokens,
         requests=args.requests,
         seed=args.seed,
+        temperature=args.temperature,
         threads=args.threads,
         extra={
             k: v
@@ -188,7 +200,15 @@ def run(args: argparse.Namespace) -> int:
                 {
                     "workload": {
                         k: getattr(workload, k)
-                        for k in ("model", "concurrency", "prompt_tokens", "gen_tokens", "requests", "seed")
+                        for k in (
+                            "model",
+                            "concurrency",
+                            "prompt_tokens",
+                            "gen_tokens",
+                            "requests",
+                            "seed",
+                            "temperature",
+                        )
                     },
                     "runtime_baseline_mib": baseline,
                     "results": results,
