@@ -278,7 +278,7 @@ def worker(w: Workload) -> None:
             # --tensor-parallel is the torch engine's; llama.cpp splits GPUs itself
             tensor_parallel=w.extra.get("tensor_parallel") if w.backend == "torch" else None,
         )
-        loaded = open_backend(settings)
+        loaded = open_backend(settings, command="bench")
     except Exception as e:  # any load failure becomes one line in the table, not a dead run
         _emit({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
         return
