@@ -19,7 +19,6 @@ from backends.api import Backend, LoadOptions, ProgressCallback
 from backends.modelspec import ModelSpec
 from backends.registry import LOCAL_BACKENDS, get_backend_info
 
-
 # What each command runs at once, so the plan reserves KV for that and no more (issue 24: `hearth run` had a
 # 16 x 8192-token pool, 2.8 GiB, for one reply of a 135 M model).  `hearth serve` and `hearth bench` reserve
 # their concurrency (Settings.max_concurrency, --concurrency).
