@@ -12,7 +12,7 @@ from pathlib import Path
 
 from backends.api import Constraint
 from backends.constrained.grammar import MAX_SCHEMA_BYTES
-from backends.errors import InvalidRequestError
+from backends.errors import ConstraintError
 from hwprobe.errors import ConfigError
 
 JSON_OBJECT = "object"
@@ -39,11 +39,9 @@ def constraint_for(json_output: str | None) -> Constraint | None:
             f"cannot read the JSON schema file {path}: {getattr(exc, 'strerror', None) or exc}",
             "pass a readable JSON Schema file to --json-schema (or --json for any JSON object)",
         ) from None
-    constraint = Constraint("json_schema", text)
-    from backends.constrained import check_constraint
+    from backends.constrained import schema_constraint  # llguidance: loaded only when a schema is given
 
-    try:
-        check_constraint(constraint)
-    except InvalidRequestError as exc:
+    try:  # the checks the server makes on response_format, before any model loads (exit 2)
+        return schema_constraint(text)
+    except ConstraintError as exc:
         raise ConfigError(f"{path}: {exc.message}", exc.hint) from None
-    return constraint

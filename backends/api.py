@@ -24,8 +24,9 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
+from backends.describe import Description  # noqa: F401 - part of the contract: engines import it from here
 from backends.errors import InvalidRequestError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -344,7 +345,8 @@ class GenerationEvent:
     stats: RequestStats | None = None  # STARTED (partial) and FINISHED (final)
     error: str | None = None  # FINISHED with FinishReason.ERROR: one-line message
     # FINISHED with FinishReason.ERROR: what kind of failure, for front ends that map it (HTTP status, TUI notice):
-    # "runner_crashed" (the runner process died or stopped answering), None for the backend's own errors
+    # "runner_crashed" (the runner process died or stopped answering), "constraint_limit" (the request's constraint
+    # hit llguidance's per-step limits mid-reply: the schema's fault, a 400), None for the backend's other errors
     error_code: str | None = None
     # TOKEN, when sampling.logprobs is set: one entry per id in token_ids, in order
     logprobs: tuple[TokenLogprob, ...] = ()
@@ -438,6 +440,9 @@ class LoadOptions:
     cpu_expert_layers: int = 0
     # torch engine: ranks of tensor parallelism (one process per GPU, or per share of the CPU cores); 1 = none
     tensor_parallel: int = 1
+    # torch engine: the JSON file of kernel self-check verdicts per device (backends/torch_engine/kernel_check);
+    # None = no self-check (the app passes hearth's cache dir; direct library use and tests opt in)
+    kernel_check_record: str | None = None
 
     def __post_init__(self) -> None:
         from backends.errors import ConfigError
@@ -464,6 +469,12 @@ class Backend(ABC):
 
     name: ClassVar[str] = "abstract"
     capabilities: ClassVar[Capabilities] = Capabilities()
+
+    def on_notice(self, text: str) -> None:
+        """Called with a one-line notice about the backend itself, not about one request (a runner that crashed
+        and is restarting, a configuration the runner fell back to).  A front end that shows them assigns its
+        own callable (`backend.on_notice = post`); the default drops them.  May be called from any thread."""
+        return None  # the no-op default (not abstract: most backends have nothing to tell)
 
     def __init__(self, spec: ModelSpec, options: LoadOptions | None = None) -> None:
         self.spec = spec
@@ -561,9 +572,10 @@ class Backend(ABC):
     def eos_token_ids(self) -> frozenset[int]:
         return frozenset(self.spec.eos_token_ids)
 
-    def describe(self) -> dict[str, Any]:
-        """What was loaded, for --verbose and the TUI: backend, device, context, layers on GPU, ..."""
-        return {"backend": self.name, "model": self.spec.name, "n_ctx": self.n_ctx}
+    def describe(self) -> Description:
+        """What was loaded, for --verbose and the TUI: backend, model, context, and the engine's own facts
+        (device, layers on GPU, KV type, ...): see backends/describe.py."""
+        return Description(self.name, self.spec.name, self.n_ctx)
 
     def stats(self) -> EngineStats:
         """The engine's current state (see EngineStats); the base class knows only memory."""

@@ -20,6 +20,7 @@ __all__ = [
     "BackendUnavailableError",
     "ContextOverflowError",
     "InvalidRequestError",
+    "ConstraintError",
     "OutOfMemoryError",
     "ModelLoadError",
     "TemplateError",
@@ -50,6 +51,13 @@ class ContextOverflowError(HearthError):
 
 class InvalidRequestError(HearthError):
     """Sampling parameters or a request that make no sense (negative temperature, max_tokens < 1, ...)."""
+
+
+class ConstraintError(InvalidRequestError):
+    """A constraint (a JSON schema, a forced tool call's parameters) refused before generation: no finite reply
+    satisfies it, it uses what the constraint library does not implement, or compiling it exceeds the library's
+    limits.  Front ends answer it as a 400 naming the field the schema came from (`response_format`, `tools`,
+    Ollama's `format`; exit 2 for `hearth run --json-schema`)."""
 
 
 class OutOfMemoryError(HearthError):

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from app.commands.common import MODEL, TENSOR_PARALLEL, THREADS
+
 NAME = "bench"
 HELP = "benchmark backends side by side: load time, TTFT, prefill/decode tok/s, memory"
 ORDER = 60
@@ -33,7 +35,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", metavar="NAME|PATH", help="model (default: last used, else the starter)")
+    MODEL.add(p)
     p.add_argument(
         "--backends",
         default="llama.cpp,torch",
@@ -60,13 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "in process with hearth's defaults (top-k 40, top-p 0.95, min-p 0.05), with --http as OpenAI clients "
         "send it (no truncation)",
     )
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: physical cores)")
-    p.add_argument(
-        "--tensor-parallel",
-        "--tp",
-        dest="tensor_parallel",
-        type=int,
-        metavar="N",
+    THREADS.add(p)
+    TENSOR_PARALLEL.add(
+        p,
         help="the torch engine's rows run in N tensor-parallel ranks (one per GPU; default: the plan "
         "decides); llama.cpp's rows keep its own split",
     )

@@ -89,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
                 f"hearth: error: {result.error or 'the backend ended the reply with an error and gave no reason'}",
                 file=sys.stderr,
             )
-        return 4 if result.error_code == "runner_crashed" else 3
+        # a runner crash is 4; a schema whose grammar hit llguidance's limits mid-reply is bad input, like a
+        # schema refused before the model ran (2); any other failure of the backend 3
+        return {"runner_crashed": 4, "constraint_limit": 2}.get(result.error_code or "", 3)
     finally:
         loaded.backend.close()

@@ -9,14 +9,19 @@ unless max_tokens cuts it (finish_reason "length").  A bad one is a 400 naming t
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from app.server.errors import APIError
-from backends.api import Constraint
-from backends.errors import InvalidRequestError
+from backends.api import Constraint, GenerationEvent, Request
+from backends.errors import ConstraintError
+
+# GenerationEvent.error_code of a constrained request that hit llguidance's limits mid-reply (ConstraintLimitError)
+CONSTRAINT_LIMIT = "constraint_limit"
+# APIError.code that app/server/runner.py gives a ConstraintError the backend raised while compiling for its
+# vocabulary; `named()` below turns it into the 400 of the field the schema came from
+CONSTRAINT_REFUSED = "constraint_refused"
 
 
 class JsonSchemaFormat(BaseModel):
@@ -50,14 +55,41 @@ def constraint_of(response_format: ResponseFormat | None) -> Constraint | None:
             'type "json_schema" needs a json_schema object ({"name": ..., "schema": {...}})',
         )
     schema = spec.schema_ if spec.schema_ is not None else {}
-    from backends.constrained import check_constraint
+    from backends.constrained import schema_constraint
 
-    constraint = Constraint("json_schema", json.dumps(schema))
-    try:
-        check_constraint(constraint)  # size and depth bounds, then llguidance's check: before a model sees it
-    except InvalidRequestError as exc:
+    try:  # size, depth, a schema no finite document satisfies, then llguidance's check: before a model sees it
+        return schema_constraint(schema)
+    except ConstraintError as exc:
         raise _bad("response_format.json_schema.schema", exc.one_line()) from None
-    return constraint
+
+
+def constraint_param(body: Any, request: Request) -> str | None:
+    """The request field a constrained request's schema came from (named in its errors), None when it has none:
+    response_format's schema, response_format itself (json_object), or a forced tool call's `tools`."""
+    if request.constraint is None:
+        return None
+    response_format = getattr(body, "response_format", None)
+    if response_format is not None and response_format.type == "json_schema":
+        return "response_format.json_schema.schema"
+    return "response_format" if response_format is not None and response_format.type == "json_object" else "tools"
+
+
+def named(error: APIError, param: str | None) -> APIError:
+    """A ConstraintError from the backend's own compile (what only the model's vocabulary shows) as the 400 of
+    the field the schema came from, like the checks made before the model; any other error as it is."""
+    if error.code != CONSTRAINT_REFUSED or param is None:
+        return error
+    code = "invalid_response_format" if param.startswith("response_format") else None
+    return APIError(400, f"{param}: {error.message}", param=param, code=code)
+
+
+def limit_error(event: GenerationEvent, param: str | None) -> APIError | None:
+    """The 400 for a reply that stopped on llguidance's limits mid-generation (FINISHED with error_code
+    "constraint_limit"): the schema is at fault, not the server, so never a 500; None for other events."""
+    if event.error_code != CONSTRAINT_LIMIT:
+        return None
+    where = param or "response_format"
+    return APIError(400, f"{where}: {event.error}", param=where, code=CONSTRAINT_LIMIT)
 
 
 def _bad(param: str, message: str) -> APIError:

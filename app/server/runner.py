@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from app.server.errors import APIError
 from app.server.metrics import ServerMetrics
 from backends.api import Backend, EventKind, GenerationEvent, Request
-from backends.errors import ContextOverflowError, HearthError, InvalidRequestError, RunnerCrashedError
+from backends.errors import (
+    ConstraintError,
+    ContextOverflowError,
+    HearthError,
+    InvalidRequestError,
+    RunnerCrashedError,
+)
 
 _END = object()  # the thread's last item
 
@@ -198,6 +204,8 @@ def _as_api_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, ContextOverflowError):
         return APIError(400, str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, ConstraintError):  # app/server/response_format.named() says which field it came from
+        return APIError(400, str(exc), code="constraint_refused")
     if isinstance(exc, InvalidRequestError):
         return APIError(400, str(exc))
     if isinstance(exc, RunnerCrashedError):  # the model's runner died: this request is lost, the server is not

@@ -2,7 +2,9 @@
 `Matcher` that gives the allowed-token mask at each step and advances on each accepted token.
 
 - grammar.py: the Constraint as an llguidance Lark grammar, and the size/depth bounds on a schema (pure Python);
-- compiler.py: `ConstraintCompiler` (one per loaded model, an LRU of compiled grammars), built from hearth's own
+- finite.py: whether any finite JSON value satisfies a schema (pure Python), so an endless one is a 400;
+- compiler.py: `schema_constraint` (a schema -> a checked Constraint or a ConstraintError: the one entry for
+  front ends), `ConstraintCompiler` (one per loaded model, an LRU of compiled grammars), built from hearth's own
   tokenizers (torch engine) or from llama.cpp's vocabulary;
 - matcher.py: `Matcher`, one request's grammar state.
 
@@ -15,19 +17,24 @@ from backends.constrained.compiler import (
     check_constraint,
     compiler_for_llama,
     compiler_for_tokenizer,
+    schema_constraint,
 )
+from backends.constrained.finite import check_finite
 from backends.constrained.grammar import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, check_schema, lark_grammar
-from backends.constrained.matcher import ConstraintViolation, Matcher
+from backends.constrained.matcher import ConstraintLimitError, ConstraintViolation, Matcher
 
 __all__ = [
     "ConstraintCompiler",
+    "ConstraintLimitError",
     "ConstraintViolation",
     "Matcher",
     "MAX_SCHEMA_BYTES",
     "MAX_SCHEMA_DEPTH",
     "check_constraint",
+    "check_finite",
     "check_schema",
     "compiler_for_llama",
     "compiler_for_tokenizer",
     "lark_grammar",
+    "schema_constraint",
 ]

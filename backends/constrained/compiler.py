@@ -22,7 +22,7 @@ from typing import Any
 from backends.api import Constraint
 from backends.constrained.grammar import lark_grammar
 from backends.constrained.matcher import Matcher
-from backends.errors import InvalidRequestError
+from backends.errors import ConstraintError, InvalidRequestError
 
 CACHE_ENTRIES = 64  # compiled grammars kept per loaded model (each is a few KB to a few MB)
 SPECIAL_PREFIX = b"\xff"  # llguidance's marker for a special token's name: never matched as text
@@ -44,33 +44,51 @@ def _parser_limits() -> Any:
 
 
 def check_constraint(constraint: Constraint) -> None:
-    """Raise InvalidRequestError (one line) when `constraint` would not compile for any vocabulary: the bounds
-    of grammar.py, then llguidance's own check of the grammar under PARSER_LIMITS (no tokenizer needed, so the
-    server refuses a bad schema with a 400 before a model sees it)."""
+    """Raise ConstraintError (one line) when `constraint` would not compile for any vocabulary: the bounds of
+    grammar.py (size, depth, a schema no finite document satisfies), then llguidance's own check of the grammar
+    under its limits (no tokenizer needed, so a front end refuses a bad schema before a model sees it)."""
     import llguidance
 
     error = llguidance.LLMatcher.validate_grammar(lark_grammar(constraint), None, limits=_parser_limits())
     if error and not error.startswith("WARNING"):
-        raise InvalidRequestError(
+        raise ConstraintError(
             f"the {constraint.kind} constraint cannot be compiled: {_one_line(error)}",
             "use JSON Schema features llguidance supports, in a smaller schema",
         )
 
 
+def schema_constraint(schema: Any, prefix: str = "", suffix: str = "") -> Constraint:
+    """The one way a front end turns a JSON Schema into a Constraint a backend will take, or a ConstraintError
+    (one line + hint) to answer as a 400 naming the field the schema came from (`response_format`, Ollama's
+    `format`, a tool's parameters) or exit 2 (`hearth run --json-schema`).
+
+    `schema`: parsed (a dict or a boolean) or JSON text.  Every check that needs no model runs here: size,
+    depth, JSON, `false`, a schema only an endless document satisfies, keywords llguidance does not implement,
+    and llguidance's compile under hearth's limits.  The backend compiles it once more for its vocabulary
+    (ConstraintCompiler.matcher), which raises the same ConstraintError for what only a vocabulary shows."""
+    import json
+
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    constraint = Constraint("json_schema", text, prefix=prefix, suffix=suffix)
+    check_constraint(constraint)
+    return constraint
+
+
 class ConstraintCompiler:
     """Constraint -> Matcher for one vocabulary (an llguidance LLTokenizer)."""
 
-    def __init__(self, lltokenizer: Any, model_vocab_size: int | None = None) -> None:
+    def __init__(self, lltokenizer: Any, model_vocab_size: int | None = None, limits: Any = None) -> None:
         self.lltokenizer = lltokenizer
         self.vocab_size = int(lltokenizer.vocab_size)  # the bitmask's width: ceil(vocab_size / 32) words
         self.model_vocab_size = model_vocab_size or self.vocab_size  # the logits' width (may be padded larger)
-        self._limits = _parser_limits()
+        self._limits = limits if limits is not None else _parser_limits()  # an llguidance.LLParserLimits
         self._cache: OrderedDict[Constraint, Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def matcher(self, constraint: Constraint) -> Matcher:
-        """A fresh matcher at the start of `constraint`'s grammar.  Raises InvalidRequestError (one line) for a
-        schema that is too big, too deep, uses what llguidance does not implement, or exceeds the limits."""
+        """A fresh matcher at the start of `constraint`'s grammar.  Raises ConstraintError (one line) for a
+        schema that is too big, too deep, has no finite instance, uses what llguidance does not implement, or
+        exceeds the limits while compiling or computing its first mask or forced tokens."""
         with self._lock:
             compiled = self._cache.get(constraint)
             if compiled is not None:
@@ -93,11 +111,14 @@ class ConstraintCompiler:
             # some grammars compile but fail at their first mask (a $ref cycle with no value: a -> b -> a)
             first_mask = probe.compute_bitmask()
             if not probe.is_error() and not any(first_mask):
-                raise InvalidRequestError(
+                raise ConstraintError(
                     f"the {constraint.kind} constraint allows no first token", "send a schema some value satisfies"
                 )
+            # and the text the grammar forces from the start: an endless forced run that finite.py cannot see
+            # (a cycle through patternProperties, say) hits llguidance's item limit here, not at the first token
+            probe.compute_ff_tokens()
         if probe.is_error():
-            raise InvalidRequestError(
+            raise ConstraintError(
                 f"the {constraint.kind} constraint cannot be compiled: {_one_line(probe.get_error())}",
                 "use JSON Schema features llguidance supports, in a smaller schema",
             )

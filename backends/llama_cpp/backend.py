@@ -25,6 +25,7 @@ from typing import Any
 from backends.api import (
     Backend,
     Capabilities,
+    Description,
     EventKind,
     FinishReason,
     GenerationEvent,
@@ -42,6 +43,7 @@ from backends.errors import (
     OutOfMemoryError,
     UnsupportedArchitectureError,
 )
+from backends.llama_cpp.extra_bufts import extra_bufts_default
 from backends.llama_cpp.one_thread import OneThread
 from backends.modelspec import ModelSpec
 from backends.textstream import TextStream
@@ -55,25 +57,6 @@ def gpu_offload_supported() -> bool:
     import llama_cpp
 
     return bool(llama_cpp.llama_supports_gpu_offload())
-
-
-def extra_bufts_default(checked_safe: Callable[[], bool] | None = None) -> tuple[bool, str]:
-    """Whether llama.cpp may use its extra weight-buffer types (CPU repack, AMX) on this machine, and why.
-
-    Off on CPUs with AMX: the native build of llama-cpp-python 0.3.x segfaults at the first decode in the AMX
-    repack path there (llama.cpp #20824), while the same build with use_extra_bufts=False answers correctly.
-    On there when `checked_safe()` says this build ran with them on this machine (`hearth doctor` records it);
-    HEARTH_LLAMA_EXTRA_BUFTS=0|1 overrides both."""
-    forced = os.environ.get("HEARTH_LLAMA_EXTRA_BUFTS", "")
-    if forced in ("0", "1"):
-        return forced == "1", "set by HEARTH_LLAMA_EXTRA_BUFTS"
-    from backends.runner.memory import has_amx
-
-    if has_amx():
-        if checked_safe is not None and checked_safe():
-            return True, "on: this CPU has AMX, and `hearth doctor` ran this build with them here"
-        return False, "off: this CPU has AMX, where llama.cpp's repack path crashes in some builds (#20824)"
-    return True, "on"
 
 
 @contextlib.contextmanager
@@ -103,6 +86,17 @@ def _model_params(extra_bufts: bool, overrides: Any = None) -> Iterator[None]:
         yield
     finally:
         lib.llama_model_default_params = original
+
+
+def open_llama(path: str, extra_bufts: bool | None = None, **kwargs: Any) -> Any:
+    """A bare `llama_cpp.Llama(path, **kwargs)` under this machine's extra-buffer rule (extra_bufts_default when
+    None): for the places that use llama.cpp directly as a reference (tests, scripts), which would otherwise
+    segfault at the first decode on an AMX CPU."""
+    import llama_cpp
+
+    on = extra_bufts_default()[0] if extra_bufts is None else extra_bufts
+    with _model_params(on):
+        return llama_cpp.Llama(str(path), **kwargs)
 
 
 def known_architectures() -> frozenset[str]:
@@ -352,16 +346,19 @@ class LlamaCppBackend(Backend):
                 if request.sampling.prompt_logprobs:
                     stats.cached_tokens = 0  # the whole prompt was evaluated to keep every position's logits
                 yield GenerationEvent(EventKind.STARTED, rid, stats=stats, prompt_logprobs=prompt_logprobs)
+                error_code = None
                 if error is not None:
                     reason = FinishReason.ERROR
                 else:
-                    reason, error = yield from self._generate(llm, request, ids, stats, submitted, matcher)
+                    reason, error, error_code = yield from self._generate(llm, request, ids, stats, submitted, matcher)
             finally:
                 self._running = None
                 with self._abort_lock:
                     self._aborted.discard(rid)
         stats.total_s = time.perf_counter() - submitted
-        yield GenerationEvent(EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error)
+        yield GenerationEvent(
+            EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error, error_code=error_code
+        )
 
     def _score_prompt(self, llm: Any, request: Request, ids: list[int]) -> tuple[tuple[TokenLogprob, ...], str | None]:
         """(the prompt's log-probabilities, None) when the request asks for them, or ((), the error)."""
@@ -383,7 +380,7 @@ class LlamaCppBackend(Backend):
     ) -> Iterator[GenerationEvent]:
         rid, sp = request.request_id, request.sampling
         if self._is_aborted(rid):
-            return FinishReason.ABORT, None
+            return FinishReason.ABORT, None, None
         text = TextStream(self._token_bytes, sp.stop)
         eos = set() if sp.ignore_eos else set(self.spec.eos_token_ids) | {llm.token_eos()}
         processors = None
@@ -440,20 +437,20 @@ class LlamaCppBackend(Backend):
                     reason = FinishReason.LENGTH
                     break
         except MemoryError as exc:
-            return FinishReason.ERROR, f"out of memory while generating: {exc}"
+            return FinishReason.ERROR, f"out of memory while generating: {exc}", None
         except (RuntimeError, ValueError) as exc:  # llama_decode failures surface as RuntimeError
-            return FinishReason.ERROR, f"llama.cpp failed while generating: {exc}"
-        except InvalidRequestError as exc:  # the constraint's matcher refused a token or ran out of budget
-            return FinishReason.ERROR, exc.message
+            return FinishReason.ERROR, f"llama.cpp failed while generating: {exc}", None
+        except InvalidRequestError as exc:  # the constraint's matcher refused a token or hit a limit (typed)
+            return FinishReason.ERROR, exc.message, getattr(exc, "error_code", None)
         finally:
             self._worker.call(gen.close)
         tail = text.flush()
         if tail:
             yield GenerationEvent(EventKind.TOKEN, rid, text=tail)
-        return reason, None
+        return reason, None, None
 
     # -- facts -------------------------------------------------------------------------------------------
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Description:
         o = self.options
         info: dict[str, Any] = {
             "backend": self.name,
@@ -472,7 +469,7 @@ class LlamaCppBackend(Backend):
             info["tensor_buft_overrides"] = f"{self._overrides.pattern}=CPU"
         if self._notes:
             info["notes"] = list(self._notes)
-        return info
+        return Description.from_mapping(info)
 
 
 def _masker(matcher: Any) -> Callable[[Any, Any], Any]:
@@ -480,7 +477,10 @@ def _masker(matcher: Any) -> Callable[[Any, Any], Any]:
     import numpy as np
 
     def mask(_input_ids: Any, scores: Any) -> Any:
-        allowed = matcher.allowed()
+        try:
+            allowed = matcher.allowed()
+        except InvalidRequestError:  # the grammar failed (a limit): matcher.accept() raises it again, typed, on
+            return scores  # the token sampled now; raised here, llama-cpp-python's ctypes callback only prints it
         n = min(len(allowed), len(scores))
         scores[:n][~allowed[:n]] = -np.inf
         scores[n:] = -np.inf

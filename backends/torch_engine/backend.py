@@ -22,6 +22,7 @@ by `build_parts` from the ModelSpec and LoadOptions; tests pass their own `build
 from __future__ import annotations
 
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -32,6 +33,7 @@ from typing import Any
 from backends.api import (
     Backend,
     Capabilities,
+    Description,
     EngineStats,
     EventKind,
     FinishReason,
@@ -65,6 +67,8 @@ from backends.torch_engine.request import EngineRequest, RequestStatus
 from backends.torch_engine.sampler import Sampler
 from backends.torch_engine.scheduler import Scheduler, error_line
 
+log = logging.getLogger(__name__)
+
 _REASONS = {
     RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
     RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
@@ -76,7 +80,8 @@ _CLOSED = "the torch backend was closed"
 
 def build_parts(spec: ModelSpec, options: LoadOptions, progress: ProgressCallback | None) -> EngineParts:
     """Load the real model (the model half: backends.torch_engine.model_runner)."""
-    from backends.torch_engine.model_runner import build_engine_parts  # the model half's entry point
+    # imported here, not at the top: the model half imports torch, and TorchBackend runs without it on fakes
+    from backends.torch_engine.build import build_engine_parts
 
     return build_engine_parts(spec, options, progress)
 
@@ -296,7 +301,7 @@ class TorchBackend(Backend):
         stats = RequestStats(prompt_tokens=er.num_prompt_tokens)
         text = TextStream(self._parts.tokenizer.token_bytes, sp.stop)
         started = done = False
-        reason, error = FinishReason.ERROR, None
+        reason, error, error_code = FinishReason.ERROR, None, None
         try:
             while True:
                 msg: StreamMessage = out.get()
@@ -335,7 +340,7 @@ class TorchBackend(Backend):
                         reason = _REASONS[msg.status]
                         break
                 elif isinstance(msg, Finished):
-                    reason, error = _REASONS[msg.status], msg.error
+                    reason, error, error_code = _REASONS[msg.status], msg.error, msg.error_code
                     break
             if error is None:
                 try:
@@ -346,7 +351,9 @@ class TorchBackend(Backend):
                     yield GenerationEvent(EventKind.TOKEN, rid, text=tail)
             stats.total_s = time.perf_counter() - er.arrival_time
             done = True
-            yield GenerationEvent(EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error)
+            yield GenerationEvent(
+                EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error, error_code=error_code
+            )
         finally:
             if not done:  # the caller stopped reading (closed the generator): free the request's blocks
                 self._post(Finish(rid, RequestStatus.FINISHED_ABORTED, notify=False))
@@ -421,7 +428,7 @@ class TorchBackend(Backend):
             if channel is None:
                 continue
             if u.error is not None:  # this request failed alone (preparing, sampling or its stop check)
-                channel.out.put(Finished(RequestStatus.FINISHED_ERROR, u.error))
+                channel.out.put(Finished(RequestStatus.FINISHED_ERROR, u.error, u.error_code))
                 continue
             self._generated_tokens += len(u.new_token_ids)
             for i, token in enumerate(u.new_token_ids):
@@ -493,7 +500,7 @@ class TorchBackend(Backend):
             peak_rss_bytes=peak_rss_bytes(),
         )
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Description:
         info: dict[str, Any] = {
             "backend": self.name,
             "model": self.spec.name,
@@ -514,7 +521,7 @@ class TorchBackend(Backend):
             )
         if self._parts is not None and self._parts.describe is not None:
             info.update(self._parts.describe())
-        return info
+        return Description.from_mapping(info)
 
     def memory_in_use(self) -> dict[str, int]:
         info = super().memory_in_use()
@@ -528,7 +535,7 @@ class TorchBackend(Backend):
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 info["gpu_bytes"] = int(torch.cuda.memory_reserved())
         except Exception:  # noqa: BLE001 - memory figures are best effort
-            pass
+            log.debug("GPU memory figure unavailable", exc_info=True)
         return info
 
 

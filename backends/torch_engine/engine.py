@@ -6,7 +6,8 @@ ModelRunner, or a fake in tests); EOS, max_tokens and a full context are decided
 
 One request's failure is that request's alone: a request whose sampler state cannot be set up fails at
 `add_request`; a row the sampler cannot sample, or a request whose stop check raises, is finished with
-FINISHED_ERROR and reported as an update carrying its error, while the other rows of the step go on.  A failure
+FINISHED_ERROR and reported as an update carrying its error (and its error_code when the error is typed: a
+constraint's limit), while the other rows of the step go on.  A failure
 of `runner.execute` (the batched forward) is raised: it is every running request's.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from backends.api import TokenLogprob
+from backends.errors import HearthError
 from backends.torch_engine.parts import Runner
 from backends.torch_engine.request import EngineRequest, RequestStatus
 from backends.torch_engine.sampler import Sampler
@@ -58,8 +60,7 @@ class Engine:
         sampled, failed = self._sample(result)
         logprobs = self._logprobs(result, sampled)
         updates = [
-            RequestUpdate(self.scheduler.requests[rid], (), True, error_line("sampling failed", exc))
-            for rid, exc in failed.items()
+            RequestUpdate(self.scheduler.requests[rid], (), True, *_row_error(exc)) for rid, exc in failed.items()
         ]
         for u in updates:  # before update(), which then skips them: they are no longer running
             self.scheduler.finish_request(u.request.request_id, RequestStatus.FINISHED_ERROR)
@@ -136,3 +137,12 @@ class Engine:
             entries = request.prompt_logprobs[: s.start_position + 1]  # the first entry is set at creation
             entries += chunk_prompt_logprobs(rows, prompt, s.start_position, request.sampling.logprobs or 0)
             request.prompt_logprobs = entries
+
+
+def _row_error(exc: Exception) -> tuple[str, str | None]:
+    """(the one-line error, its error_code) for a row that failed: an error with an `error_code` (the
+    constraint's ConstraintLimitError: "constraint_limit") is typed for the front ends and speaks for itself."""
+    code = getattr(exc, "error_code", None)
+    if isinstance(code, str) and isinstance(exc, HearthError):
+        return exc.one_line(), code
+    return error_line("sampling failed", exc), None

@@ -74,6 +74,7 @@ class Finished:
 
     status: RequestStatus
     error: str | None = None  # one line, for FinishReason.ERROR
+    error_code: str | None = None  # GenerationEvent.error_code of that error ("constraint_limit"), else None
 
 
 StreamMessage = Started | Token | Finished

@@ -35,6 +35,7 @@ class RequestUpdate:
     new_token_ids: tuple[int, ...]  # tokens sampled this step (0 or 1)
     finished: bool  # the request ended this step (request.status says how)
     error: str | None = None  # set when this request alone failed this step (status FINISHED_ERROR); one line
+    error_code: str | None = None  # GenerationEvent.error_code for that error ("constraint_limit"), else None
     logprobs: tuple[TokenLogprob, ...] = ()  # one per new token when sampling.logprobs is set (the engine's)
 
 

@@ -43,9 +43,9 @@ SHAPES = {
 
 
 def _llama_cpp(path: Path) -> object:
-    import llama_cpp
+    from backends.llama_cpp.backend import open_llama
 
-    return llama_cpp.Llama(str(path), logits_all=True, n_ctx=128, n_threads=2, verbose=False)
+    return open_llama(str(path), logits_all=True, n_ctx=128, n_threads=2, verbose=False)
 
 
 def _llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:

@@ -20,10 +20,10 @@ N_TOKENS = 640  # past the 512-token window of its sliding layers; more costs ~4
 
 @pytest.fixture(scope="module")
 def gemma(gemma_path: Path):
-    import llama_cpp
+    from backends.llama_cpp.backend import open_llama
 
     spec = load_spec(gemma_path)
-    vocab = llama_cpp.Llama(str(gemma_path), vocab_only=True, verbose=False)
+    vocab = open_llama(str(gemma_path), vocab_only=True, verbose=False)
     yield spec, load_tokenizer(spec), vocab
     vocab.close()
 
@@ -43,11 +43,11 @@ def test_token_ids_equal_llama_cpp(gemma) -> None:
 # 14.06; bfloat16 with the file's Q4_K / Q8_0 blocks kept (the CPU default) 2.77 / 0.191 / 0.948 / 14.05;
 # llama.cpp 14.17 (it rounds activations to 8 bits in its quantized dot products and keeps an f16 KV cache).
 def test_logits_and_perplexity_match_llama_cpp(gemma, gemma_path: Path) -> None:
-    import llama_cpp
+    from backends.llama_cpp.backend import open_llama
 
     spec, tok, _ = gemma
     ids = tok.encode(TEXT)[:N_TOKENS]
-    llm = llama_cpp.Llama(str(gemma_path), logits_all=True, n_ctx=N_TOKENS, n_threads=2, verbose=False)
+    llm = open_llama(str(gemma_path), logits_all=True, n_ctx=N_TOKENS, n_threads=2, verbose=False)
     llm.eval(ids)
     ref = np.array(llm.scores[: len(ids)])
     llm.close()

@@ -29,6 +29,10 @@ SCHEMA = {
         ("{not json", "not valid JSON"),
         (json.dumps({"type": "string", "not": {}}), "Unimplemented"),
         ("[" * 40 + "]" * 40, "levels deep"),
+        (  # only an endless document satisfies it (issue 29): refused before a model loads
+            json.dumps({"type": "object", "properties": {"self": {"$ref": "#"}}, "required": ["self"]}),
+            "no finite JSON value satisfies the schema",
+        ),
     ],
 )
 def test_a_bad_schema_file_is_one_clean_error(tmp_path: Path, content: str | None, match: str) -> None:

@@ -34,9 +34,9 @@ def moe_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 class _LlamaCpp:
     def __init__(self, path: Path) -> None:
-        import llama_cpp
+        from backends.llama_cpp.backend import open_llama
 
-        self.llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=128, n_threads=2, verbose=False)
+        self.llm = open_llama(str(path), logits_all=True, n_ctx=128, n_threads=2, verbose=False)
 
     def logits(self, ids: list[int]) -> np.ndarray:
         self.llm.reset()

@@ -38,12 +38,12 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def spm(tmp_path_factory):
-    import llama_cpp
+    from backends.llama_cpp.backend import open_llama
 
     path = write_tiny_llama(
         tmp_path_factory.mktemp("spm") / "spm.gguf", tokenizer="spm", n_heads=6, n_kv_heads=2, hidden=96
     )
-    vocab = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    vocab = open_llama(str(path), vocab_only=True, verbose=False)
     yield path, load_tokenizer(load_spec(path)), vocab
     vocab.close()
 
@@ -72,11 +72,11 @@ def test_byte_fallback_control_tokens_and_decode(spm) -> None:
 
 
 def test_tiny_spm_model_gives_llama_cpp_logits(spm) -> None:
-    import llama_cpp
+    from backends.llama_cpp.backend import open_llama
 
     path, tok, _ = spm
     ids = tok.encode(TEXT[:300])
-    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=256, n_threads=2, verbose=False)
+    llm = open_llama(str(path), logits_all=True, n_ctx=256, n_threads=2, verbose=False)
     llm.eval(ids)
     ref = np.array(llm.scores[: len(ids)])
     llm.close()

@@ -36,10 +36,10 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def starter(starter_path: Path):
-    import llama_cpp
+    from backends.llama_cpp.backend import open_llama
 
     spec = load_spec(starter_path)
-    vocab = llama_cpp.Llama(str(starter_path), vocab_only=True, verbose=False)
+    vocab = open_llama(str(starter_path), vocab_only=True, verbose=False)
     yield spec, load_tokenizer(spec), vocab
     vocab.close()
 
@@ -61,12 +61,12 @@ def _nll(logits: np.ndarray, ids: list[int]) -> float:
 
 @pytest.fixture(scope="module")
 def reference_logits(starter, starter_path: Path) -> tuple[list[int], np.ndarray]:
-    import llama_cpp
+    from backends.llama_cpp.backend import open_llama
 
     _, tok, _ = starter
     ids = tok.encode(TEXT)
     assert len(ids) > 1800
-    llm = llama_cpp.Llama(str(starter_path), logits_all=True, n_ctx=2048, n_threads=2, verbose=False)
+    llm = open_llama(str(starter_path), logits_all=True, n_ctx=2048, n_threads=2, verbose=False)
     llm.eval(ids)
     ref = np.array(llm.scores[: len(ids)])
     llm.close()

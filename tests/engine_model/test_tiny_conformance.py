@@ -22,9 +22,9 @@ TOL = {"F32": 1e-3, "Q8_0": 1e-2, "Q4_0": 1e-2}
 
 
 def _llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
-    import llama_cpp
+    from backends.llama_cpp.backend import open_llama
 
-    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=128, n_threads=2, verbose=False)
+    llm = open_llama(str(path), logits_all=True, n_ctx=128, n_threads=2, verbose=False)
     llm.eval(ids)
     out = np.array(llm.scores[: len(ids)])
     llm.close()

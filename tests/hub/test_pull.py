@@ -132,8 +132,10 @@ def test_split_gguf_is_fetched_together_and_loads_as_one_model(hub, tiny_split):
     _, spec = ModelStore().spec(entry.name)
     assert spec.n_layers == 2 and spec.architecture == "llama"
     assert spec.file_type == "Q8_0"
-    llama_cpp = pytest.importorskip("llama_cpp")
-    model = llama_cpp.Llama(entry.path, n_ctx=64, verbose=False)  # llama.cpp finds the other shards itself
+    pytest.importorskip("llama_cpp")
+    from backends.llama_cpp.backend import open_llama
+
+    model = open_llama(entry.path, n_ctx=64, verbose=False)  # llama.cpp finds the other shards itself
     assert model.n_vocab() == 49152 and model.tokenize(b"hello")
     model.close()
 

@@ -120,9 +120,9 @@ def starter(starter_path):
     }
     tensors = {t.name: t for t in reader.tensors}
     dense = lambda n: torch.from_numpy(gguf.quants.dequantize(tensors[n].data, tensors[n].tensor_type).copy())  # noqa: E731
-    from llama_cpp import Llama
+    from backends.llama_cpp.backend import open_llama
 
-    vocab = Llama(str(starter_path), vocab_only=True, verbose=False)
+    vocab = open_llama(str(starter_path), vocab_only=True, verbose=False)
     ids = torch.tensor(vocab.tokenize(TEXT.encode(), add_bos=False))
     return meta, tensors, dense, ids
 
@@ -150,9 +150,9 @@ def test_quantized_perplexity_bounds(starter, starter_path) -> None:
     meta, tensors, _dense, ids = starter
     base = _ppl(_build(starter), ids)
 
-    from llama_cpp import Llama  # the test-only forward must agree with llama.cpp first
+    from backends.llama_cpp.backend import open_llama  # the test-only forward must agree with llama.cpp first
 
-    llm = Llama(str(starter_path), n_ctx=512, logits_all=True, verbose=False)
+    llm = open_llama(str(starter_path), n_ctx=512, logits_all=True, verbose=False)
     llm.eval(ids.tolist())
     scores = torch.from_numpy(np.asarray(llm.scores[: len(ids)]))
     ref = math.exp(F.cross_entropy(scores[:-1].float(), ids[1:]).item())
