@@ -46,6 +46,9 @@ class Workload:
     gen_tokens: int = 128  # exact generated tokens per request (ignore_eos)
     requests: int = 16  # requests per concurrency level
     seed: int = 0  # prompt ids and sampling seed
+    # 0 = greedy; > 0: every request samples at this temperature with its own seed (seed + request index), in
+    # process with hearth's other defaults (top-k 40, top-p 0.95, min-p 0.05), over HTTP with OpenAI's (none)
+    temperature: float = 0.0
     threads: int | None = None  # CPU threads for the backend
     busy_cores: int = 0  # competing processes spinning one core each during the runs (busy_processes)
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for backend-specific settings
@@ -169,7 +172,7 @@ def _in_process(backend: Any, w: Workload) -> Callable[[tuple[int, ...], int, in
     from backends.api import Request, SamplingParams
 
     def one(prompt: tuple[int, ...], seed: int, priority: int) -> _Sample:
-        params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
+        params = SamplingParams(temperature=w.temperature, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
         c = backend.generate(Request(prompt_token_ids=prompt, sampling=params, priority=priority))
         return _Sample(
             len(c.token_ids), c.stats.ttft_s, c.stats.prefill_tokens_per_s, c.stats.decode_tokens_per_s, c.error
@@ -186,7 +189,7 @@ def _chat(backend: Any, w: Workload, *, remote: bool) -> Callable[[str, int, int
     from backends.api import SamplingParams
 
     def one(prompt: str, seed: int, priority: int) -> _Sample:
-        params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
+        params = SamplingParams(temperature=w.temperature, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
         messages = [{"role": "user", "content": prompt}]
         c = backend.generate(chat_request(backend.spec, messages, params, priority=priority).request)
         return _Sample(
@@ -215,7 +218,7 @@ def _over_http_chat(url: str, w: Workload) -> Callable[[str, int, int], _Sample]
             "priority": priority,
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": w.gen_tokens,
-            "temperature": 0,
+            "temperature": w.temperature,
             "seed": seed,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -268,7 +271,7 @@ def _over_http(url: str, w: Workload) -> Callable[[tuple[int, ...], int, int], _
             "priority": priority,
             "prompt": list(prompt),
             "max_tokens": w.gen_tokens,
-            "temperature": 0,
+            "temperature": w.temperature,
             "seed": seed,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -301,7 +304,7 @@ def worker(w: Workload) -> None:
             tensor_parallel=w.extra.get("tensor_parallel") if w.backend == "torch" else None,
             ttft_target_ms=target_ms,
         )
-        loaded = open_backend(settings)
+        loaded = open_backend(settings, command="bench")
     except Exception as e:  # any load failure becomes one line in the table, not a dead run
         _emit({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
         return

@@ -30,7 +30,33 @@ from hwprobe.plan_types import Plan, Prefs
 from hwprobe.report import HardwareReport, load_report
 from hwprobe.support import BF16_MIN_CC, torch_engine_refusal
 
-__all__ = ["Decision", "Loaded", "decide", "make_backend", "open_backend"]
+__all__ = ["Decision", "Loaded", "decide", "make_backend", "open_backend", "sequences_for"]
+
+# What each command runs at once, so the plan reserves KV for that and no more (issue 24: `hearth run` had a
+# 16 x 8192-token pool, 2.8 GiB, for one reply of a 135 M model).  `hearth serve` and `hearth bench` reserve
+# their concurrency (Settings.max_concurrency, --concurrency).
+RUN_SEQUENCES = 1  # `hearth run`, its terminal chat and `hearth ppl`: one reply (or one text) at a time
+# The chat app writes one reply at a time too, but a pool of four contexts keeps the prefixes of the last few
+# conversations in the prefix cache, so going back to one (the sidebar, a regenerate, an edit) reuses its KV
+# instead of computing the whole conversation again; and a reply stopped with Esc can still be finishing in the
+# engine while the next one starts.  On the CPU the pool costs RAM only as it fills (the engine commits its
+# blocks on first use), on a GPU it is allocated at load: four 8192-token contexts of a 7-8 B model are 4 GiB
+# (Llama 3 8B at f16), which the plan shrinks to what the card has left.
+CHAT_SEQUENCES = 4
+SEQUENCES_FOR = {
+    "run": (RUN_SEQUENCES, "hearth run, which answers one prompt at a time"),
+    "chat": (CHAT_SEQUENCES, "the chat app: one reply at a time, the last few conversations kept in the prefix cache"),
+    "ppl": (RUN_SEQUENCES, "hearth ppl, which scores one window at a time"),
+}
+
+
+def sequences_for(command: str, settings: Settings) -> tuple[int, str]:
+    """(sequences, why) the plan reserves KV for when `command` runs: "run", "chat", else (serve, bench) the
+    settings' max_concurrency."""
+    if command in SEQUENCES_FOR:
+        return SEQUENCES_FOR[command]
+    n = settings.max_concurrency
+    return n, f"hearth {command} with max concurrency {n}"
 
 
 def physical_cores() -> int:
@@ -66,17 +92,29 @@ def _torch_dtype(plan: Plan, report: HardwareReport) -> str:
     return "bfloat16" if all(cc >= BF16_MIN_CC for cc in ccs) else "float16"
 
 
-def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None, *, serving: bool = False) -> Decision:
+def decide(
+    spec: ModelSpec,
+    settings: Settings,
+    hardware_file: str | None = None,
+    *,
+    serving: bool = False,
+    command: str | None = None,
+) -> Decision:
     """Choose backend and LoadOptions for this model on this machine: hwprobe.plan() decides, and the flags the
     user gave in `settings` (backend, ctx, n_gpu_layers, kv_cache_type, threads) always override it.
     `serving` (`hearth serve`): concurrent clients are expected, so with backend auto and max_concurrency > 1
-    the plan prefers the engine that batches them (hwprobe.planner.serving)."""
+    the plan prefers the engine that batches them (hwprobe.planner.serving).  `command` ("run", "chat",
+    "serve", ...): what will run, which sets the sequences the KV pool is planned for (sequences_for); None =
+    the settings' max_concurrency."""
     report = hardware_report(hardware_file)
+    sequences, why = sequences_for(command, settings) if command else (settings.max_concurrency, "")
     tp = settings.tensor_parallel
     # an embedding model is planned small: one sequence (an embedding is one forward, with no KV kept after it),
     # never a KV pool for concurrent chats it will not have
     embedding = is_embedding_model(spec)
-    seqs = 1 if embedding else settings.max_concurrency
+    seqs = 1 if embedding else sequences
+    if embedding:
+        why = "an embedding model: one forward per input, no KV kept after it"
     # --tensor-parallel N > 1 is the torch engine's: with --backend auto it asks for the torch engine
     prefs = Prefs(
         backend="torch" if tp and tp > 1 and settings.backend == "auto" else settings.backend,
@@ -84,6 +122,7 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         kv_cache_type=settings.kv_cache_type,
         n_gpu_layers=settings.n_gpu_layers,
         max_num_seqs=seqs,
+        sequences_for=why,
         tensor_parallel=tp,
         prefer_batching=serving and not embedding,
     )
@@ -151,7 +190,12 @@ def runs_model(backend: str, spec: ModelSpec) -> bool:
 
 
 def _fallback(
-    spec: ModelSpec, settings: Settings, hardware_file: str | None, logits_all: bool, memory: ConfigMemory
+    spec: ModelSpec,
+    settings: Settings,
+    hardware_file: str | None,
+    logits_all: bool,
+    memory: ConfigMemory,
+    command: str | None = None,
 ) -> Callable[[str], LoadOptions | None]:
     """LoadOptions of another backend for this model, or None where it cannot run it."""
 
@@ -159,7 +203,7 @@ def _fallback(
         if backend not in LOCAL_BACKENDS or not runs_model(backend, spec):
             return None
         try:
-            options = decide(spec, settings.merged(backend=backend), hardware_file).options
+            options = decide(spec, settings.merged(backend=backend), hardware_file, command=command).options
             get_backend_info(backend).check_options(options)
         except HearthError:
             return None
@@ -175,9 +219,11 @@ def make_backend(
     *,
     hardware_file: str | None = None,
     logits_all: bool = False,
+    command: str | None = None,
 ) -> Backend:
     """The Backend for a decision: in a runner process (the default), or in this process (HEARTH_IN_PROCESS=1).
-    HEARTH_BACKEND_CLASS=module:Class loads that Backend class instead of the planned one (tests, plugins)."""
+    HEARTH_BACKEND_CLASS=module:Class loads that Backend class instead of the planned one (tests, plugins).
+    `command`: as decide's, for the fallback's plans."""
     name = os.environ.get("HEARTH_BACKEND_CLASS") or decision.backend
     if ":" not in name:  # a registry engine: a value it does not take is a one-line error here, not in the child
         get_backend_info(name).check_options(decision.options)
@@ -191,7 +237,7 @@ def make_backend(
         backend=name,
         memory=memory,
         log_dir=get_paths().log_dir / "runners",
-        fallback=_fallback(spec, settings, hardware_file, logits_all, memory),
+        fallback=_fallback(spec, settings, hardware_file, logits_all, memory, command),
     )
 
 
@@ -226,9 +272,11 @@ def open_backend(
     load: bool = True,
     logits_all: bool = False,
     serving: bool = False,
+    command: str | None = None,
 ) -> Loaded:
     """`logits_all` keeps the logits of every prompt position (only `hearth ppl` needs it: it costs memory);
-    `serving`: plan for concurrent clients (`hearth serve`, see decide)."""
+    `serving`: plan for concurrent clients (`hearth serve`, see decide); `command`: what will run, which sizes
+    the KV pool (decide)."""
     if settings.backend == "remote":
         if logits_all:
             raise ConfigError(
@@ -239,10 +287,12 @@ def open_backend(
         return open_remote(settings, progress=progress, load=load)
     store = store or ModelStore()
     entry, spec = store.spec(settings.model)
-    decision = decide(spec, settings, hardware_file, serving=serving)
+    decision = decide(spec, settings, hardware_file, serving=serving, command=command)
     if logits_all:
         decision.options = dataclasses.replace(decision.options, logits_all=True)
-    backend = make_backend(spec, decision, settings, hardware_file=hardware_file, logits_all=logits_all)
+    backend = make_backend(
+        spec, decision, settings, hardware_file=hardware_file, logits_all=logits_all, command=command
+    )
     if load:
         backend.load(progress)
         if entry.source != "path":

@@ -100,7 +100,7 @@ def _offload_race(
     return f"partial offload: {torch_part}; {llama_part}: {winner} is faster ({moved})"
 
 
-def _kv_pool(c: Candidate, devices: tuple[DeviceMemory, ...]) -> str:
+def _kv_pool(c: Candidate, devices: tuple[DeviceMemory, ...], prefs: Prefs) -> str:
     """One sentence: the torch engine's KV pool, in bytes, tokens and full-context sequences, and what sized it."""
     d = next(d for d in devices if d.kv_pool_tokens)
     seqs = d.kv_pool_tokens // c.ctx
@@ -116,10 +116,17 @@ def _kv_pool(c: Candidate, devices: tuple[DeviceMemory, ...]) -> str:
         if seqs >= c.max_num_seqs
         else f"what {budget} leaves after weights, compute and overhead; max_num_seqs {c.max_num_seqs} would need more"
     )
+    use = f", sized for {prefs.sequences_for}" if prefs.sequences_for else ""
+    # On a GPU the pool is allocated whole at load (CUDA graphs keep its addresses); in host RAM the engine
+    # reserves it and commits its blocks' pages as sequences first reach them (backends/torch_engine/kv_pool.py)
+    how = (
+        "the engine reserves exactly this and commits it in blocks as sequences grow"
+        if d.kind == "cpu"
+        else "the engine allocates exactly this"
+    )
     return (
         f"KV pool {c.kv_cache_type}: {_gib(d.kv_mib)} in {where}, {d.kv_pool_tokens} tokens = {seqs} "
-        f"full-context sequence{'s' if seqs != 1 else ''} of {c.ctx} tokens ({why}); the engine allocates "
-        "exactly this"
+        f"full-context sequence{'s' if seqs != 1 else ''} of {c.ctx} tokens ({why}){use}; {how}"
     )
 
 
@@ -361,7 +368,7 @@ def _memory_reasons(shape: ModelShape, prefs: Prefs, c: Candidate, devices: tupl
     out.append(f"context {c.ctx} tokens ({asked}; trained on {trained})")
     kv_mib = sum(d.kv_mib for d in devices)
     if c.backend == "torch":
-        out.append(_kv_pool(c, devices))
+        out.append(_kv_pool(c, devices, prefs))
     else:
         out.append(
             f"KV cache {c.kv_cache_type}: {_gib(kv_mib)} at {c.ctx} tokens"

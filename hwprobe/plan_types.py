@@ -24,9 +24,13 @@ class Prefs:
     # which batches them, wherever it runs the model (GPU, streaming blocks, or the CPU) over llama.cpp's one
     # request at a time (hwprobe.planner.serving)
     prefer_batching: bool = False
-    # the torch engine's most sequences at once (Settings.max_concurrency): its KV pool holds up to this many
-    # full-context sequences, as many as the device's budget leaves room for
+    # the torch engine's most sequences at once: its KV pool holds up to this many full-context sequences, as many
+    # as the device's budget leaves room for.  What the command will run (app.loading.sequences_for): `hearth run`
+    # 1, the chat app a few, `hearth serve` its --max-concurrency
     max_num_seqs: int = 16
+    # why max_num_seqs is what it is, for the KV pool's reason ("hearth run answers one prompt at a time"); "" =
+    # no command named
+    sequences_for: str = ""
     # torch engine ranks (--tensor-parallel N): None = the plan decides (tensor parallelism over NVLink/P2P-
     # joined GPUs when the model fits them in a better torch format than on one); 1 = never; N > 1 = N ranks
     # (N GPUs, or on a machine without GPUs N processes sharing the CPU cores)
@@ -103,6 +107,10 @@ class Plan:
     # keep their split_mode)
     tensor_parallel: int = 1
     serving: bool = False  # planned for concurrent clients (Prefs.prefer_batching with backend auto)
+    # tokens of KV the plan reserves: the torch engine's pool (max_num_seqs full-context sequences, or fewer where
+    # the budget is tighter; on the CPU the engine commits it in blocks as sequences grow, up to this); llama.cpp's
+    # one sequence of ctx cells
+    kv_pool_tokens: int = 0
 
     @property
     def fits(self) -> bool:
@@ -126,4 +134,6 @@ class Plan:
             "reasons": list(self.reasons),
             "tensor_parallel": self.tensor_parallel,
             "serving": self.serving,
+            "max_num_seqs": self.max_num_seqs,
+            "kv_pool_tokens": self.kv_pool_tokens,
         }

@@ -436,7 +436,16 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
         cpu_expert_layers=chosen.cpu_expert_layers,
         tensor_parallel=tensor_parallel,
         serving=serving(prefs),
+        kv_pool_tokens=_kv_pool_tokens(chosen, devices),
     )
+
+
+def _kv_pool_tokens(c: Candidate, devices: tuple) -> int:  # noqa: ANN001
+    """Tokens of KV the plan reserves: the torch engine's pool (every tensor-parallel rank holds the same
+    tokens), llama.cpp's ctx cells."""
+    if c.backend != "torch":
+        return c.ctx
+    return max((d.kv_pool_tokens for d in devices), default=0)
 
 
 def _kv_pool_bytes(shape: ModelShape, c: Candidate, devices: tuple, tensor_parallel: int = 1) -> int:  # noqa: ANN001

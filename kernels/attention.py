@@ -127,16 +127,21 @@ def allocate_kv_cache(
     dtype: torch.dtype,
     device: torch.device | str,
     head_major: bool = False,
+    zeroed: bool = True,
 ) -> torch.Tensor:
     """One layer's K (or V) cache, always indexed (num_blocks, block_size, kv_heads, D).
+
+    zeroed=False: torch.empty, address space without pages on the CPU; the caller zeroes blocks before their
+    first use (backends/torch_engine/kv_pool.py commits a CPU pool that way, in steps).
 
     head_major: the memory holds (num_blocks, kv_heads, block_size, D) and the tensor is a permuted view of it.
     Then one gather of blocks per kv head yields (n, kv_heads, length, D) contiguous, which is what the decode
     matmuls read; the token-major layout needs a transposing copy of every gathered K and V per layer on top
     (on the 2-core CPU ~5 of 37 ms of a batch-16 decode step).  Everything here works on either layout."""
+    make = torch.zeros if zeroed else torch.empty
     if head_major:
-        return torch.zeros(num_blocks, kv_heads, block_size, head_dim, dtype=dtype, device=device).permute(0, 2, 1, 3)
-    return torch.zeros(num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
+        return make(num_blocks, kv_heads, block_size, head_dim, dtype=dtype, device=device).permute(0, 2, 1, 3)
+    return make(num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
 
 
 def is_head_major(cache: torch.Tensor) -> bool:

@@ -67,6 +67,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-tokens", dest="gen_tokens", type=int, default=128, metavar="N")
     p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per concurrency level")
     p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="0 = greedy (default); T > 0: every request samples at T with its own seed (--seed + its index): "
+        "in process with hearth's defaults (top-k 40, top-p 0.95, min-p 0.05), with --http as OpenAI clients "
+        "send it (no truncation)",
+    )
     THREADS.add(p)
     p.add_argument(
         "--busy-cores",
@@ -186,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
             f"--busy-cores {args.busy_cores}: this machine has {cores} logical cores",
             f"use 0 to {cores} (1 is one core taken by another program)",
         )
+    if not args.temperature >= 0:  # NaN too
+        raise InvalidRequestError(f"--temperature must be >= 0, got {args.temperature}", "0 = greedy, e.g. 0.8")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if "remote" in backends:  # a wrong key or an unreachable URL: one line and exit 2, before any table
         from app.remote import open_remote
@@ -200,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         gen_tokens=args.gen_tokens,
         requests=args.requests,
         seed=args.seed,
+        temperature=args.temperature,
         threads=args.threads,
         busy_cores=args.busy_cores,
         extra={
@@ -245,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
                             "requests",
                             "seed",
                             "busy_cores",
+                            "temperature",
                         )
                     },
                     "runtime_baseline_mib": baseline,

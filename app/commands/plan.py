@@ -18,12 +18,14 @@ model folder, or a Hugging Face config.json (then the plan also picks the GGUF q
   hearth plan smollm2-135m-instruct
   hearth plan ~/models/Qwen2.5-14B/config.json --hardware 4090.json --json
   hearth plan config.json --quant Q3_K_M      (below Q4_K_M only when asked)
-  hearth plan --backend torch --max-concurrency 4
-  hearth plan --serve                          as `hearth serve` plans it: batching for concurrent clients
+  hearth plan --for run                        as `hearth run` plans it: KV for one sequence
+  hearth plan --serve --max-concurrency 8      as `hearth serve` plans it: batching for 8 concurrent clients
 
-The plan is the allocation: the torch engine's KV pool is exactly the plan's KV (what is left of the device's
-budget after weights, compute buffers and overhead, at most --max-concurrency full-context sequences, at least
-one); --json gives it per device as kv_pool_tokens.
+The plan reserves the KV the command will use: `hearth run` one full-context sequence, the chat app 4 (the
+default here: plain `hearth` opens it), `hearth serve` its --max-concurrency.  The plan is the allocation: the
+torch engine's KV pool is exactly the plan's KV (at most that many full-context sequences, fewer where the
+device's budget after weights, compute buffers and overhead is tighter, at least one); in host RAM the engine
+commits it in blocks as sequences grow.  --json gives it as kv_pool_tokens (and per device), with max_num_seqs.
 
 Which engine: the torch engine runs dense Llama, Mistral, Qwen2, Qwen3, Gemma 3 and Phi-3/4 models and is
 chosen where one of its formats fits a GPU; llama.cpp runs everything else (mixture-of-experts, other
@@ -46,12 +48,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     N_GPU_LAYERS.add(p)
     p.add_argument("--quant", metavar="Q", help="GGUF quant to plan for a config.json (F16, Q8_0, ... Q2_K)")
     p.add_argument(
+        "--for",
+        dest="for_command",
+        choices=("run", "chat", "serve"),
+        metavar="COMMAND",
+        help="plan as this command loads the model: run (KV for 1 sequence), chat (4; the default), serve "
+        "(--max-concurrency, like --serve)",
+    )
+    p.add_argument(
         "--max-concurrency",
         dest="max_concurrency",
         type=int,
         metavar="N",
         help="torch engine: sequences batched at once, the KV pool's cap in full-context sequences "
-        "(default: the settings' max_concurrency, 16)",
+        "(default: what --for's command runs; for serve the settings' max_concurrency, 16)",
     )
     TENSOR_PARALLEL.add(
         p,
@@ -90,7 +100,7 @@ def _config_shape(path: Path) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.loading import hardware_report
+    from app.loading import hardware_report, sequences_for
     from app.settings import load_settings
     from app.store import ModelStore
     from hwprobe import plan as make_plan
@@ -111,7 +121,13 @@ def run(args: argparse.Namespace) -> int:
         _, spec = ModelStore().spec(ref)
         shape = spec.to_shape()
     report = hardware_report(args.hardware)
-    max_num_seqs = load_settings(max_concurrency=args.max_concurrency).max_concurrency  # as `run`/`serve` load
+    if args.serve and args.for_command not in (None, "serve"):
+        raise ConfigError(f"--serve plans for `hearth serve`, but --for says {args.for_command}", "give one of the two")
+    command = "serve" if args.serve else args.for_command or "chat"
+    settings = load_settings(max_concurrency=args.max_concurrency)  # checked as `serve` checks it
+    max_num_seqs, why = sequences_for(command, settings)  # as `run`, the chat app and `serve` load
+    if args.max_concurrency is not None and command != "serve":  # an explicit count wins, as before --for
+        max_num_seqs, why = args.max_concurrency, f"--max-concurrency {args.max_concurrency}"
     tp = load_settings(tensor_parallel=args.tensor_parallel).tensor_parallel  # checked as `run` checks it
     backend = "torch" if tp and tp > 1 and args.backend == "auto" else args.backend  # as app.loading.decide
     prefs = Prefs(
@@ -121,8 +137,9 @@ def run(args: argparse.Namespace) -> int:
         n_gpu_layers=args.n_gpu_layers,
         quant=quant,
         max_num_seqs=max_num_seqs,
+        sequences_for=why,
         tensor_parallel=tp,
-        prefer_batching=args.serve,
+        prefer_batching=command == "serve",
     )
     try:
         p = make_plan(report, shape, prefs)

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as e:
         raise InvalidRequestError(f"cannot read {args.file}: {e}", "give a UTF-8 text file") from e
     settings = settings_from_args(args)
-    base = open_backend(settings, hardware_file=args.hardware, logits_all=True)
+    base = open_backend(settings, hardware_file=args.hardware, logits_all=True, command="ppl")
     other = None
     try:
         token_ids = base.backend.tokenize(text, add_special=True, parse_special=False)
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
             s2 = dataclasses.replace(
                 settings, model=args.compare or settings.model, backend=args.compare_backend or settings.backend
             )
-            other = open_backend(s2, hardware_file=args.hardware, logits_all=True)
+            other = open_backend(s2, hardware_file=args.hardware, logits_all=True, command="ppl")
         tty = sys.stderr.isatty()
 
         def progress(done: int, total: int) -> None:

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             from backends.errors import InvalidRequestError
 
             raise InvalidRequestError("stdin was empty: there is no prompt", "pipe some text into `hearth run -`")
-    loaded = open_backend(settings, hardware_file=args.hardware)
+    loaded = open_backend(settings, hardware_file=args.hardware, command="run")
     try:
         session = ChatSession(loaded, settings, stop=tuple(args.stop or ()))
         if args.verbose:

@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
             "point your clients at that server directly, or pass --backend auto",
         )
     # serving: the plan prefers the engine that batches (with max_concurrency 1 it says "single user")
-    loaded = open_backend(settings, hardware_file=args.hardware, serving=True)
+    loaded = open_backend(settings, hardware_file=args.hardware, serving=True, command="serve")
     backend = loaded.backend
     try:
         err = sys.stderr

@@ -382,4 +382,4 @@ def finish_note(stats: dict[str, Any] | None) -> str:
 def _default_loader(settings: Settings, progress: Any = None, hardware_file: str | None = None) -> Any:
     from app.loading import open_backend
 
-    return open_backend(settings, progress=progress, hardware_file=hardware_file)
+    return open_backend(settings, progress=progress, hardware_file=hardware_file, command="chat")

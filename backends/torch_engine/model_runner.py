@@ -4,8 +4,9 @@
 builds positions and the slot mapping from the block tables, runs the model once (K/V are written into the
 cache through the slot mapping inside each layer) and returns float32 logits for the requests that need them.
 
-The pool: per layer one K and one V tensor of shape (num_blocks, BLOCK_SIZE, n_kv_heads, head_dim), sized from
-LoadOptions.kv_cache_bytes, else max_num_seqs x n_ctx tokens (backends.torch_engine.parts.kv_pool_blocks).
+The pool (backends/torch_engine/kv_pool.py): per layer one K and one V tensor of shape (num_blocks, BLOCK_SIZE,
+n_kv_heads, head_dim), sized from LoadOptions.kv_cache_bytes, else max_num_seqs x n_ctx tokens
+(backends.torch_engine.parts.kv_pool_blocks); in host RAM its blocks are committed as the block tables reach them.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from backends.errors import ConfigError
 from backends.modelspec import ModelSpec
 from backends.torch_engine.cuda_graphs import DecodeGraphs, graph_sizes, unavailable_reason
 from backends.torch_engine.devices import resolve_device
+from backends.torch_engine.kv_pool import KVPool
 from backends.torch_engine.parts import kv_pool_blocks
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
 from backends.torch_engine.threads import IdleCores, ThreadTuner
-from kernels.attention import allocate_kv_cache, build_attention_metadata
+from kernels.attention import build_attention_metadata
 from kernels.dispatch import kernel_set
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -205,16 +207,10 @@ class ModelRunner:
         self.num_blocks = kv_pool_blocks(
             spec, options, torch.empty((), dtype=self.kv_dtype).element_size(), pool_kv_heads
         )
-        # Head-major memory on CPU (kernels.attention.allocate_kv_cache says why); CUDA keeps the token-major
-        # layout the Triton kernels were written and tuned for.
-        head_major = self.device.type == "cpu"
-
-        def cache() -> torch.Tensor:
-            return allocate_kv_cache(
-                self.num_blocks, BLOCK_SIZE, kv_heads, spec.head_dim, self.kv_dtype, self.device, head_major
-            )
-
-        self.kv_caches = [(cache(), cache()) for _ in range(spec.n_layers)]
+        self.kv_pool = KVPool(
+            self.num_blocks, BLOCK_SIZE, spec.n_layers, kv_heads, spec.head_dim, self.kv_dtype, self.device
+        )
+        self.kv_caches = self.kv_pool.caches
         _release_freed_memory()
 
     def _check_kernels(self, record: str | None) -> tuple[Any, str | None]:
@@ -272,7 +268,8 @@ class ModelRunner:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+        """The pool's bytes as reserved: what the plan gave it (kv_committed_bytes: what is in use)."""
+        return self.kv_pool.reserved_bytes
 
     @torch.inference_mode()
     def forward(
@@ -289,6 +286,7 @@ class ModelRunner:
         each layer chooses by the number of rows."""
         from backends.torch_engine.quantize import QUANTIZED_ROWS
 
+        self.kv_pool.ensure(table for _, _, table in seqs)
         ids: list[int] = []
         positions: list[int] = []
         for tokens, start, _ in seqs:
@@ -449,6 +447,7 @@ class ModelRunner:
         from backends.torch_engine.quantize import QUANTIZED_ROWS
 
         n, chunk = len(token_ids), self.options.n_batch
+        self.kv_pool.ensure([tuple(block_table)])  # blocks a growing pool has not committed yet are zeroed first
         total: torch.Tensor | None = None
         first = last = None
         token = QUANTIZED_ROWS.set(0)  # prompt rows: the dense kernels where a layer has both
@@ -475,6 +474,7 @@ class ModelRunner:
             "kv_dtype": str(self.kv_dtype).removeprefix("torch."),
             "kv_blocks": self.num_blocks,
             "kv_cache_bytes": self.kv_cache_bytes,
+            "kv_committed_bytes": self.kv_pool.committed_bytes,
             "kernels": self.ops.name,
             "weight_quant": self.weight_quant,
             "weight_bytes": self.weight_bytes,
@@ -542,5 +542,6 @@ class ModelRunner:
 
     def close(self) -> None:
         self.decode_graphs = None  # the graphs write into the KV pool: they go first
+        self.kv_pool.close()
         self.kv_caches = []
         self.model = None  # type: ignore[assignment]

@@ -266,3 +266,37 @@ def test_bench_qos_refuses_bad_arguments(capsys):
 
     assert main(["--bg-clients", "0"]) == 2
     assert "--bg-clients must be at least 1" in capsys.readouterr().err
+
+
+def test_sampled_rows_carry_the_temperature_and_a_seed_per_request_on_both_paths(fake_loaded, capsys):
+    """--temperature T (issue 24): every request samples at T with seed --seed + its index, in process and over
+    HTTP (there as an OpenAI client sends it: temperature and seed, no top-k or min-p)."""
+    from app.bench import Workload, worker
+
+    backend = fake_loaded
+    worker(
+        Workload(
+            model=None,
+            backend="torch",
+            concurrency=[2],
+            prompt_tokens=8,
+            gen_tokens=3,
+            requests=2,
+            seed=40,
+            temperature=0.8,
+            extra={"http": True, "chat": True},
+        )
+    )
+    assert '"error"' not in capsys.readouterr().out
+    assert [r.sampling.temperature for r in backend.requests] == [0.8] * 4
+    assert sorted(r.sampling.seed for r in backend.requests) == [40, 40, 41, 41]
+    in_process, http = backend.requests[:2], backend.requests[2:]
+    assert all(r.sampling.top_k == 40 for r in in_process)  # hearth's defaults
+    assert all(r.sampling.top_k == 0 and r.sampling.min_p == 0 for r in http)  # OpenAI's
+
+
+def test_a_negative_temperature_is_refused_before_anything_loads(capsys):
+    from app.cli import main
+
+    assert main(["bench", "--temperature", "-1"]) == 2
+    assert "--temperature must be >= 0" in capsys.readouterr().err

