@@ -382,6 +382,8 @@ class EngineStats:
     prefix_hit_tokens: int = 0  # prompt tokens served from the prefix cache since load
     preemptions: int = 0  # requests preempted for KV space since load
     generated_tokens: int = 0  # tokens generated since load
+    spec_proposed_tokens: int = 0  # speculative decoding: proposed tokens verified since load (torch engine)
+    spec_accepted_tokens: int = 0  # of which the target accepted
     rss_bytes: int = 0  # resident memory of the process that holds the model
     peak_rss_bytes: int = 0  # the highest resident memory that process has had (VmHWM): loading's peaks count
     gpu_bytes: int = 0  # GPU memory that process holds (0 without a GPU)
@@ -439,6 +441,11 @@ class LoadOptions:
     cpu_expert_layers: int = 0
     # torch engine: ranks of tensor parallelism (one process per GPU, or per share of the CPU cores); 1 = none
     tensor_parallel: int = 1
+    # torch engine: speculative decoding (backends/torch_engine/speculative): "off" | "ngram" (prompt lookup) |
+    # "draft" (draft_model proposes, the target verifies); the planner turns the user's "auto" into one of these
+    speculative: str = "off"
+    draft_model: str | None = None  # path of the draft model's GGUF (same vocabulary as the target), for "draft"
+    speculative_k: int = 8  # most proposals per request and step (k adapts below it per request)
 
     def __post_init__(self) -> None:
         from backends.errors import ConfigError
@@ -453,6 +460,15 @@ class LoadOptions:
             raise ConfigError(f"n_batch and max_num_seqs must be >= 1, got {self.n_batch}, {self.max_num_seqs}")
         if self.tensor_parallel < 1:
             raise ConfigError(f"--tensor-parallel must be 1 or more ranks, got {self.tensor_parallel}")
+        if self.speculative not in ("off", "ngram", "draft"):
+            raise ConfigError(
+                f"--speculative must be off, ngram, draft or auto, got {self.speculative!r}",
+                "auto is resolved by the planner before loading",
+            )
+        if self.speculative == "draft" and not self.draft_model:
+            raise ConfigError("--speculative draft needs a draft model", "add --draft-model NAME|PATH")
+        if not 1 <= self.speculative_k <= 16:
+            raise ConfigError(f"speculative_k must be 1..16, got {self.speculative_k}")
 
 
 class Backend(ABC):

@@ -155,7 +155,7 @@ class TorchBackend(Backend):
             ready.put(Reply(error=exc))
             return
         self._parts = parts
-        self._engine = Engine(parts.runner, scheduler, Sampler(o.seed))
+        self._engine = Engine(parts.runner, scheduler, Sampler(o.seed), parts.speculator)
         self._generated_tokens = 0
         self._publish(self._engine)
         ready.put(Reply())
@@ -426,9 +426,10 @@ class TorchBackend(Backend):
                 channel.out.put(Finished(RequestStatus.FINISHED_ERROR, u.error, u.error_code))
                 continue
             self._generated_tokens += len(u.new_token_ids)
+            last = len(u.new_token_ids) - 1  # a speculative row brings several: only the last one ends the stream
             for i, token in enumerate(u.new_token_ids):
                 logprob = u.logprobs[i] if i < len(u.logprobs) else None
-                channel.out.put(Token(token, u.request.status if u.finished else None, now, logprob))
+                channel.out.put(Token(token, u.request.status if u.finished and i == last else None, now, logprob))
 
     def _handle(self, engine: Engine, channels: dict[str, _Channel], message: InboxMessage) -> None:
         if isinstance(message, Add):

@@ -22,6 +22,7 @@ from backends.modelspec import ModelSpec
 from backends.torch_engine.cuda_graphs import DecodeGraphs, graph_sizes, unavailable_reason
 from backends.torch_engine.parts import EngineParts, kv_pool_blocks
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
+from backends.torch_engine.speculative.build import build_speculator
 from kernels.attention import allocate_kv_cache, build_attention_metadata
 from kernels.dispatch import kernel_set
 
@@ -296,8 +297,9 @@ class ModelRunner:
         logits = self._graph_step(scheduled)
         extra = {} if logits is None else {"cuda_graph": True}
         prompt_logits: dict[str, torch.Tensor] = {}
+        spec_logits: dict[str, torch.Tensor] = {}
         if logits is None:
-            wide = [s.all_logits for s in scheduled]
+            wide = [s.all_logits or s.num_spec_tokens > 0 for s in scheduled]
             logits = self.forward(
                 [(s.token_ids, s.start_position, s.block_table) for s in scheduled],
                 logit_rows=wide if any(wide) else "last",
@@ -305,10 +307,12 @@ class ModelRunner:
             )
             if any(wide):  # split the flagged requests' rows off; one row per request remains
                 last, at = [], 0
-                for s in scheduled:
-                    n = s.num_tokens if s.all_logits else 1
+                for s, flag in zip(scheduled, wide):
+                    n = s.num_tokens if flag else 1
                     if s.all_logits:
                         prompt_logits[s.request_id] = logits[at : at + n]
+                    elif flag:  # a speculative row: the logits after the last sampled token and each proposal
+                        spec_logits[s.request_id] = logits[at : at + n]
                     last.append(at + n - 1)
                     at += n
                 logits = logits[last]
@@ -316,7 +320,7 @@ class ModelRunner:
         ids = tuple(scheduled[i].request_id for i in keep)
         rows = logits[keep] if len(keep) != len(scheduled) else logits
         # forward_s is host time: a graph step returns once its work is queued on the GPU
-        return RunnerOutput(ids, rows, {"forward_s": time.perf_counter() - t0, **extra}, prompt_logits)
+        return RunnerOutput(ids, rows, {"forward_s": time.perf_counter() - t0, **extra}, prompt_logits, spec_logits)
 
     def _graph_step(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
         """The logits of a decode-only step replayed as a CUDA graph, or None: the step runs eagerly."""
@@ -445,7 +449,9 @@ def build_engine_parts(
             f"the KV pool holds {runner.num_blocks * BLOCK_SIZE} tokens, less than the context of {options.n_ctx}",
             "raise the KV budget or lower --ctx",
         )
+    speculator = build_speculator(options, spec, tokenizer, ModelRunner)
     return EngineParts(
+        speculator=speculator,
         runner=runner,
         tokenizer=tokenizer,
         num_blocks=runner.num_blocks,
