@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.settings import Settings
+from app.speculative import decide_speculative
 from app.store import ModelEntry, ModelStore
 from backends.api import Backend, LoadOptions, ProgressCallback
 from backends.modelspec import ModelSpec
@@ -88,7 +89,10 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
     tp = settings.tensor_parallel
     # --tensor-parallel N > 1 is the torch engine's: with --backend auto it asks for the torch engine
     prefs = Prefs(
-        backend="torch" if tp and tp > 1 and settings.backend == "auto" else settings.backend,
+        # and so are --speculative ngram / draft (the torch engine's feature)
+        backend="torch"
+        if ((tp and tp > 1) or settings.speculative in ("ngram", "draft")) and settings.backend == "auto"
+        else settings.backend,
         ctx=settings.ctx,
         kv_cache_type=settings.kv_cache_type,
         n_gpu_layers=settings.n_gpu_layers,
@@ -97,6 +101,7 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         prefer_batching=serving,
     )
     plan = make_plan(report, spec.to_shape(), prefs)
+    plan, draft_path = decide_speculative(plan, spec, settings)
     backend = prefs.backend if prefs.backend != "auto" else plan.backend
     torch = backend == "torch"
     n_gpu_layers = -1 if plan.n_gpu_layers >= plan.n_layers else plan.n_gpu_layers
@@ -122,6 +127,9 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         # --n-gpu-layers is plain layer offload
         cpu_expert_layers=plan.cpu_expert_layers if not torch and settings.n_gpu_layers is None else 0,
         tensor_parallel=plan.tensor_parallel if torch and plan.backend == "torch" else 1,
+        speculative=plan.speculative.method if torch else "off",
+        draft_model=draft_path if torch else None,
+        speculative_k=plan.speculative.k or 8,
     )
     reasons = tuple(plan.reasons)
     if hardware_file:

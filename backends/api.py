@@ -298,6 +298,8 @@ class RequestStats:
     ttft_s: float = 0.0  # request submitted -> first generated token available
     queue_s: float = 0.0  # request submitted -> its prefill started (waiting behind others)
     total_s: float = 0.0  # request submitted -> finished
+    spec_proposed_tokens: int = 0  # speculative decoding (torch engine): proposals verified for this request
+    spec_accepted_tokens: int = 0  # of which accepted (each saved one decode step)
 
     @property
     def decode_s(self) -> float:

@@ -34,6 +34,28 @@ class Prefs:
 
 
 @dataclass(frozen=True)
+class SpeculativePlan:
+    """The torch engine's speculative decoding, as planned (hwprobe.speculative): what `--speculative` became."""
+
+    method: str = "off"  # "off" | "ngram" (prompt lookup) | "draft" (a draft model)
+    k: int = 0  # most proposals per request and step (k adapts below it per request); 0 when off
+    draft: str | None = None  # the draft model (name or path) when method is "draft"
+    draft_weights_mib: int = 0  # the draft's weights and KV pool, counted in the plan's device memory
+    draft_kv_mib: int = 0
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "k": self.k,
+            "draft": self.draft,
+            "draft_weights_mib": self.draft_weights_mib,
+            "draft_kv_mib": self.draft_kv_mib,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
 class DeviceMemory:
     kind: str  # "gpu" | "cpu"
     index: int | None  # GPU index; None for host RAM
@@ -103,6 +125,7 @@ class Plan:
     # keep their split_mode)
     tensor_parallel: int = 1
     serving: bool = False  # planned for concurrent clients (Prefs.prefer_batching with backend auto)
+    speculative: SpeculativePlan = SpeculativePlan()  # hwprobe.speculative.plan_speculative fills it
 
     @property
     def fits(self) -> bool:
@@ -126,4 +149,5 @@ class Plan:
             "reasons": list(self.reasons),
             "tensor_parallel": self.tensor_parallel,
             "serving": self.serving,
+            "speculative": self.speculative.as_dict(),
         }

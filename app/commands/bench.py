@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from app.commands.common import add_speculative_arguments
+
 NAME = "bench"
 HELP = "benchmark backends side by side: load time, TTFT, prefill/decode tok/s, memory"
 ORDER = 60
@@ -61,6 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the torch engine's rows run in N tensor-parallel ranks (one per GPU; default: the plan "
         "decides); llama.cpp's rows keep its own split",
     )
+    add_speculative_arguments(p)
     p.add_argument(
         "--http",
         action="store_true",
@@ -163,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
                 ("url", args.url),
                 ("remote_model", args.remote_model),
                 ("tensor_parallel", args.tensor_parallel),
+                ("speculative", args.speculative),
+                ("draft_model", args.draft_model),
             )
             if v is not None
         },

@@ -46,6 +46,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, rem
         help="torch engine: split every layer over N processes, one per GPU (NVLink/P2P-joined cards; "
         "without GPUs, N processes share the CPU cores); 1 = never; default: the plan decides",
     )
+    add_speculative_arguments(g)
     g.add_argument(
         "--hardware",
         metavar="FILE",
@@ -61,6 +62,23 @@ def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, rem
             help="the model to ask the server for (default: the first it lists at /v1/models); the key "
             "comes from HEARTH_REMOTE_API_KEY or [remote] api_key in settings.toml",
         )
+
+
+def add_speculative_arguments(g: Any) -> None:
+    """--speculative and --draft-model (run, chat, serve, bench, plan)."""
+    g.add_argument(
+        "--speculative",
+        choices=("off", "ngram", "draft", "auto"),
+        help="torch engine speculative decoding: ngram = prompt lookup (guesses copied from the prompt and the "
+        "reply so far; pays on summarise / quote / edit tasks), draft = a smaller model with the same vocabulary "
+        "proposes (--draft-model), auto = the plan decides; lossless either way (default off)",
+    )
+    g.add_argument(
+        "--draft-model",
+        dest="draft_model",
+        metavar="NAME|PATH",
+        help="the draft model for --speculative draft (or a candidate for auto): registered name or GGUF path",
+    )
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from app.commands.common import add_speculative_arguments
+
 NAME = "plan"
 HELP = "show how a model would run here: backend, quant, GPU layers, context, KV type, memory, speed"
 ORDER = 61
@@ -38,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="name, GGUF path, HF folder or config.json (default: the last used model, else the starter)",
     )
     p.add_argument("--hardware", metavar="FILE", help="plan for the machine in this HardwareReport JSON")
+    add_speculative_arguments(p)
     p.add_argument("--ctx", type=int, metavar="N", help="context length in tokens (fixed)")
     p.add_argument("--backend", "-b", choices=("auto", *LOCAL_BACKENDS), default="auto")
     p.add_argument("--kv-cache-type", dest="kv_cache_type", choices=("f16", "q8_0", "q4_0"))
@@ -115,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     report = hardware_report(args.hardware)
     max_num_seqs = load_settings(max_concurrency=args.max_concurrency).max_concurrency  # as `run`/`serve` load
     tp = load_settings(tensor_parallel=args.tensor_parallel).tensor_parallel  # checked as `run` checks it
-    backend = "torch" if tp and tp > 1 and args.backend == "auto" else args.backend  # as app.loading.decide
+    torch_asked = (tp and tp > 1) or args.speculative in ("ngram", "draft")
+    backend = "torch" if torch_asked and args.backend == "auto" else args.backend  # as app.loading.decide
     prefs = Prefs(
         backend=backend,
         ctx=args.ctx,
@@ -132,5 +136,13 @@ def run(args: argparse.Namespace) -> int:
         from app.remote import remote_hint
 
         raise PlanError(exc.message, f"{exc.hint}; {remote_hint()}" if exc.hint else remote_hint()) from None
+    if ref and ref.endswith(".json") and Path(ref).expanduser().is_file():
+        from hwprobe.speculative import plan_speculative
+
+        p = plan_speculative(p, "ngram" if args.speculative == "auto" else args.speculative or "off")
+    else:
+        from app.speculative import decide_speculative
+
+        p, _ = decide_speculative(p, spec, load_settings(speculative=args.speculative, draft_model=args.draft_model))
     print(json.dumps(p.as_dict(), indent=2) if args.json else plan_text(p, shape.name))
     return 0

@@ -345,6 +345,8 @@ class TorchBackend(Backend):
                 if tail:
                     yield GenerationEvent(EventKind.TOKEN, rid, text=tail)
             stats.total_s = time.perf_counter() - er.arrival_time
+            # written by the engine thread before the last message this stream got; it touches them no more
+            stats.spec_proposed_tokens, stats.spec_accepted_tokens = er.num_spec_proposed, er.num_spec_accepted
             done = True
             yield GenerationEvent(
                 EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error, error_code=error_code
@@ -483,6 +485,8 @@ class TorchBackend(Backend):
             prefix_hit_tokens=bm.num_hit_tokens,
             preemptions=s.num_preemptions,
             generated_tokens=self._generated_tokens,
+            spec_proposed_tokens=engine.speculator.num_proposed if engine.speculator else 0,
+            spec_accepted_tokens=engine.speculator.num_accepted if engine.speculator else 0,
         )
 
     # -- facts -------------------------------------------------------------------------------------------
@@ -517,6 +521,11 @@ class TorchBackend(Backend):
             )
         if self._parts is not None and self._parts.describe is not None:
             info.update(self._parts.describe())
+        speculator = self._engine.speculator if self._engine is not None else None
+        info["speculative"] = "off" if speculator is None else speculator.proposer.name
+        if speculator is not None:  # the published counters (the speculator's own are the engine thread's)
+            st = self._stats
+            info.update(spec_proposed_tokens=st.spec_proposed_tokens, spec_accepted_tokens=st.spec_accepted_tokens)
         return info
 
     def memory_in_use(self) -> dict[str, int]:

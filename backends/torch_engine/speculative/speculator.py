@@ -131,6 +131,8 @@ class Speculator:
             self.num_proposed += len(proposal.token_ids)
             self.num_accepted += accepted
             self.num_verifications += 1
+            request.num_spec_proposed += len(proposal.token_ids)
+            request.num_spec_accepted += accepted
             tokens[s.request_id] = row
         return tokens
 
