@@ -20,7 +20,8 @@ TEXT = (
     "        if a[i] <= b[j]:\n            out.append(a[i])\n            i += 1\n        else:\n"
     "            out.append(b[j])\n            j += 1\n    return out + a[i:] + b[j:]\n"
 )
-PROMPT = f"<|im_start|>user\nRename the function merge to merge_sorted and repeat the code:\n{TEXT}<|im_end|>\n<|im_start|>assistant\n"
+ASK = "Rename the function merge to merge_sorted and repeat the code:"
+PROMPT = f"<|im_start|>user\n{ASK}\n{TEXT}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def _backend(spec, **kw):
