@@ -467,7 +467,7 @@ class TorchBackend(Backend):
 
     def _fail_all(self, engine: Engine, channels: dict[str, _Channel], error: str) -> None:
         for r in engine.scheduler.abort_all(RequestStatus.FINISHED_ERROR):
-            engine.sampler.forget(r.request_id)
+            engine.forget(r.request_id)
         for channel in channels.values():
             channel.out.put(Finished(RequestStatus.FINISHED_ERROR, error))
         channels.clear()

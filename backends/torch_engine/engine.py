@@ -53,9 +53,11 @@ class Engine:
 
     def finish_request(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
         self.scheduler.finish_request(request_id, status)
-        self._forget(request_id)
+        self.forget(request_id)
 
-    def _forget(self, request_id: str) -> None:
+    def forget(self, request_id: str) -> None:
+        """Drop what the engine keeps for a request that ended outside step(): its sampler key and its
+        speculation state (a draft model's blocks)."""
         self.sampler.forget(request_id)
         if self.speculator is not None:
             self.speculator.forget(request_id)
@@ -92,7 +94,7 @@ class Engine:
             ]
         for u in updates:
             if u.finished:
-                self._forget(u.request.request_id)
+                self.forget(u.request.request_id)
         self.num_steps += 1
         return updates
 

@@ -245,11 +245,14 @@ def test_rejection_rule_keeps_the_target_distribution(draft: bool) -> None:
     p = filtered_probs(logits, [params] * 3)
     proposal = (int(p[0].argsort()[-2]), 2)  # the second most likely: accepted and rejected often
     q = torch.softmax(torch.randn(2, 6, generator=g), dim=-1) if draft else None
+    cdf = q.double().cumsum(-1) if draft else None
     first, second = torch.zeros(6), torch.zeros(6)
     for key in range(6_000):
+        if draft:  # a draft's proposals are drawn from its q (the rule's premise)
+            proposal = tuple(int(torch.searchsorted(cdf[j], uniform(key, 1000 + j))) for j in range(2))
         row = verify_row(logits, proposal, params, q, key=key * 7919 + 1, position=100)
         first[row[0]] += 1
-        if row[0] == proposal[0] and len(row) > 1:
+        if len(row) > 1:  # the first proposal was accepted: the next token is p_1's
             second[row[1]] += 1
     assert _tv(first, p[0]) < 0.04
     assert second.sum() > 600 and _tv(second, p[1]) < 0.05
