@@ -17,6 +17,8 @@ from app.settings import Settings
 from app.structured import constraint_for
 from backends.api import Completion, EventKind, FinishReason, Request
 
+_NOT_SHOWN = ("backend", "model", "path", "kernel_check_reasons")  # the reasons print as lines of their own
+
 
 @dataclass
 class ChatSession:
@@ -36,10 +38,11 @@ class ChatSession:
         info = self.loaded.backend.describe()
         print(
             f"hearth: {self.loaded.entry.name} on {d.backend} "
-            f"({', '.join(f'{k}={v}' for k, v in info.items() if k not in ('backend', 'model', 'path'))})",
+            f"({', '.join(f'{k}={v}' for k, v in info.items() if k not in _NOT_SHOWN)})",
             file=out,
         )
-        for reason in d.reasons:
+        # the plan's reasons, then the engine's own: which kernels its self-check replaced on this device
+        for reason in (*d.reasons, *info.get("kernel_check_reasons", ())):
             print(f"  - {reason}", file=out)
 
     def reset(self) -> None:

@@ -10,31 +10,27 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
 
+from app.loaded import Decision, Loaded
+from app.paths import get_paths
+from app.remote import open_remote
 from app.settings import Settings
 from app.speculative import decide_speculative
-from app.store import ModelEntry, ModelStore
+from app.store import ModelStore
 from backends.api import Backend, LoadOptions, ProgressCallback
 from backends.modelspec import ModelSpec
-from backends.registry import LOCAL_BACKENDS, get_backend_info
+from backends.registry import LOCAL_BACKENDS, backend_class, get_backend_info
+from backends.runner.client import ConfigMemory, RunnerBackend, config_memory_at
+from hwprobe import plan as make_plan
+from hwprobe import probe
+from hwprobe.errors import ConfigError, HearthError
+from hwprobe.plan_types import Plan, Prefs
+from hwprobe.report import HardwareReport, load_report
+from hwprobe.support import BF16_MIN_CC, torch_engine_refusal
 
-
-@dataclass
-class Decision:
-    backend: str  # registry name
-    options: LoadOptions
-    plan: Any | None = None  # hwprobe Plan when one was made
-    reasons: tuple[str, ...] = ()
-
-
-@dataclass
-class Loaded:
-    backend: Backend
-    entry: ModelEntry
-    spec: ModelSpec
-    decision: Decision
+__all__ = ["Decision", "Loaded", "decide", "make_backend", "open_backend"]
 
 
 def physical_cores() -> int:
@@ -43,15 +39,10 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
-def hardware_report(hardware_file: str | None = None) -> Any:
+def hardware_report(hardware_file: str | None = None) -> HardwareReport:
     """The HardwareReport to plan for: the saved one in `hardware_file`, else a probe of this machine."""
-    from hwprobe.report import load_report
-
     if hardware_file:
         return load_report(hardware_file)
-    from app.paths import get_paths
-    from hwprobe import probe
-
     return probe(get_paths().models_dir)
 
 
@@ -60,7 +51,7 @@ _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _TORCH_QUANTS = {"W8A16": "int8", "W4A16": "int4", "FP8": "fp8", "GGUF": "gguf"}
 
 
-def _torch_dtype(plan: Any, report: Any) -> str:
+def _torch_dtype(plan: Plan, report: HardwareReport) -> str:
     """The compute dtype of a torch plan: its own for bf16/fp16/fp32; for a quantized format on a GPU the half
     precision the planner priced it in (bf16 from compute capability 8.0, else fp16: torch.cuda's "auto" would
     take bf16 on a Turing card, where it is emulated); "auto" on CPU."""
@@ -68,8 +59,6 @@ def _torch_dtype(plan: Any, report: Any) -> str:
         return _TORCH_DTYPES[plan.quant]
     if not plan.device.startswith("cuda"):  # a CPU plan keeps a GGUF's blocks only with bf16 compute
         return "bfloat16"
-    from hwprobe.support import BF16_MIN_CC
-
     used = {d.index for d in plan.devices if d.kind == "gpu" and d.used}
     ccs = [g.cc for g in report.gpus if g.index in used] if plan.device.startswith("cuda") else []
     if not ccs or any(cc is None for cc in ccs):
@@ -82,9 +71,6 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
     user gave in `settings` (backend, ctx, n_gpu_layers, kv_cache_type, threads) always override it.
     `serving` (`hearth serve`): concurrent clients are expected, so with backend auto and max_concurrency > 1
     the plan prefers the engine that batches them (hwprobe.planner.serving)."""
-    from hwprobe import plan as make_plan
-    from hwprobe.plan_types import Prefs
-
     report = hardware_report(hardware_file)
     tp = settings.tensor_parallel
     # --tensor-parallel N > 1 is the torch engine's: with --backend auto it asks for the torch engine
@@ -130,11 +116,18 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         speculative=plan.speculative.method if torch else "off",
         draft_model=draft_path if torch else None,
         speculative_k=plan.speculative.k or 8,
+        # the torch engine checks its Triton kernels on a new device once and remembers the verdicts here
+        kernel_check_record=str(kernel_check_record()) if torch else None,
     )
     reasons = tuple(plan.reasons)
     if hardware_file:
         reasons = (f"planned for the machine in {hardware_file}", *reasons)
     return Decision(backend, options, plan, reasons)
+
+
+def kernel_check_record() -> Path:
+    """Where the torch engine keeps its kernel self-check verdicts per device (`hearth doctor` shows them)."""
+    return get_paths().cache_dir / "kernel_checks.json"
 
 
 def in_process() -> bool:
@@ -150,21 +143,20 @@ def runs_model(backend: str, spec: ModelSpec) -> bool:
         return False
     if backend == "llama.cpp":
         return spec.format == "gguf"
-    from hwprobe.support import torch_engine_refusal
-
     return torch_engine_refusal(spec.to_shape()) is None
 
 
-def _fallback(spec: ModelSpec, settings: Settings, hardware_file: str | None, logits_all: bool, memory: Any) -> Any:
+def _fallback(
+    spec: ModelSpec, settings: Settings, hardware_file: str | None, logits_all: bool, memory: ConfigMemory
+) -> Callable[[str], LoadOptions | None]:
     """LoadOptions of another backend for this model, or None where it cannot run it."""
 
     def options_for(backend: str) -> LoadOptions | None:
         if backend not in LOCAL_BACKENDS or not runs_model(backend, spec):
             return None
-        from hwprobe.errors import HearthError
-
         try:
             options = decide(spec, settings.merged(backend=backend), hardware_file).options
+            get_backend_info(backend).check_options(options)
         except HearthError:
             return None
         return _with_extra_bufts(backend, dataclasses.replace(options, logits_all=logits_all), memory)
@@ -183,15 +175,12 @@ def make_backend(
     """The Backend for a decision: in a runner process (the default), or in this process (HEARTH_IN_PROCESS=1).
     HEARTH_BACKEND_CLASS=module:Class loads that Backend class instead of the planned one (tests, plugins)."""
     name = os.environ.get("HEARTH_BACKEND_CLASS") or decision.backend
+    if ":" not in name:  # a registry engine: a value it does not take is a one-line error here, not in the child
+        get_backend_info(name).check_options(decision.options)
     memory = config_memory()
     options = _with_extra_bufts(name, decision.options, memory)
     if in_process():
-        from backends.runner.child import backend_class
-
         return backend_class(name)(spec, options)
-    from app.paths import get_paths
-    from backends.runner.client import RunnerBackend
-
     return RunnerBackend(
         spec,
         options,
@@ -205,27 +194,23 @@ def make_backend(
 EXTRA_BUFTS_CHECK = "llama.cpp extra_bufts"
 
 
-def config_memory() -> Any:
+def config_memory() -> ConfigMemory:
     """The per-machine memory of what worked (backends/runner/memory.py), in hearth's cache dir.  The machine is
     its CPU and engine library versions (not its GPUs: a remembered configuration only ever asks for less)."""
-    from app.paths import get_paths
-    from backends.runner.memory import ConfigMemory, machine_key
-
-    return ConfigMemory(get_paths().cache_dir / "runner-configs.json", machine_key())
+    return config_memory_at(get_paths().cache_dir / "runner-configs.json")
 
 
-def _with_extra_bufts(backend: str, options: LoadOptions, memory: Any) -> LoadOptions:
+def _with_extra_bufts(backend: str, options: LoadOptions, memory: ConfigMemory) -> LoadOptions:
     if backend == "llama.cpp" and options.extra_bufts is None:
         return dataclasses.replace(options, extra_bufts=llama_extra_bufts(memory))
     return options
 
 
-def llama_extra_bufts(memory: Any) -> bool:
+def llama_extra_bufts(memory: ConfigMemory) -> bool:
     """llama.cpp's extra weight-buffer types on this machine: the backend's rule (off on CPUs with AMX, where
     some builds crash in the repack path), with what `hearth doctor` recorded for this build here."""
-    from backends.llama_cpp.backend import extra_bufts_default
-
-    return extra_bufts_default(lambda: memory.check_passed(EXTRA_BUFTS_CHECK) is True)[0]
+    rule = get_backend_info("llama.cpp").extra_bufts_default
+    return rule(lambda: memory.check_passed(EXTRA_BUFTS_CHECK) is True)[0]
 
 
 def open_backend(
@@ -241,11 +226,7 @@ def open_backend(
     """`logits_all` keeps the logits of every prompt position (only `hearth ppl` needs it: it costs memory);
     `serving`: plan for concurrent clients (`hearth serve`, see decide)."""
     if settings.backend == "remote":
-        from app.remote import open_remote
-
         if logits_all:
-            from hwprobe.errors import ConfigError
-
             raise ConfigError(
                 "hearth ppl needs a local model: OpenAI-compatible servers return no logits of the prompt",
                 "pass --backend auto (settings.toml or HEARTH_BACKEND say remote)",

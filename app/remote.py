@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import os
 
-from app.loading import Decision, Loaded
+from app.loaded import Decision, Loaded
+from app.paths import get_paths
 from app.settings import Settings
 from app.store import ModelEntry
 from backends.api import LoadOptions, ProgressCallback
+from backends.engine_options import RemoteTarget
+from backends.registry import backend_class
+from backends.spec_types import remote_spec
 from hwprobe.errors import ConfigError
 
 
@@ -21,23 +25,20 @@ def key_source(settings: Settings) -> str:
     if os.environ.get("HEARTH_REMOTE_API_KEY"):
         return "HEARTH_REMOTE_API_KEY"
     if settings.remote_api_key:
-        from app.paths import get_paths
-
         return f"[remote] api_key in {get_paths().settings_file}"
     return "nowhere: no key was set"
 
 
 def open_remote(settings: Settings, *, progress: ProgressCallback | None = None, load: bool = True) -> Loaded:
-    from backends.remote.backend import RemoteBackend
-    from backends.remote.spec import RemoteTarget, remote_spec
-
     if not settings.url:
         raise ConfigError(
             "--backend remote needs the server's URL",
             "pass --url URL (e.g. http://gpu-box:8000), or set url under [remote] in settings.toml",
         )
     target = RemoteTarget(settings.url, settings.remote_model, settings.remote_api_key, key_source(settings))
-    backend = RemoteBackend(remote_spec(settings.remote_model or "", settings.url), LoadOptions(), target)
+    # through the registry, like every engine (httpx is imported only now); its target is its own typed option
+    remote = backend_class("remote")
+    backend = remote(remote_spec(settings.remote_model or "", settings.url), LoadOptions(), target)  # type: ignore[call-arg]
     if load:
         backend.load(progress)
     entry = ModelEntry(name=backend.spec.name or "remote", path=settings.url, source="remote")
@@ -45,7 +46,7 @@ def open_remote(settings: Settings, *, progress: ProgressCallback | None = None,
         "remote",
         backend.options,
         None,
-        (f"served by {backend.base}: the server places the model, hearth's plan is not asked",),
+        (f"served by {target.base}: the server places the model, hearth's plan is not asked",),
     )
     return Loaded(backend, entry, backend.spec, decision)
 

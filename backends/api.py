@@ -24,8 +24,9 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
+from backends.describe import Description  # noqa: F401 - part of the contract: engines import it from here
 from backends.errors import InvalidRequestError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -448,6 +449,9 @@ class LoadOptions:
     speculative: str = "off"
     draft_model: str | None = None  # path of the draft model's GGUF (same vocabulary as the target), for "draft"
     speculative_k: int = 8  # most proposals per request and step (k adapts below it per request)
+    # torch engine: the JSON file of kernel self-check verdicts per device (backends/torch_engine/kernel_check);
+    # None = no self-check (the app passes hearth's cache dir; direct library use and tests opt in)
+    kernel_check_record: str | None = None
 
     def __post_init__(self) -> None:
         from backends.errors import ConfigError
@@ -483,6 +487,12 @@ class Backend(ABC):
 
     name: ClassVar[str] = "abstract"
     capabilities: ClassVar[Capabilities] = Capabilities()
+
+    def on_notice(self, text: str) -> None:
+        """Called with a one-line notice about the backend itself, not about one request (a runner that crashed
+        and is restarting, a configuration the runner fell back to).  A front end that shows them assigns its
+        own callable (`backend.on_notice = post`); the default drops them.  May be called from any thread."""
+        return None  # the no-op default (not abstract: most backends have nothing to tell)
 
     def __init__(self, spec: ModelSpec, options: LoadOptions | None = None) -> None:
         self.spec = spec
@@ -580,9 +590,10 @@ class Backend(ABC):
     def eos_token_ids(self) -> frozenset[int]:
         return frozenset(self.spec.eos_token_ids)
 
-    def describe(self) -> dict[str, Any]:
-        """What was loaded, for --verbose and the TUI: backend, device, context, layers on GPU, ..."""
-        return {"backend": self.name, "model": self.spec.name, "n_ctx": self.n_ctx}
+    def describe(self) -> Description:
+        """What was loaded, for --verbose and the TUI: backend, model, context, and the engine's own facts
+        (device, layers on GPU, KV type, ...): see backends/describe.py."""
+        return Description(self.name, self.spec.name, self.n_ctx)
 
     def stats(self) -> EngineStats:
         """The engine's current state (see EngineStats); the base class knows only memory."""

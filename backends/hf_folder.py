@@ -14,7 +14,7 @@ from typing import Any
 from backends.errors import ModelFormatError
 from backends.gguf_reader import MAX_TENSORS, open_regular
 from backends.model_limits import HINT, check_experts, check_heads, check_limit, check_positive_float
-from backends.modelspec import ModelSpec, TensorSpec
+from backends.spec_types import ModelSpec, TensorSpec
 
 _HF_ARCH = {
     "LlamaForCausalLM": "llama",

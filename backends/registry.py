@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from backends.api import Backend, Capabilities
+from backends.api import Backend, Capabilities, LoadOptions
+from backends.engine_options import OptionRules, check_options
 from backends.errors import BackendUnavailableError
 
 
@@ -25,6 +27,10 @@ class BackendInfo:
     # "module:function" answering, at run time, whether this installation can offload to a GPU (it depends on how
     # the library was built, not on the backend); "" = as capabilities.gpu_offload says
     gpu_offload_check: str = ""
+    # "module:function" (checked_safe) -> (on, why): whether the engine's extra weight-buffer types are on by
+    # default on this machine, asked before a runner starts; the module must not import the engine's library
+    extra_bufts_rule: str = ""
+    options: OptionRules = OptionRules()  # the LoadOptions values this engine takes (backends/engine_options.py)
 
     def is_installed(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in self.requires)
@@ -38,6 +44,18 @@ class BackendInfo:
             return self.capabilities.gpu_offload
         module, function = self.gpu_offload_check.split(":")
         return bool(getattr(importlib.import_module(module), function)())
+
+    def check_options(self, options: LoadOptions) -> None:
+        """ConfigError (one line) when `options` holds a value this engine does not take: checked before a runner
+        starts, so a wrong flag is an error at the command line, not a failure in the child at load."""
+        check_options(self.name, self.options, options)
+
+    def extra_bufts_default(self, checked_safe: Callable[[], bool] | None = None) -> tuple[bool, str]:
+        """(on, why) for LoadOptions.extra_bufts on this machine (False for an engine without them)."""
+        if not self.extra_bufts_rule:
+            return False, f"the {self.name} backend has no extra buffer types"
+        module, function = self.extra_bufts_rule.split(":")
+        return getattr(importlib.import_module(module), function)(checked_safe)
 
     def load_class(self) -> type[Backend]:
         if not self.is_installed():
@@ -67,6 +85,9 @@ BACKENDS: dict[str, BackendInfo] = {
         ),
         "llama-cpp-python: any GGUF, CPU or partial/full GPU offload; serves one request at a time",
         gpu_offload_check="backends.llama_cpp.backend:gpu_offload_supported",
+        extra_bufts_rule="backends.llama_cpp.extra_bufts:extra_bufts_default",
+        # ggml types of the K and V caches (backends/llama_cpp/backend.py KV_TYPES)
+        options=OptionRules(kv_cache_types=("f16", "q8_0", "q4_0", "bf16", "f32")),
     ),
     "torch": BackendInfo(
         "torch",
@@ -77,6 +98,13 @@ BACKENDS: dict[str, BackendInfo] = {
             concurrent_requests=True, prefix_cache=True, gpu_offload=True, gguf=True, safetensors=True, logits=True
         ),
         "hearth's PyTorch engine: paged KV cache, prefix caching, continuous batching",
+        # backends/torch_engine/model_runner.py: _KV_DTYPES, _DTYPES, WEIGHT_QUANTS (tests/unit check they agree)
+        options=OptionRules(
+            kv_cache_types=("f16", "fp16", "bf16", "fp32", "f32"),
+            dtypes=("auto", "float32", "bfloat16", "float16"),
+            weight_quants=("auto", "none", "gguf", "int8", "int4", "fp8"),
+            tensor_parallel=True,
+        ),
     ),
     "remote": BackendInfo(
         "remote",
@@ -101,3 +129,12 @@ def get_backend_info(name: str) -> BackendInfo:
     if key not in BACKENDS:
         raise BackendUnavailableError(f"unknown backend {name!r}", f"choose one of: auto, {', '.join(BACKENDS)}")
     return BACKENDS[key]
+
+
+def backend_class(name: str) -> type[Backend]:
+    """A registry name, or "module:Class" for a backend outside the registry (tests, plugins:
+    HEARTH_BACKEND_CLASS)."""
+    if ":" in name:
+        module, cls = name.split(":", 1)
+        return getattr(importlib.import_module(module), cls)
+    return get_backend_info(name).load_class()

@@ -25,6 +25,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hwprobe import memory as m
+from hwprobe.bandwidth import (
+    CPU_BANDWIDTH_EFFICIENCY,
+    GPU_BANDWIDTH_EFFICIENCY,
+    GPU_SECONDS_PER_LAYER,
+    UNKNOWN_GPU_BANDWIDTH_GBPS,
+)
 from hwprobe.plan_types import DeviceMemory
 from hwprobe.report import HardwareReport
 from hwprobe.shape import ModelShape
@@ -81,13 +87,6 @@ def expert_tokens_per_s(
     kv_bytes: int,
 ) -> float:
     """Single-stream decode speed with expert placement (the module docstring's assumptions)."""
-    from hwprobe.placement import (
-        CPU_BANDWIDTH_EFFICIENCY,
-        GPU_BANDWIDTH_EFFICIENCY,
-        GPU_SECONDS_PER_LAYER,
-        UNKNOWN_GPU_BANDWIDTH_GBPS,
-    )
-
     gpu = next(g for g in report.gpus if g.index == gpu_index)
     used = shape.n_experts_used / shape.n_experts if shape.n_experts else 1.0
     experts = expert_layer_bytes(shape, layout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from hwprobe import memory as m
+from hwprobe.experts import host_expert_bytes, race_sentence
 from hwprobe.placement import (
     CPU_BANDWIDTH_EFFICIENCY,
     TORCH_OFFLOAD_BUFFERS,
@@ -205,6 +206,52 @@ def reasons(
             f"{m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) // m.MIB} MiB after the safety margin"
         )
     used = [d for d in devices if d.kind == "gpu" and d.used]
+    out += _backend_reasons(report, shape, prefs, c, torch_tried, single, offload)
+    if rival is not None:
+        out.append(_offload_race(report, shape, c, tps, rival))
+    if expert_race is not None:
+        ex, ex_tps, layers, layers_tps = expert_race
+        out.append(
+            race_sentence(
+                shape,
+                c is ex,
+                ex_tps,
+                ex.cpu_expert_layers,
+                host_expert_bytes(shape, ex.layout, ex.cpu_expert_layers),
+                layers_tps,
+                layers.n_gpu_layers,
+                ex.gpus[0],
+            )
+        )
+    if not shape.quant and c.backend == "llama.cpp" and len(quants) > 1:
+        better = [q for q, _ in quants[: [q for q, _ in quants].index(c.quant)]]
+        out.append(
+            f"quant {c.quant}: the best of the GGUF ladder that fits"
+            + (f" ({', '.join(better)} do not)" if better else "")
+        )
+    if c.quant in m.QUANT_LADDER and m.QUANT_LADDER.index(c.quant) > m.QUANT_LADDER.index(m.LOWEST_DEFAULT_QUANT):
+        out.append(
+            f"warning: {c.quant} is below {m.LOWEST_DEFAULT_QUANT}: expect clearly worse quality "
+            "(measure it with `hearth ppl`)"
+        )
+    out += _placement_reasons(shape, c, offload)
+    out += _memory_reasons(shape, prefs, c, devices)
+    if used or not report.gpus or c.gpus == ():
+        out.append(_speed_reason(report, c, offload, tps))
+    return tuple(out)
+
+
+def _backend_reasons(
+    report: HardwareReport,
+    shape: ModelShape,
+    prefs: Prefs,
+    c: Candidate,
+    torch_tried: tuple[str, ...],
+    single: tuple[Candidate, float] | None,
+    offload: bool,
+) -> list[str]:
+    """Which engine runs the model and why, and what its weights are (reasons()'s arguments)."""
+    out: list[str] = []
     if offload:
         streamed = shape.n_layers - c.n_gpu_layers
         if prefs.n_gpu_layers is not None:
@@ -266,35 +313,12 @@ def reasons(
                 f"backend llama.cpp (CPU): faster for one stream on a CPU; the torch engine runs "
                 f"{shape.architecture} too (--backend torch, or hearth serve, which batches requests)"
             )
-    if rival is not None:
-        out.append(_offload_race(report, shape, c, tps, rival))
-    if expert_race is not None:
-        from hwprobe.experts import host_expert_bytes, race_sentence
+    return out
 
-        ex, ex_tps, layers, layers_tps = expert_race
-        out.append(
-            race_sentence(
-                shape,
-                c is ex,
-                ex_tps,
-                ex.cpu_expert_layers,
-                host_expert_bytes(shape, ex.layout, ex.cpu_expert_layers),
-                layers_tps,
-                layers.n_gpu_layers,
-                ex.gpus[0],
-            )
-        )
-    if not shape.quant and c.backend == "llama.cpp" and len(quants) > 1:
-        better = [q for q, _ in quants[: [q for q, _ in quants].index(c.quant)]]
-        out.append(
-            f"quant {c.quant}: the best of the GGUF ladder that fits"
-            + (f" ({', '.join(better)} do not)" if better else "")
-        )
-    if c.quant in m.QUANT_LADDER and m.QUANT_LADDER.index(c.quant) > m.QUANT_LADDER.index(m.LOWEST_DEFAULT_QUANT):
-        out.append(
-            f"warning: {c.quant} is below {m.LOWEST_DEFAULT_QUANT}: expect clearly worse quality "
-            "(measure it with `hearth ppl`)"
-        )
+
+def _placement_reasons(shape: ModelShape, c: Candidate, offload: bool) -> list[str]:
+    """Where the layers go: how many on which GPUs (and what streams or stays in host RAM), and the split."""
+    out: list[str] = []
     if c.gpus:
         layers = "all" if c.n_gpu_layers >= shape.n_layers else str(c.n_gpu_layers)
         streamed = shape.n_layers - c.n_gpu_layers
@@ -326,6 +350,12 @@ def reasons(
                     else "no P2P between the GPUs, so each holds whole layers"
                 )
             )
+    return out
+
+
+def _memory_reasons(shape: ModelShape, prefs: Prefs, c: Candidate, devices: tuple[DeviceMemory, ...]) -> list[str]:
+    """The context, the KV cache, the experts, and each device's memory against its budget."""
+    out: list[str] = []
     trained = shape.context_length
     asked = "asked for" if prefs.ctx else f"target {min(prefs.target_ctx, trained)}"
     out.append(f"context {c.ctx} tokens ({asked}; trained on {trained})")
@@ -355,13 +385,15 @@ def reasons(
                     f"warning: {name} is over its budget by {-d.headroom_mib} MiB: loading may run out "
                     "of memory (from --n-gpu-layers)"
                 )
-    if used or not report.gpus or c.gpus == ():
-        bw = ", ".join(f"{g.memory_bandwidth_gbps or 'unknown'} GB/s" for g in report.gpus if g.index in c.gpus)
-        if offload:
-            link, link_gbps, _ = _link(report, c)
-            bw += f"; blocks over {link}, ~{link_gbps:.0f} GB/s"
-        out.append(
-            f"expected decode ~{_speed(tps)} tokens/s from memory bandwidth"
-            + (f" ({bw})" if bw else f" (host RAM {report.ram_bandwidth_gbps:.0f} GB/s)")
-        )
-    return tuple(out)
+    return out
+
+
+def _speed_reason(report: HardwareReport, c: Candidate, offload: bool, tps: float) -> str:
+    """The expected decode speed and the bandwidth it comes from."""
+    bw = ", ".join(f"{g.memory_bandwidth_gbps or 'unknown'} GB/s" for g in report.gpus if g.index in c.gpus)
+    if offload:
+        link, link_gbps, _ = _link(report, c)
+        bw += f"; blocks over {link}, ~{link_gbps:.0f} GB/s"
+    return f"expected decode ~{_speed(tps)} tokens/s from memory bandwidth" + (
+        f" ({bw})" if bw else f" (host RAM {report.ram_bandwidth_gbps:.0f} GB/s)"
+    )

@@ -8,16 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hwprobe import memory as m
+from hwprobe.bandwidth import (
+    CPU_BANDWIDTH_EFFICIENCY,
+    GPU_BANDWIDTH_EFFICIENCY,
+    GPU_SECONDS_PER_LAYER,
+    UNKNOWN_GPU_BANDWIDTH_GBPS,
+)
+from hwprobe.experts import expert_tokens_per_s, with_host_experts
 from hwprobe.plan_types import DeviceMemory
 from hwprobe.report import GpuInfo, HardwareReport
 from hwprobe.shape import ModelShape
-
-GPU_BANDWIDTH_EFFICIENCY = 0.75  # decode reaches about this share of peak bandwidth
-CPU_BANDWIDTH_EFFICIENCY = 0.6
-UNKNOWN_GPU_BANDWIDTH_GBPS = 300.0  # a GPU missing from the known-GPU table
-# Per layer and token a GPU also pays kernel launches and syncs (~10 kernels x ~2 us): small models are
-# launch-bound, not bandwidth-bound, and without this a 135 M model would "run" at thousands of tokens/s.
-GPU_SECONDS_PER_LAYER = 20e-6
+from hwprobe.tensor_parallel import tp_kv_heads
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,6 @@ def price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[Devi
     if is_torch_offload(shape, c):
         return _with_kv_pool(shape, c, _price_torch_offload(report, shape, c))
     if c.cpu_expert_layers:
-        from hwprobe.experts import with_host_experts
-
         devices = with_host_experts(shape, c.layout, c.cpu_expert_layers, c.n_batch, _price(report, shape, c))
         return _with_kv_pool(shape, c, devices)
     return _with_kv_pool(shape, c, _price(report, shape, c))
@@ -92,8 +91,6 @@ def _with_kv_pool(shape: ModelShape, c: Candidate, devices: tuple[DeviceMemory, 
 def _tp_kv_pool(shape: ModelShape, c: Candidate, devices: tuple[DeviceMemory, ...]) -> tuple[DeviceMemory, ...]:
     """Tensor parallelism: one pool of T tokens, every rank holding T tokens of its own KV heads
     (hwprobe.tensor_parallel); T is what the tightest device leaves for the busiest rank's share."""
-    from hwprobe.tensor_parallel import tp_kv_heads
-
     heads = dict(zip(c.gpus, tp_kv_heads(shape.n_heads, shape.n_kv_heads, len(c.gpus))))
     busiest = max(heads.values()) / shape.n_kv_heads
     used = [d for d in devices if d.kind == "gpu" and d.index in heads]
@@ -253,8 +250,6 @@ def expected_tokens_per_s(
     if is_torch_offload(shape, c):
         return torch_offload_tokens_per_s(report, shape, c)
     if c.cpu_expert_layers and c.gpus:
-        from hwprobe.experts import expert_tokens_per_s
-
         kv = m.kv_bytes(shape, c.ctx, c.kv_cache_type, swa_full=m.LLAMA_CPP_SWA_FULL, n_ubatch=c.n_batch)
         return expert_tokens_per_s(report, shape, c.layout, c.gpus[0], c.cpu_expert_layers, kv)
     read_ratio = m.decode_bytes_per_token(c.layout, shape) / max(sum(c.layout.layer_bytes) + c.layout.head_bytes, 1)

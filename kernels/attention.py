@@ -210,10 +210,11 @@ def paged_attention_reference(
         vals = vals.repeat_interleave(group, dim=1)
         qs = q[lo:hi].float()  # (q_len, num_heads, D)
         scores = torch.einsum("qhd,khd->hqk", qs, keys) * scale
-        q_pos = torch.arange(ctx - (hi - lo), ctx)[:, None]
-        allowed = torch.arange(ctx)[None, :] <= q_pos  # (q_len, ctx)
+        q_pos = torch.arange(ctx - (hi - lo), ctx, device=q.device)[:, None]
+        k_pos = torch.arange(ctx, device=q.device)[None, :]
+        allowed = k_pos <= q_pos  # (q_len, ctx)
         if meta.window:
-            allowed &= torch.arange(ctx)[None, :] > q_pos - meta.window
+            allowed &= k_pos > q_pos - meta.window
         scores = scores.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[lo:hi] = torch.einsum("hqk,khd->qhd", probs, vals).to(q.dtype)

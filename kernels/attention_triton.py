@@ -29,6 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
+# The `window` the kernels receive for a layer without a sliding window: wider than any context, so the window
+# arithmetic (seq_len - window, q_pos - window) needs no branch per program.
+NO_WINDOW = 1 << 30
+
 # ---- references -----------------------------------------------------------------------------------------------
 
 
@@ -159,7 +163,7 @@ def _decode_kernel(
     last = tl.minimum(first + per_split, n_blocks)  # split 0 is never empty (seq_len >= 1)
     # first position the query may see: seq_len - window with a sliding window (window > 0), else 0; blocks
     # wholly behind it are not read (a split left with none writes max -inf and weighs 0 in the merge)
-    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    lo = tl.maximum(seq_len - window, 0)  # window is NO_WINDOW (2**30) for a layer without one: lo = 0
     first = tl.maximum(first, lo // BLOCK_SIZE)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -253,7 +257,7 @@ def paged_decode_triton(
         ml,
         scale,
         head_dim,
-        window,
+        window or NO_WINDOW,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -339,7 +343,7 @@ def _prefill_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
         last = tl.minimum(prefix + (tile + 1) * BLOCK_M, seq_len)  # keys needed by this tile: [0, last)
         # with a sliding window, blocks before the window of the tile's first row are not read
-        start = tl.where(window > 0, tl.maximum(prefix + tile * BLOCK_M - window + 1, 0) // BLOCK_SIZE, 0)
+        start = tl.maximum(prefix + tile * BLOCK_M - window + 1, 0) // BLOCK_SIZE  # 0 with NO_WINDOW
         for logical in range(start, tl.cdiv(last, BLOCK_SIZE)):
             phys = tl.load(bt_ptr + b * s_bt + logical).to(tl.int64)
             tok = logical * BLOCK_SIZE + t
@@ -347,7 +351,7 @@ def _prefill_kernel(
             k = tl.load(kc_ptr + phys * s_kb + t[:, None] * s_ks + kvh * s_kh + d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(vc_ptr + phys * s_vb + t[:, None] * s_vs + kvh * s_vh + d[None, :], mask=kv_mask, other=0.0)
             allowed = (tok[None, :] <= q_pos[:, None]) & (tok < seq_len)[None, :]  # (BLOCK_M, BLOCK_SIZE)
-            allowed = allowed & ((window == 0) | (tok[None, :] > q_pos[:, None] - window))
+            allowed = allowed & (tok[None, :] > q_pos[:, None] - window)  # always true with NO_WINDOW
             m, l, acc = _online_softmax_step(q, k, v, allowed, scale, m, l, acc, IEEE)
         out = acc / tl.where(l > 0, l, 1.0)[:, None]  # l = 0 only in padding rows past q_len (not stored)
         tl.store(
@@ -395,7 +399,7 @@ def paged_prefill_triton(
         out,
         scale,
         head_dim,
-        window,
+        window or NO_WINDOW,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),

@@ -36,6 +36,8 @@ class KernelSet:
     gelu_tanh_and_mul: Callable[..., Any]  # activation.gelu_tanh_and_mul_reference(x) (Gemma's GeGLU)
     # moe.moe_experts_reference(x, gate_up, down, weights, ids) -> (T, H): the routed experts of a MoE layer
     moe_experts: Callable[..., Any] | None = None
+    # fields whose kernel the self-check (kernels/selfcheck.py) replaced by the "torch" set's op on this device
+    replaced: tuple[str, ...] = ()
 
 
 def _reference() -> KernelSet:
@@ -93,13 +95,16 @@ def _triton() -> KernelSet:
     )
 
 
-def _default() -> str:
-    """Triton when a CUDA GPU and triton are there, else the fast plain-torch path."""
+def _default(device: Any = None) -> str:
+    """Triton when the model computes on a CUDA GPU (device None: when one is there) and triton is installed,
+    else the fast plain-torch path.  A model on the CPU of a machine with a GPU takes the torch path: the Triton
+    kernels refuse CPU tensors outside the interpreter (the first GPU run found a CPU runner failing so)."""
     import importlib.util
 
     import torch
 
-    return "triton" if torch.cuda.is_available() and importlib.util.find_spec("triton") else DEFAULT
+    on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+    return "triton" if on_cuda and importlib.util.find_spec("triton") else DEFAULT
 
 
 _BUILDERS: dict[str, Callable[[], KernelSet]] = {"reference": _reference, "torch": _torch, "triton": _triton}
@@ -110,9 +115,10 @@ def available() -> tuple[str, ...]:
     return tuple(_BUILDERS)
 
 
-def kernel_set(name: str | None = None) -> KernelSet:
-    """The KernelSet called `name` (see the module docstring for the default); ValueError for an unknown name."""
-    chosen = name or _override.get() or os.environ.get(ENV_VAR) or _default()
+def kernel_set(name: str | None = None, device: Any = None) -> KernelSet:
+    """The KernelSet called `name` (see the module docstring for the default, which depends on `device`, the
+    device the model computes on); ValueError for an unknown name."""
+    chosen = name or _override.get() or os.environ.get(ENV_VAR) or _default(device)
     if chosen not in _BUILDERS:
         raise ValueError(f"unknown kernel implementation {chosen!r}; choose one of {', '.join(_BUILDERS)}")
     return _BUILDERS[chosen]()

@@ -73,6 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=512, help="tokens already in the KV cache (default: 512)")
     p.add_argument("--steps", type=int, default=64, help="timed decode steps per measurement (default: 64)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    p.add_argument(
+        "--no-selfcheck", action="store_true", help="skip the kernel self-check table (kernels/selfcheck.py)"
+    )
     p.add_argument("--no-engine", action="store_true", help="skip hearth's engine decoder (eager vs CUDA graphs)")
     p.add_argument(
         "--tensor-parallel",
@@ -489,6 +492,39 @@ def bench_tp(world: int, batches: list[int], args, device: str) -> list[str]:
     return lines
 
 
+def kernel_selfcheck(shape: Shape, device: str) -> list[str]:
+    """The engine's first-contact check (kernels/selfcheck.py) on this shape, in bf16 (fp16 before compute
+    capability 8.0; fp32 in the dry run), every weight format the device runs: the table the engine records at
+    its first load here (`hearth doctor` shows it), with each kernel's time against the torch op."""
+    import torch
+
+    from kernels import selfcheck
+    from kernels.dispatch import kernel_set
+    from kernels.quant_matmul import fp8_supported
+
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if device == "cpu" and not interpreted:
+        print("kernel self-check: skipped (CPU without TRITON_INTERPRET=1)")
+        return []
+    if device == "cuda":
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    else:
+        dtype = torch.float32
+    kinds = ("int8", "int4") + (("fp8",) if fp8_supported(torch.device(device)) else ())
+    check_shape = selfcheck.CheckShape(
+        shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.ffn, window=0, quant_kinds=kinds
+    )
+    cases = selfcheck.plan_checks(
+        check_shape, kernel_set("triton"), kernel_set("torch"), kernel_set("reference"), device, dtype
+    )
+    began = time.perf_counter()
+    verdicts = selfcheck.run_checks(cases, device, dtype, budget_s=120.0)
+    took = time.perf_counter() - began
+    lines = [f"kernel self-check ({str(dtype).removeprefix('torch.')}, {took:.1f} s):", *selfcheck.table(verdicts)]
+    print("\n".join(lines), flush=True)
+    return lines
+
+
 def check_imports() -> str:
     """hearth modules loaded so far must be kernels/* and the quantize transform only."""
     allowed = (
@@ -532,6 +568,8 @@ def main(argv: list[str] | None = None) -> int:
     bw = measure_bandwidth(device)
     print(f"device: {name}; torch {torch.__version__}; copy bandwidth {bw / 1e9:.0f} GB/s")
     print(f"model: {shape}; context {args.context}, {args.steps} decode steps per figure")
+    if not args.no_selfcheck:
+        kernel_selfcheck(shape, device)
     for variant in variants:
         if variant not in ("fp16", "int8", "int4"):
             raise SystemExit(f"unknown variant {variant!r}: use fp16, int8, int4")

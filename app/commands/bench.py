@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from app.commands.common import add_speculative_arguments
+from app.commands.common import DRAFT_MODEL, MODEL, SPECULATIVE, TENSOR_PARALLEL, THREADS
 
 NAME = "bench"
 HELP = "benchmark backends side by side: load time, TTFT, prefill/decode tok/s, memory"
@@ -35,7 +35,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", metavar="NAME|PATH", help="model (default: last used, else the starter)")
+    MODEL.add(p)
     p.add_argument(
         "--backends",
         default="llama.cpp,torch",
@@ -53,17 +53,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-tokens", dest="gen_tokens", type=int, default=128, metavar="N")
     p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per concurrency level")
     p.add_argument("--seed", type=int, default=0, metavar="S")
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: physical cores)")
-    p.add_argument(
-        "--tensor-parallel",
-        "--tp",
-        dest="tensor_parallel",
-        type=int,
-        metavar="N",
+    THREADS.add(p)
+    TENSOR_PARALLEL.add(
+        p,
         help="the torch engine's rows run in N tensor-parallel ranks (one per GPU; default: the plan "
         "decides); llama.cpp's rows keep its own split",
     )
-    add_speculative_arguments(p)
+    SPECULATIVE.add(p)
+    DRAFT_MODEL.add(p)
     p.add_argument(
         "--http",
         action="store_true",

@@ -3,7 +3,74 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option, defined once: every command that takes it adds it from here, so its flags,
+    type and help agree everywhere (`help` may say what the option means for one command)."""
+
+    flags: tuple[str, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, group: argparse.ArgumentParser | argparse._ArgumentGroup, *, help: str | None = None) -> None:
+        kwargs = dict(self.kwargs) if help is None else {**self.kwargs, "help": help}
+        group.add_argument(*self.flags, **kwargs)
+
+
+MODEL = Option(
+    ("--model", "-m"),
+    {
+        "metavar": "NAME|PATH",
+        "help": "registered model name, GGUF file or HF folder (default: last used, else the starter model)",
+    },
+)
+CTX = Option(("--ctx",), {"type": int, "metavar": "N", "help": "context length in tokens"})
+N_GPU_LAYERS = Option(
+    ("--n-gpu-layers", "--ngl"),
+    {"dest": "n_gpu_layers", "type": int, "metavar": "N", "help": "transformer layers to put on GPUs (-1 = all)"},
+)
+KV_CACHE_TYPE = Option(
+    ("--kv-cache-type",),
+    {"dest": "kv_cache_type", "choices": ("f16", "q8_0", "q4_0"), "help": "KV cache precision"},
+)
+THREADS = Option(("--threads",), {"type": int, "metavar": "N", "help": "CPU threads (default: physical cores)"})
+TENSOR_PARALLEL = Option(
+    ("--tensor-parallel", "--tp"),
+    {
+        "dest": "tensor_parallel",
+        "type": int,
+        "metavar": "N",
+        "help": "torch engine: split every layer over N processes, one per GPU (NVLink/P2P-joined cards; "
+        "without GPUs, N processes share the CPU cores); 1 = never; default: the plan decides",
+    },
+)
+SPECULATIVE = Option(
+    ("--speculative",),
+    {
+        "choices": ("off", "ngram", "draft", "auto"),
+        "help": "torch engine speculative decoding: ngram = prompt lookup (guesses copied from the prompt and the "
+        "reply so far; pays on summarise / quote / edit tasks), draft = a smaller model with the same vocabulary "
+        "proposes (--draft-model), auto = the plan decides; lossless either way (default off)",
+    },
+)
+DRAFT_MODEL = Option(
+    ("--draft-model",),
+    {
+        "dest": "draft_model",
+        "metavar": "NAME|PATH",
+        "help": "the draft model for --speculative draft (or a candidate for auto): registered name or GGUF path",
+    },
+)
+HARDWARE = Option(
+    ("--hardware",),
+    {
+        "metavar": "FILE",
+        "help": "plan for the machine described by this HardwareReport JSON (from `hearth probe --json`)",
+    },
+)
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, remote: bool = False) -> None:
@@ -12,12 +79,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, rem
 
     choices = BACKEND_CHOICES if remote else ("auto", *LOCAL_BACKENDS)
     g = p.add_argument_group("model and placement (the plan decides what you leave out)")
-    g.add_argument(
-        "--model",
-        "-m",
-        metavar="NAME|PATH",
-        help="registered model name, GGUF file or HF folder (default: last used, else the starter model)",
-    )
+    MODEL.add(g)
     if backend:
         g.add_argument(
             "--backend",
@@ -26,32 +88,14 @@ def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, rem
             choices=choices,
             help=f"{', '.join(choices)} (default auto: the plan chooses)",
         )
-    g.add_argument("--ctx", type=int, metavar="N", help="context length in tokens")
-    g.add_argument(
-        "--n-gpu-layers",
-        "--ngl",
-        dest="n_gpu_layers",
-        type=int,
-        metavar="N",
-        help="transformer layers to put on GPUs (-1 = all)",
-    )
-    g.add_argument("--kv-cache-type", dest="kv_cache_type", choices=("f16", "q8_0", "q4_0"), help="KV cache precision")
-    g.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: physical cores)")
-    g.add_argument(
-        "--tensor-parallel",
-        "--tp",
-        dest="tensor_parallel",
-        type=int,
-        metavar="N",
-        help="torch engine: split every layer over N processes, one per GPU (NVLink/P2P-joined cards; "
-        "without GPUs, N processes share the CPU cores); 1 = never; default: the plan decides",
-    )
-    add_speculative_arguments(g)
-    g.add_argument(
-        "--hardware",
-        metavar="FILE",
-        help="plan for the machine described by this HardwareReport JSON (from `hearth probe --json`)",
-    )
+    CTX.add(g)
+    N_GPU_LAYERS.add(g)
+    KV_CACHE_TYPE.add(g)
+    THREADS.add(g)
+    TENSOR_PARALLEL.add(g)
+    SPECULATIVE.add(g)
+    DRAFT_MODEL.add(g)
+    HARDWARE.add(g)
     if remote:
         r = p.add_argument_group("remote model (--backend remote: any OpenAI-compatible server)")
         r.add_argument("--url", metavar="URL", help="the server's base URL, e.g. http://gpu-box:8000 (or .../v1)")
@@ -62,23 +106,6 @@ def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, rem
             help="the model to ask the server for (default: the first it lists at /v1/models); the key "
             "comes from HEARTH_REMOTE_API_KEY or [remote] api_key in settings.toml",
         )
-
-
-def add_speculative_arguments(g: Any) -> None:
-    """--speculative and --draft-model (run, chat, serve, bench, plan)."""
-    g.add_argument(
-        "--speculative",
-        choices=("off", "ngram", "draft", "auto"),
-        help="torch engine speculative decoding: ngram = prompt lookup (guesses copied from the prompt and the "
-        "reply so far; pays on summarise / quote / edit tasks), draft = a smaller model with the same vocabulary "
-        "proposes (--draft-model), auto = the plan decides; lossless either way (default off)",
-    )
-    g.add_argument(
-        "--draft-model",
-        dest="draft_model",
-        metavar="NAME|PATH",
-        help="the draft model for --speculative draft (or a candidate for auto): registered name or GGUF path",
-    )
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:

@@ -7,6 +7,8 @@ import dataclasses
 import sys
 import time
 
+from app.commands.common import MODEL
+
 NAME = "doctor"
 HELP = "check that each engine runs a model on this machine (a crash is a finding, not a crash of hearth)"
 ORDER = 62
@@ -20,13 +22,26 @@ tokens, so a build that crashes on this CPU or GPU is found before a chat needs 
 On a CPU with AMX hearth starts llama.cpp without extra buffer types, because some llama.cpp builds crash in
 the AMX repack path (llama.cpp #20824); when the first check passes here, hearth remembers that this build is
 safe on this machine and uses them from then on (a new llama-cpp-python build is checked again).
+
+Kernels: the torch engine checks each Triton kernel a model calls the first time it loads on a GPU (GPU,
+driver, torch, Triton and hearth versions are the key): against its torch reference (max error within the
+tests' tolerance) and against the torch op that would replace it (time).  A kernel that fails to compile,
+errs or is slower is replaced by that op on this device; the first CUDA-graph decode step is compared with
+the eager one the same way.  `hearth doctor` prints the recorded table (kernel, max error, time vs the torch
+op, verdict); `hearth doctor --kernels` checks every kernel now (on CPU under TRITON_INTERPRET=1, slow but
+the same code) and records it.
 Exit 0 when every check passed, 1 otherwise."""
 
 TOKENS = 16
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", metavar="NAME|PATH", help="the model to check with (default: the starter)")
+    MODEL.add(p, help="the model to check with (default: the starter)")
+    p.add_argument(
+        "--kernels",
+        action="store_true",
+        help="check the torch engine's Triton kernels now (GPU; else interpreted on CPU) and print the table",
+    )
 
 
 def _check(spec, backend: str, options) -> tuple[bool, str]:  # type: ignore[no-untyped-def]
@@ -60,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from app.loading import EXTRA_BUFTS_CHECK, config_memory, decide, runs_model
     from app.settings import load_settings
     from app.store import ModelStore
-    from backends.runner.memory import cpu_identity, has_amx
+    from hwprobe.cpu import cpu_identity, has_amx
 
     settings = load_settings(model=args.model)
     _, spec = ModelStore().spec(settings.model)
@@ -83,5 +98,47 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {'ok  ' if ok else 'FAIL'} {label}: {detail}")
         if options.extra_bufts is True:
             memory.record_check(EXTRA_BUFTS_CHECK, ok, detail)
+    if args.kernels:
+        failed += _check_kernels_now(spec)
+    _print_kernel_tables()
     sys.stdout.flush()
     return 0 if failed == 0 else 1
+
+
+def _check_kernels_now(spec) -> int:  # type: ignore[no-untyped-def]
+    """Run the kernel self-check here and now; 1 when some kernel was replaced (a finding), else 0."""
+    import os
+
+    import torch  # heavy: only for --kernels
+
+    if not torch.cuda.is_available():
+        # before any Triton kernel is defined: without a GPU the interpreter runs them (slowly) on the CPU
+        os.environ["TRITON_INTERPRET"] = "1"
+    from app.loading import kernel_check_record
+    from backends.torch_engine.kernel_check import doctor_check
+
+    check = doctor_check(spec, str(kernel_check_record()))
+    print(f"  {'ok  ' if not check.replaced else 'FAIL'} torch engine kernels: {check.reasons()[0]}")
+    for line in check.reasons()[1:]:
+        print(f"    {line.strip()}")
+    return 1 if check.replaced else 0
+
+
+def _print_kernel_tables() -> None:
+    """The recorded kernel self-check of every device this machine's engine has met."""
+    from app.loading import kernel_check_record
+
+    record = kernel_check_record()
+    if not record.exists():
+        return
+    from backends.torch_engine.kernel_check import recorded_tables  # imports torch: only when a record exists
+
+    for key, lines in recorded_tables(record):
+        print(
+            f"\nkernel self-check: {key.get('device')} (cc {key.get('cc')}, driver {key.get('driver')}, "
+            f"torch {key.get('torch')}, triton {key.get('triton')}, hearth {key.get('hearth')}, {key.get('dtype')}"
+            + (", interpreted" if key.get("interpreter") == "True" else "")
+            + ")"
+        )
+        for line in lines:
+            print(f"  {line}")

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.commands.common import add_speculative_arguments
+from app.commands.common import CTX, DRAFT_MODEL, HARDWARE, KV_CACHE_TYPE, N_GPU_LAYERS, SPECULATIVE, TENSOR_PARALLEL
 
 NAME = "plan"
 HELP = "show how a model would run here: backend, quant, GPU layers, context, KV type, memory, speed"
@@ -39,12 +39,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MODEL",
         help="name, GGUF path, HF folder or config.json (default: the last used model, else the starter)",
     )
-    p.add_argument("--hardware", metavar="FILE", help="plan for the machine in this HardwareReport JSON")
-    add_speculative_arguments(p)
-    p.add_argument("--ctx", type=int, metavar="N", help="context length in tokens (fixed)")
+    HARDWARE.add(p)
+    SPECULATIVE.add(p)
+    DRAFT_MODEL.add(p)
+    CTX.add(p, help="context length in tokens (fixed)")
     p.add_argument("--backend", "-b", choices=("auto", *LOCAL_BACKENDS), default="auto")
-    p.add_argument("--kv-cache-type", dest="kv_cache_type", choices=("f16", "q8_0", "q4_0"))
-    p.add_argument("--n-gpu-layers", "--ngl", dest="n_gpu_layers", type=int, metavar="N")
+    KV_CACHE_TYPE.add(p)
+    N_GPU_LAYERS.add(p)
     p.add_argument("--quant", metavar="Q", help="GGUF quant to plan for a config.json (F16, Q8_0, ... Q2_K)")
     p.add_argument(
         "--max-concurrency",
@@ -54,12 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="torch engine: sequences batched at once, the KV pool's cap in full-context sequences "
         "(default: the settings' max_concurrency, 16)",
     )
-    p.add_argument(
-        "--tensor-parallel",
-        "--tp",
-        dest="tensor_parallel",
-        type=int,
-        metavar="N",
+    TENSOR_PARALLEL.add(
+        p,
         help="torch engine ranks, one per GPU (1 = none; default: the plan decides, tensor parallelism "
         "over NVLink/P2P-joined GPUs when a better torch format fits them than one)",
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from app.commands.common import HARDWARE
+
 NAME = "probe"
 HELP = "show this machine's GPUs, CPU, RAM and free disk (the planner's input)"
 ORDER = 60
@@ -17,7 +19,7 @@ the model store.  Each figure says where it came from (nvml, torch.cuda, psutil,
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the HardwareReport as JSON")
-    p.add_argument("--hardware", metavar="FILE", help="show a saved HardwareReport instead of probing")
+    HARDWARE.add(p, help="show a saved HardwareReport instead of probing")
 
 
 def run(args: argparse.Namespace) -> int:

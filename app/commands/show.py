@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from app.commands.common import HARDWARE
+
 NAME = "show"
 HELP = "show a model's metadata, where it came from, and its plan on this machine"
 ORDER = 33
@@ -12,7 +14,7 @@ ORDER = 33
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", nargs="?", metavar="NAME", help="registered name or path (default: the last used model)")
-    p.add_argument("--hardware", metavar="FILE", help="plan for the machine in this HardwareReport JSON")
+    HARDWARE.add(p)
     p.add_argument("--json", action="store_true", help="print JSON")
 
 

@@ -21,6 +21,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import ProgressBar
 
 from app.conversations import ChatSettings, Conversation, ConversationStore
+from app.loaded import Loaded
 from app.settings import Settings
 from app.tui import engine, events
 from app.tui.actions import ScreenActions
@@ -29,7 +30,7 @@ from app.tui.widgets.prompt import PromptBox
 from app.tui.widgets.sidebar import Sidebar
 from app.tui.widgets.status import StatusBar
 
-Loader = Callable[..., Any]  # (settings, progress=...) -> app.loading.Loaded
+Loader = Callable[..., Loaded]  # (settings, progress=...) -> Loaded
 
 
 @dataclass
@@ -88,7 +89,7 @@ class HearthApp(ScreenActions, App[None]):
             self.settings = self.settings.merged(threads=max(1, physical_cores() - 1))
         self.loader = loader or functools.partial(_default_loader, hardware_file=hardware_file)
         self.store = conversations or ConversationStore.open()
-        self.loaded: Any | None = None  # app.loading.Loaded once ready
+        self.loaded: Loaded | None = None  # once ready
         self.loading = False
         self.pending: int | None = None  # conversation id waiting for the model to answer
         self.turn: Turn | None = None
@@ -141,7 +142,7 @@ class HearthApp(ScreenActions, App[None]):
         self.loaded = None
 
     @work(thread=True, exclusive=True, group="load")
-    def _load(self, settings: Settings, old: Any | None) -> None:
+    def _load(self, settings: Settings, old: Loaded | None) -> None:
         if old is not None:
             engine.close_model(old)
         engine.load_model(self.loader, settings, self.post_message)
@@ -154,7 +155,7 @@ class HearthApp(ScreenActions, App[None]):
         self.loaded, self.loading = msg.loaded, False
         self.prompt_box.border_title = msg.loaded.entry.name
         self.query_one(ProgressBar).display = False
-        self.status.set(model=msg.loaded.entry.name, state="ready", n_ctx=msg.describe.get("n_ctx"), memory=msg.memory)
+        self.status.set(model=msg.loaded.entry.name, state="ready", n_ctx=msg.describe.n_ctx, memory=msg.memory)
         if self.pending is not None:
             conv_id, self.pending = self.pending, None
             self.generate(conv_id)
@@ -233,7 +234,7 @@ class HearthApp(ScreenActions, App[None]):
         turn.worker = self._drain(self.loaded, conv, turn.id)
 
     @work(thread=True, group="generate")
-    def _drain(self, loaded: Any, conv: Conversation, turn_id: int) -> None:
+    def _drain(self, loaded: Loaded, conv: Conversation, turn_id: int) -> None:
         from textual.worker import get_current_worker
 
         worker = get_current_worker()

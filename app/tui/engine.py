@@ -8,21 +8,25 @@ second) costs the UI a few Markdown updates per second instead of one per token.
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from app.conversations import Conversation
+from app.loaded import Loaded
 from app.settings import Settings
 from app.tui import events
-from backends.api import EventKind, Request
+from backends.api import Backend, Description, EventKind, Request
+
+log = logging.getLogger(__name__)
 
 BATCH_S = 0.05  # seconds between two text chunks posted to the UI
 
 Post = Callable[[Any], Any]  # App.post_message (thread-safe)
 
 
-def build_request(loaded: Any, conv: Conversation, settings: Settings) -> Request:
+def build_request(loaded: Loaded, conv: Conversation, settings: Settings) -> Request:
     """The conversation through the one request builder (app/requests.py, as `hearth run` and the server);
     the conversation's own settings win over the app's."""
     from app.requests import chat_request, sampling_from
@@ -42,21 +46,22 @@ def load_model(loader: Callable[..., Any], settings: Settings, post: Post) -> No
 
     try:
         loaded = loader(settings, progress=progress)
-        if hasattr(loaded.backend, "on_notice"):  # a runner: its crashes and restarts reach the UI as messages
-            loaded.backend.on_notice = lambda text: post(events.RunnerNotice(text))
-        post(events.ModelReady(loaded, loaded.backend.describe(), _memory(loaded.backend)))
+        # the Backend contract's notices (a runner's crashes and restarts) reach the UI as messages
+        loaded.backend.on_notice = lambda text: post(events.RunnerNotice(text))  # type: ignore[method-assign]
+        described = Description.from_mapping(loaded.backend.describe())  # a plugin's may still be a dict
+        post(events.ModelReady(loaded, described, _memory(loaded.backend)))
     except Exception as exc:  # any failure keeps the app running; HearthErrors carry their hint
         post(events.ModelFailed(settings.model, _one_line(exc)))
 
 
-def close_model(loaded: Any) -> None:
+def close_model(loaded: Loaded) -> None:
     """Free the old model before the next one loads (close() releases the weights; gc drops the wrappers)."""
     loaded.backend.close()
     del loaded
     gc.collect()
 
 
-def drain(backend: Any, request: Request, turn_id: int, post: Post, cancelled: Callable[[], bool]) -> None:
+def drain(backend: Backend, request: Request, turn_id: int, post: Post, cancelled: Callable[[], bool]) -> None:
     parts: list[str] = []
     last = time.monotonic()
     aborted = False
@@ -86,12 +91,13 @@ def drain(backend: Any, request: Request, turn_id: int, post: Post, cancelled: C
     post(events.ReplyFailed(turn_id, "the backend ended the stream without finishing it"))
 
 
-def _memory(backend: Any) -> dict[str, int]:
+def _memory(backend: Backend) -> dict[str, int]:
     """Memory of the process that holds the model (the runner), from the engine's stats snapshot."""
     try:
         stats = backend.stats()
         return {"rss_bytes": stats.rss_bytes, "gpu_bytes": stats.gpu_bytes}
     except Exception:  # memory figures are informational
+        log.debug("the backend's memory figures are unavailable", exc_info=True)
         return {}
 
 

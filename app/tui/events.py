@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from textual.message import Message
+
+from app.loaded import Loaded
+from backends.api import Description, RequestStats
 
 
 @dataclass
@@ -16,8 +18,8 @@ class LoadProgress(Message):
 
 @dataclass
 class ModelReady(Message):
-    loaded: Any  # app.loading.Loaded
-    describe: dict[str, Any]  # backend.describe(), read in the worker
+    loaded: Loaded
+    describe: Description  # backend.describe(), read in the worker
     memory: dict[str, int]  # backend.memory_in_use()
 
 
@@ -37,7 +39,7 @@ class ReplyChunk(Message):
 class ReplyDone(Message):
     turn_id: int
     finish_reason: str  # FinishReason value
-    stats: Any  # RequestStats
+    stats: RequestStats | None
     error: str | None  # FinishReason.ERROR: one line
     memory: dict[str, int]  # backend.memory_in_use() after the reply
     error_code: str | None = None  # GenerationEvent.error_code: "runner_crashed" when the model's process died

@@ -25,6 +25,7 @@ from typing import Any
 from backends.api import (
     Backend,
     Capabilities,
+    Description,
     EventKind,
     FinishReason,
     GenerationEvent,
@@ -42,6 +43,7 @@ from backends.errors import (
     OutOfMemoryError,
     UnsupportedArchitectureError,
 )
+from backends.llama_cpp.extra_bufts import extra_bufts_default
 from backends.llama_cpp.one_thread import OneThread
 from backends.modelspec import ModelSpec
 from backends.textstream import TextStream
@@ -55,25 +57,6 @@ def gpu_offload_supported() -> bool:
     import llama_cpp
 
     return bool(llama_cpp.llama_supports_gpu_offload())
-
-
-def extra_bufts_default(checked_safe: Callable[[], bool] | None = None) -> tuple[bool, str]:
-    """Whether llama.cpp may use its extra weight-buffer types (CPU repack, AMX) on this machine, and why.
-
-    Off on CPUs with AMX: the native build of llama-cpp-python 0.3.x segfaults at the first decode in the AMX
-    repack path there (llama.cpp #20824), while the same build with use_extra_bufts=False answers correctly.
-    On there when `checked_safe()` says this build ran with them on this machine (`hearth doctor` records it);
-    HEARTH_LLAMA_EXTRA_BUFTS=0|1 overrides both."""
-    forced = os.environ.get("HEARTH_LLAMA_EXTRA_BUFTS", "")
-    if forced in ("0", "1"):
-        return forced == "1", "set by HEARTH_LLAMA_EXTRA_BUFTS"
-    from backends.runner.memory import has_amx
-
-    if has_amx():
-        if checked_safe is not None and checked_safe():
-            return True, "on: this CPU has AMX, and `hearth doctor` ran this build with them here"
-        return False, "off: this CPU has AMX, where llama.cpp's repack path crashes in some builds (#20824)"
-    return True, "on"
 
 
 @contextlib.contextmanager
@@ -467,7 +450,7 @@ class LlamaCppBackend(Backend):
         return reason, None, None
 
     # -- facts -------------------------------------------------------------------------------------------
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Description:
         o = self.options
         info: dict[str, Any] = {
             "backend": self.name,
@@ -486,7 +469,7 @@ class LlamaCppBackend(Backend):
             info["tensor_buft_overrides"] = f"{self._overrides.pattern}=CPU"
         if self._notes:
             info["notes"] = list(self._notes)
-        return info
+        return Description.from_mapping(info)
 
 
 def _masker(matcher: Any) -> Callable[[Any, Any], Any]:

@@ -33,6 +33,7 @@ from backends.api import (
     Capabilities,
     ChatMessage,
     Constraint,
+    Description,
     EventKind,
     FinishReason,
     GenerationEvent,
@@ -270,9 +271,9 @@ class RemoteBackend(Backend):
     def n_ctx(self) -> int:
         return self._n_ctx  # 0 when the server does not say
 
-    def describe(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"backend": self.name, "model": self.spec.name, "url": self.base}
-        return {**info, "n_ctx": self._n_ctx} if self._n_ctx else info  # the server did not say: none shown
+    def describe(self) -> Description:
+        # n_ctx None when the server did not say: none shown
+        return Description(self.name, self.spec.name, self._n_ctx or None, {"url": self.base})
 
     def memory_in_use(self) -> dict[str, int]:
         return {"rss_bytes": 0, "gpu_bytes": 0}  # the model's memory is the server's

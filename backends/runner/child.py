@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import importlib
 import os
 import socket
 import sys
@@ -24,19 +23,11 @@ import threading
 from collections import deque
 from typing import Any
 
+from backends.api import EventKind, FinishReason, GenerationEvent, RequestStats
+from backends.registry import backend_class
 from backends.runner import protocol as p
 
 HEARTBEAT_S = 0.5
-
-
-def backend_class(name: str) -> Any:
-    """A registry name, or "module:Class" for a backend outside the registry (tests, plugins)."""
-    if ":" in name:
-        module, cls = name.split(":", 1)
-        return getattr(importlib.import_module(module), cls)
-    from backends.registry import get_backend_info
-
-    return get_backend_info(name).load_class()
 
 
 class RunnerServer:
@@ -47,7 +38,7 @@ class RunnerServer:
         self._closing = threading.Event()
         self._outbox: deque = deque()  # stream events not sent yet (append/popleft are atomic)
 
-    def send(self, message: Any) -> None:
+    def send(self, message: p.FromRunner) -> None:
         with self._send_lock:
             try:
                 self.channel.send(message)
@@ -87,7 +78,7 @@ class RunnerServer:
     def _spawn(self, fn: Any, *args: Any) -> None:
         threading.Thread(target=fn, args=args, daemon=True).start()
 
-    def handle(self, m: Any) -> None:
+    def handle(self, m: p.ToRunner) -> None:
         if isinstance(m, p.Load):
             self._spawn(self._load, m)
         elif isinstance(m, p.Stream):
@@ -106,13 +97,11 @@ class RunnerServer:
             backend = cls(m.spec, m.options)
             backend.load(lambda fraction, what: self.send(p.Progress(float(fraction), str(what))))
             self.backend = backend
-            self.send(p.Loaded(backend.n_ctx, backend.describe()))
+            self.send(p.Loaded(backend.n_ctx, dict(backend.describe())))
         except Exception as exc:  # noqa: BLE001 - every load failure goes back to hearth, typed
             self.send(p.LoadFailed(p.error_info(exc)))
 
     def _stream(self, request: Any) -> None:
-        from backends.api import EventKind, FinishReason, GenerationEvent, RequestStats
-
         started = False
         try:
             for event in self.backend.stream(request):
@@ -145,7 +134,7 @@ class RunnerServer:
                 array = np.ascontiguousarray(b.logits(m.token_ids), dtype=np.float32)
                 reply = p.ArrayReply(m.call_id, list(array.shape), array.tobytes())
             elif isinstance(m, p.Describe):
-                reply = p.DescribeReply(m.call_id, b.describe())
+                reply = p.DescribeReply(m.call_id, dict(b.describe()))
             elif isinstance(m, p.Stats):
                 reply = p.StatsReply(m.call_id, b.stats())
             else:

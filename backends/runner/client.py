@@ -23,6 +23,7 @@ Notices ("the runner crashed ..., restarting it ...") go to `on_notice` (the TUI
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import queue
 import tempfile
@@ -37,6 +38,7 @@ from typing import Any
 from backends.api import (
     Backend,
     Capabilities,
+    Description,
     EngineStats,
     EventKind,
     FinishReason,
@@ -46,12 +48,16 @@ from backends.api import (
     Request,
     RequestStats,
 )
+from backends.env import env_seconds
 from backends.errors import HearthError, RunnerCrashedError
 from backends.modelspec import ModelSpec
+from backends.registry import backend_class, get_backend_info
 from backends.runner import protocol as p
 from backends.runner.ladder import Fallback, RunnerConfig, next_config
-from backends.runner.memory import ConfigMemory
+from backends.runner.memory import ConfigMemory, machine_key
 from backends.runner.process import RunnerProcess
+
+log = logging.getLogger(__name__)
 
 DEFAULT_HANG_TIMEOUT_S = 30.0  # no heartbeat for this long = frozen (HEARTH_RUNNER_TIMEOUT overrides)
 MAX_CRASHES_IN_A_ROW = 4
@@ -60,23 +66,19 @@ _LOGS_KEPT = 20
 
 
 def hang_timeout_from_env() -> float:
-    raw = os.environ.get("HEARTH_RUNNER_TIMEOUT", "")
-    try:
-        value = float(raw) if raw else DEFAULT_HANG_TIMEOUT_S
-    except ValueError:
-        value = DEFAULT_HANG_TIMEOUT_S
-    return value if value > 0 else DEFAULT_HANG_TIMEOUT_S
+    return env_seconds("HEARTH_RUNNER_TIMEOUT", DEFAULT_HANG_TIMEOUT_S)
+
+
+def config_memory_at(path: str | os.PathLike[str]) -> ConfigMemory:
+    """The memory of what worked (backends/runner/memory.py) for this machine, kept in the file at `path`."""
+    return ConfigMemory(path, machine_key())
 
 
 def backend_facts(name: str) -> tuple[str, Capabilities]:
     """(name, capabilities) of a registry backend or a "module:Class" one, without importing a registry one."""
     if ":" in name:
-        from backends.runner.child import backend_class
-
         cls = backend_class(name)
         return cls.name, cls.capabilities
-    from backends.registry import get_backend_info
-
     info = get_backend_info(name)
     return info.name, info.capabilities
 
@@ -123,7 +125,6 @@ class RunnerBackend(Backend):
         self.memory = memory
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.gettempdir()) / "hearth-runners"
         self.hang_timeout_s = hang_timeout_s or hang_timeout_from_env()
-        self.on_notice: Callable[[str], None] | None = None
         self.notices: list[str] = []
         self._lock = threading.RLock()
         self._runner: RunnerProcess | None = None  # the loaded runner; None while (re)starting
@@ -183,11 +184,10 @@ class RunnerBackend(Backend):
 
     def _notice(self, text: str) -> None:
         self.notices.append(text)
-        if self.on_notice is not None:
-            try:
-                self.on_notice(text)
-            except Exception:  # noqa: BLE001 - a notice must never break supervision
-                pass
+        try:
+            self.on_notice(text)
+        except Exception:  # noqa: BLE001 - a notice must never break supervision
+            log.debug("on_notice raised on %r", text, exc_info=True)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def load(self, progress: ProgressCallback | None = None) -> None:
@@ -290,7 +290,7 @@ class RunnerBackend(Backend):
         return runner.pid if runner is not None else None
 
     # -- messages from runners (reader threads) -----------------------------------------------------------
-    def on_message(self, runner: RunnerProcess, m: Any) -> None:
+    def on_message(self, runner: RunnerProcess, m: p.FromRunner) -> None:
         if isinstance(m, p.Heartbeat):
             return
         if isinstance(m, p.Event):
@@ -539,7 +539,7 @@ class RunnerBackend(Backend):
         reply = self._call(lambda i: p.Logits(i, ids), f"logits({len(ids)} tokens)")
         return np.frombuffer(reply.data, dtype=np.float32).reshape(reply.shape)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Description:
         try:
             info = dict(self._call(lambda i: p.Describe(i), "describe()").describe)
         except HearthError:
@@ -548,7 +548,7 @@ class RunnerBackend(Backend):
         info["runner_pid"] = runner.pid if runner is not None else None
         if self.config.why:
             info["runner_config"] = self.config.why
-        return info
+        return Description.from_mapping(info)
 
     def stats(self) -> EngineStats:
         return self._call(lambda i: p.Stats(i), "stats()").stats

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from backends.modelspec import ModelSpec
+from hwprobe.cpu import cpu_identity, has_amx
+
+__all__ = ["ConfigMemory", "cpu_identity", "has_amx", "machine_key", "model_key"]
 
 _LIBRARIES = ("llama-cpp-python", "torch")
 _lock = threading.Lock()
@@ -29,21 +32,6 @@ def _version(dist: str) -> str:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "-"
-
-
-def cpu_identity(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
-    """(model name, flags) of this CPU; ("unknown", {}) where /proc/cpuinfo cannot be read."""
-    from hwprobe.probe import read_cpuinfo
-
-    try:
-        model, flags = read_cpuinfo(Path(cpuinfo).read_text(errors="replace"))
-    except OSError:
-        return "unknown", frozenset()
-    return model or "unknown", frozenset(flags)
-
-
-def has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    return any(f.startswith("amx") for f in cpu_identity(cpuinfo)[1])
 
 
 def machine_key() -> str:

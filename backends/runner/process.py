@@ -65,7 +65,7 @@ class RunnerProcess:
         threading.Thread(target=self._read, name=f"runner-{self.pid}-reader", daemon=True).start()
         threading.Thread(target=self._watch, name=f"runner-{self.pid}-watchdog", daemon=True).start()
 
-    def send(self, message: Any, what: str) -> None:
+    def send(self, message: p.ToRunner, what: str) -> None:
         with self._send_lock:
             self.last_sent = what
             try:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
 from backends.api import EngineStats, GenerationEvent, LoadOptions, Request
+from backends.describe import WireFact
 from backends.modelspec import ModelSpec
 
 MAX_FRAME_BYTES = 4 << 30
@@ -90,7 +91,7 @@ class Progress(msgspec.Struct, tag="progress", frozen=True):
 
 class Loaded(msgspec.Struct, tag="loaded", frozen=True):
     n_ctx: int
-    describe: dict[str, Any]
+    describe: dict[str, WireFact]  # Backend.describe() as its flat mapping (backends/describe.py)
 
 
 class LoadFailed(msgspec.Struct, tag="load_failed", frozen=True):
@@ -135,7 +136,7 @@ class ArrayReply(msgspec.Struct, tag="array_reply", frozen=True):
 
 class DescribeReply(msgspec.Struct, tag="describe_reply", frozen=True):
     call_id: int
-    describe: dict[str, Any]
+    describe: dict[str, WireFact]
 
 
 class StatsReply(msgspec.Struct, tag="stats_reply", frozen=True):
@@ -184,15 +185,19 @@ class ProtocolError(Exception):
     """A frame that does not decode, or a peer that broke the framing."""
 
 
-class Channel:
-    """One end of the socket: send() from any thread (callers hold their own lock), recv() from one."""
+_In = TypeVar("_In", ToRunner, FromRunner)
 
-    def __init__(self, sock: socket.socket, incoming: Any) -> None:
+
+class Channel(Generic[_In]):
+    """One end of the socket: send() from any thread (callers hold their own lock), recv() from one.
+    `incoming`: the union this end decodes (ToRunner in the runner, FromRunner in hearth)."""
+
+    def __init__(self, sock: socket.socket, incoming: type[_In]) -> None:
         self.sock = sock
         self._encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
         self._decoder = msgspec.msgpack.Decoder(incoming)
 
-    def send(self, message: Any) -> None:
+    def send(self, message: ToRunner | FromRunner) -> None:
         body = self._encoder.encode(message)
         if len(body) < 1 << 16:  # one write for the common small message
             self.sock.sendall(_HEADER.pack(len(body)) + body)
@@ -200,7 +205,7 @@ class Channel:
             self.sock.sendall(_HEADER.pack(len(body)))
             self.sock.sendall(body)
 
-    def recv(self) -> Any:
+    def recv(self) -> _In | None:
         """The next message; None at a clean end of stream (the peer closed or died)."""
         header = self._read(_HEADER.size)
         if header is None:

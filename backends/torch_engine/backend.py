@@ -22,6 +22,7 @@ by `build_parts` from the ModelSpec and LoadOptions; tests pass their own `build
 from __future__ import annotations
 
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -32,6 +33,7 @@ from typing import Any
 from backends.api import (
     Backend,
     Capabilities,
+    Description,
     EngineStats,
     EventKind,
     FinishReason,
@@ -65,6 +67,8 @@ from backends.torch_engine.request import EngineRequest, RequestStatus
 from backends.torch_engine.sampler import Sampler
 from backends.torch_engine.scheduler import Scheduler, error_line
 
+log = logging.getLogger(__name__)
+
 _REASONS = {
     RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
     RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
@@ -76,7 +80,8 @@ _CLOSED = "the torch backend was closed"
 
 def build_parts(spec: ModelSpec, options: LoadOptions, progress: ProgressCallback | None) -> EngineParts:
     """Load the real model (the model half: backends.torch_engine.model_runner)."""
-    from backends.torch_engine.model_runner import build_engine_parts  # the model half's entry point
+    # imported here, not at the top: the model half imports torch, and TorchBackend runs without it on fakes
+    from backends.torch_engine.build import build_engine_parts
 
     return build_engine_parts(spec, options, progress)
 
@@ -500,7 +505,7 @@ class TorchBackend(Backend):
             peak_rss_bytes=peak_rss_bytes(),
         )
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Description:
         info: dict[str, Any] = {
             "backend": self.name,
             "model": self.spec.name,
@@ -526,7 +531,7 @@ class TorchBackend(Backend):
         if speculator is not None:  # the published counters (the speculator's own are the engine thread's)
             st = self._stats
             info.update(spec_proposed_tokens=st.spec_proposed_tokens, spec_accepted_tokens=st.spec_accepted_tokens)
-        return info
+        return Description.from_mapping(info)
 
     def memory_in_use(self) -> dict[str, int]:
         info = super().memory_in_use()
@@ -540,7 +545,7 @@ class TorchBackend(Backend):
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 info["gpu_bytes"] = int(torch.cuda.memory_reserved())
         except Exception:  # noqa: BLE001 - memory figures are best effort
-            pass
+            log.debug("GPU memory figure unavailable", exc_info=True)
         return info
 
 

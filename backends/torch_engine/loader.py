@@ -32,10 +32,8 @@ device ever holds the dense model whole when the plan asked for a quantized one:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -43,6 +41,7 @@ from backends.errors import ConfigError, ModelFormatError, UnsupportedArchitectu
 from backends.modelspec import ModelSpec
 from backends.torch_engine.models import FAMILIES, family
 from backends.torch_engine.models.layers import DecoderConfig, DecoderModel
+from backends.torch_engine.weights import FREQ_FACTORS, ROPE_FACTOR_TENSORS, Selection, file_weights, unreorder
 from backends.weight_map import SHARDS, is_projection_param, template
 from backends.weight_map import names as weight_names
 from kernels.dispatch import KernelSet
@@ -51,13 +50,12 @@ from kernels.rope import rope_inv_freq
 
 if TYPE_CHECKING:  # pragma: no cover
     from backends.torch_engine.quantize import QuantConfig
+    from backends.torch_engine.tp.comm import Comm
 
 
 ARCHITECTURES = tuple(sorted(FAMILIES))
 
 # read separately: Llama 3 frequency factors, Phi-3 LongRoPE's factors (short ones used: models/phi3.py)
-_FREQ_FACTORS = "rope_freqs.weight"
-_SKIP = {_FREQ_FACTORS, "rope_factors_short.weight", "rope_factors_long.weight"}
 
 
 def base_config(spec: ModelSpec) -> DecoderConfig:
@@ -98,21 +96,15 @@ def _text_model_name(name: str) -> str:
     return name.removeprefix("language_model.")
 
 
-def _unreorder(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's Q/K row permutation: rows (head, pair i, member a) -> (head, a, i)."""
-    rows = w.shape[0]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-
-
 def _unreorder_any(w: torch.Tensor | QuantWeight, n_heads: int) -> torch.Tensor | QuantWeight:
-    """_unreorder for a dense weight, or for the rows of a quantized one (groups run along the inputs)."""
+    """unreorder for a dense weight, or for the rows of a quantized one (groups run along the inputs)."""
     if isinstance(w, torch.Tensor):
-        return _unreorder(w, n_heads)
+        return unreorder(w, n_heads)
     return dataclasses.replace(
         w,
-        qweight=_unreorder(w.qweight, n_heads),
-        scales=_unreorder(w.scales, n_heads),
-        offsets=None if w.offsets is None else _unreorder(w.offsets, n_heads),
+        qweight=unreorder(w.qweight, n_heads),
+        scales=unreorder(w.scales, n_heads),
+        offsets=None if w.offsets is None else unreorder(w.offsets, n_heads),
     )
 
 
@@ -126,80 +118,6 @@ def _merge(parts: list[torch.Tensor | QuantWeight], dtype: torch.dtype) -> torch
         return concat_rows(parts)  # type: ignore[arg-type]
     dense = [p if isinstance(p, torch.Tensor) else dequantize(p).to(dtype) for p in parts]
     return torch.cat(dense, dim=0)
-
-
-DEQUANT_CHUNK_ELEMENTS = 1 << 22  # weights dequantized at a time (16 MiB of float32)
-
-
-def _dequantize_rows(data: np.ndarray, qtype, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A 2-D GGUF tensor's raw rows -> (out, in) tensor in `dtype`, dequantized a few MiB of rows at a time:
-    the float32 form of a large tensor (the starter's 49152 x 576 embedding: 108 MiB, and numpy's copy of it
-    as much again) is never whole, so the loader's peak is the tensor in `dtype` plus one chunk."""
-    from gguf.quants import dequantize
-
-    out = torch.empty(shape, dtype=dtype)
-    step = max(1, DEQUANT_CHUNK_ELEMENTS // max(shape[1], 1))
-    for lo in range(0, shape[0], step):
-        values = np.asarray(dequantize(data[lo : lo + step], qtype), dtype=np.float32)
-        out[lo : lo + step] = torch.from_numpy(values.reshape(-1, shape[1]))
-    return out
-
-
-def _gguf_tensors(
-    spec: ModelSpec,
-    keep: Callable[[str, str], bool] = lambda name, qtype: False,
-    scale_dtype: torch.dtype = torch.float32,
-    dtype: torch.dtype = torch.float32,
-):
-    """Yield (name, tensor in (out, in) order) for every tensor of a GGUF (all shards): 2-D ones in `dtype`,
-    1-D ones (norms, biases) in float32; a tensor for which keep(name, type name) is true comes as a
-    QuantWeight of its repacked blocks instead."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    from backends.gguf_reader import read_model_header
-    from backends.torch_engine.quantize import GGUF_BLOCKS, repack_gguf
-
-    _, shards = read_model_header(spec.path)
-    for header in shards:
-        raw = np.memmap(header.path, dtype=np.uint8, mode="r")
-        for t in header.tensors:
-            qtype = GGMLQuantizationType(t.ggml_type)
-            block, type_size = GGML_QUANT_SIZES[qtype]
-            start = header.data_offset + t.offset
-            row_bytes = t.shape[0] // block * type_size
-            data = raw[start : start + t.n_bytes].reshape(-1, row_bytes)
-            if len(t.shape) == 2 and qtype.name in GGUF_BLOCKS and keep(t.name, qtype.name):
-                blocks = torch.from_numpy(np.array(data, dtype=np.uint8))
-                yield t.name, repack_gguf(blocks, qtype.name, int(t.shape[1]), int(t.shape[0]), scale_dtype)
-                continue
-            shape = tuple(int(n) for n in reversed(t.shape))
-            try:
-                if len(shape) == 2:
-                    yield t.name, _dequantize_rows(data, qtype, shape, dtype)
-                    continue
-                values = dequantize(data, qtype)
-            except NotImplementedError:
-                raise ModelFormatError(
-                    f"{spec.path}: tensor {t.name} has type {qtype.name}, which gguf cannot dequantize",
-                    "use --backend llama.cpp, or a file in another quant",
-                ) from None
-            yield t.name, torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
-
-
-def _hf_tensors(spec: ModelSpec):
-    """Yield (name, tensor) in the file's own dtype: load_model converts each to the compute dtype (norms to
-    float32), so a 16-bit checkpoint never passes through a whole float32 copy of a tensor (a Llama-2-7B
-    embedding: 500 MB more at the loader's peak)."""
-    from safetensors import SafetensorError, safe_open
-
-    for f in spec.files:
-        try:
-            with safe_open(f, framework="pt") as fh:
-                for name in fh.keys():
-                    yield name, fh.get_tensor(name)
-        except SafetensorError as exc:
-            raise ModelFormatError(f"{f} cannot be read as safetensors: {exc}", "download the file again") from None
 
 
 def check_file_shapes(spec: ModelSpec, cfg: DecoderConfig) -> None:
@@ -293,8 +211,11 @@ def load_model(
     weight_quant: str = "none",
     host_layers: int = 0,
     n_ctx: int = 0,
+    tp: Comm | None = None,
 ) -> DecoderModel:
     """Build the model and fill every parameter from the file; ModelFormatError if one is missing.
+    tp: a tensor-parallel rank: the model is this rank's share, read as such (only its rows and columns leave
+    the file, before dequantizing and before the copy to the device: tp/layers.ReadPlan), with its collectives.
     weight_quant (one of LOAD_QUANTS): "none" dense in `dtype`; "gguf" keeps a GGUF's Q4_0 / Q4_1 / Q4_K / Q8_0
     projection blocks; "int8" / "int4" / "fp8" quantize each projection as it is read (module docstring).
     host_layers: the first so many blocks will stream from host RAM (offload.py): their weights never stay on
@@ -313,6 +234,20 @@ def load_model(
     check_file_shapes(spec, cfg)
     gguf = spec.format == "gguf"
     names = weight_names(spec.architecture, spec.format)
+    plan = None
+    if tp is not None and tp.world > 1:
+        from backends.torch_engine.tp.layers import read_plan
+
+        plan = read_plan(cfg, tp.rank, tp.world, _down_group(spec, names, keep_gguf_quant, rtn, cfg.ffn_size))
+        cfg = plan.local_config(cfg)  # the model is built at this rank's widths
+
+    def select(name: str) -> Selection:
+        key, layer = template(_text_model_name(name))
+        if plan is None or key not in names:
+            return None, None
+        target, shard = names[key]
+        return plan.select(target.format(i=layer), shard)
+
     fam = family(spec.architecture)
     reorder = gguf and fam.GGUF_QK_REORDERED[spec.architecture]
     norm_offset = 0.0 if gguf else getattr(fam, "HF_NORM_OFFSET", 0.0)
@@ -334,8 +269,8 @@ def load_model(
     def keep(name: str, qtype: object) -> bool:
         return (keep_gguf_quant and _is_projection(template(name)[0], names)) or (quant_head and name == head_name)
 
-    for name, tensor in _gguf_tensors(spec, keep, scale_dtype, dtype) if gguf else _hf_tensors(spec):
-        if name in _SKIP:
+    for name, tensor in file_weights(spec, keep, scale_dtype, dtype, select):
+        if name in ROPE_FACTOR_TENSORS:
             factors[name] = tensor.reshape(-1)
             continue
         key, layer = template(_text_model_name(name))
@@ -357,8 +292,9 @@ def load_model(
             params[target] = tensor
         else:
             shards.setdefault(target, {})[SHARDS[shard]] = tensor
-    for target, parts in shards.items():
-        params[target] = _merge([parts[i] for i in sorted(parts)], dtype)
+    for target in list(shards):  # popped as merged: a merged copy never lives beside every layer's parts
+        parts = shards.pop(target)
+        params[target] = _merge([parts.pop(i) for i in sorted(parts)], dtype)
     complete_params(model, params, spec, f"{spec.architecture} model")
     quantized = {k: v for k, v in params.items() if isinstance(v, QuantWeight)}
     model.load_state_dict({k: v for k, v in params.items() if k not in quantized}, strict=False, assign=True)
@@ -375,7 +311,7 @@ def load_model(
         model.lm_head.weight = model.embed.weight
     use_long = 0 < cfg.rope_original_ctx < n_ctx  # LongRoPE: llama.cpp's rule (models/phi3.py)
     freq_factors = factors.get(
-        _FREQ_FACTORS, factors.get("rope_factors_long.weight" if use_long else "rope_factors_short.weight")
+        FREQ_FACTORS, factors.get("rope_factors_long.weight" if use_long else "rope_factors_short.weight")
     )
     listed = cfg.rope_factors_long if use_long and cfg.rope_factors_long else cfg.rope_factors
     if freq_factors is None and listed:
@@ -388,4 +324,27 @@ def load_model(
     model.inv_freq = rope_inv_freq(rot, cfg.rope_base, scaling, freq_factors)
     if cfg.rope_base_local:  # sliding-window layers' own RoPE (Gemma 3): their base, no scaling
         model.inv_freq_local = rope_inv_freq(rot, cfg.rope_base_local)
+    if plan is not None:
+        from backends.torch_engine.tp.layers import wrap_loaded_shares
+
+        wrap_loaded_shares(model, plan, tp)  # type: ignore[arg-type]
     return (model if host_layers else model.to(device)).eval()
+
+
+def _down_group(spec: ModelSpec, names: dict, keep_gguf: bool, rtn: QuantConfig | None, ffn: int) -> int:
+    """The quantization group of down_proj's inputs as the loader will hold it (its FFN split falls on whole
+    groups, as tp/layers.shard_model's does): a kept GGUF block (32), an int4 group, else 1 (dense, or int8 /
+    fp8 per channel, quantized from the rank's own columns)."""
+    if rtn is not None:
+        from backends.torch_engine.quantize import layer_config
+
+        layer = layer_config(rtn, ffn)
+        return layer.group_size if layer is not None and layer.kind == "int4" else 1
+    if keep_gguf and spec.format == "gguf":
+        from backends.torch_engine.quantize import GGUF_BLOCKS
+
+        for t in spec.tensors:
+            key, _ = template(_text_model_name(t.name))
+            if names.get(key, ("", None))[0].endswith("mlp.down_proj.weight"):
+                return 32 if t.ggml_type in GGUF_BLOCKS else 1
+    return 1

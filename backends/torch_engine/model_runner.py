@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from backends.api import LoadOptions, ProgressCallback
+from backends.api import LoadOptions
 from backends.errors import ConfigError
 from backends.modelspec import ModelSpec
 from backends.torch_engine.cuda_graphs import DecodeGraphs, graph_sizes, unavailable_reason
-from backends.torch_engine.parts import EngineParts, kv_pool_blocks
+from backends.torch_engine.devices import resolve_device
+from backends.torch_engine.parts import kv_pool_blocks
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
-from backends.torch_engine.speculative.build import build_speculator
 from kernels.attention import allocate_kv_cache, build_attention_metadata
 from kernels.dispatch import kernel_set
 
@@ -37,12 +37,6 @@ _KV_DTYPES = {
     "fp32": torch.float32,
     "f32": torch.float32,
 }
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -129,6 +123,9 @@ class ModelRunner:
 
     decode_graphs: DecodeGraphs | None = None
     cuda_graphs_off: str | None = None
+    graph_check: dict[str, Any] | None = None  # the first graph step against the eager one (_first_graph_step)
+    kernel_check: Any = None  # kernel_check.KernelCheck when the self-check ran (LoadOptions.kernel_check_record)
+    kernel_check_error: str | None = None  # why the self-check could not run
     _graphs_decided: bool = False
 
     def __init__(
@@ -148,7 +145,7 @@ class ModelRunner:
         self.kv_dtype = _KV_DTYPES[options.kv_cache_type] if self.device.type == "cuda" else self.dtype
         if options.n_threads and self.device.type == "cpu":
             torch.set_num_threads(options.n_threads)
-        self.ops = kernel_set(kernels)
+        self.ops = kernel_set(kernels, self.device)
         self.weight_quant = resolve_weight_quant(options.weight_quant, spec, self.device, self.dtype)
         # int8 / int4 / fp8 are quantized by the loader as it reads each projection (round-to-nearest, the
         # same weights quantize_model gives): the dense model is never whole on the device.
@@ -171,13 +168,19 @@ class ModelRunner:
                 weight_quant=self.weight_quant,
                 host_layers=host_layers,
                 n_ctx=options.n_ctx,
+                tp=tp,  # a rank reads only its share of the file (issue 25: whole models ran ranks out of memory)
             )
         kv_heads = pool_kv_heads = spec.n_kv_heads
         if tp is not None and tp.world > 1:  # before the CPU packing below, which then packs this rank's shares
             from backends.torch_engine.tp.layers import pool_kv_heads as most_kv_heads
             from backends.torch_engine.tp.layers import shard_model
 
-            kv_heads, pool_kv_heads = shard_model(self.model, tp).num_kv_heads, most_kv_heads(spec, tp.world)
+            pool_kv_heads = most_kv_heads(spec, tp.world)
+            if spec.n_experts:  # the MoE loader reads whole models: cut afterwards (shard_model refuses MoE MLPs)
+                kv_heads = shard_model(self.model, tp).num_kv_heads
+            else:
+                kv_heads = self.model.cfg.n_kv_heads  # the loader built this rank's share
+        self.kernel_check, self.kernel_check_error = self._check_kernels(options.kernel_check_record)
         self.cpu_packed_layers = 0
         self.dense_copy_bytes = 0
         if self.device.type == "cpu":
@@ -203,6 +206,21 @@ class ModelRunner:
 
         self.kv_caches = [(cache(), cache()) for _ in range(spec.n_layers)]
         _release_freed_memory()
+
+    def _check_kernels(self, record: str | None) -> tuple[Any, str | None]:
+        """Issue 25's first contact: check every Triton kernel this model calls on this device (once per device
+        key, kept in `record`) and swap the ones that fail, err or are slow for the torch ops.  A check that
+        itself fails must not take the engine down: the kernels stay, and describe() says why unchecked."""
+        from backends.torch_engine.kernel_check import applies, apply_to_model, check_model
+
+        if not record or not applies(self.ops, self.device):
+            return None, None
+        try:
+            check = check_model(self.spec, self.model, self.ops, self.device, self.dtype, record)
+        except Exception as exc:  # noqa: BLE001 - reported in describe(); the engine runs unchecked
+            return None, f"{type(exc).__name__}: {exc}"[:200]
+        self.ops = apply_to_model(self.model, self.ops, check)
+        return check, None
 
     def _resident_layers(self, n_gpu_layers: int) -> int:
         """Blocks whose weights live on the device.  On CUDA, 0 < n_gpu_layers < n_layers keeps that many (the
@@ -327,8 +345,11 @@ class ModelRunner:
         graphs = self._decode_graphs()
         if graphs is None or not graphs.accepts(scheduled):
             return None
+        rows = [(s.token_ids[0], s.start_position, s.block_table) for s in scheduled]
         try:
-            return graphs.run([(s.token_ids[0], s.start_position, s.block_table) for s in scheduled])
+            if self.graph_check is None and not (self.kernel_check and self.kernel_check.graphs.get("verdict")):
+                return self._first_graph_step(graphs, rows)
+            return graphs.run(rows)
         except torch.OutOfMemoryError:  # capturing a new size and the graphs' pool could not grow: eager from now
             self.decode_graphs, self.cuda_graphs_off = None, "off (a graph capture ran out of GPU memory)"
             torch.cuda.empty_cache()
@@ -339,13 +360,52 @@ class ModelRunner:
         steps need them) at the first call, or None when they do not apply (cuda_graphs_off says why)."""
         if not self._graphs_decided:
             self._graphs_decided = True
-            self.cuda_graphs_off = unavailable_reason(self.device, self.ops.name, self.model)
+            self.cuda_graphs_off = unavailable_reason(self.device, self.ops.name, self.model) or self._graphs_vetoed()
             if self.cuda_graphs_off is None:
                 max_blocks = min(self.num_blocks, -(-self.options.n_ctx // BLOCK_SIZE))
                 self.decode_graphs = DecodeGraphs(
                     self.model, self.kv_caches, self.options.max_num_seqs, max_blocks, BLOCK_SIZE, self.device
                 )
         return self.decode_graphs
+
+    def _graphs_vetoed(self) -> str | None:
+        """Why the kernel check rules graphs out: a replaced kernel that reads step data on the host, or a
+        recorded mismatch of a captured step against the eager one on this device key."""
+        from backends.torch_engine.kernel_check import GRAPH_BLOCKERS
+
+        blocked = [f for f in self.ops.replaced if f in GRAPH_BLOCKERS]
+        if blocked:
+            return f"off (the kernel self-check replaced {', '.join(blocked)} by torch ops, which a graph cannot hold)"
+        graphs = self.kernel_check.graphs if self.kernel_check is not None else {}
+        if graphs.get("verdict") == "mismatch":
+            return f"off (on this device a captured decode step differed from the eager one: {graphs.get('detail')})"
+        return None
+
+    def _first_graph_step(self, graphs: DecodeGraphs, rows: list[tuple[int, int, Sequence[int]]]) -> torch.Tensor:
+        """Issue 25, item 2: the first graph step is also run eagerly (same inputs; the K/V it writes are
+        written again by the graph) and their logits compared; a mismatch turns graphs off (and, with a record,
+        for this device key) and the eager logits are returned."""
+        from backends.torch_engine.kernel_check import record_graph_check
+        from kernels.selfcheck import TOLERANCES
+
+        eager = self.forward([([tok], start, table) for tok, start, table in rows], "last", num_decodes=len(rows))
+        got = graphs.run(rows).float()
+        err = float((got - eager).abs().max()) if eager.numel() else 0.0
+        # logits are sums over the hidden width: the kernel tolerance scaled by the logits' own size
+        tol = TOLERANCES.get(self.dtype, 1e-2) * max(1.0, float(eager.abs().max()))
+        ok = bool(torch.isfinite(got).all()) and err <= tol
+        verdict = {"verdict": "ok" if ok else "mismatch", "max_error": err, "tolerance": tol, "batch": len(rows)}
+        if not ok:
+            verdict["detail"] = f"max logit error {err:.3g} > {tol:.3g} at batch {len(rows)}"
+            self.decode_graphs = None
+            self.cuda_graphs_off = (
+                f"off (the first captured decode step differed from the eager one: {verdict['detail']})"
+            )
+        if self.kernel_check is not None:
+            self.kernel_check.graphs = verdict
+            record_graph_check(self.options.kernel_check_record, self.kernel_check.key, verdict)
+        self.graph_check = verdict
+        return got if ok else eager
 
     def prompt_logits(
         self, token_ids: Sequence[int], block_table: Sequence[int] | None = None, chunk: int | None = None
@@ -382,7 +442,15 @@ class ModelRunner:
             **self._describe_offload(),
             **self._describe_experts(),
             **self._describe_graphs(),
+            **self._describe_kernel_check(),
         }
+
+    def _describe_kernel_check(self) -> dict[str, Any]:
+        if self.kernel_check_error is not None:
+            return {"kernel_check": f"could not run ({self.kernel_check_error})"}
+        if self.kernel_check is None:
+            return {}
+        return {**self.kernel_check.describe(), "kernel_check_reasons": tuple(self.kernel_check.reasons())}
 
     def _describe_experts(self) -> dict[str, Any]:
         if not self.spec.n_experts:
@@ -421,41 +489,3 @@ class ModelRunner:
         self.decode_graphs = None  # the graphs write into the KV pool: they go first
         self.kv_caches = []
         self.model = None  # type: ignore[assignment]
-
-
-def build_engine_parts(
-    spec: ModelSpec,
-    options: LoadOptions,
-    progress: ProgressCallback | None = None,
-) -> EngineParts:
-    """The model half for TorchBackend: runner, tokenizer, pool size, prompt logits, describe, close."""
-    from backends.torch_engine.tokenizer import load_tokenizer
-
-    if progress is not None:
-        progress(0.0, "reading the tokenizer")
-    tokenizer = load_tokenizer(spec)
-    if progress is not None:
-        progress(0.1, "loading and dequantizing the weights")
-    if options.tensor_parallel > 1:  # rank 0 of a group of processes (backends/torch_engine/tp)
-        from backends.torch_engine.tp.runner import TPModelRunner
-
-        runner: ModelRunner = TPModelRunner(spec, options)
-    else:
-        runner = ModelRunner(spec, options)
-    if progress is not None:
-        progress(1.0, f"weights in {runner.describe()['dtype']} on {runner.device}")
-    if options.n_ctx > runner.num_blocks * BLOCK_SIZE:
-        raise ConfigError(
-            f"the KV pool holds {runner.num_blocks * BLOCK_SIZE} tokens, less than the context of {options.n_ctx}",
-            "raise the KV budget or lower --ctx",
-        )
-    speculator = build_speculator(options, spec, tokenizer, ModelRunner)
-    return EngineParts(
-        speculator=speculator,
-        runner=runner,
-        tokenizer=tokenizer,
-        num_blocks=runner.num_blocks,
-        prompt_logits=runner.prompt_logits,
-        describe=runner.describe,
-        close=runner.close,
-    )

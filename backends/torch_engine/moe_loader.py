@@ -21,8 +21,9 @@ import torch
 
 from backends.errors import ConfigError, ModelFormatError, UnsupportedArchitectureError
 from backends.modelspec import ModelSpec
-from backends.torch_engine.loader import complete_params
+from backends.torch_engine.loader import base_config, complete_params
 from backends.torch_engine.models.moe import MoEConfig, MoEModel
+from backends.torch_engine.weights import FREQ_FACTORS, ROPE_FACTOR_TENSORS, file_weights, unreorder
 from backends.weight_map import SHARDS, template
 from backends.weight_map import names as weight_names
 from kernels.dispatch import KernelSet
@@ -83,8 +84,6 @@ def expert_template(key: str) -> tuple[str, int | None]:
 def moe_config_from_spec(spec: ModelSpec) -> MoEConfig:
     from dataclasses import fields
 
-    from backends.torch_engine.loader import base_config
-
     arch = MOE_ARCHITECTURES.get(spec.architecture)
     if arch is None or not spec.n_experts or not spec.n_experts_used:
         raise UnsupportedArchitectureError(
@@ -138,8 +137,6 @@ def load_moe_model(
     """loader.load_model for a model with experts (module docstring).  cpu_expert_layers: the first so many
     layers' routed experts stay in host RAM with a device cache of the most-used (expert_offload.py); they never
     reach the device whole."""
-    from backends.torch_engine.loader import _FREQ_FACTORS, _SKIP, _gguf_tensors, _hf_tensors, _unreorder
-
     if weight_quant not in ("none", "gguf"):
         raise ConfigError(
             f"the torch engine loads mixture-of-experts weights dense; weight_quant {weight_quant!r} "
@@ -159,9 +156,9 @@ def load_moe_model(
         model = MoEModel(cfg, ops)
     pieces: dict[str, dict[tuple[int, int], torch.Tensor]] = {}
     freq_factors = None
-    for name, tensor in _gguf_tensors(spec, dtype=dtype) if gguf else _hf_tensors(spec):
-        if name in _SKIP:  # Llama 3's frequency factors; the others are Phi-3's, no MoE of ours has them
-            freq_factors = tensor.reshape(-1) if name == _FREQ_FACTORS else freq_factors
+    for name, tensor in file_weights(spec, dtype=dtype):
+        if name in ROPE_FACTOR_TENSORS:  # Llama 3's frequency factors; the others are Phi-3's, no MoE of ours has them
+            freq_factors = tensor.reshape(-1) if name == FREQ_FACTORS else freq_factors
             continue
         key, layer = template(name)
         key, expert = expert_template(key)
@@ -170,7 +167,7 @@ def load_moe_model(
         target, shard = names[key]
         target = target.format(i=layer)
         if reorder and shard in ("q", "k"):
-            tensor = _unreorder(tensor, cfg.n_heads if shard == "q" else cfg.n_kv_heads)
+            tensor = unreorder(tensor, cfg.n_heads if shard == "q" else cfg.n_kv_heads)
         tensor = tensor.float() if target.endswith(_FLOAT32) else tensor.to(dtype)
         if target.endswith("shared_gate.weight"):
             tensor = tensor.reshape(1, cfg.hidden_size)

@@ -172,24 +172,26 @@ def test_graph_step_inputs_through_the_triton_kernels() -> None:
     from kernels.kv_write_triton import kv_write_triton
 
     torch.manual_seed(1)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the interpreter (TRITON_INTERPRET=1) runs them
     k, v, tables, poison = _pool(2, 32, torch.float32)
+    k, v = k.to(dev), v.to(dev)
     size, width = 8, 6
-    rows = torch.from_numpy(_staged(tables, poison, size, width))[:size]
+    rows = torch.from_numpy(_staged(tables, poison, size, width))[:size].to(dev)
     input_ids, positions, meta = step_inputs(rows, BLOCK_SIZE)
     assert positions.tolist() == [n - 1 for n in LENS] + [0] * (size - len(LENS))
     assert meta.slot_mapping.tolist()[len(LENS) :] == [-1] * (size - len(LENS))
-    new_k, new_v = torch.randn(size, 2, 32), torch.randn(size, 2, 32)
+    new_k, new_v = torch.randn(size, 2, 32).to(dev), torch.randn(size, 2, 32).to(dev)
     k_before = k.clone()
     kv_write_triton(new_k, new_v, k, v, meta.slot_mapping, meta.memo)
-    written = torch.zeros(k.shape[:2], dtype=torch.bool)
+    written = torch.zeros(k.shape[:2], dtype=torch.bool, device=dev)
     for s, (n, t) in enumerate(zip(LENS, tables)):
         blk, off = t[(n - 1) // BLOCK_SIZE], (n - 1) % BLOCK_SIZE
         written[blk, off] = True
         torch.testing.assert_close(k[blk, off], new_k[s])
     assert torch.equal(k[~written].nan_to_num(7.0), k_before[~written].nan_to_num(7.0))  # padding wrote nothing
-    q = torch.randn(size, 4, 32)
+    q = torch.randn(size, 4, 32).to(dev)
     got = paged_attention_triton(q, k, v, meta, 0.2)
-    unpadded = build_attention_metadata([(n - 1, 1, t) for n, t in zip(LENS, tables)], BLOCK_SIZE)
+    unpadded = build_attention_metadata([(n - 1, 1, t) for n, t in zip(LENS, tables)], BLOCK_SIZE, dev)
     want = paged_attention_reference(q[: len(LENS)], k, v, unpadded, 0.2)
     torch.testing.assert_close(got[: len(LENS)], want, atol=1e-4, rtol=1e-4)
     assert torch.isfinite(got).all()
@@ -206,6 +208,9 @@ def tiny_spec(tmp_path_factory: pytest.TempPathFactory):
 
 def _runner(spec, device: str, dtype: str = "float32", max_num_seqs: int = 16) -> ModelRunner:
     # n_gpu_layers=-1: every layer resident on a GPU (offloaded layers turn graphs off)
+    from tests.kernels.conftest import skip_triton_on_cpu_without_interpreter
+
+    skip_triton_on_cpu_without_interpreter(device)
     options = LoadOptions(n_ctx=64, max_num_seqs=max_num_seqs, dtype=dtype, device=device, n_gpu_layers=-1)
     return ModelRunner(spec, options, "triton")
 

@@ -59,7 +59,7 @@ def test_loader_checks_shapes_before_reading_weights(raw, tmp_path: Path, monkey
     def no_reading(*args: object, **kwargs: object):  # noqa: ANN202
         raise AssertionError("weights were read before the shapes were checked")
 
-    monkeypatch.setattr(loader, "_gguf_tensors", no_reading)
+    monkeypatch.setattr(loader, "file_weights", no_reading)
     with pytest.raises(
         ModelFormatError, match=r"blk\.0\.attn_k\.weight is \[32, 64\] \(out, in\), but .* needs \[16, 64\]"
     ):

@@ -21,3 +21,14 @@ def device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def skip_triton_on_cpu_without_interpreter(device: str) -> None:
+    """Triton kernels on CPU tensors run only under TRITON_INTERPRET=1 (tests/conftest.py sets it); a GPU run
+    with the interpreter off (TRITON_INTERPRET=0, to compile for real) skips the CPU-only variants."""
+    import os
+
+    import pytest
+
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1 (this run compiles for the GPU)")

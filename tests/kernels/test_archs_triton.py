@@ -12,11 +12,13 @@ import torch
 
 from tests.arch_factory import write_tiny_arch
 from tests.conformance.test_dense_archs import SHAPES, _ids, _runner
+from tests.kernels.conftest import skip_triton_on_cpu_without_interpreter
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3", "phi3"])
 def test_triton_kernel_set_matches_the_torch_path(tmp_path: Path, arch: str) -> None:
     pytest.importorskip("triton")
+    skip_triton_on_cpu_without_interpreter("cpu")
     path = write_tiny_arch(tmp_path / f"{arch}.gguf", arch, **SHAPES[arch])
     ids = _ids(path)[:12]  # past Gemma's window of 8
     triton_logits = _runner(path, kernels="triton").prompt_logits(ids, chunk=5)

@@ -16,6 +16,13 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_bench.py"
 
 
 def test_gpu_bench_engine_rows_dry_run() -> None:
+    import importlib.metadata
+
+    if tuple(int(p) for p in importlib.metadata.version("triton").split(".")[:2]) < (3, 9):
+        # seen on the GPU machine (Triton 3.6, numpy 2): its interpreter passes a 1-element array where the
+        # decode kernel's loop bounds need a scalar ("only 0-dimensional arrays can be converted"); compiled,
+        # the same kernel passes there, and Triton 3.9's interpreter runs this test on CPU
+        pytest.skip("the Triton interpreter before 3.9 cannot take the decode kernel's tensor loop bounds")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--dry-run", "--no-hf", "--variants", "fp16", "--batches", "3"],

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kernels import activation, attention
+from tests.kernels.conftest import device
 from tests.kernels.test_torch_ops import CASES, _paged_case
 
 SCALE = 32**-0.5
@@ -58,7 +59,7 @@ def test_triton_kernels_honour_the_window(case: str, window: int) -> None:
     pytest.importorskip("triton")
     from kernels.attention_triton import paged_attention_triton
 
-    q, k_cache, v_cache, meta = _paged_case(CASES[case], 6, 2, torch.float32)
+    q, k_cache, v_cache, meta = _paged_case(CASES[case], 6, 2, torch.float32, device=device())
     windowed = attention.with_sliding_window(meta, window)
     torch.testing.assert_close(
         paged_attention_triton(q, k_cache, v_cache, windowed, SCALE),
@@ -75,7 +76,7 @@ def test_triton_decode_splits_wholly_behind_the_window_weigh_nothing(window: int
     pytest.importorskip("triton")
     from kernels.attention_triton import paged_decode_triton, step_tables
 
-    q, k_cache, v_cache, meta = _paged_case([(100, 1), (40, 1), (5, 1)], 6, 2, torch.float32)
+    q, k_cache, v_cache, meta = _paged_case([(100, 1), (40, 1), (5, 1)], 6, 2, torch.float32, device=device())
     table, seq_lens = step_tables(meta, q.device)
     got = paged_decode_triton(q, k_cache, v_cache, table, seq_lens, SCALE, blocks_per_split=1, window=window)
     want = attention.paged_attention_reference(q, k_cache, v_cache, attention.with_sliding_window(meta, window), SCALE)

@@ -99,8 +99,10 @@ def _paged_case(
     dtype: torch.dtype,
     block_size: int = 16,
     head_dim: int = 32,
+    device: str = "cpu",
 ):
-    """Random caches holding each sequence's context in shuffled blocks; seqs_spec: (start, q_len)."""
+    """Random caches holding each sequence's context in shuffled blocks; seqs_spec: (start, q_len).  The numbers
+    are drawn on the CPU (the same on every machine) and then moved to `device`."""
     rng = random.Random(0)
     need = sum(-(-(s + q) // block_size) for s, q in seqs_spec)
     num_blocks = need + 3
@@ -118,6 +120,9 @@ def _paged_case(
     k_new = torch.randn(n, kv_heads, head_dim).to(dtype)
     v_new = torch.randn(n, kv_heads, head_dim).to(dtype)
     attention.write_kv(k_new, v_new, k_cache, v_cache, meta.slot_mapping)
+    if device != "cpu":
+        meta = attention.build_attention_metadata(seqs, block_size, device)
+        q, k_cache, v_cache = q.to(device), k_cache.to(device), v_cache.to(device)
     return q, k_cache, v_cache, meta
 
 
@@ -216,7 +221,8 @@ def test_reference_attention_is_causal_on_a_cached_prefix() -> None:
 
 def test_dispatch_default_override_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HEARTH_KERNELS", raising=False)
-    assert kernel_set().name == "torch"
+    # the default: Triton where a CUDA GPU (and triton) is there, else the plain-torch path
+    assert kernel_set().name == ("triton" if torch.cuda.is_available() else "torch")
     monkeypatch.setenv("HEARTH_KERNELS", "reference")
     assert kernel_set().name == "reference"
     with use_kernels("torch"):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import backends.runner.memory as memory
-from backends.llama_cpp.backend import extra_bufts_default
+import backends.llama_cpp.extra_bufts as rule
+from backends.llama_cpp.extra_bufts import extra_bufts_default
 
 
 @pytest.mark.parametrize(
@@ -20,7 +20,7 @@ from backends.llama_cpp.backend import extra_bufts_default
     ],
 )
 def test_extra_bufts_rule(monkeypatch, amx, checked, env, want) -> None:
-    monkeypatch.setattr(memory, "has_amx", lambda cpuinfo="/proc/cpuinfo": amx)
+    monkeypatch.setattr(rule, "has_amx", lambda cpuinfo="/proc/cpuinfo": amx)
     monkeypatch.setenv("HEARTH_LLAMA_EXTRA_BUFTS", env)
     on, why = extra_bufts_default(lambda: checked)
     assert on is want and why

@@ -10,26 +10,22 @@ One tensor-parallel group per process: torch.distributed's default group is proc
 
 from __future__ import annotations
 
-import os
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 
+from backends.env import env_seconds
 from backends.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 120.0
 
 
 def timeout_s() -> float:
-    raw = os.environ.get("HEARTH_TP_TIMEOUT_S", "")
-    try:
-        value = float(raw) if raw else DEFAULT_TIMEOUT_S
-    except ValueError:
-        raise ConfigError(f"HEARTH_TP_TIMEOUT_S must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ConfigError(f"HEARTH_TP_TIMEOUT_S must be positive, got {value:g}")
-    return value
+    return env_seconds("HEARTH_TP_TIMEOUT_S", DEFAULT_TIMEOUT_S)
 
 
 @dataclass
@@ -103,4 +99,4 @@ def leave_group() -> None:
         try:
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - a group with a dead rank may refuse a clean goodbye
-            pass
+            log.debug("destroy_process_group failed while leaving the group", exc_info=True)

@@ -128,7 +128,7 @@ class WorkerGroup:
             self._wait_all("hello", "starting")  # each rank says hello just before it joins the group
             import torch
 
-            from backends.torch_engine.model_runner import resolve_device
+            from backends.torch_engine.devices import resolve_device
 
             device = resolve_device(rank_options(options, 0, world).device)
             if device.type == "cuda":

@@ -19,6 +19,7 @@ Applied after loading and before the CPU packing (quantize.prepare_for_cpu), whi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -208,3 +209,94 @@ def _shard_vocab(model: nn.Module, cfg, comm: Comm) -> None:
 def pool_kv_heads(spec, world: int) -> int:
     """The most KV heads any rank holds: what each rank's KV pool is sized by (parts.kv_pool_blocks)."""
     return max(s.num_kv_heads for s in head_shards(spec.n_heads, spec.n_kv_heads, world))
+
+
+# ---- sharding while reading (issue 25): each rank reads only its rows / columns from the file -----------------
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """One rank's share of every weight, as the loader reads it: `select(target, shard)` gives the output-row
+    spans and the input-column span of a file tensor (None: all of them).  Rows of a merged projection are its
+    parts' own rows (the file holds Q, K, V and gate, up apart; Phi-3's fused tensors take several spans)."""
+
+    heads: HeadShard
+    head_dim: int
+    n_heads: int
+    n_kv_heads: int
+    ffn: tuple[int, int]  # this rank's FFN rows [lo, hi)
+    ffn_size: int
+    vocab: tuple[int, int]  # this rank's vocabulary rows [lo, hi)
+    vocab_widths: tuple[int, ...]  # every rank's, for the head's gather
+
+    def select(self, target: str, shard: str | None) -> tuple[list[tuple[int, int]] | None, tuple[int, int] | None]:
+        h, hd = self.heads, self.head_dim
+        q = (h.q_start * hd, h.q_stop * hd)
+        kv = (h.kv_start * hd, h.kv_stop * hd)
+        lo, hi = self.ffn
+        name = target.rsplit(".", 1)[0]  # the module: "layers.3.attn.qkv_proj"
+        if name.endswith("attn.qkv_proj"):
+            if shard == "q":
+                return [q], None
+            if shard in ("k", "v"):
+                return [kv], None
+            q_size, kv_size = self.n_heads * hd, self.n_kv_heads * hd  # fused (Phi-3): Q, K, V rows in one tensor
+            return [q, (q_size + kv[0], q_size + kv[1]), (q_size + kv_size + kv[0], q_size + kv_size + kv[1])], None
+        if name.endswith("mlp.gate_up_proj"):
+            if shard in ("gate", "up"):
+                return [(lo, hi)], None
+            return [(lo, hi), (self.ffn_size + lo, self.ffn_size + hi)], None  # fused (Phi-3)
+        if target.endswith("attn.o_proj.weight"):
+            return None, q
+        if target.endswith("mlp.down_proj.weight"):
+            return None, (lo, hi)
+        if target in ("embed.weight", "lm_head.weight"):
+            return [self.vocab], None
+        return None, None  # norms, the row-parallel layers' biases (added once, by rank 0)
+
+    def local_config(self, cfg):  # type: ignore[no-untyped-def]
+        """The DecoderConfig of this rank's share: its heads, FFN rows and vocabulary rows."""
+        import dataclasses
+
+        return dataclasses.replace(
+            cfg,
+            n_heads=self.heads.num_heads,
+            n_kv_heads=self.heads.num_kv_heads,
+            ffn_size=self.ffn[1] - self.ffn[0],
+            vocab_size=self.vocab[1] - self.vocab[0],
+        )
+
+
+def read_plan(cfg, rank: int, world: int, down_group: int = 1) -> ReadPlan:  # type: ignore[no-untyped-def]
+    """This rank's ReadPlan: the same shares shard_model cuts from a whole model (heads by KV group, FFN rows
+    on whole quantization groups of down_proj's inputs (`down_group`, 1 when dense), vocabulary rows)."""
+    heads = head_shards(cfg.n_heads, cfg.n_kv_heads, world)[rank]
+    ffn = ffn_shards(cfg.ffn_size, world, math.lcm(down_group, ROW_UNIT))[rank]
+    spans = balanced(cfg.vocab_size, world, ROW_UNIT)
+    return ReadPlan(
+        heads,
+        cfg.head_dim,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        ffn,
+        cfg.ffn_size,
+        spans[rank],
+        tuple(b - a for a, b in spans),
+    )
+
+
+def wrap_loaded_shares(model: nn.Module, plan: ReadPlan, comm: Comm) -> HeadShard:
+    """A model built from this rank's config and filled with its shares: add the collectives (o_proj and
+    down_proj all-reduce, the embedding's all-reduce, the head's gather).  Returns its heads."""
+    for layer in model.layers:
+        for parent, name in ((layer.attn, "o_proj"), (layer.mlp, "down_proj")):
+            m = getattr(parent, name)
+            bias = m.bias.data if isinstance(m.bias, torch.Tensor) else None
+            setattr(parent, name, RowParallel(_linear(_weight(m), None), bias, comm))
+    head = model.lm_head
+    model.embed = VocabParallelEmbedding(model.embed.weight.data, plan.vocab[0], comm)
+    if model.cfg.tied_embeddings:
+        head = _linear(model.embed.weight.data, None)
+        head.weight = model.embed.weight
+    model.lm_head = VocabParallelHead(head, list(plan.vocab_widths), comm)
+    return plan.heads

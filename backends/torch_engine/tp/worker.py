@@ -31,7 +31,8 @@ def worker_main(rank: int, world: int, port: int, conn: Connection) -> None:
         spec, options = conn.recv()  # the ModelSpec and this rank's LoadOptions (group.rank_options)
         import torch
 
-        from backends.torch_engine.model_runner import ModelRunner, resolve_device
+        from backends.torch_engine.devices import resolve_device
+        from backends.torch_engine.model_runner import ModelRunner
         from backends.torch_engine.tp.comm import init_group
 
         device = resolve_device(options.device)

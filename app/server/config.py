@@ -1,0 +1,19 @@
+"""What one `hearth serve` is configured with (its own module so the request builders and the app share it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.defaults import SAMPLING
+from app.server.runner import Limits
+
+
+@dataclass
+class ServerConfig:
+    model_name: str  # the id /v1/models lists; requests must name it
+    api_key: str | None = None  # Bearer key required on every path but /health; None = open
+    limits: Limits = field(default_factory=Limits)
+    default_max_tokens: int = SAMPLING.max_tokens  # when a request gives none (bounded by the context)
+    system_prompt: str | None = None  # not injected: OpenAI clients send their own system message
+    max_messages: int = 4096  # messages in one chat request (render and tokenize cost grows with them)
+    max_json_depth: int = 64  # nesting of arrays/objects in a body (OpenAI bodies nest well under 20)

@@ -1,0 +1,1 @@
+"""hearth's PyTorch engine: scheduler, block manager and request (pure Python), model runner, loaders, kernels."""

@@ -1,0 +1,48 @@
+"""The model half of the torch engine, built for TorchBackend: tokenizer, ModelRunner (or, with
+--tensor-parallel N > 1, rank 0's TPModelRunner) and the KV pool size.  Its own module so that the model runner
+and the tensor-parallel runner (a subclass of it) are both imported from here, not from each other."""
+
+from __future__ import annotations
+
+from backends.api import LoadOptions, ProgressCallback
+from backends.errors import ConfigError
+from backends.modelspec import ModelSpec
+from backends.torch_engine.model_runner import ModelRunner
+from backends.torch_engine.parts import EngineParts
+from backends.torch_engine.seams import BLOCK_SIZE
+from backends.torch_engine.speculative.build import build_speculator
+from backends.torch_engine.tokenizer import load_tokenizer
+from backends.torch_engine.tp.runner import TPModelRunner
+
+
+def build_engine_parts(
+    spec: ModelSpec,
+    options: LoadOptions,
+    progress: ProgressCallback | None = None,
+) -> EngineParts:
+    """The model half for TorchBackend: runner, tokenizer, pool size, prompt logits, describe, close."""
+    if progress is not None:
+        progress(0.0, "reading the tokenizer")
+    tokenizer = load_tokenizer(spec)
+    if progress is not None:
+        progress(0.1, "loading and dequantizing the weights")
+    if options.tensor_parallel > 1:  # rank 0 of a group of processes (backends/torch_engine/tp)
+        runner: ModelRunner = TPModelRunner(spec, options)
+    else:
+        runner = ModelRunner(spec, options)
+    if progress is not None:
+        progress(1.0, f"weights in {runner.describe()['dtype']} on {runner.device}")
+    if options.n_ctx > runner.num_blocks * BLOCK_SIZE:
+        raise ConfigError(
+            f"the KV pool holds {runner.num_blocks * BLOCK_SIZE} tokens, less than the context of {options.n_ctx}",
+            "raise the KV budget or lower --ctx",
+        )
+    return EngineParts(
+        speculator=build_speculator(options, spec, tokenizer, ModelRunner),  # None unless --speculative
+        runner=runner,
+        tokenizer=tokenizer,
+        num_blocks=runner.num_blocks,
+        prompt_logits=runner.prompt_logits,
+        describe=runner.describe,
+        close=runner.close,
+    )

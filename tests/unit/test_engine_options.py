@@ -1,0 +1,95 @@
+"""Per-engine load options are checked before a runner starts (backends/engine_options.py, the registry's
+OptionRules), the env-seconds helper has one policy, and on_notice is part of the Backend contract."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backends.api import Backend, LoadOptions
+from backends.env import env_seconds
+from backends.errors import ConfigError
+from backends.registry import BACKENDS, get_backend_info
+from tests.fakes import FakeBackend
+
+
+@pytest.mark.parametrize(
+    "backend,change,words",
+    [
+        ("torch", {"kv_cache_type": "q8_0"}, "torch backend's KV cache type is one of f16"),
+        ("torch", {"dtype": "float8"}, "torch backend's dtype"),
+        ("torch", {"weight_quant": "q4_k_m"}, "torch backend's weight quantization"),
+        ("llama.cpp", {"kv_cache_type": "fp16"}, "llama.cpp backend's KV cache type"),
+        ("llama.cpp", {"tensor_parallel": 2}, "--tensor-parallel 2 is the torch engine's"),
+    ],
+)
+def test_a_value_the_engine_does_not_take_is_a_one_line_config_error(backend, change, words) -> None:
+    with pytest.raises(ConfigError, match=words) as caught:
+        get_backend_info(backend).check_options(dataclasses.replace(LoadOptions(), **change))
+    assert "\n" not in str(caught.value)
+
+
+def test_what_the_plan_gives_each_engine_passes() -> None:
+    get_backend_info("llama.cpp").check_options(LoadOptions(kv_cache_type="q4_0"))
+    get_backend_info("torch").check_options(
+        LoadOptions(kv_cache_type="bf16", dtype="bfloat16", weight_quant="gguf", tensor_parallel=2)
+    )
+    get_backend_info("remote").check_options(LoadOptions(kv_cache_type="anything"))  # unused: ignored
+
+
+def test_the_rules_agree_with_the_engines_own_tables() -> None:
+    """The registry states them without importing the engines; here they are compared with the engines."""
+    torch_rules = BACKENDS["torch"].options
+    pytest.importorskip("torch")
+    from backends.llama_cpp.backend import KV_TYPES
+    from backends.torch_engine.model_runner import _DTYPES, _KV_DTYPES, WEIGHT_QUANTS
+
+    assert set(torch_rules.kv_cache_types) == set(_KV_DTYPES)
+    assert set(torch_rules.dtypes) == {"auto", *_DTYPES}
+    assert set(torch_rules.weight_quants) == set(WEIGHT_QUANTS)
+    assert set(BACKENDS["llama.cpp"].options.kv_cache_types) == set(KV_TYPES)
+
+
+def test_the_command_line_refuses_before_any_runner_starts(starter_path: Path, hearth_home: Path) -> None:
+    """Before: the runner started, loaded the weights and failed in the child.  Now: one line, exit 2, and no
+    runner (its log folder is never made)."""
+    env = {**os.environ, "HEARTH_HOME": str(hearth_home)}
+    args = [sys.executable, "-m", "app", "run", "--model", str(starter_path), "--backend", "torch"]
+    result = subprocess.run(
+        [*args, "--kv-cache-type", "q8_0", "--max-tokens", "1", "hi"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "KV cache type is one of f16" in result.stderr and "Traceback" not in result.stderr
+    assert not list(hearth_home.rglob("runner-*.log"))
+
+
+@pytest.mark.parametrize("raw,want", [("", 7.0), ("2", 2.0), (" 0.5 ", 0.5)])
+def test_env_seconds(monkeypatch, raw, want) -> None:
+    monkeypatch.setenv("HEARTH_TEST_SECONDS", raw)
+    assert env_seconds("HEARTH_TEST_SECONDS", 7.0) == want
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-3", "nan", "inf"])
+def test_env_seconds_refuses_what_is_not_a_positive_number(monkeypatch, raw) -> None:
+    monkeypatch.setenv("HEARTH_TEST_SECONDS", raw)
+    with pytest.raises(ConfigError, match="HEARTH_TEST_SECONDS"):
+        env_seconds("HEARTH_TEST_SECONDS", 7.0)
+
+
+def test_on_notice_is_part_of_the_contract_with_a_no_op_default() -> None:
+    assert "on_notice" in vars(Backend)
+    backend = FakeBackend.__new__(FakeBackend)
+    backend.on_notice("the runner crashed")  # dropped, no error
+    seen: list[str] = []
+    backend.on_notice = seen.append  # what a front end does
+    backend.on_notice("restarting")
+    assert seen == ["restarting"]
