@@ -48,8 +48,6 @@ def test_merged_ignores_none_and_rejects_unknown() -> None:
 
 
 def test_speculative_settings_are_checked_with_the_way_out(tmp_path) -> None:
-    from hwprobe.errors import ConfigError
-
     assert load_settings(tmp_path / "none.toml", env={}, speculative="ngram").speculative == "ngram"
     assert load_settings(tmp_path / "none.toml", env={"HEARTH_SPECULATIVE": "auto"}).speculative == "auto"
     with pytest.raises(ConfigError, match="off, ngram, draft or auto"):
