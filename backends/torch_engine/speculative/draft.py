@@ -87,7 +87,8 @@ class DraftProposer:
         limit = min(seq.num_computed_tokens, len(target))
         while common < limit and seq.token_ids[common] == target[common]:
             common += 1
-        seq.num_computed_tokens = common  # its own rejected proposals' KV is dropped
+        # its own rejected proposals' KV is dropped; the last token is always run again (its logits propose)
+        seq.num_computed_tokens = min(common, len(target) - 1)
         seq.token_ids = list(target)
         self.block_manager.trim(seq)
         return seq
