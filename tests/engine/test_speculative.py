@@ -72,10 +72,11 @@ class SpecFakeRunner:
         return RunnerOutput(tuple(ids), torch.stack(rows) if rows else torch.empty(0, VOCAB), spec_logits=spec)
 
 
-def engine(next_fn, speculate: bool = True, num_blocks: int = 256, budget: int = 64, seqs: int = 16, k_max: int = 8):
+def engine(next_fn, speculate: bool = True, num_blocks: int = 256, budget: int = 64, seqs: int = 16, rows: int = 16):
     bm = BlockManager(num_blocks)
     sched = Scheduler(bm, seqs, budget, 4096)
-    spec = Speculator(NgramProposer(4, 2), SpecConfig("ngram", k_max=k_max)) if speculate else None
+    config = SpecConfig("ngram", k_max=8, max_batch_rows=rows)
+    spec = Speculator(NgramProposer(4, 2), config) if speculate else None
     return Engine(SpecFakeRunner(num_blocks, next_fn), sched, Sampler(0), spec)
 
 
@@ -217,6 +218,17 @@ def test_rows_without_proposals_decode_as_before_in_the_same_batch() -> None:
     spec_rows = {s.request_id for step in e.runner.steps for s in step.scheduled if s.num_spec_tokens}
     assert "copy" in spec_rows and "biased" not in spec_rows  # a bias is not what verification reproduces
     assert rows[0].output_token_ids == reference(periodic_next, rows[0].prompt_token_ids, 30)
+
+
+def test_big_batches_decode_plainly() -> None:
+    """Steps with more decode rows than max_batch_rows carry no proposals (a big batch is compute-bound)."""
+    e = engine(periodic_next, rows=2)
+    prompts = {f"b{i}": [(i + j) % 7 + 1 for j in range(12)] for i in range(4)}
+    got = run(e, [greedy(rid, p, 12) for rid, p in prompts.items()])
+    for step in e.runner.steps:
+        if sum(1 for s in step.scheduled if s.is_decode or s.num_spec_tokens) > 2:
+            assert not any(s.num_spec_tokens for s in step.scheduled)
+    assert all(got[rid] == reference(periodic_next, p, 12) for rid, p in prompts.items())
 
 
 def test_speculation_survives_preemption() -> None:

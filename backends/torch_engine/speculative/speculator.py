@@ -4,7 +4,8 @@ Which rows speculate: one-token decode rows of requests whose sampling the verif
 grammar, no logit bias, no presence / frequency / repetition penalty, no log-probabilities: those rows decode as
 before, token by token).  Each row proposes and verifies its own tokens; rows without a proposal, or in their
 back-off (proposer.SpecState), decode as before in the same batch.  Proposal tokens come out of the step's token
-budget left after the scheduler's own choice (n_batch), so speculation never delays a prefill chunk.
+budget left after the scheduler's own choice (n_batch), so speculation never delays a prefill chunk.  Steps
+with more than SpecConfig.max_batch_rows decode rows do not speculate at all (a big batch is compute-bound).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class Speculator:
         self._proposals = {}
         for rid in out.preempted_ids:  # its KV is gone: a draft model's copy too
             self.proposer.forget(rid)
+        if sum(1 for s in out.scheduled if s.is_decode) > self.config.max_batch_rows:
+            return out  # a big batch: plain decodes (SpecConfig.max_batch_rows says why)
         budget = scheduler.max_num_batched_tokens - out.total_num_tokens
         rows: list[tuple[int, EngineRequest, int]] = []
         for i, s in enumerate(out.scheduled):
