@@ -86,6 +86,6 @@ def test_draft_model_with_the_same_vocabulary_is_greedy_lossless(spec, reference
 def test_a_draft_with_another_vocabulary_is_refused(spec, tmp_path) -> None:
     from tests.gguf_factory import write_tiny_llama
 
-    other = write_tiny_llama(tmp_path / "other.gguf", vocab_size=300)
+    other = write_tiny_llama(tmp_path / "other.gguf", tokenizer="spm")  # another vocabulary
     with pytest.raises(ConfigError, match="draft model"):
         _backend(spec, speculative="draft", draft_model=str(other))
