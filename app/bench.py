@@ -4,10 +4,15 @@ The parent (`run_bench`) starts `python -m app.bench WORKLOAD_JSON` once per bac
 start and peak memory belongs to that backend alone (the peak is that of the runner that holds the model).
 The worker prints one JSON object per line on stdout:
 {"progress": done, "total": n} while it runs, then {"result": {...}} per concurrency, or {"error": "..."}.
+
+`busy_cores` (hearth bench --busy-cores N): N other processes spin, one core each, for as long as every
+backend's worker runs (its load included), the way a browser tab, a compiler or another model take cores on
+a user's machine; the figures are then what a backend keeps of its speed on a busy CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import statistics
@@ -15,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -42,6 +47,7 @@ class Workload:
     requests: int = 16  # requests per concurrency level
     seed: int = 0  # prompt ids and sampling seed
     threads: int | None = None  # CPU threads for the backend
+    busy_cores: int = 0  # competing processes spinning one core each during the runs (busy_processes)
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for backend-specific settings
 
 
@@ -129,6 +135,20 @@ def percentile(values: list[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
+def ttft_by_priority(ttft_ms: list[float], priorities: list[int], target_ms: float) -> dict[str, dict[str, float]]:
+    """{priority: {requests, p50_ms, p95_ms, met_pct}} (priority as text: JSON keys), request i at priorities[i]."""
+    out: dict[str, dict[str, float]] = {}
+    for p in sorted(set(priorities)):
+        values = [t for t, q in zip(ttft_ms, priorities) if q == p]
+        out[str(p)] = {
+            "requests": len(values),
+            "p50_ms": percentile(values, 50),
+            "p95_ms": percentile(values, 95),
+            "met_pct": 100 * sum(t <= target_ms for t in values) / len(values),
+        }
+    return out
+
+
 def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -145,12 +165,12 @@ class _Sample:
     error: str | None = None
 
 
-def _in_process(backend: Any, w: Workload) -> Callable[[tuple[int, ...], int], _Sample]:
+def _in_process(backend: Any, w: Workload) -> Callable[[tuple[int, ...], int, int], _Sample]:
     from backends.api import Request, SamplingParams
 
-    def one(prompt: tuple[int, ...], seed: int) -> _Sample:
+    def one(prompt: tuple[int, ...], seed: int, priority: int) -> _Sample:
         params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
-        c = backend.generate(Request(prompt_token_ids=prompt, sampling=params))
+        c = backend.generate(Request(prompt_token_ids=prompt, sampling=params, priority=priority))
         return _Sample(
             len(c.token_ids), c.stats.ttft_s, c.stats.prefill_tokens_per_s, c.stats.decode_tokens_per_s, c.error
         )
@@ -158,16 +178,17 @@ def _in_process(backend: Any, w: Workload) -> Callable[[tuple[int, ...], int], _
     return one
 
 
-def _chat(backend: Any, w: Workload, *, remote: bool) -> Callable[[str, int], _Sample]:
+def _chat(backend: Any, w: Workload, *, remote: bool) -> Callable[[str, int, int], _Sample]:
     """Each prompt is one user message through the one request builder (the model's chat template, as the
     server does for /v1/chat/completions): --chat on a local model, or a remote model (--backend remote), whose
     generated tokens are the server's count (its usage chunk, else the streamed deltas)."""
     from app.requests import chat_request
     from backends.api import SamplingParams
 
-    def one(prompt: str, seed: int) -> _Sample:
+    def one(prompt: str, seed: int, priority: int) -> _Sample:
         params = SamplingParams(temperature=0.0, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
-        c = backend.generate(chat_request(backend.spec, [{"role": "user", "content": prompt}], params).request)
+        messages = [{"role": "user", "content": prompt}]
+        c = backend.generate(chat_request(backend.spec, messages, params, priority=priority).request)
         return _Sample(
             c.stats.completion_tokens if remote else len(c.token_ids),
             c.stats.ttft_s,
@@ -179,18 +200,19 @@ def _chat(backend: Any, w: Workload, *, remote: bool) -> Callable[[str, int], _S
     return one
 
 
-def _over_http_chat(url: str, w: Workload) -> Callable[[str, int], _Sample]:
+def _over_http_chat(url: str, w: Workload) -> Callable[[str, int, int], _Sample]:
     """--chat over HTTP: a streaming POST /v1/chat/completions with one user message (what chat clients send)."""
     import httpx
 
     local = threading.local()
 
-    def one(prompt: str, seed: int) -> _Sample:
+    def one(prompt: str, seed: int, priority: int) -> _Sample:
         client = getattr(local, "client", None)
         if client is None:
             client = local.client = httpx.Client(base_url=url, timeout=600)
         body = {
             "model": "bench",
+            "priority": priority,
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": w.gen_tokens,
             "temperature": 0,
@@ -231,18 +253,19 @@ def _read_sse(client: Any, path: str, body: dict[str, Any], text_of: Callable[[d
     return _Sample(tokens, ttft, prompt_tokens / ttft if ttft > 0 else 0.0, decode)
 
 
-def _over_http(url: str, w: Workload) -> Callable[[tuple[int, ...], int], _Sample]:
+def _over_http(url: str, w: Workload) -> Callable[[tuple[int, ...], int, int], _Sample]:
     """The same request as a streaming POST /v1/completions with token ids (what an OpenAI client sends)."""
     import httpx
 
     local = threading.local()
 
-    def one(prompt: tuple[int, ...], seed: int) -> _Sample:
+    def one(prompt: tuple[int, ...], seed: int, priority: int) -> _Sample:
         client = getattr(local, "client", None)
         if client is None:
             client = local.client = httpx.Client(base_url=url, timeout=600)
         body = {
             "model": "bench",
+            "priority": priority,
             "prompt": list(prompt),
             "max_tokens": w.gen_tokens,
             "temperature": 0,
@@ -263,6 +286,8 @@ def worker(w: Workload) -> None:
     from app.settings import load_settings
 
     t0 = time.perf_counter()
+    target_ms = float(w.extra.get("ttft_target_ms", 500.0))
+    priorities = list(w.extra.get("priorities") or [0])  # request i runs at priorities[i % len]
     try:
         settings = load_settings(
             model=w.model,
@@ -277,6 +302,7 @@ def worker(w: Workload) -> None:
             # --speculative is the torch engine's too: the llama.cpp rows of the same table run without it
             speculative=w.extra.get("speculative") if w.backend == "torch" else None,
             draft_model=w.extra.get("draft_model") if w.backend == "torch" else None,
+            ttft_target_ms=target_ms,
         )
         loaded = open_backend(settings)
     except Exception as e:  # any load failure becomes one line in the table, not a dead run
@@ -318,7 +344,7 @@ def worker(w: Workload) -> None:
 
                 def one(i: int) -> _Sample:
                     nonlocal done
-                    sample = run_one(prompts[i], w.seed + i)
+                    sample = run_one(prompts[i], w.seed + i, priorities[i % len(priorities)])
                     with lock:
                         done += 1
                         _emit({"progress": done, "total": total})
@@ -349,6 +375,11 @@ def worker(w: Workload) -> None:
                     "load_s": load_s,
                     "ttft_ms_p50": percentile(ttft, 50),
                     "ttft_ms_p95": percentile(ttft, 95),
+                    "ttft_target_ms": target_ms,
+                    "ttft_met_pct": 100 * sum(t <= target_ms for t in ttft) / len(ttft),
+                    "ttft_by_priority": ttft_by_priority(
+                        ttft, [priorities[i % len(priorities)] for i in range(w.requests)], target_ms
+                    ),
                     "prefill_tokens_per_s": statistics.mean(s.prefill_tokens_per_s for s in samples),
                     "decode_tokens_per_s": statistics.mean(s.decode_tokens_per_s for s in samples),
                     "aggregate_tokens_per_s": aggregate,
@@ -356,6 +387,8 @@ def worker(w: Workload) -> None:
                     "peak_rss_mib": None if remote else backend.stats().peak_rss_bytes / 2**20,
                     "peak_gpu_mib": None if remote else (backend.stats().gpu_bytes / 2**20) or None,
                     "wall_s": wall,
+                    # the torch engine's CPU threads at the end of the level (it adapts them: threads.py)
+                    "cpu_threads": _cpu_threads(backend),
                     "requests": w.requests,
                     "prompt_tokens": w.prompt_tokens,
                     "gen_tokens": w.gen_tokens,
@@ -371,11 +404,55 @@ def worker(w: Workload) -> None:
         backend.close()
 
 
+def _cpu_threads(backend: Any) -> int | None:
+    try:
+        value = backend.describe().get("cpu_threads")
+    except Exception:  # noqa: BLE001 - a figure for the report, never a failed run
+        return None
+    return value if isinstance(value, int) else None
+
+
+BUSY_LOOP = "while True:\n    pass"
+
+
+@contextlib.contextmanager
+def busy_processes(n: int) -> Iterator[list[subprocess.Popen]]:
+    """`n` processes that each keep one core busy (a Python `while True: pass`, not pinned to a core: the
+    scheduler moves it as it moves any program) for the duration of the block; killed when it ends."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for _ in range(n):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-S", "-c", BUSY_LOOP],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
 def run_bench(
     workload: Workload, backends: list[str], progress: Callable[[str, int, int], None] | None = None
 ) -> list[dict[str, Any]]:
     """Run `workload` on each backend in its own fresh subprocess; results in backend, concurrency order,
-    each with ratios to the first backend's figures at the same concurrency (`ratio_<figure>`)."""
+    each with ratios to the first backend's figures at the same concurrency (`ratio_<figure>`).  With
+    workload.busy_cores, that many busy processes run beside every backend (busy_processes)."""
+    with busy_processes(workload.busy_cores):
+        results = _run_backends(workload, backends, progress)
+    add_ratios(results)
+    return results
+
+
+def _run_backends(
+    workload: Workload, backends: list[str], progress: Callable[[str, int, int], None] | None
+) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     for name in backends:
         w = Workload(**{**asdict(workload), "backend": name})
@@ -403,7 +480,6 @@ def run_bench(
             last = (stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
             got = [{"backend": name, "concurrency": c, "error": last} for c in w.concurrency]
         results.extend(got)
-    add_ratios(results)
     return results
 
 

@@ -63,6 +63,7 @@ class ChatSession:
                 prompt=text,
                 sampling=sampling_from(self.settings, stop=self.stop),
                 constraint=constraint_for(self.settings.json_output),
+                priority=self.settings.priority,
             )
         else:
             self.messages.append({"role": "user", "content": text})
@@ -72,6 +73,7 @@ class ChatSession:
                     self.messages,
                     sampling_from(self.settings, stop=self.stop),
                     constraint=constraint_for(self.settings.json_output),
+                    priority=self.settings.priority,  # ahead of API traffic by default (app.defaults)
                 )
             except BaseException:
                 self.messages.pop()  # a refused template or setting keeps the history as it was

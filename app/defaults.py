@@ -8,7 +8,7 @@ registered.
 
 from __future__ import annotations
 
-from backends.api import SamplingParams
+from backends.api import INTERACTIVE_PRIORITY, SamplingParams
 from backends.registry import BACKEND_CHOICES, LOCAL_BACKENDS
 
 SAMPLING = SamplingParams()  # temperature 0.8, top_p 0.95, top_k 40, min_p 0.05, repeat_penalty 1 (off)
@@ -20,4 +20,18 @@ SYSTEM_PROMPT = "You are a helpful assistant."
 
 REPLY_MAX_TOKENS = 1024  # most tokens in one reply of `hearth run` and the TUI (the API server's is its own)
 
-__all__ = ["BACKEND_CHOICES", "LOCAL_BACKENDS", "REPLY_MAX_TOKENS", "SAMPLING", "SYSTEM_PROMPT"]
+# Quality of service (issue 27): the chat app's own requests and `hearth run` rank ahead of API traffic (the API's
+# default priority is 0, vLLM's), so a person typing is not queued behind batch jobs on the same engine; and the
+# torch engine plans each step for a first token within TTFT_TARGET_MS (the seed's interactive target).
+APP_PRIORITY = INTERACTIVE_PRIORITY
+TTFT_TARGET_MS = 500.0
+
+__all__ = [
+    "APP_PRIORITY",
+    "BACKEND_CHOICES",
+    "LOCAL_BACKENDS",
+    "REPLY_MAX_TOKENS",
+    "SAMPLING",
+    "SYSTEM_PROMPT",
+    "TTFT_TARGET_MS",
+]

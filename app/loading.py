@@ -20,6 +20,7 @@ from app.settings import Settings
 from app.speculative import decide_speculative
 from app.store import ModelStore
 from backends.api import Backend, LoadOptions, ProgressCallback
+from backends.embeddings import is_embedding_model
 from backends.modelspec import ModelSpec
 from backends.registry import LOCAL_BACKENDS, backend_class, get_backend_info
 from backends.runner.client import ConfigMemory, RunnerBackend, config_memory_at
@@ -73,6 +74,10 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
     the plan prefers the engine that batches them (hwprobe.planner.serving)."""
     report = hardware_report(hardware_file)
     tp = settings.tensor_parallel
+    # an embedding model is planned small: one sequence (an embedding is one forward, with no KV kept after it),
+    # never a KV pool for concurrent chats it will not have
+    embedding = is_embedding_model(spec)
+    seqs = 1 if embedding else settings.max_concurrency
     # --tensor-parallel N > 1 is the torch engine's: with --backend auto it asks for the torch engine
     prefs = Prefs(
         # and so are --speculative ngram / draft (the torch engine's feature)
@@ -82,9 +87,9 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         ctx=settings.ctx,
         kv_cache_type=settings.kv_cache_type,
         n_gpu_layers=settings.n_gpu_layers,
-        max_num_seqs=settings.max_concurrency,
+        max_num_seqs=seqs,
         tensor_parallel=tp,
-        prefer_batching=serving,
+        prefer_batching=serving and not embedding,
     )
     plan = make_plan(report, spec.to_shape(), prefs)
     plan, draft_path = decide_speculative(plan, spec, settings)
@@ -100,8 +105,9 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         kv_cache_type=settings.kv_cache_type or plan.kv_cache_type,
         flash_attn=plan.flash_attn,
         n_threads=settings.threads or physical_cores(),
+        adaptive_threads=settings.threads is None,  # --threads N is exactly N; else the torch engine adapts
         n_batch=plan.batch_size,
-        max_num_seqs=settings.max_concurrency,
+        max_num_seqs=seqs,
         # the plan is the allocation: the torch engine's KV pool is the bytes the plan gave it (whole blocks)
         kv_cache_bytes=plan.kv_pool_bytes if torch and plan.backend == "torch" and plan.kv_pool_bytes else None,
         dtype=_torch_dtype(plan, report) if torch else "auto",
@@ -116,10 +122,16 @@ def decide(spec: ModelSpec, settings: Settings, hardware_file: str | None = None
         speculative=plan.speculative.method if torch else "off",
         draft_model=draft_path if torch else None,
         speculative_k=plan.speculative.k or 8,
+        ttft_target_ms=settings.ttft_target_ms,
         # the torch engine checks its Triton kernels on a new device once and remembers the verdicts here
         kernel_check_record=str(kernel_check_record()) if torch else None,
     )
     reasons = tuple(plan.reasons)
+    if embedding:
+        reasons = (
+            f"embedding model ({spec.architecture}): planned for one sequence, it serves embeddings only",
+            *reasons,
+        )
     if hardware_file:
         reasons = (f"planned for the machine in {hardware_file}", *reasons)
     return Decision(backend, options, plan, reasons)

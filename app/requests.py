@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.api import Constraint, Request, SamplingParams
+from backends.api import API_PRIORITY, Constraint, Request, SamplingParams
 from backends.errors import TemplateError
 from backends.modelspec import REMOTE_FORMAT, ModelSpec
 from backends.templates import FALLBACK_NAME, check_messages, render_chat, render_for_spec
@@ -66,6 +66,8 @@ def chat_request(
     request_id: str | None = None,
     constraint: Constraint | None = None,
     tools: ToolRequest | None = None,
+    priority: int = API_PRIORITY,
+    template_vars: Mapping[str, Any] | None = None,
 ) -> ChatRequest:
     """The Request for a conversation: rendered with `spec`'s template (raises TemplateError / InvalidRequestError
     for a bad conversation or template), `sampling.stop` first, then the format's own stop strings.
@@ -77,7 +79,8 @@ def chat_request(
     A remote model's server applies its template itself: the prompt is then hearth's plain transcript (what a
     text-completion endpoint would be sent), without the plain format's stop strings, and the messages (and the
     tools, as OpenAI JSON) go as they are.  `constraint` makes the reply structured (JSON; app/structured.py, the
-    server's response_format); a forced tool_choice brings its own, so the two together are refused."""
+    server's response_format); a forced tool_choice brings its own, so the two together are refused.
+    `template_vars`: more variables for the model's template (Ollama's `think` as `enable_thinking`)."""
     checked = check_messages(messages)
     chat = tuple(message_from_dict(i, m) for i, m in enumerate(checked))
     remote = spec.format == REMOTE_FORMAT
@@ -87,6 +90,7 @@ def chat_request(
     variables: dict[str, Any] = {}
     if (tools is not None or has_tool_fields(chat)) and not remote:
         checked, variables = template_inputs(chat, style, tools)
+    variables = {**(template_vars or {}), **variables}
     if tools is not None:
         if tools.forced and constraint is not None:
             raise ToolRequestError(
@@ -109,6 +113,7 @@ def chat_request(
             if tools is None or not tools.rendered or style.native or any(m.role == "system" for m in chat):
                 raise
             checked, variables = template_inputs(chat, style, tools, system_role=False)
+            variables = {**(template_vars or {}), **variables}
             rendered = render_for_spec(spec, checked, extra=variables)
         extra = rendered.stop
         source = rendered.template_source
@@ -121,6 +126,7 @@ def chat_request(
         sampling=dataclasses.replace(sampling, stop=stop),
         messages=chat,
         constraint=constraint,
+        priority=priority,
         **remote_tools,
         **ids,
     )

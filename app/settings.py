@@ -13,6 +13,8 @@ Unknown keys and wrong types are a ConfigError naming the key, never silently dr
 HEARTH_MODEL, HEARTH_BACKEND, HEARTH_CTX, HEARTH_THREADS, HEARTH_TEMPERATURE, HEARTH_SEED, HEARTH_HOST,
 HEARTH_PORT, HEARTH_API_KEY, HEARTH_SPECULATIVE, HEARTH_DRAFT_MODEL,
 HEARTH_REMOTE_URL, HEARTH_REMOTE_MODEL, HEARTH_REMOTE_API_KEY.  Flags win over both
+HEARTH_PORT, HEARTH_API_KEY, HEARTH_REMOTE_URL, HEARTH_REMOTE_MODEL, HEARTH_REMOTE_API_KEY, HEARTH_TTFT_TARGET_MS.
+Flags win over both
 (the CLI passes only the flags the user actually gave).
 """
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from app.defaults import BACKEND_CHOICES, REPLY_MAX_TOKENS, SAMPLING, SYSTEM_PROMPT
+from app.defaults import APP_PRIORITY, BACKEND_CHOICES, REPLY_MAX_TOKENS, SAMPLING, SYSTEM_PROMPT, TTFT_TARGET_MS
 from hwprobe.errors import ConfigError
 
 
@@ -63,6 +65,10 @@ class Settings:
     # structured replies (hearth run --json / --json-schema FILE, the TUI's F3 panel): None = text, "object" = any
     # JSON object, else a JSON Schema file's path (app/structured.py)
     json_output: str | None = None
+    # quality of service: the priority of `hearth run`'s and the chat app's own requests (lower runs first; the
+    # API's default is 0), and the torch engine's time-to-first-token target in ms (0 = no plan)
+    priority: int = APP_PRIORITY
+    ttft_target_ms: float = TTFT_TARGET_MS
 
     def merged(self, **overrides: Any) -> Settings:
         """A copy with the given values (None values are ignored: 'flag not given')."""
@@ -88,6 +94,7 @@ _ENV = {
     "HEARTH_REMOTE_URL": ("url", str),
     "HEARTH_REMOTE_MODEL": ("remote_model", str),
     "HEARTH_REMOTE_API_KEY": ("remote_api_key", str),
+    "HEARTH_TTFT_TARGET_MS": ("ttft_target_ms", float),
 }
 
 # TOML sections flatten into the fields above: [server] port -> port, [sampling] temperature -> temperature,
@@ -178,6 +185,18 @@ def _validated(s: Settings) -> Settings:
         raise ConfigError(f"port must be 1-65535, got {s.port}")
     if not 1 <= s.max_tokens <= MAX_CTX:
         raise ConfigError(f"max_tokens must be between 1 and {MAX_CTX:,}, got {s.max_tokens}")
+    from backends.api import PRIORITY_MAX, PRIORITY_MIN
+
+    if not PRIORITY_MIN <= s.priority <= PRIORITY_MAX:
+        raise ConfigError(
+            f"priority must be from {PRIORITY_MIN} to {PRIORITY_MAX} (lower runs first), got {s.priority}",
+            f"the default {APP_PRIORITY} ranks hearth run and the chat app ahead of API requests (0)",
+        )
+    if not (math.isfinite(s.ttft_target_ms) and 0 <= s.ttft_target_ms <= 3_600_000):
+        raise ConfigError(
+            f"ttft_target_ms must be from 0 (no plan) to 3600000, got {s.ttft_target_ms}",
+            f"the default is {TTFT_TARGET_MS:g} ms",
+        )
     if s.max_concurrency < 1:
         raise ConfigError(f"max_concurrency must be >= 1, got {s.max_concurrency}")
     if s.url is not None:

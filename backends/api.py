@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,13 @@ from typing import TYPE_CHECKING, ClassVar
 
 from backends.describe import Description  # noqa: F401 - part of the contract: engines import it from here
 from backends.errors import InvalidRequestError
+from backends.priority import (  # noqa: F401 - the priority constants are the contract's, re-exported
+    API_PRIORITY,
+    INTERACTIVE_PRIORITY,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    PriorityLock,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -268,8 +274,20 @@ class Request:
     # itself (remote); local engines read the prompt, where the tools are rendered already.  None = no tools
     tools: str | None = None
     tool_choice: str | None = None
+    # scheduling rank (vLLM's `priority`): lower runs first, then earlier arrival; PRIORITY_MIN..PRIORITY_MAX.
+    # The torch engine admits and preempts by it; llama.cpp orders its queue by it (backends/priority.py)
+    priority: int = API_PRIORITY
 
     def __post_init__(self) -> None:
+        if (
+            not isinstance(self.priority, int)
+            or isinstance(self.priority, bool)
+            or not PRIORITY_MIN <= self.priority <= PRIORITY_MAX
+        ):
+            raise InvalidRequestError(
+                f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX} (lower runs first), "
+                f"got {self.priority!r}"
+            )
         if (self.prompt is None) == (self.prompt_token_ids is None):
             raise InvalidRequestError("a request needs exactly one of prompt and prompt_token_ids")
         if self.prompt_token_ids is not None:
@@ -383,7 +401,8 @@ class EngineStats:
     kv_block_size: int = 0  # tokens per block
     prefix_cached_blocks: int = 0  # blocks that hold a reusable prompt prefix
     prefix_hit_tokens: int = 0  # prompt tokens served from the prefix cache since load
-    preemptions: int = 0  # requests preempted for KV space since load
+    preemptions: int = 0  # requests preempted (for KV space or for a higher priority) since load
+    deferred: int = 0  # running requests held back a step by the TTFT plan since load (torch engine)
     generated_tokens: int = 0  # tokens generated since load
     spec_proposed_tokens: int = 0  # speculative decoding: proposed tokens verified since load (torch engine)
     spec_accepted_tokens: int = 0  # of which the target accepted
@@ -406,6 +425,7 @@ class Capabilities:
     logprobs: bool = False  # fills GenerationEvent.logprobs / prompt_logprobs when SamplingParams asks
     extra_bufts: bool = False  # honours LoadOptions.extra_bufts (llama.cpp's repacked weight buffers)
     local: bool = True  # runs the model on this machine (in a runner process); False = a remote server does
+    embeddings: bool = False  # implements embed(): pooled, L2-normalized vectors of token-id inputs
 
 
 @dataclass(frozen=True)
@@ -423,6 +443,10 @@ class LoadOptions:
     kv_cache_type: str = "f16"  # "f16" | "q8_0" | "q4_0" (torch engine: "f16"/"bf16"/"fp32")
     flash_attn: bool = False
     n_threads: int | None = None  # CPU threads; None = physical cores
+    # torch engine on CPU: n_threads (None: physical cores) is a ceiling and the engine picks the count its steps
+    # run fastest with, by timing them (backends/torch_engine/threads.py); False = exactly n_threads.  The app sets
+    # it when the user gave no --threads
+    adaptive_threads: bool = False
     n_batch: int = 512  # prompt tokens per forward (llama.cpp n_batch; torch engine token budget)
     max_num_seqs: int = 16  # torch engine: most sequences in one batch
     kv_cache_bytes: int | None = None  # torch engine: KV pool size; None = enough for max_num_seqs x n_ctx
@@ -449,6 +473,10 @@ class LoadOptions:
     speculative: str = "off"
     draft_model: str | None = None  # path of the draft model's GGUF (same vocabulary as the target), for "draft"
     speculative_k: int = 8  # most proposals per request and step (k adapts below it per request)
+    # torch engine: the time-to-first-token target (ms) each step is planned for (the best-ranked request still
+    # waiting for its first token gets it whenever its prefill alone fits; backends/torch_engine/scheduler.py);
+    # 0 = no plan, the plain token budget every step
+    ttft_target_ms: float = 500.0
     # torch engine: the JSON file of kernel self-check verdicts per device (backends/torch_engine/kernel_check);
     # None = no self-check (the app passes hearth's cache dir; direct library use and tests opt in)
     kernel_check_record: str | None = None
@@ -475,6 +503,10 @@ class LoadOptions:
             raise ConfigError("--speculative draft needs a draft model", "add --draft-model NAME|PATH")
         if not 1 <= self.speculative_k <= 16:
             raise ConfigError(f"speculative_k must be 1..16, got {self.speculative_k}")
+        if not 0 <= self.ttft_target_ms <= 3_600_000:
+            raise ConfigError(
+                f"--ttft-target-ms must be from 0 (off) to 3600000 ms, got {self.ttft_target_ms}", "the default is 500"
+            )
 
 
 class Backend(ABC):
@@ -497,7 +529,8 @@ class Backend(ABC):
     def __init__(self, spec: ModelSpec, options: LoadOptions | None = None) -> None:
         self.spec = spec
         self.options = options or LoadOptions()
-        self._serial = threading.Lock()
+        # engines that serve one request at a time take turns by priority, then arrival (backends/priority.py)
+        self._serial = PriorityLock()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     @abstractmethod
@@ -507,6 +540,17 @@ class Backend(ABC):
     @abstractmethod
     def close(self) -> None:
         """Free everything the backend holds.  Idempotent; aborts running streams first."""
+
+    def unload(self) -> bool:
+        """Free the model's memory while idle, keeping this backend usable: the next call loads it again (what
+        Ollama's keep_alive does).  Returns False when this backend cannot (the default: it stays loaded), or
+        when requests are running.  `resident` says which state it is in."""
+        return False
+
+    @property
+    def resident(self) -> bool:
+        """False only between an unload() and the next load (see unload)."""
+        return True
 
     def __enter__(self) -> Backend:
         self.load()
@@ -574,6 +618,15 @@ class Backend(ABC):
     @abstractmethod
     def detokenize(self, token_ids: Sequence[int]) -> str:
         """Text of token ids (special tokens rendered as their text)."""
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """One embedding per input (token ids, special tokens included as the caller tokenized them): a float32
+        array of shape (len(inputs), hidden), each row the model's last hidden states (after the final norm)
+        pooled as `spec.pooling` says ("mean" unless the GGUF names its own: cls, last) and L2-normalized, as
+        llama.cpp's embedding mode and Ollama give them.  Each input must fit `n_ctx`; raises
+        ContextOverflowError naming the input otherwise.  Backends whose capabilities lack `embeddings` raise
+        InvalidRequestError."""
+        raise InvalidRequestError(f"the {self.name} backend does not compute embeddings")
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Raw next-token logits after every position: float32 array of shape (len(token_ids), vocab).

@@ -82,6 +82,7 @@ BACKENDS: dict[str, BackendInfo] = {
             safetensors=False,
             logits=True,
             extra_bufts=True,
+            embeddings=True,
         ),
         "llama-cpp-python: any GGUF, CPU or partial/full GPU offload; serves one request at a time",
         gpu_offload_check="backends.llama_cpp.backend:gpu_offload_supported",
@@ -95,7 +96,13 @@ BACKENDS: dict[str, BackendInfo] = {
         "TorchBackend",
         ("torch",),
         Capabilities(
-            concurrent_requests=True, prefix_cache=True, gpu_offload=True, gguf=True, safetensors=True, logits=True
+            concurrent_requests=True,
+            prefix_cache=True,
+            gpu_offload=True,
+            gguf=True,
+            safetensors=True,
+            logits=True,
+            embeddings=True,
         ),
         "hearth's PyTorch engine: paged KV cache, prefix caching, continuous batching",
         # backends/torch_engine/model_runner.py: _KV_DTYPES, _DTYPES, WEIGHT_QUANTS (tests/unit check they agree)

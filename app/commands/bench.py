@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from app.commands.common import DRAFT_MODEL, MODEL, SPECULATIVE, TENSOR_PARALLEL, THREADS
@@ -15,6 +16,7 @@ DESCRIPTION = """Run the same fixed-seed synthetic workload on each backend, eac
 
   hearth bench                                           starter model, llama.cpp and torch, concurrency 1,4,16
   hearth bench --backends llama.cpp --concurrency 1,16 --gen-tokens 128 --requests 16 --json
+  hearth bench --concurrency 1,16 --busy-cores 1         the same with one core kept busy by another process
 
 Every request has exactly --prompt-tokens prompt tokens and generates exactly --gen-tokens tokens.
 A backend that cannot batch serves concurrent requests one after another (the honest baseline).
@@ -31,6 +33,18 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _priority_list(text: str) -> list[int]:
+    from backends.api import PRIORITY_MAX, PRIORITY_MIN
+
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or not all(PRIORITY_MIN <= v <= PRIORITY_MAX for v in values):
+        raise argparse.ArgumentTypeError(f"expected priorities from {PRIORITY_MIN} to {PRIORITY_MAX}, got {text!r}")
     return values
 
 
@@ -54,6 +68,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per concurrency level")
     p.add_argument("--seed", type=int, default=0, metavar="S")
     THREADS.add(p)
+    p.add_argument(
+        "--busy-cores",
+        dest="busy_cores",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N competing processes that each keep one core busy during every backend's runs (load "
+        "included), as other programs do on a user's machine; said under the table and in --json "
+        "(workload.busy_cores) (default 0)",
+    )
     TENSOR_PARALLEL.add(
         p,
         help="the torch engine's rows run in N tensor-parallel ranks (one per GPU; default: the plan "
@@ -73,6 +97,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="chat prompts: one user message of --prompt-tokens common words through the model's chat "
         "template (in process: the one request builder; with --http: streaming "
         "/v1/chat/completions), as chat clients send them",
+    )
+    p.add_argument(
+        "--ttft-target-ms",
+        dest="ttft_target_ms",
+        type=float,
+        default=500.0,
+        metavar="MS",
+        help="the torch engine's TTFT target, and the bar for the 'TTFT ok' column: the share of requests whose "
+        "first token came within it (default 500)",
+    )
+    p.add_argument(
+        "--priorities",
+        type=_priority_list,
+        default=[0],
+        metavar="0,-1",
+        help="request i runs at priority P[i %% len(P)] (lower runs first); TTFT percentiles and the share "
+        "within the target are then reported per priority (default 0, the API's)",
     )
     p.add_argument("--json", action="store_true", help='print {"results": [...]} instead of a table')
     p.add_argument(
@@ -96,6 +137,7 @@ def format_table(results: list[dict]) -> str:
         ("load s", "load_s", "{:.2f}"),
         ("TTFT p50 ms", "ttft_ms_p50", "{:.1f}"),
         ("TTFT p95 ms", "ttft_ms_p95", "{:.1f}"),
+        ("TTFT ok %", "ttft_met_pct", "{:.0f}"),
         ("prefill tok/s", "prefill_tokens_per_s", "{:.0f}"),
         ("decode tok/s", "decode_tokens_per_s", "{:.1f}"),
         ("aggr tok/s", "aggregate_tokens_per_s", "{:.1f}"),
@@ -140,6 +182,12 @@ def run(args: argparse.Namespace) -> int:
             "--prompt-tokens, --gen-tokens and --requests must be at least 1",
             "e.g. --prompt-tokens 128 --gen-tokens 128 --requests 16",
         )
+    cores = os.cpu_count() or 1
+    if not 0 <= args.busy_cores <= cores:
+        raise InvalidRequestError(
+            f"--busy-cores {args.busy_cores}: this machine has {cores} logical cores",
+            f"use 0 to {cores} (1 is one core taken by another program)",
+        )
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if "remote" in backends:  # a wrong key or an unreachable URL: one line and exit 2, before any table
         from app.remote import open_remote
@@ -155,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
         requests=args.requests,
         seed=args.seed,
         threads=args.threads,
+        busy_cores=args.busy_cores,
         extra={
             k: v
             for k, v in (
@@ -165,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
                 ("tensor_parallel", args.tensor_parallel),
                 ("speculative", args.speculative),
                 ("draft_model", args.draft_model),
+                ("ttft_target_ms", args.ttft_target_ms),
+                ("priorities", args.priorities if args.priorities != [0] else None),
             )
             if v is not None
         },
@@ -190,7 +241,15 @@ def run(args: argparse.Namespace) -> int:
                 {
                     "workload": {
                         k: getattr(workload, k)
-                        for k in ("model", "concurrency", "prompt_tokens", "gen_tokens", "requests", "seed")
+                        for k in (
+                            "model",
+                            "concurrency",
+                            "prompt_tokens",
+                            "gen_tokens",
+                            "requests",
+                            "seed",
+                            "busy_cores",
+                        )
                     },
                     "runtime_baseline_mib": baseline,
                     "results": results,
@@ -200,8 +259,29 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         print(format_table(results))
+        by_priority = format_priorities(results)
+        if by_priority:
+            print(by_priority)
         print(format_baseline(baseline))
+        if workload.busy_cores:
+            print(format_busy(workload.busy_cores, results))
     return 0
+
+
+def format_priorities(results: list[dict]) -> str:
+    """One line per (row, priority) when the requests ran at several priorities ('' otherwise)."""
+    lines = []
+    for r in results:
+        groups = r.get("ttft_by_priority") or {}
+        if len(groups) < 2:
+            continue
+        for p, g in groups.items():
+            lines.append(
+                f"  {r['backend']} x{r['concurrency']} priority {p}: {g['requests']} requests, TTFT p50 "
+                f"{g['p50_ms']:.0f} ms, p95 {g['p95_ms']:.0f} ms, {g['met_pct']:.0f}% within "
+                f"{r['ttft_target_ms']:g} ms"
+            )
+    return "\n".join(lines)
 
 
 def runtime_baseline_mib() -> float | None:
@@ -221,4 +301,14 @@ def format_baseline(mib: float | None) -> str:
     return (
         f'runtime baseline: {figure} peak RSS of `python -c "import torch, app.cli"` (inside every RSS '
         "figure above; no plan counts it)"
+    )
+
+
+def format_busy(n: int, results: list[dict]) -> str:
+    """The line under the table that says the CPU was busy, with the torch engine's thread counts."""
+    threads = sorted({r["cpu_threads"] for r in results if r.get("cpu_threads")})
+    chosen = f"; the torch engine ran with {'/'.join(map(str, threads))} CPU threads" if threads else ""
+    return (
+        f"busy CPU: {n} other process{'es' if n > 1 else ''} kept {'a core' if n == 1 else f'{n} cores'} busy "
+        f"(a spinning loop each) during every run{chosen}"
     )

@@ -36,7 +36,15 @@ KV_CACHE_TYPE = Option(
     ("--kv-cache-type",),
     {"dest": "kv_cache_type", "choices": ("f16", "q8_0", "q4_0"), "help": "KV cache precision"},
 )
-THREADS = Option(("--threads",), {"type": int, "metavar": "N", "help": "CPU threads (default: physical cores)"})
+THREADS = Option(
+    ("--threads",),
+    {
+        "type": int,
+        "metavar": "N",
+        "help": "CPU threads, exactly (default: physical cores, and the torch engine then adapts its count to the "
+        "load: fewer while other programs take cores)",
+    },
+)
 TENSOR_PARALLEL = Option(
     ("--tensor-parallel", "--tp"),
     {
@@ -62,6 +70,17 @@ DRAFT_MODEL = Option(
         "dest": "draft_model",
         "metavar": "NAME|PATH",
         "help": "the draft model for --speculative draft (or a candidate for auto): registered name or GGUF path",
+    },
+)
+TTFT_TARGET = Option(
+    ("--ttft-target-ms",),
+    {
+        "dest": "ttft_target_ms",
+        "type": float,
+        "metavar": "MS",
+        "help": "torch engine: the time-to-first-token target each step is planned for: the best-ranked request "
+        "waiting for its first token gets it within MS whenever its prompt alone fits, other work is held back "
+        "as needed (default 500; 0 = no plan)",
     },
 )
 HARDWARE = Option(
@@ -95,6 +114,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, rem
     TENSOR_PARALLEL.add(g)
     SPECULATIVE.add(g)
     DRAFT_MODEL.add(g)
+    TTFT_TARGET.add(g)
     HARDWARE.add(g)
     if remote:
         r = p.add_argument_group("remote model (--backend remote: any OpenAI-compatible server)")
@@ -125,6 +145,13 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
         help=f"1 = off (default {S.repeat_penalty:g})",
     )
     g.add_argument("--seed", type=int, metavar="S", help="same seed, same reply")
+    g.add_argument(
+        "--priority",
+        type=int,
+        metavar="P",
+        help="scheduling priority of this request, lower runs first (default -1: ahead of the API's 0, e.g. a "
+        "`hearth serve` sharing the engine's runner)",
+    )
     g.add_argument(
         "--max-tokens",
         "-n",

@@ -46,6 +46,8 @@ def human_count(n: int) -> str:
 
 
 def model_row(entry, spec) -> dict:
+    from backends.embeddings import kind, pooling_type
+
     return {
         "name": entry.name,
         "path": entry.path,
@@ -60,6 +62,10 @@ def model_row(entry, spec) -> dict:
         "context_length": spec.context_length,
         "format": spec.format,
         "size_on_disk": size_on_disk(entry, spec),
+        # "chat" | "embedding" (an encoder such as BERT / nomic-embed / bge, or a file naming its pooling: it
+        # makes vectors for /v1/embeddings and /api/embed and is refused for chat)
+        "kind": kind(spec),
+        "pooling": pooling_type(spec),
         "backends": runnable_backends(spec),
     }
 
@@ -116,10 +122,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        header = ("NAME", "SIZE", "ARCH", "PARAMS", "QUANT", "CONTEXT", "SOURCE", "BACKENDS")
+        header = ("NAME", "KIND", "SIZE", "ARCH", "PARAMS", "QUANT", "CONTEXT", "SOURCE", "BACKENDS")
         table = [header] + [
             (
                 r["name"],
+                r["kind"],
                 human_bytes(r["size_on_disk"]),
                 r["architecture"],
                 human_count(r["parameters"]),

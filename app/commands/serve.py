@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from app.commands.common import add_model_arguments, settings_from_args
 
@@ -24,7 +25,16 @@ llama.cpp, runs one at a time and the rest queue); at most --queue-limit (defaul
 with Retry-After.  SIGINT/SIGTERM: stop accepting, give running requests --shutdown-grace seconds (default
 10), abort the rest, exit 0.  Sampling: logprobs/top_logprobs (chat), logprobs/echo (completions), n <= 16,
 presence/frequency penalty, logit_bias, and top_k/min_p/repeat_penalty/ignore_eos; any other field is a 400
-naming it (README: "Sampling fields").
+naming it (README: "Sampling fields").  priority (vLLM's: -100..100, lower runs first, default 0; `hearth run` and
+the chat app send -1): the torch engine admits and preempts by it, llama.cpp's queue is ordered by it;
+--ttft-target-ms plans the torch engine's steps for a first token within it (README: "Priorities").
+
+Ollama's API on the same server, for clients built for Ollama (Open WebUI, Continue, LangChain's ChatOllama,
+the ollama Python package): /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show,
+/api/ps, /api/version, /api/pull.  --ollama-port 11434 listens on Ollama's port too, where those clients look
+without settings (README "Use it from other tools").  --keep-alive 5m unloads the model after 5 idle minutes
+(its runner ends, so its memory goes back) and loads it at the next request, as Ollama's keep_alive does;
+a request's own keep_alive wins.  Embeddings: /v1/embeddings (OpenAI) and /api/embed.
 
 Tool calling: tools (at most 128), tool_choice and tool messages, in the model's own template format
 (Hermes/Qwen, Llama 3.x, Mistral) or, for a template without tool support, hearth's Hermes-style block in the
@@ -42,6 +52,20 @@ single stream instead; --backend still wins."""
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", metavar="ADDR", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, metavar="N", help="port (default 8000)")
+    p.add_argument(
+        "--ollama-port",
+        dest="ollama_port",
+        type=int,
+        metavar="N",
+        help="also listen on port N (11434 is Ollama's: Ollama clients find hearth there without settings)",
+    )
+    p.add_argument(
+        "--keep-alive",
+        dest="keep_alive",
+        metavar="DURATION",
+        help="unload the model after it has been idle this long (5m, 30s, 1h, or seconds; 0 at once; default: "
+        "never); the next request loads it again.  Ollama's keep_alive in a request wins for that request",
+    )
     p.add_argument("--api-key", dest="api_key", metavar="KEY", help="require 'Authorization: Bearer KEY'")
     p.add_argument(
         "--max-concurrency",
@@ -101,6 +125,16 @@ def run(args: argparse.Namespace) -> int:
     from app.server.runner import Limits
     from backends.errors import ConfigError
 
+    keep_alive_s = None
+    if args.keep_alive is not None:
+        from app.server.ollama_schemas import keep_alive_seconds
+
+        try:
+            keep_alive_s = keep_alive_seconds(args.keep_alive)
+        except ValueError as exc:
+            raise ConfigError(f"--keep-alive: {exc}") from None
+    if args.ollama_port is not None and not 1 <= args.ollama_port <= 65535:
+        raise ConfigError(f"--ollama-port must be a port from 1 to 65535, got {args.ollama_port}")
     if args.queue_limit < 0 or args.max_body_bytes < 1 or args.shutdown_grace < 0:
         raise ConfigError("--queue-limit must be >= 0, --max-body-bytes >= 1 and --shutdown-grace >= 0")
     if args.single_user:
@@ -134,7 +168,13 @@ def run(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             shutdown_grace_s=args.shutdown_grace,
         )
-        config = ServerConfig(model_name=loaded.entry.name, api_key=settings.api_key or None, limits=limits)
+        config = ServerConfig(
+            model_name=loaded.entry.name,
+            api_key=settings.api_key or None,
+            limits=limits,
+            catalog=_store_catalog,
+            keep_alive_s=keep_alive_s,
+        )
         app = create_app(backend, config)
         slots = app.state.runner.slots
         mode = (
@@ -147,21 +187,69 @@ def run(args: argparse.Namespace) -> int:
             f"({mode}; auth {'on' if config.api_key else 'off'})",
             file=err,
         )
+        if args.ollama_port is not None:
+            print(
+                f"  Ollama's API: http://{settings.host}:{args.ollama_port}/api (and on port {settings.port})", file=err
+            )
         for reason in why:  # the planner's reason for this engine, with its numbers
             print(f"  why: {reason}", file=err)
         err.flush()
-        server = _GracefulServer(
-            uvicorn.Config(
-                app,
-                host=settings.host,
-                port=settings.port,
-                log_level="warning",
-                timeout_graceful_shutdown=max(int(args.shutdown_grace), 1),
-            )
+        uv_config = uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            timeout_graceful_shutdown=max(int(args.shutdown_grace), 1),
         )
-        server.run()
+        server = _GracefulServer(uv_config)
+        server.run(sockets=_sockets(uv_config, settings.host, args.ollama_port))
         for request_id in list(app.state.runner.active):  # past the grace period: abort what still runs
             backend.abort(request_id)
         return 0
     finally:
         backend.close()
+
+
+def _sockets(config: Any, host: str, ollama_port: int | None) -> list:
+    """The listening sockets: hearth's port, and --ollama-port beside it (one app, one event loop)."""
+    import uvicorn
+
+    from backends.errors import ConfigError
+
+    configs = [config]
+    if ollama_port is not None and ollama_port != config.port:
+        configs.append(uvicorn.Config(config.app, host=host, port=ollama_port))
+    out = []
+    for c in configs:
+        try:
+            out.append(c.bind_socket())  # type: ignore[attr-defined]
+        except (OSError, SystemExit) as exc:  # uvicorn logs and exits when the address is taken
+            for s in out:
+                s.close()
+            port = getattr(c, "port", "?")
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {exc if isinstance(exc, OSError) else 'the address is in use'}",
+                "pick another port (is Ollama itself running on 11434?)",
+            ) from None
+    return out
+
+
+def _store_catalog() -> list:
+    """Every registered model whose header reads, for Ollama's /api/tags and /api/show."""
+    from pathlib import Path
+
+    from app.commands.models import size_on_disk
+    from app.server.ollama_models import CatalogEntry
+    from app.store import ModelStore
+    from backends.errors import HearthError
+
+    store = ModelStore()
+    out = []
+    for entry in store.entries():
+        try:
+            spec = store.spec_for_path(Path(entry.path))
+            modified = Path(entry.path).stat().st_mtime
+        except (HearthError, OSError):  # a file gone or refused: `hearth models` warns about it
+            continue
+        out.append(CatalogEntry(entry.name, spec, size_on_disk(entry, spec), modified))
+    return out

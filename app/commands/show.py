@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         ("source", row["source"] + (f" {row['repo']}@{(row['revision'] or '')[:12]}" if row["repo"] else "")),
         ("size on disk", human_bytes(row["size_on_disk"])),
         ("format", row["format"]),
+        ("kind", row["kind"] + (f" ({row['pooling']} pooling; not for chat)" if row["kind"] == "embedding" else "")),
         ("architecture", row["architecture"]),
         ("parameters", human_count(row["parameters"])),
         ("quant", row["quant"]),

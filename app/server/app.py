@@ -24,18 +24,22 @@ from starlette.concurrency import run_in_threadpool
 from app.server.answers import chat_collected, chat_streamed, completion_collected, completion_streamed
 from app.server.choices import Choices, choice_requests
 from app.server.config import ServerConfig
+from app.server.embeddings import EmbeddingRequest, openai_embeddings
 from app.server.errors import APIError
 from app.server.inputs import (
     build_chat_request,
     completion_request,
     constrained,
     parse,
+    prioritised,
     sampling_of,
     too_large,
     tools_of,
     unknown_model,
 )
+from app.server.keep_alive import STATUS_PATHS, KeepAlive
 from app.server.metrics import ServerMetrics
+from app.server.ollama import add_ollama_routes, ollama_error
 from app.server.response_format import constraint_param, named
 from app.server.runner import Runner
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -49,8 +53,8 @@ class _Guard:
     """Pure ASGI middleware (streams and disconnects pass through untouched): API key, Content-Length limit,
     and the requests-by-status counter."""
 
-    def __init__(self, app: Any, config: ServerConfig, metrics: ServerMetrics) -> None:
-        self.app, self.config, self.metrics = app, config, metrics
+    def __init__(self, app: Any, config: ServerConfig, metrics: ServerMetrics, keep_alive: KeepAlive) -> None:
+        self.app, self.config, self.metrics, self.keep_alive = app, config, metrics, keep_alive
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -83,14 +87,34 @@ class _Guard:
         label = path if path in _KNOWN_PATHS else "other"
         try:
             if error is not None:
-                await _json_error(error)(scope, receive, counting_send)
-            else:
+                respond = ollama_error if path.startswith("/api/") else _json_error  # each API's error shape
+                await respond(error)(scope, receive, counting_send)
+            elif path in STATUS_PATHS:
                 await self.app(scope, receive, counting_send)
+            else:
+                with self.keep_alive.busy():  # the model is in use: keep_alive counts from the last one's end
+                    await self.app(scope, receive, counting_send)
         finally:
             self.metrics.requests.labels(label, str(status_seen[0] if status_seen else 499)).inc()
 
 
-_KNOWN_PATHS = {"/v1/models", "/v1/chat/completions", "/v1/completions", "/health", "/metrics"}
+_KNOWN_PATHS = {
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/health",
+    "/metrics",
+    "/api/chat",
+    "/api/generate",
+    "/api/embed",
+    "/api/embeddings",
+    "/api/tags",
+    "/api/show",
+    "/api/ps",
+    "/api/version",
+    "/api/pull",
+}
 
 
 def _json_error(err: APIError) -> JSONResponse:
@@ -99,20 +123,34 @@ def _json_error(err: APIError) -> JSONResponse:
 
 def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
     """An app serving `backend` (already loaded).  The caller owns the backend and closes it."""
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(ttft_target_s=backend.options.ttft_target_ms / 1000)
     runner = Runner(backend, config.limits, metrics)
+    keep_alive = KeepAlive(backend, config.keep_alive_s)
     app = FastAPI(title="hearth", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.runner = runner
     app.state.metrics = metrics
+    app.state.keep_alive = keep_alive
     _error_handlers(app)
     _info_routes(app, backend, config, metrics)
     _generation_routes(app, backend, config, runner)
-    app.add_middleware(_Guard, config=config, metrics=metrics)
+    _embedding_routes(app, backend, config)
+    # Ollama's API on the same server (app/server/ollama.py): its own error shape, the same request path
+    add_ollama_routes(
+        app,
+        backend,
+        runner,
+        config.model_name,
+        config.limits.max_body_bytes,
+        config.catalog,
+        _respond,
+        keep_alive,
+    )
+    app.add_middleware(_Guard, config=config, metrics=metrics, keep_alive=keep_alive)
     return app
 
 
 def _error_handlers(app: FastAPI) -> None:
-    """Every error is an OpenAI-style body with its status."""
+    """Every error is an OpenAI-style body with its status (Ollama's `{"error": ...}` under /api/)."""
 
     @app.exception_handler(APIError)
     async def _api_error(_: HTTPRequest, exc: APIError) -> JSONResponse:
@@ -124,11 +162,13 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(404)
     async def _not_found(request: HTTPRequest, _: Exception) -> JSONResponse:
-        return _json_error(APIError(404, f"no such endpoint: {request.url.path}", code="not_found"))
+        respond = ollama_error if request.url.path.startswith("/api/") else _json_error
+        return respond(APIError(404, f"no such endpoint: {request.url.path}", code="not_found"))
 
     @app.exception_handler(405)
     async def _bad_method(request: HTTPRequest, _: Exception) -> JSONResponse:
-        return _json_error(APIError(405, f"{request.method} is not allowed on {request.url.path}"))
+        respond = ollama_error if request.url.path.startswith("/api/") else _json_error
+        return respond(APIError(405, f"{request.method} is not allowed on {request.url.path}"))
 
 
 def _info_routes(app: FastAPI, backend: Backend, config: ServerConfig, metrics: ServerMetrics) -> None:
@@ -168,7 +208,7 @@ def _generation_routes(app: FastAPI, backend: Backend, config: ServerConfig, run
         built = await run_in_threadpool(build_chat_request, backend, messages, sampling, tools)
         if built.tools is not None and body.logprobs:  # held-back call text no longer lines up with its tokens
             raise APIError(400, "logprobs with tools is not supported: ask for one of them", param="logprobs")
-        req = await run_in_threadpool(constrained, built.request, body)
+        req = prioritised(await run_in_threadpool(constrained, built.request, body), body)
         choices = Choices(runner, choice_requests(req, body.n))
 
         async def answer() -> Response:
@@ -183,7 +223,7 @@ def _generation_routes(app: FastAPI, backend: Backend, config: ServerConfig, run
     async def completions(request: HTTPRequest) -> Response:
         body = await parse(request, CompletionRequest, config)
         req = completion_request(body, sampling_of(body, body.max_tokens, backend, config), backend)
-        req = await run_in_threadpool(constrained, req, body)
+        req = prioritised(await run_in_threadpool(constrained, req, body), body)
         echo = None
         if body.echo:  # the prompt's text as given, or its token ids' text
             echo = (
@@ -209,6 +249,19 @@ async def _open(choices: Choices, body: ChatCompletionRequest | CompletionReques
         await choices.open()
     except APIError as exc:
         raise named(exc, constraint_param(body, choices.requests[0])) from None
+
+
+def _embedding_routes(app: FastAPI, backend: Backend, config: ServerConfig) -> None:
+    """/v1/embeddings (app/server/embeddings.py)."""
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: HTTPRequest) -> Response:
+        body = await parse(request, EmbeddingRequest, config)
+        return await _respond(request, _as_json(openai_embeddings(backend, body)))
+
+
+async def _as_json(work: Awaitable[dict]) -> Response:
+    return JSONResponse(await work)
 
 
 def _model_card(name: str) -> dict:

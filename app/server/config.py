@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.defaults import SAMPLING
+from app.server.ollama_models import Catalog
 from app.server.runner import Limits
 
 
@@ -17,3 +18,9 @@ class ServerConfig:
     system_prompt: str | None = None  # not injected: OpenAI clients send their own system message
     max_messages: int = 4096  # messages in one chat request (render and tokenize cost grows with them)
     max_json_depth: int = 64  # nesting of arrays/objects in a body (OpenAI bodies nest well under 20)
+    # the registered models Ollama's /api/tags and /api/show list (app/server/ollama_models.py); None = only the
+    # served one
+    catalog: Catalog | None = None
+    # seconds the model stays loaded after the last request (Ollama's keep_alive; a request's own keep_alive wins
+    # on /api/*); None = forever.  app/server/keep_alive.py
+    keep_alive_s: float | None = None

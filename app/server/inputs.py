@@ -132,6 +132,12 @@ def constrained(req: Request, body: Body) -> Request:
     return req if constraint is None else dataclasses.replace(req, constraint=constraint)
 
 
+def prioritised(req: Request, body: Body) -> Request:
+    """The request with the body's `priority` (vLLM's: lower runs first; the API's default 0 ranks behind the
+    chat app's and `hearth run`'s own requests, which take INTERACTIVE_PRIORITY)."""
+    return req if body.priority is None else dataclasses.replace(req, priority=body.priority)
+
+
 def _request_id() -> str:
     return f"req-{uuid.uuid4().hex[:16]}"
 

@@ -1,17 +1,37 @@
-"""Prometheus metrics of one server (own CollectorRegistry, so several apps in one process never clash)."""
+"""Prometheus metrics of one server (own CollectorRegistry, so several apps in one process never clash).
+
+Time to first token by priority (issue 27): a histogram labelled by the request's priority (for Prometheus'
+histogram_quantile), the TTFT target the engine plans for, how many first tokens met it, and, for a person
+reading /metrics by eye, p50/p90/p95/p99 and the share that met the target over the last WINDOW requests of
+each priority (gauges computed when /metrics is read).
+"""
 
 from __future__ import annotations
+
+from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from backends.api import EngineStats
 
+WINDOW = 1000  # first tokens per priority kept for the percentile gauges
+QUANTILES = (50, 90, 95, 99)
+
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.5)
 
 
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
 class ServerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, ttft_target_s: float = 0.5) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -43,6 +63,61 @@ class ServerMetrics:
         self.spec_rate = Gauge(
             "hearth_spec_acceptance_rate", "accepted / proposed speculative tokens since load (0 when none)", registry=r
         )
+        self.preemptions = Gauge("hearth_preemptions", "requests preempted since load (torch engine)", registry=r)
+        self.deferred = Gauge(
+            "hearth_ttft_deferred", "running requests held back a step by the TTFT plan since load", registry=r
+        )
+        # TTFT by priority (issue 27)
+        self.ttft_target_s = ttft_target_s  # 0 = the engine plans for none; the share is then not reported
+        Gauge("hearth_ttft_target_seconds", "the TTFT target the engine plans for (0 = none)", registry=r).set(
+            ttft_target_s
+        )
+        self.ttft_by_priority = Histogram(
+            "hearth_ttft_by_priority_seconds",
+            "request arrival -> first token, by request priority",
+            ("priority",),
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.ttft_met = Counter(
+            "hearth_ttft_target_met",
+            "first tokens that came within the TTFT target, by priority",
+            ("priority",),
+            registry=r,
+        )
+        self.ttft_quantile = Gauge(
+            "hearth_ttft_recent_seconds",
+            f"TTFT percentiles over the last {WINDOW} requests of each priority",
+            ("priority", "quantile"),
+            registry=r,
+        )
+        self.ttft_met_share = Gauge(
+            "hearth_ttft_target_met_ratio",
+            f"share of the last {WINDOW} requests of each priority whose first token met the target",
+            ("priority",),
+            registry=r,
+        )
+        self._recent: dict[int, deque[float]] = {}
+
+    def observe_ttft(self, priority: int, seconds: float) -> None:
+        label = str(priority)
+        self.ttft.observe(seconds)
+        self.ttft_by_priority.labels(label).observe(seconds)
+        if self.ttft_target_s > 0 and seconds <= self.ttft_target_s:
+            self.ttft_met.labels(label).inc()
+        self._recent.setdefault(priority, deque(maxlen=WINDOW)).append(seconds)
+
+    def ttft_summary(self) -> dict[int, dict[str, float]]:
+        """{priority: {"n", "p50", "p90", "p95", "p99", "met"}} over the recent window (seconds; met: 0..1)."""
+        out: dict[int, dict[str, float]] = {}
+        for priority, window in sorted(self._recent.items()):
+            values = list(window)
+            row: dict[str, float] = {"n": len(values)}
+            row.update({f"p{q}": percentile(values, q) for q in QUANTILES})
+            if self.ttft_target_s > 0:
+                row["met"] = sum(v <= self.ttft_target_s for v in values) / len(values)
+            out[priority] = row
+        return out
 
     def render(self, stats: EngineStats) -> bytes:
         """Prometheus text; KV gauges come from the backend's published snapshot (Backend.stats()): the torch
@@ -54,4 +129,11 @@ class ServerMetrics:
         self.spec_accepted.set(stats.spec_accepted_tokens)
         rate = stats.spec_accepted_tokens / stats.spec_proposed_tokens if stats.spec_proposed_tokens else 0.0
         self.spec_rate.set(rate)
+        self.preemptions.set(stats.preemptions)
+        self.deferred.set(stats.deferred)
+        for priority, row in self.ttft_summary().items():
+            for q in QUANTILES:
+                self.ttft_quantile.labels(str(priority), f"0.{q}").set(row[f"p{q}"])
+            if "met" in row:
+                self.ttft_met_share.labels(str(priority)).set(row["met"])
         return generate_latest(self.registry)

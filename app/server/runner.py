@@ -4,9 +4,11 @@ Each admitted request runs `backend.stream()` on its own thread, which hands eve
 an asyncio.Queue, so the loop never blocks on the model.  A backend with `stream_to(request, sink)` (the
 RunnerBackend every served model runs behind) hands its events to the loop from the thread that receives them
 from the runner, with no thread per request: on a 2-core machine shared with the engine, every thread woken per
-token is time taken from the batch.  Admission: at most `slots` generations run at once
-(max-concurrency for a backend that batches; 1 for one that serialises, so "running" means what it says),
-and at most `queue_limit` more wait in arrival order; beyond that the request is refused (429, Retry-After).
+token is time taken from the batch.  Admission (app/server/admission.py): at most `slots` generations run at once
+(max-concurrency for a backend that batches; 1 for one that serialises, so "running" means what it says), and at
+most `queue_limit` more wait, taken in priority order (then arrival); beyond that the request is refused (429,
+Retry-After).  A backend that batches also takes a request that outranks a running one past the slot limit, and
+preempts for it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from app.server.admission import Admission
 from app.server.errors import APIError
 from app.server.metrics import ServerMetrics
 from backends.api import Backend, EventKind, GenerationEvent, Request
@@ -45,16 +48,13 @@ class Runner:
         self.backend = backend
         self.limits = limits
         self.metrics = metrics
-        self.slots = limits.max_concurrency if backend.capabilities.concurrent_requests else 1
-        self._sem: asyncio.Semaphore | None = None  # made on the loop's thread at first use
+        batches = backend.capabilities.concurrent_requests
+        self.slots = limits.max_concurrency if batches else 1
+        # the torch engine preempts for priority; a remote server does not (it gets no priority: see remote)
+        self.admission = Admission(self.slots, preempts=batches and backend.capabilities.local)
         self.running = 0
         self.waiting = 0
         self.active: set[str] = set()  # request ids with a live backend stream
-
-    def _semaphore(self) -> asyncio.Semaphore:
-        if self._sem is None:
-            self._sem = asyncio.Semaphore(self.slots)
-        return self._sem
 
     def _gauges(self) -> None:
         self.metrics.running.set(self.running)
@@ -76,7 +76,7 @@ class Runner:
         self.waiting += 1
         self._gauges()
         try:
-            await self._semaphore().acquire()
+            await self.admission.acquire(request.priority)
         finally:
             self.waiting -= 1
         self.running += 1
@@ -170,7 +170,7 @@ class Generation:
                     m = self.runner.metrics
                     m.generated_tokens.inc(len(item.token_ids))
                     if last is None:
-                        m.ttft.observe(now - self.arrived)
+                        m.observe_ttft(self.request.priority, now - self.arrived)
                     else:
                         m.tpot.observe((now - last) / len(item.token_ids))
                     last = now
@@ -196,7 +196,7 @@ class Generation:
             self.runner.active.discard(self.request.request_id)
             self.runner.running -= 1
             self.runner._gauges()
-            self.runner._semaphore().release()
+            self.runner.admission.release(self.request.priority)
 
 
 def _as_api_error(exc: BaseException) -> APIError:

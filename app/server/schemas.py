@@ -4,7 +4,7 @@ a number belongs is a 400, not a silent cast).  Responses are plain dicts built 
 Nothing is silently ignored: a field these models do not declare is refused with a 400 that names it
 (`extra="forbid"`; app.py words the message, saying whether OpenAI documents the field).  A field sent as
 null asks for nothing and is dropped before validation.  Documented extensions, as vLLM and llama.cpp's
-server take them: top_k, min_p, repeat_penalty, ignore_eos.
+server take them: top_k, min_p, repeat_penalty, ignore_eos, priority.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from app.server.response_format import ResponseFormat
 from app.server.tool_schemas import NamedToolChoice, Tool, ToolCall
-from backends.api import MAX_TOP_LOGPROBS
+from backends.api import MAX_TOP_LOGPROBS, PRIORITY_MAX, PRIORITY_MIN
 
 MAX_CHOICES = 16  # n: choices per request (each is a generation: n x max_tokens bounds the work)
 
@@ -123,6 +123,9 @@ class _Common(BaseModel):
     min_p: Number | None = Field(default=None, ge=0, le=1)
     repeat_penalty: Number | None = Field(default=None, gt=0)
     ignore_eos: StrictBool = False  # generate exactly max_tokens (benchmarks)
+    # vLLM's: lower runs first, default 0 (the chat app and `hearth run` take -1); the torch engine admits and
+    # preempts by it, llama.cpp orders its queue by it (backends/priority.py)
+    priority: StrictInt | None = Field(default=None, ge=PRIORITY_MIN, le=PRIORITY_MAX)
 
 
 class ChatCompletionRequest(_Common):

@@ -37,6 +37,7 @@ def build_request(loaded: Loaded, conv: Conversation, settings: Settings) -> Req
         conv.chat_messages(),
         sampling_from(settings, conv.settings),
         constraint=constraint_for(settings.json_output),
+        priority=settings.priority,  # the person at the keyboard ranks ahead of API traffic (app.defaults)
     ).request
 
 

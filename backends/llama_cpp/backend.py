@@ -36,6 +36,7 @@ from backends.api import (
     TokenLogprob,
     seed_u64,
 )
+from backends.embeddings import POOLING_IDS, is_embedding_model, not_for_chat, pooling_type
 from backends.errors import (
     ContextOverflowError,
     InvalidRequestError,
@@ -43,6 +44,7 @@ from backends.errors import (
     OutOfMemoryError,
     UnsupportedArchitectureError,
 )
+from backends.llama_cpp.embedding import EmbeddingContext, refuse_rank
 from backends.llama_cpp.extra_bufts import extra_bufts_default
 from backends.llama_cpp.one_thread import OneThread
 from backends.modelspec import ModelSpec
@@ -119,6 +121,7 @@ class LlamaCppBackend(Backend):
         extra_bufts=True,
         constraints=True,
         logprobs=True,
+        embeddings=True,
     )
 
     def __init__(self, spec: ModelSpec, options: LoadOptions | None = None) -> None:
@@ -134,6 +137,8 @@ class LlamaCppBackend(Backend):
         self._constraints: Any = None  # backends.constrained.ConstraintCompiler, built at the first constraint
         self._constraints_lock = threading.Lock()
         self._bytes_of: dict[int, bytes] = {}  # token id -> its bytes (special tokens as text), for logprobs
+        self._embedder: Any = None  # backends/llama_cpp/embedding.EmbeddingContext, made at the first embed()
+        self._embedding_model = is_embedding_model(spec)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def load(self, progress: ProgressCallback | None = None) -> None:
@@ -176,6 +181,12 @@ class LlamaCppBackend(Backend):
         )
         if o.tensor_split:
             kwargs["tensor_split"] = list(o.tensor_split)
+        if self._embedding_model:  # an encoder: its own context is the embedding one, sized to what it was trained on
+            refuse_rank(pooling_type(self.spec))
+            n = min(o.n_ctx, self.spec.context_length or o.n_ctx)
+            kwargs.update(
+                n_ctx=n, n_batch=n, n_ubatch=n, embedding=True, pooling_type=POOLING_IDS[pooling_type(self.spec)]
+            )
         if o.extra_bufts is None:
             self._extra_bufts, why = extra_bufts_default()
         else:
@@ -210,6 +221,11 @@ class LlamaCppBackend(Backend):
                 "likely out of memory: try a smaller --ctx or fewer --n-gpu-layers; run with "
                 "--verbose to see llama.cpp's log",
             ) from None
+        if self._embedding_model:
+            llm = self._llm
+            self._embedder = self._worker.call(
+                lambda: EmbeddingContext(llm._model, llm._ctx, self.n_ctx, o.verbose, owned=False)
+            )
         if progress:
             progress(1.0, "ready")
 
@@ -219,6 +235,9 @@ class LlamaCppBackend(Backend):
             if self._running is not None:
                 self.abort(self._running)
             with self._serial:  # the running generation stops at its next token, then the context is freed
+                embedder, self._embedder = self._embedder, None
+                if embedder is not None:
+                    self._worker.call(embedder.close)
                 self._worker.call(llm.close)
         self._worker.stop()
 
@@ -226,7 +245,10 @@ class LlamaCppBackend(Backend):
     def n_ctx(self) -> int:
         # llama.cpp may pad its context up (to 256), but llama-cpp-python sizes its token buffers by the
         # n_ctx asked for: the smaller one is the real limit.
-        return min(self._llm.n_ctx(), self.options.n_ctx) if self._llm is not None else self.options.n_ctx
+        n = min(self._llm.n_ctx(), self.options.n_ctx) if self._llm is not None else self.options.n_ctx
+        if self._embedding_model and self.spec.context_length:  # an encoder has positions for this many, no more
+            n = min(n, self.spec.context_length)
+        return n
 
     def _require(self) -> Any:
         if self._llm is None:
@@ -279,6 +301,36 @@ class LlamaCppBackend(Backend):
         with self._serial:
             return self._worker.call(run)
 
+    def embed(self, inputs: Sequence[Sequence[int]]) -> Any:
+        """llama.cpp's embedding mode (backends/llama_cpp/embedding.py): a chat model gets a second context on
+        its loaded weights at the first call, of the chat context's size; an encoder uses its own context."""
+        llm = self._require()
+        vocab = llm.n_vocab()
+        for i, ids in enumerate(inputs):
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise InvalidRequestError(
+                    f"input {i}: token id {bad} is outside the vocabulary of {vocab} tokens",
+                    f"send token ids from 0 to {vocab - 1}",
+                )
+        with self._serial:  # one request at a time on llama.cpp's thread, in arrival order with the chats
+            if self._embedder is None:
+                o = self.options
+                try:
+                    self._embedder = self._worker.call(
+                        EmbeddingContext.new, llm._model, self.n_ctx, pooling_type(self.spec), o.n_threads, o.verbose
+                    )
+                except ValueError as exc:  # llama.cpp could not make the context: memory, most likely
+                    raise OutOfMemoryError(
+                        f"llama.cpp could not make an embedding context of {self.n_ctx} tokens: {exc}",
+                        "load the model with a smaller --ctx",
+                    ) from None
+            embedder = self._embedder
+            try:
+                return self._worker.call(embedder.embed, [list(ids) for ids in inputs])
+            except RuntimeError as exc:  # llama_decode failed
+                raise ModelLoadError(f"llama.cpp failed while embedding: {exc}") from None
+
     # -- generation --------------------------------------------------------------------------------------
     def abort(self, request_id: str) -> None:
         with self._abort_lock:
@@ -296,6 +348,8 @@ class LlamaCppBackend(Backend):
 
     def stream(self, request: Request) -> Iterator[GenerationEvent]:
         self.refuse_unsupported(request)
+        if self._embedding_model:
+            raise InvalidRequestError(not_for_chat(self.spec))
         llm = self._require()
         submitted = time.perf_counter()
         ids = self._prompt_ids(request)
@@ -335,7 +389,7 @@ class LlamaCppBackend(Backend):
     ) -> Iterator[GenerationEvent]:
         rid = request.request_id
         stats = RequestStats(prompt_tokens=len(ids))
-        with self._serial:
+        with self._serial.hold(request.priority):  # one at a time, in priority order
             self._running = rid
             try:
                 stats.queue_s = time.perf_counter() - submitted

@@ -133,6 +133,11 @@ class RunnerServer:
 
                 array = np.ascontiguousarray(b.logits(m.token_ids), dtype=np.float32)
                 reply = p.ArrayReply(m.call_id, list(array.shape), array.tobytes())
+            elif isinstance(m, p.Embed):
+                import numpy as np
+
+                array = np.ascontiguousarray(b.embed(m.inputs), dtype=np.float32)
+                reply = p.ArrayReply(m.call_id, list(array.shape), array.tobytes())
             elif isinstance(m, p.Describe):
                 reply = p.DescribeReply(m.call_id, dict(b.describe()))
             elif isinstance(m, p.Stats):

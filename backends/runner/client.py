@@ -140,6 +140,8 @@ class RunnerBackend(Backend):
         self._tried_backends: set[str] = set()
         self._log_ids = itertools.count()
         self._progress: ProgressCallback | None = None
+        self._unloaded = False  # unload() stopped the runner; the next call starts one again (_reload)
+        self._reloading = False  # a thread is starting that runner now; the others wait for it
         if memory is not None:
             self._apply_memory(memory)
 
@@ -194,9 +196,66 @@ class RunnerBackend(Backend):
         with self._lock:
             if self._runner is not None:
                 return
+            unloaded = self._unloaded
+        if unloaded:
+            self._reload(progress)
+            return
         runner, config = self._bring_up(self.config, progress)
         with self._lock:
             self._install(runner, config)
+
+    def unload(self) -> bool:
+        """Stop the runner while nothing runs, so all of its RAM and VRAM go back to the system; the next call
+        (a stream, tokenize, embed, load) starts a new runner with the same configuration.  The API server's
+        keep_alive (Ollama's: unload after idle) calls this."""
+        with self._lock:
+            if self._closed or self._runner is None or self._streams or self._runner.calls:
+                return False
+            runner, self._runner = self._runner, None
+            self._unloaded = True
+        runner.stop(CLOSE_TIMEOUT_S)
+        return True
+
+    @property
+    def resident(self) -> bool:
+        return not self._unloaded
+
+    def _reload(self, progress: ProgressCallback | None = None) -> None:
+        """Start the runner again after unload(), in this thread, unless another thread is doing it (then wait
+        for that one).  Called without the lock held."""
+        with self._lock:
+            if not self._unloaded:
+                return
+            if self._reloading:
+                while self._reloading and not self._closed:
+                    self._ready.wait()
+                return
+            self._reloading = True
+        try:
+            runner, config = self._bring_up(self.config, progress)
+        except BaseException as exc:
+            with self._lock:
+                self._reloading = False
+                if isinstance(exc, HearthError):  # waiting callers get the error instead of waiting forever
+                    self._gave_up = (
+                        exc if isinstance(exc, RunnerCrashedError) else RunnerCrashedError(exc.message, exc.hint)
+                    )
+                self._ready.notify_all()
+            raise
+        with self._lock:
+            self._reloading = self._unloaded = False
+            if self._closed:
+                self._ready.notify_all()
+            else:
+                self._install(runner, config)
+                return
+        runner.stop(CLOSE_TIMEOUT_S)
+
+    def _reload_quietly(self) -> None:
+        try:
+            self._reload()
+        except BaseException:  # noqa: BLE001 - _reload recorded it for the waiting callers (_gave_up)
+            pass
 
     def _bring_up(self, config: RunnerConfig, progress: ProgressCallback | None) -> tuple[RunnerProcess, RunnerConfig]:
         """Start runners down the ladder until one loads.  Raises the runner's own error for a refusal (bad file,
@@ -281,6 +340,10 @@ class RunnerBackend(Backend):
                     raise RunnerCrashedError("the backend is closed", "load the model again")
                 if self._runner is not None and not self._runner.dead:
                     return self._runner
+                if self._unloaded and not self._reloading:
+                    # a thread of its own, since the caller may hold the lock; should two start, _reload lets the
+                    # first one that takes the lock start the runner and the other waits
+                    threading.Thread(target=self._reload_quietly, name="runner-reload", daemon=True).start()
                 self._ready.wait()
 
     @property
@@ -539,8 +602,17 @@ class RunnerBackend(Backend):
         reply = self._call(lambda i: p.Logits(i, ids), f"logits({len(ids)} tokens)")
         return np.frombuffer(reply.data, dtype=np.float32).reshape(reply.shape)
 
+    def embed(self, inputs: Sequence[Sequence[int]]) -> Any:
+        import numpy as np
+
+        batch = [[int(t) for t in ids] for ids in inputs]
+        reply = self._call(lambda i: p.Embed(i, batch), f"embed({len(batch)} inputs)")
+        return np.frombuffer(reply.data, dtype=np.float32).reshape(reply.shape)
+
     def describe(self) -> Description:
         try:
+            if self._unloaded:
+                raise RunnerCrashedError("unloaded")  # what it said when loaded, without loading it again
             info = dict(self._call(lambda i: p.Describe(i), "describe()").describe)
         except HearthError:
             info = dict(self._describe)
@@ -551,6 +623,8 @@ class RunnerBackend(Backend):
         return Description.from_mapping(info)
 
     def stats(self) -> EngineStats:
+        if self._unloaded:  # nothing is loaded: nothing to ask (and no reason to load it for /metrics)
+            return EngineStats()
         return self._call(lambda i: p.Stats(i), "stats()").stats
 
     def memory_in_use(self) -> dict[str, int]:

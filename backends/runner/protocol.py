@@ -67,6 +67,13 @@ class Logits(msgspec.Struct, tag="logits", frozen=True):
     token_ids: list[int]
 
 
+class Embed(msgspec.Struct, tag="embed", frozen=True):
+    """Backend.embed(inputs): answered with an ArrayReply (len(inputs), hidden)."""
+
+    call_id: int
+    inputs: list[list[int]]
+
+
 class Describe(msgspec.Struct, tag="describe", frozen=True):
     call_id: int
 
@@ -153,7 +160,7 @@ class Closed(msgspec.Struct, tag="closed", frozen=True):
     pass
 
 
-ToRunner = Load | Stream | Abort | Tokenize | Detokenize | Logits | Describe | Stats | Close
+ToRunner = Load | Stream | Abort | Tokenize | Detokenize | Logits | Embed | Describe | Stats | Close
 FromRunner = (
     Heartbeat
     | Progress

@@ -46,6 +46,7 @@ from backends.api import (
     TokenLogprob,
     peak_rss_bytes,
 )
+from backends.embeddings import is_embedding_model, not_for_chat, pooling_type
 from backends.errors import ContextOverflowError, InvalidRequestError, ModelLoadError
 from backends.modelspec import ModelSpec
 from backends.textstream import TextStream
@@ -106,6 +107,7 @@ class TorchBackend(Backend):
         logits=True,
         constraints=True,
         logprobs=True,
+        embeddings=True,
     )
 
     def __init__(
@@ -155,7 +157,13 @@ class TorchBackend(Backend):
         o = self.options
         try:
             parts = self._build(self.spec, o, progress)
-            scheduler = Scheduler(BlockManager(parts.num_blocks), o.max_num_seqs, o.n_batch, o.n_ctx)
+            scheduler = Scheduler(
+                BlockManager(parts.num_blocks),
+                o.max_num_seqs,
+                o.n_batch,
+                o.n_ctx,
+                ttft_target_s=o.ttft_target_ms / 1000 if o.ttft_target_ms > 0 else None,
+            )
         except BaseException as exc:  # noqa: BLE001 - handed to load() in the caller's thread
             ready.put(Reply(error=exc))
             return
@@ -234,6 +242,52 @@ class TorchBackend(Backend):
 
         return self._call(run)
 
+    def embed(self, inputs: Sequence[Sequence[int]]) -> Any:
+        """Pooled, normalized last hidden states (backends/embeddings.py says which pooling), computed on the
+        engine thread between steps: an embedding request waits at most one step of the batch, and the batch
+        waits for its forward (chunks of n_batch tokens, like a prompt's prefill).  Each input takes scratch KV
+        blocks from the pool for the forward and gives them back (never to the prefix cache)."""
+        import numpy as np
+
+        self._require()
+        assert self._parts is not None
+        if self._parts.embed is None:
+            raise InvalidRequestError(
+                "this torch engine build gives no embeddings (tensor parallelism)", "serve it with --tensor-parallel 1"
+            )
+        pooling = pooling_type(self.spec)
+        if pooling == "rank":
+            raise InvalidRequestError("this model is a reranker (rank pooling): it gives no embeddings")
+        batch = [list(ids) for ids in inputs]
+        for i, ids in enumerate(batch):
+            if not ids:
+                raise InvalidRequestError(f"input {i} is empty")
+            if len(ids) > self.n_ctx:
+                raise ContextOverflowError(
+                    f"input {i} is {len(ids)} tokens but the context is {self.n_ctx}",
+                    "shorten it (Ollama's truncate: true cuts it to fit) or load a larger --ctx",
+                )
+            self._check_token_ids(ids, f"input {i}")
+        fn, engine = self._parts.embed, self._engine
+        assert engine is not None
+
+        def run(ids: list[int]) -> Any:  # on the engine thread, between steps
+            bm = engine.scheduler.block_manager
+            scratch = EngineRequest("embed", tuple(ids), SamplingParams(temperature=0))
+            if not bm.allocate(scratch, len(ids)):
+                raise ContextOverflowError(
+                    f"{len(ids)} tokens need {bm.blocks_needed(len(ids))} KV blocks but only "
+                    f"{bm.num_free_blocks} are free while other requests run",
+                    "retry shortly, or send shorter inputs",
+                )
+            try:
+                return np.asarray(fn(ids, tuple(scratch.block_ids), pooling).numpy(), dtype=np.float32)
+            finally:
+                bm.free(scratch)
+
+        # one call per input: the batch's steps go on between them, so a long list never stalls the streams
+        return np.stack([self._call(lambda ids=ids: run(ids)) for ids in batch])
+
     def _check_token_ids(self, ids: Sequence[int], where: str = "") -> None:
         """Token ids outside the vocabulary would fail the batched forward (everyone's step): refuse them here."""
         vocab = self.spec.vocab_size
@@ -247,6 +301,8 @@ class TorchBackend(Backend):
     # -- generation --------------------------------------------------------------------------------------
     def stream(self, request: Request) -> Iterator[GenerationEvent]:
         self.refuse_unsupported(request)
+        if is_embedding_model(self.spec):
+            raise InvalidRequestError(not_for_chat(self.spec))
         engine = self._require()
         assert self._parts is not None
         submitted = time.perf_counter()
@@ -272,7 +328,15 @@ class TorchBackend(Backend):
             matcher = self._constraint_compiler().matcher(request.constraint)
             # the grammar's end is end-of-sequence (its only allowed token), even with ignore_eos
             eos, sampling = self.eos_token_ids, dataclasses.replace(sampling, ignore_eos=False)
-        er = EngineRequest(request.request_id, tuple(ids), sampling, eos, arrival_time=submitted, matcher=matcher)
+        er = EngineRequest(
+            request.request_id,
+            tuple(ids),
+            sampling,
+            eos,
+            arrival_time=submitted,
+            priority=request.priority,
+            matcher=matcher,
+        )
         out: queue.SimpleQueue = queue.SimpleQueue()
         self._post(Add(er, out))
         return self._events(request, er, out)
@@ -489,6 +553,7 @@ class TorchBackend(Backend):
             prefix_cached_blocks=bm.num_cached_blocks,
             prefix_hit_tokens=bm.num_hit_tokens,
             preemptions=s.num_preemptions,
+            deferred=s.num_deferred,
             generated_tokens=self._generated_tokens,
             spec_proposed_tokens=engine.speculator.num_proposed if engine.speculator else 0,
             spec_accepted_tokens=engine.speculator.num_accepted if engine.speculator else 0,

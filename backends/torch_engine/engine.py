@@ -18,6 +18,7 @@ the accepted proposals and one more token; the scheduler's update then takes 1 t
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING
 
 from backends.api import TokenLogprob
@@ -69,6 +70,7 @@ class Engine:
     def step(self) -> list[RequestUpdate]:
         """Run one batch; return what happened to each request that got a token or failed (finished ones
         included)."""
+        started = time.perf_counter()
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
@@ -96,6 +98,7 @@ class Engine:
             if u.finished:
                 self.forget(u.request.request_id)
         self.num_steps += 1
+        self.scheduler.observe_step(out.total_num_tokens, time.perf_counter() - started)  # the TTFT plan's costs
         return updates
 
     def _sample(

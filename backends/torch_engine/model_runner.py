@@ -23,6 +23,7 @@ from backends.torch_engine.cuda_graphs import DecodeGraphs, graph_sizes, unavail
 from backends.torch_engine.devices import resolve_device
 from backends.torch_engine.parts import kv_pool_blocks
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
+from backends.torch_engine.threads import IdleCores, ThreadTuner
 from kernels.attention import allocate_kv_cache, build_attention_metadata
 from kernels.dispatch import kernel_set
 
@@ -143,8 +144,17 @@ class ModelRunner:
         # On CPU the cache follows the compute dtype: fp16 arithmetic there is slow and converting every
         # gathered block each layer costs more than the memory it saves.
         self.kv_dtype = _KV_DTYPES[options.kv_cache_type] if self.device.type == "cuda" else self.dtype
-        if options.n_threads and self.device.type == "cpu":
+        self.thread_tuner: ThreadTuner | None = None
+        if self.device.type == "cpu" and options.adaptive_threads and tp is None:
+            # the count each step runs with is measured, not fixed (threads.py); loading uses them all
+            self.thread_tuner = ThreadTuner(
+                options.n_threads or torch.get_num_threads(), torch.set_num_threads, idle_cores=IdleCores()
+            )
+        elif options.n_threads and self.device.type == "cpu":
             torch.set_num_threads(options.n_threads)
+        # read here, on the engine thread: OpenMP's thread count is per calling thread, and describe() may be
+        # called from any
+        self._fixed_threads = torch.get_num_threads()
         self.ops = kernel_set(kernels, self.device)
         self.weight_quant = resolve_weight_quant(options.weight_quant, spec, self.device, self.dtype)
         # int8 / int4 / fp8 are quantized by the loader as it reads each projection (round-to-nearest, the
@@ -318,11 +328,19 @@ class ModelRunner:
         spec_logits: dict[str, torch.Tensor] = {}
         if logits is None:
             wide = [s.all_logits or s.num_spec_tokens > 0 for s in scheduled]
+            num_decodes = sum(s.is_decode for s in scheduled)
+            tuner = self.thread_tuner
+            key = num_decodes if tuner is not None and num_decodes == len(scheduled) else None  # decode-only
+            if tuner is not None:
+                tuner.before_step(key)
+            t_forward = time.perf_counter()
             logits = self.forward(
                 [(s.token_ids, s.start_position, s.block_table) for s in scheduled],
                 logit_rows=wide if any(wide) else "last",
-                num_decodes=sum(s.is_decode for s in scheduled),
+                num_decodes=num_decodes,
             )
+            if tuner is not None:
+                tuner.after_step(key, time.perf_counter() - t_forward)
             if any(wide):  # split the flagged requests' rows off; one row per request remains
                 last, at = [], 0
                 for s, flag in zip(scheduled, wide):
@@ -426,6 +444,33 @@ class ModelRunner:
         ]
         return torch.cat(parts)
 
+    @torch.inference_mode()
+    def embed(self, token_ids: Sequence[int], block_table: Sequence[int], pooling: str) -> torch.Tensor:
+        """(hidden,) float32: the last hidden states (after the final norm, what llama.cpp's embedding mode pools)
+        of `token_ids`, pooled ("mean" | "cls" | "last") and L2-normalized.  Runs in chunks of n_batch tokens
+        over `block_table` (blocks the caller allocated), each chunk attending to the ones before it."""
+        from backends.torch_engine.quantize import QUANTIZED_ROWS
+
+        n, chunk = len(token_ids), self.options.n_batch
+        total: torch.Tensor | None = None
+        first = last = None
+        token = QUANTIZED_ROWS.set(0)  # prompt rows: the dense kernels where a layer has both
+        try:
+            for lo in range(0, n, chunk):
+                part = list(token_ids[lo : lo + chunk])
+                meta = build_attention_metadata([(lo, len(part), tuple(block_table))], BLOCK_SIZE, self.device)
+                ids = torch.tensor(part, dtype=torch.int64, device=self.device)
+                pos = torch.arange(lo, lo + len(part), dtype=torch.int64, device=self.device)
+                hidden = self.model(ids, pos, self.kv_caches, meta).float()  # (len(part), hidden)
+                total = hidden.sum(0) if total is None else total + hidden.sum(0)
+                first = hidden[0] if first is None else first
+                last = hidden[-1]
+        finally:
+            QUANTIZED_ROWS.reset(token)
+        assert total is not None and first is not None and last is not None
+        vector = {"mean": total / n, "cls": first, "last": last}[pooling]
+        return torch.nn.functional.normalize(vector, dim=0).cpu()
+
     def describe(self) -> dict[str, Any]:
         return {
             "device": str(self.device),
@@ -439,10 +484,23 @@ class ModelRunner:
             "cpu_packed_layers": self.cpu_packed_layers,
             "dense_copy_bytes": self.dense_copy_bytes,
             "tensor_parallel": 1,
+            **self._describe_threads(),
             **self._describe_offload(),
             **self._describe_experts(),
             **self._describe_graphs(),
             **self._describe_kernel_check(),
+        }
+
+    def _describe_threads(self) -> dict[str, Any]:
+        if self.device.type != "cpu":
+            return {}
+        tuner = self.thread_tuner
+        if tuner is None:
+            return {"cpu_threads": self._fixed_threads, "cpu_threads_policy": "fixed"}
+        return {
+            "cpu_threads": tuner.threads,  # an int read from another thread: always a whole value
+            "cpu_threads_policy": f"adaptive (1 to {tuner.max_threads})",
+            "cpu_thread_switches": tuner.switches,
         }
 
     def _describe_kernel_check(self) -> dict[str, Any]:

@@ -41,6 +41,11 @@ class EngineRequest:
     sampling: SamplingParams
     eos_token_ids: frozenset[int] = frozenset()  # tokens that end the reply (unless sampling.ignore_eos)
     arrival_time: float = field(default_factory=time.perf_counter)  # seconds (perf_counter) when submitted
+    priority: int = 0  # Request.priority: lower runs first (backends/priority.py)
+    # aging (backends.priority.effective_priority): seconds spent waiting in earlier waits (a preempted request
+    # keeps them), and when the current wait began (None while running)
+    waited_s: float = 0.0
+    queued_at: float | None = None
     token_ids: list[int] = field(default_factory=list)  # prompt + outputs; filled in __post_init__
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  # leading token_ids whose KV is in the cache
@@ -96,6 +101,10 @@ class EngineRequest:
     @property
     def prompt_logprobs_ready(self) -> bool:
         return len(self.prompt_logprobs) == self.num_prompt_tokens
+
+    def waited(self, now: float) -> float:
+        """Seconds this request has spent waiting for the engine, the current wait included."""
+        return self.waited_s + (now - self.queued_at if self.queued_at is not None else 0.0)
 
     def append_output(self, token_id: int) -> None:
         self.token_ids.append(int(token_id))

@@ -1,30 +1,45 @@
-"""Continuous batching with chunked prefill and preemption (pure Python, no torch).
+"""Continuous batching with chunked prefill, priorities, a TTFT target and preemption (pure Python, no torch).
 
-Every step the scheduler picks, under a token budget (`max_num_batched_tokens`, LoadOptions.n_batch):
-1. running requests that decode (one token each), oldest first: a long prompt never stalls running streams;
-2. running requests still prefilling, a chunk each, as far as the budget goes;
-3. waiting requests, first come first served, up to `max_num_seqs` in the batch, taking their cached prefix
-   from the block manager and a first chunk of their prompt.
-When the pool has no block for a running request, the most recently arrived running request that has not been
-scheduled this step is preempted: its blocks are freed, it goes to the front of the waiting queue, and its
-tokens (prompt and outputs so far) are recomputed when it comes back.  A lone request always fits, because
-`max_model_len` is capped at the pool's size, so this never deadlocks or crashes.
+Rank (backends/priority.py): lower `priority` first, then earlier arrival; a waiting request gains a level per
+`aging_s` seconds waited, so nothing waits forever.  Every step walks the running and waiting requests in rank
+order under a token budget (`max_num_batched_tokens`, LoadOptions.n_batch):
+- a running request gets its next token (a decode) or its next prompt chunk;
+- a waiting request is admitted with its cached prefix (block manager) and a first chunk, up to `max_num_seqs`
+  in the batch.  When the batch is full or the pool has no blocks for it, the worst-ranked running request not
+  yet scheduled this step is preempted for it, if the newcomer's priority is strictly better than that one's
+  (aged) priority: an aged request stops being preempted, and requests of one priority never preempt each other
+  (they wait their turn, oldest first).  When no request can make room, nothing ranked below it is admitted.
+- a running request that needs a block the pool lacks preempts the worst-ranked running request not yet
+  scheduled this step (possibly itself).
+A preempted request loses its blocks and goes back to waiting with everything it generated; when it comes back
+its tokens (prompt and outputs) are recomputed, taking what is still in the prefix cache, and its next token
+is sampled as it would have been: its stream goes on with nothing repeated or missing (the sampler keeps its
+seeded state).  A lone request always fits, because `max_model_len` is capped at the pool's size.
+
+TTFT target (`ttft_target_s`): the best-ranked request still waiting for its first token (the head) is planned
+for.  With the time a step takes learned from the steps that ran (step_cost.StepCostModel), the head gets its
+chunk, and everything ranked after it (lower-priority decodes, other prompts) only as many tokens as keep the
+head's prefill within the target.  When even the head's prefill alone would not make it (a long prompt, a slow
+machine, a target already missed) nothing is held back: the plan never costs throughput for nothing.  Requests
+ranked before the head are never held back for it.
 
 The scheduler is owned by one thread (the engine's); it is not thread-safe.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from backends.api import TokenLogprob
 from backends.errors import ContextOverflowError
+from backends.priority import AGING_S, effective_priority
 from backends.torch_engine.block_manager import BlockManager
 from backends.torch_engine.request import EngineRequest, RequestStatus
 from backends.torch_engine.seams import ScheduledRequest, SchedulerOutput
+from backends.torch_engine.step_cost import StepCostModel
 
 
 @dataclass(frozen=True)
@@ -47,7 +62,16 @@ def error_line(what: str, exc: BaseException) -> str:
 
 class Scheduler:
     def __init__(
-        self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        *,
+        ttft_target_s: float | None = None,
+        aging_s: float = AGING_S,
+        cost_model: StepCostModel | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         assert max_num_seqs >= 1 and max_num_batched_tokens >= 1
         self.block_manager = block_manager
@@ -55,11 +79,18 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         pool_tokens = block_manager.num_blocks * block_manager.block_size
         self.max_model_len = min(max_model_len, pool_tokens)  # tokens one sequence may reach (prompt + output)
+        self.ttft_target_s = ttft_target_s  # None = no TTFT plan: the plain budget every step
+        self.aging_s = aging_s
+        self.cost_model = cost_model if cost_model is not None else StepCostModel()
+        self.clock = clock  # perf_counter seconds, as EngineRequest.arrival_time
         self.requests: dict[str, EngineRequest] = {}  # every unfinished request, by id
-        self.waiting: deque[EngineRequest] = deque()
-        self.running: list[EngineRequest] = []  # in arrival order: the last is the first to be preempted
+        self.waiting: list[EngineRequest] = []  # unordered: every step ranks them (aging changes ranks)
+        self.running: list[EngineRequest] = []
         self._finished_ids: list[str] = []  # removed since the last schedule(), reported to the runner
+        self._arrivals = itertools.count()  # ties of arrival_time break by the order requests were added
+        self._order: dict[str, int] = {}
         self.num_preemptions = 0
+        self.num_deferred = 0  # running requests held back a step by the TTFT plan, over the scheduler's life
 
     # -- requests in and out ------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
@@ -71,6 +102,8 @@ class Scheduler:
             )
         assert request.request_id not in self.requests, f"duplicate request id {request.request_id}"
         self.requests[request.request_id] = request
+        self._order[request.request_id] = next(self._arrivals)
+        request.queued_at = self.clock()
         self.waiting.append(request)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> EngineRequest | None:
@@ -80,6 +113,7 @@ class Scheduler:
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
+        self._order.pop(request_id, None)
         if request in self.running:
             self.running.remove(request)
         else:
@@ -94,56 +128,136 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """The engine's measure of the step that ran (its whole step), for the TTFT plan's cost model."""
+        self.cost_model.observe(num_tokens, seconds)
+
     # -- one step -----------------------------------------------------------------------------------------
+    def rank(self, request: EngineRequest, now: float) -> tuple[int, float, int]:
+        """Sort key: (aged priority, arrival, order added); smaller runs first."""
+        aged = effective_priority(request.priority, request.waited(now), self.aging_s)
+        return (aged, request.arrival_time, self._order.get(request.request_id, 0))
+
     def schedule(self) -> SchedulerOutput:
+        now = self.clock()
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         taken: set[str] = set()
         preempted: list[str] = []
+        order = sorted([*self.running, *self.waiting], key=lambda r: self.rank(r, now))
+        head = next((r for r in order if r.num_output_tokens == 0), None)  # the TTFT plan's request
+        cap: int | None = None  # tokens this step may hold in all, set by the TTFT plan; None = the budget alone
+        used = 0
+        planned = False  # the head was scheduled under the TTFT plan this step
+        admitting = True  # strict rank order: once one waiting request cannot get in, none ranked below it does
+        # running decodes still ahead in the walk: a prompt chunk leaves them a token each, so a long prompt
+        # never stalls the streams that are generating (only the TTFT plan's head may take the whole budget,
+        # while its first token can still come within the target)
+        decodes_left = sum(1 for r in self.running if not r.is_prefilling)
 
-        decodes = [r for r in self.running if not r.is_prefilling]
-        prefills = [r for r in self.running if r.is_prefilling]
-        for request in decodes + prefills:
-            if budget == 0:
-                break
-            if request.status is not RequestStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not self.block_manager.allocate(request, num_new):
-                victim = self._pick_victim(taken)
-                self._preempt(victim)
-                preempted.append(victim.request_id)
-                if victim is request:
-                    break
-            if request.status is not RequestStatus.RUNNING:
+        for request in order:
+            decoding = request.status is RequestStatus.RUNNING and not request.is_prefilling
+            decodes_left -= decoding
+            if request.request_id in preempted:
+                continue  # preempted earlier in this walk: back to waiting, not re-admitted in the same step
+            room = budget if cap is None else min(budget, cap - used)
+            if not decoding and not (request is head and self._ttft_attainable(request, room, now)):
+                room -= min(decodes_left, max(room - 1, 0))  # a chunk of at least one token when there is room
+            if room <= 0:
+                if request.status is RequestStatus.RUNNING and planned:
+                    self.num_deferred += 1  # held back for the head (its budget or its time)
+                continue
+            if request.status is RequestStatus.RUNNING:
+                num_new = self._grow(request, room, taken, preempted)
+            elif admitting:
+                num_new = self._admit(request, room, taken, preempted, now)
+                admitting = num_new > 0
+            else:
+                continue
+            if num_new == 0:
                 continue
             scheduled.append(self._scheduled(request, num_new))
             taken.add(request.request_id)
             budget -= num_new
-
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
-            request = self.waiting[0]
-            # a cached prefix has no logits: a request that wants its prompt's log-probabilities computes it all
-            fresh = request.num_computed_tokens == 0 and not request.sampling.prompt_logprobs
-            cached = self.block_manager.find_cached_prefix(request) if fresh else []
-            start = request.num_computed_tokens + len(cached) * self.block_manager.block_size
-            num_new = min(request.num_tokens - start, budget)
-            if not self.block_manager.allocate(request, num_new, cached):
-                break  # waits for blocks to come back; FCFS, so nothing behind it jumps the queue
-            self.waiting.popleft()
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = time.perf_counter()
-                request.num_cached_tokens = len(cached) * self.block_manager.block_size
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            scheduled.append(self._scheduled(request, num_new))
-            taken.add(request.request_id)
-            budget -= num_new
+            used += num_new
+            if request is head and self.ttft_target_s is not None:
+                planned = True
+                cap = self._ttft_cap(request, num_new, used, now)
 
         finished: tuple[str, ...] = ()
         if scheduled:  # an empty step is not run, so its finished ids wait for the next one
             finished, self._finished_ids = tuple(self._finished_ids), []
         return SchedulerOutput(tuple(scheduled), preempted_ids=tuple(preempted), finished_ids=finished)
+
+    def _grow(self, request: EngineRequest, room: int, taken: set[str], preempted: list[str]) -> int:
+        """Blocks for a running request's next tokens (its decode or prompt chunk), preempting the worst-ranked
+        running request not yet scheduled this step (possibly itself) while the pool lacks them.  Returns the
+        tokens scheduled, 0 when it was preempted."""
+        num_new = min(request.num_tokens - request.num_computed_tokens, room)
+        while not self.block_manager.allocate(request, num_new):
+            victim = self._victim(taken, now=None)
+            assert victim is not None  # the request itself is never taken yet
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            if victim is request:
+                return 0
+        return num_new
+
+    def _admit(self, request: EngineRequest, room: int, taken: set[str], preempted: list[str], now: float) -> int:
+        """Move a waiting request into the batch with its cached prefix and first chunk, preempting worse-ranked
+        running requests (see the module docstring) when the batch or the pool is full.  Returns the tokens
+        scheduled, 0 when it stays waiting."""
+        # a cached prefix has no logits: a request that wants its prompt's log-probabilities computes it all
+        fresh = request.num_computed_tokens == 0 and not request.sampling.prompt_logprobs
+        while True:
+            if len(self.running) < self.max_num_seqs:
+                cached = self.block_manager.find_cached_prefix(request) if fresh else []
+                start = request.num_computed_tokens + len(cached) * self.block_manager.block_size
+                num_new = min(request.num_tokens - start, room)
+                if self.block_manager.allocate(request, num_new, cached):
+                    break
+            victim = self._victim(taken, now=now, newcomer=request)
+            if victim is None:
+                return 0
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+        self.waiting.remove(request)
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = now
+            request.num_cached_tokens = len(cached) * self.block_manager.block_size
+        request.waited_s = request.waited(now)
+        request.queued_at = None
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        return num_new
+
+    def _ttft_attainable(self, head: EngineRequest, room: int, now: float) -> bool:
+        """Whether the head's first token can still come within the target if it takes `room` tokens now (its
+        prefill alone); only then may it take the whole budget, ahead of the decodes ranked after it."""
+        if self.ttft_target_s is None:
+            return False
+        remaining = head.num_tokens - head.num_computed_tokens  # an upper bound: a cached prefix only shortens it
+        return self._ttft_cap(head, min(remaining, room), 0, now) is not None
+
+    def _ttft_cap(self, head: EngineRequest, chunk: int, used: int, now: float) -> int | None:
+        """Tokens this step may hold in all so that `head` (just given `chunk` tokens, `used` in the step so
+        far) gets its first token within the target; None = hold nothing back (no target, no cost model yet,
+        or not attainable even by the head's prefill alone)."""
+        if self.ttft_target_s is None:
+            return None
+        left_s = self.ttft_target_s - (now - head.arrival_time)
+        later = head.num_tokens - head.num_computed_tokens - chunk  # the head's tokens after this step's chunk
+        full_steps, last = divmod(later, self.max_num_batched_tokens)
+        est_chunk = self.cost_model.estimate(chunk)
+        est_full = self.cost_model.estimate(self.max_num_batched_tokens)
+        est_last = self.cost_model.estimate(last) if last else 0.0
+        if est_chunk is None or est_full is None or est_last is None:
+            return None
+        allowance = left_s - full_steps * est_full - est_last  # what this step may take for the later steps to fit
+        if allowance < est_chunk:
+            return None
+        fits = self.cost_model.max_tokens_within(allowance)
+        return None if fits is None else max(fits, used)
 
     def update(self, output: SchedulerOutput, sampled: dict[str, int | tuple[int, ...]]) -> list[RequestUpdate]:
         """Record a step: the scheduled tokens are now computed, `sampled` maps request id -> the token sampled
@@ -215,21 +329,27 @@ class Scheduler:
             return RequestStatus.FINISHED_LENGTH
         return None
 
-    def _pick_victim(self, taken: Iterable[str]) -> EngineRequest:
-        """The most recently arrived running request not yet scheduled this step."""
-        taken = set(taken)
-        for request in reversed(self.running):
-            if request.request_id not in taken:
-                return request
-        raise AssertionError("no running request left to preempt")  # the current request is never taken
+    def _victim(
+        self, taken: Iterable[str], now: float | None, newcomer: EngineRequest | None = None
+    ) -> EngineRequest | None:
+        """The worst-ranked running request not yet scheduled this step.  For a `newcomer` (admission), only
+        one whose aged priority is strictly worse than the newcomer's priority, else None."""
+        now = self.clock() if now is None else now
+        candidates = [r for r in self.running if r.request_id not in taken]
+        if newcomer is not None:
+            candidates = [
+                r for r in candidates if newcomer.priority < effective_priority(r.priority, r.waited(now), self.aging_s)
+            ]
+        return max(candidates, key=lambda r: self.rank(r, now), default=None)
 
     def _preempt(self, request: EngineRequest) -> None:
         self.running.remove(request)
         self.block_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
+        request.queued_at = self.clock()
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self.waiting.append(request)
 
     def _retire(self, request: EngineRequest, status: RequestStatus) -> None:
         self.block_manager.free(request)

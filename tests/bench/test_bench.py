@@ -177,3 +177,92 @@ def test_chat_rows_send_one_user_message_through_the_template_and_the_chat_endpo
     for r in backend.requests:  # both paths: the chat template's prompt text with 8 common words, not token ids
         assert r.prompt_token_ids is None and r.messages and len(r.messages[-1].content.split()) == 8
         assert r.sampling.ignore_eos and r.sampling.max_tokens == 3
+
+
+def test_busy_processes_each_take_a_core_while_the_block_runs_and_are_gone_after():
+    import time
+
+    import psutil
+
+    from app.bench import busy_processes
+
+    with busy_processes(2) as procs:
+        assert len(procs) == 2
+        ps = [psutil.Process(p.pid) for p in procs]
+        start = [p.cpu_times().user for p in ps]
+        time.sleep(1.0)
+        # each spins: CPU time grows (a loaded machine still gives each a good share of a second)
+        assert all(p.cpu_times().user - s > 0.1 for p, s in zip(ps, start))
+    assert all(p.poll() is not None for p in procs)
+    with busy_processes(0) as procs:
+        assert procs == []
+
+
+def test_busy_cores_is_passed_on_reported_and_checked(monkeypatch, capsys):
+    import os
+
+    import app.bench
+    from app.cli import main
+    from app.commands.bench import format_busy
+
+    seen = {}
+
+    def fake_run_bench(workload, backends, progress=None):
+        seen["busy"] = workload.busy_cores
+        return [{"backend": "torch", "concurrency": 1, "decode_tokens_per_s": 9.0, "cpu_threads": 1}]
+
+    monkeypatch.setattr(app.bench, "run_bench", fake_run_bench)
+    monkeypatch.setattr("app.commands.bench.runtime_baseline_mib", lambda: 100.0)
+    assert main(["bench", "--backends", "torch", "--concurrency", "1", "--busy-cores", "1"]) == 0
+    out = capsys.readouterr().out
+    assert seen["busy"] == 1
+    assert "busy CPU: 1 other process kept a core busy" in out and "ran with 1 CPU threads" in out
+    assert main(["bench", "--backends", "torch", "--busy-cores", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workload"]["busy_cores"] == 1
+    too_many = (os.cpu_count() or 1) + 1
+    assert main(["bench", "--busy-cores", str(too_many)]) == 2
+    assert f"--busy-cores {too_many}: this machine has" in capsys.readouterr().err
+    assert main(["bench", "--busy-cores", "-1"]) == 2
+    assert format_busy(2, []) == "busy CPU: 2 other processes kept 2 cores busy (a spinning loop each) during every run"
+
+
+def test_priorities_reach_the_backend_and_ttft_is_reported_per_priority(fake_loaded, capsys):
+    import json
+
+    from app.bench import Workload, worker
+    from app.commands.bench import format_priorities
+
+    backend = fake_loaded
+    extra = {"http": True, "priorities": [0, -1], "ttft_target_ms": 250.0}
+    worker(
+        Workload(model=None, backend="torch", concurrency=[2], prompt_tokens=8, gen_tokens=3, requests=4, extra=extra)
+    )
+    results = [json.loads(line)["result"] for line in capsys.readouterr().out.splitlines() if '"result"' in line]
+    sent = [r.priority for r in backend.requests]  # in process, then through the server (two threads: any order)
+    assert sorted(sent[:4]) == sorted(sent[4:]) == [-1, -1, 0, 0]
+    for r in results:
+        assert r["ttft_target_ms"] == 250.0 and 0 <= r["ttft_met_pct"] <= 100
+        assert set(r["ttft_by_priority"]) == {"0", "-1"}
+        assert all(g["requests"] == 2 and g["p95_ms"] >= g["p50_ms"] for g in r["ttft_by_priority"].values())
+    assert "priority -1: 2 requests, TTFT p50" in format_priorities(results)
+
+
+@pytest.mark.slow
+def test_bench_qos_runs_tiny_on_the_starter(capsys):
+    """The issue-27 benchmark (scripts/bench_qos.py) kept working: a few seconds, two background clients."""
+    pytest.importorskip("backends.torch_engine.model_runner")
+    from app.bench_qos import main
+
+    argv = ["--duration", "3", "--warmup", "2", "--bg-clients", "2", "--bg-tokens", "24", "--chat-tokens", "4"]
+    assert main([*argv, "--interval", "1", "--ctx", "256", "--threads", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["errors"] == [] and result["chat_requests"] >= 1
+    assert result["chat_ttft_ms_p95"] > 0 and result["bg_tokens_per_s_alone"] > 0
+    assert 0 <= result["chat_met_target"] <= 1 and result["bg_throughput_kept"] is not None
+
+
+def test_bench_qos_refuses_bad_arguments(capsys):
+    from app.bench_qos import main
+
+    assert main(["--bg-clients", "0"]) == 2
+    assert "--bg-clients must be at least 1" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Property tests of the scheduler + block manager invariants over random workloads (fake model, no torch).
 
-Whatever the pool size, token budget, batch limit, shared prefixes and aborts: no block is both free and used
+Whatever the pool size, token budget, batch limit, shared prefixes, aborts, priorities (with aging) and TTFT
+plan: no block is both free and used
 and ref counts match the block tables after every step; everything returns to the pool at the end; preemption
 and prefix-cache hits never change a request's tokens (each equals the fake model's reference continuation).
 """
@@ -15,6 +16,7 @@ from backends.api import SamplingParams
 from backends.torch_engine.block_manager import BlockManager
 from backends.torch_engine.request import EngineRequest, RequestStatus
 from backends.torch_engine.scheduler import Scheduler
+from backends.torch_engine.step_cost import StepCostModel
 
 workload = st.fixed_dictionaries(
     {
@@ -27,12 +29,14 @@ workload = st.fixed_dictionaries(
                 st.lists(st.integers(0, 96), min_size=1, max_size=30),  # own prompt tail
                 st.booleans(),  # shares the prefix
                 st.integers(1, 40),  # max_tokens
-                st.integers(0, 3),
-            ),  # arrives after this many steps
+                st.integers(0, 3),  # arrives after this many steps
+                st.integers(-2, 2),  # priority
+            ),
             min_size=1,
             max_size=7,
         ),
         "aborts": st.lists(st.tuples(st.integers(0, 6), st.integers(0, 30)), max_size=3),  # (request, at step)
+        "ttft_s": st.sampled_from([None, 0.02, 0.2]),  # the TTFT plan's target (10 ms a step + 1 ms a token)
     }
 )
 
@@ -41,15 +45,29 @@ workload = st.fixed_dictionaries(
 @given(w=workload)
 def test_invariants_hold_and_outputs_never_change(w: dict) -> None:
     bm = BlockManager(w["num_blocks"])
-    s = Scheduler(bm, w["max_num_seqs"], w["budget"], max_model_len=4096)
+    clock = [0.0]
+    cost = StepCostModel(min_steps=1)
+    for n in (1, 1, 8, 32):  # the first is skipped (warm-up)
+        cost.observe(n, 0.01 + 0.001 * n)
+    s = Scheduler(
+        bm,
+        w["max_num_seqs"],
+        w["budget"],
+        max_model_len=4096,
+        ttft_target_s=w["ttft_s"],
+        aging_s=0.05,  # five steps: aging happens within these short workloads
+        cost_model=cost,
+        clock=lambda: clock[0],
+    )
     kv = FakePagedKV(w["num_blocks"])
     pending = []
-    for i, (tail, shared, max_tokens, arrive) in enumerate(w["requests"]):
+    for i, (tail, shared, max_tokens, arrive, priority) in enumerate(w["requests"]):
         prompt = (w["prefix"] if shared else []) + tail
         if len(prompt) >= s.max_model_len:
             prompt = prompt[: s.max_model_len - 1]
+        sp = SamplingParams(temperature=0, max_tokens=max_tokens)
         pending.append(
-            (arrive, EngineRequest(f"r{i}", tuple(prompt), SamplingParams(temperature=0, max_tokens=max_tokens)))
+            (arrive, EngineRequest(f"r{i}", tuple(prompt), sp, arrival_time=arrive * 0.01, priority=priority))
         )
     all_requests = [r for _, r in pending]
     aborts = {f"r{i}": at for i, at in w["aborts"] if i < len(all_requests)}
@@ -63,9 +81,11 @@ def test_invariants_hold_and_outputs_never_change(w: dict) -> None:
                 s.finish_request(rid, RequestStatus.FINISHED_ABORTED)
         out, _ = fake_step(s, kv)
         bm.check_invariants(s.running)
+        assert out.total_num_tokens <= w["budget"] and len(out.scheduled) <= w["max_num_seqs"]
         assert all(not r.block_ids for r in s.waiting)  # preempted requests gave their blocks back
         assert all(rid not in s.requests or not s.requests[rid].block_ids for rid in out.preempted_ids)
         step += 1
+        clock[0] += 0.01
         assert step < 5000, "no progress"
     bm.check_invariants([])
     assert bm.num_free_blocks == bm.num_blocks

@@ -35,6 +35,7 @@ TO_RUNNER = [
     p.Tokenize(1, "héllo", add_special=False),
     p.Detokenize(2, [1, 2]),
     p.Logits(3, [4, 5]),
+    p.Embed(6, [[1, 2, 3], [4]]),
     p.Describe(4),
     p.Stats(5),
     p.Close(),

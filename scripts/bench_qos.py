@@ -1,0 +1,13 @@
+"""The quality-of-service benchmark (issue 27): see app/bench_qos.py.  `python scripts/bench_qos.py --help`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from app.bench_qos import main  # noqa: E402 - after the path set-up
+
+if __name__ == "__main__":
+    raise SystemExit(main())
