@@ -302,6 +302,9 @@ def worker(w: Workload) -> None:
             remote_model=w.extra.get("remote_model"),
             # --tensor-parallel is the torch engine's; llama.cpp splits GPUs itself
             tensor_parallel=w.extra.get("tensor_parallel") if w.backend == "torch" else None,
+            # --speculative is the torch engine's too: the llama.cpp rows of the same table run without it
+            speculative=w.extra.get("speculative") if w.backend == "torch" else None,
+            draft_model=w.extra.get("draft_model") if w.backend == "torch" else None,
             ttft_target_ms=target_ms,
         )
         loaded = open_backend(settings, command="bench")

@@ -132,6 +132,9 @@ def print_stats(result: Completion, out: TextIO) -> None:
         f"reply {s.completion_tokens} tok, first token {s.ttft_s * 1000:.0f} ms, "
         f"prefill {s.prefill_tokens_per_s:.1f} tok/s, decode {s.decode_tokens_per_s:.1f} tok/s"
     )
+    if s.spec_proposed_tokens:
+        rate = s.spec_accepted_tokens / s.spec_proposed_tokens
+        line += f", speculative {s.spec_accepted_tokens}/{s.spec_proposed_tokens} accepted ({rate:.0%})"
     print(line, file=out)
     if result.finish_reason is FinishReason.ERROR and result.error:
         print(f"hearth: error: {result.error}", file=out)

@@ -17,6 +17,7 @@ from app.loaded import Decision, Loaded
 from app.paths import get_paths
 from app.remote import open_remote
 from app.settings import Settings
+from app.speculative import decide_speculative
 from app.store import ModelStore
 from backends.api import Backend, LoadOptions, ProgressCallback
 from backends.embeddings import is_embedding_model
@@ -117,7 +118,10 @@ def decide(
         why = "an embedding model: one forward per input, no KV kept after it"
     # --tensor-parallel N > 1 is the torch engine's: with --backend auto it asks for the torch engine
     prefs = Prefs(
-        backend="torch" if tp and tp > 1 and settings.backend == "auto" else settings.backend,
+        # and so are --speculative ngram / draft (the torch engine's feature)
+        backend="torch"
+        if ((tp and tp > 1) or settings.speculative in ("ngram", "draft")) and settings.backend == "auto"
+        else settings.backend,
         ctx=settings.ctx,
         kv_cache_type=settings.kv_cache_type,
         n_gpu_layers=settings.n_gpu_layers,
@@ -127,6 +131,7 @@ def decide(
         prefer_batching=serving and not embedding,
     )
     plan = make_plan(report, spec.to_shape(), prefs)
+    plan, draft_path = decide_speculative(plan, spec, settings)
     backend = prefs.backend if prefs.backend != "auto" else plan.backend
     torch = backend == "torch"
     n_gpu_layers = -1 if plan.n_gpu_layers >= plan.n_layers else plan.n_gpu_layers
@@ -153,6 +158,9 @@ def decide(
         # --n-gpu-layers is plain layer offload
         cpu_expert_layers=plan.cpu_expert_layers if not torch and settings.n_gpu_layers is None else 0,
         tensor_parallel=plan.tensor_parallel if torch and plan.backend == "torch" else 1,
+        speculative=plan.speculative.method if torch else "off",
+        draft_model=draft_path if torch else None,
+        speculative_k=plan.speculative.k or 8,
         ttft_target_ms=settings.ttft_target_ms,
         # the torch engine checks its Triton kernels on a new device once and remembers the verdicts here
         kernel_check_record=str(kernel_check_record()) if torch else None,

@@ -11,6 +11,8 @@ The file is TOML at `Paths.settings_file` (HEARTH_HOME/config/settings.toml when
 
 Unknown keys and wrong types are a ConfigError naming the key, never silently dropped.  Environment variables:
 HEARTH_MODEL, HEARTH_BACKEND, HEARTH_CTX, HEARTH_THREADS, HEARTH_TEMPERATURE, HEARTH_SEED, HEARTH_HOST,
+HEARTH_PORT, HEARTH_API_KEY, HEARTH_SPECULATIVE, HEARTH_DRAFT_MODEL,
+HEARTH_REMOTE_URL, HEARTH_REMOTE_MODEL, HEARTH_REMOTE_API_KEY.  Flags win over both
 HEARTH_PORT, HEARTH_API_KEY, HEARTH_REMOTE_URL, HEARTH_REMOTE_MODEL, HEARTH_REMOTE_API_KEY, HEARTH_TTFT_TARGET_MS.
 Flags win over both
 (the CLI passes only the flags the user actually gave).
@@ -38,6 +40,11 @@ class Settings:
     n_gpu_layers: int | None = None  # None = the plan decides; -1 = all
     kv_cache_type: str | None = None  # None = the plan decides; f16 | q8_0 | q4_0
     tensor_parallel: int | None = None  # torch engine ranks; None = the plan decides, 1 = none (--tensor-parallel)
+    # torch engine speculative decoding (--speculative): off | ngram (prompt lookup) | draft (--draft-model) | auto
+    # (the plan decides).  Off by default, as in llama.cpp and vLLM: it changes no reply's distribution, but a
+    # greedy reply may differ at a bf16 near-tie, and a user turns it on knowing that
+    speculative: str = "off"
+    draft_model: str | None = None  # registered name or GGUF path of the draft (--draft-model)
     temperature: float = SAMPLING.temperature
     top_p: float = SAMPLING.top_p
     top_k: int = SAMPLING.top_k
@@ -82,6 +89,8 @@ _ENV = {
     "HEARTH_HOST": ("host", str),
     "HEARTH_PORT": ("port", int),
     "HEARTH_API_KEY": ("api_key", str),
+    "HEARTH_SPECULATIVE": ("speculative", str),
+    "HEARTH_DRAFT_MODEL": ("draft_model", str),
     "HEARTH_REMOTE_URL": ("url", str),
     "HEARTH_REMOTE_MODEL": ("remote_model", str),
     "HEARTH_REMOTE_API_KEY": ("remote_api_key", str),
@@ -168,6 +177,10 @@ def _validated(s: Settings) -> Settings:
             f"tensor_parallel must be between 1 and {MAX_TENSOR_PARALLEL} ranks, got {s.tensor_parallel}",
             "one rank per GPU; leave it out to let the plan decide",
         )
+    if s.speculative not in ("off", "ngram", "draft", "auto"):
+        raise ConfigError(f"speculative must be off, ngram, draft or auto, got {s.speculative!r}")
+    if s.speculative == "draft" and not s.draft_model:
+        raise ConfigError("--speculative draft needs a draft model", "add --draft-model NAME|PATH")
     if not 0 < s.port < 65536:
         raise ConfigError(f"port must be 1-65535, got {s.port}")
     if not 1 <= s.max_tokens <= MAX_CTX:

@@ -317,6 +317,8 @@ class RequestStats:
     ttft_s: float = 0.0  # request submitted -> first generated token available
     queue_s: float = 0.0  # request submitted -> its prefill started (waiting behind others)
     total_s: float = 0.0  # request submitted -> finished
+    spec_proposed_tokens: int = 0  # speculative decoding (torch engine): proposals verified for this request
+    spec_accepted_tokens: int = 0  # of which accepted (each saved one decode step)
 
     @property
     def decode_s(self) -> float:
@@ -402,6 +404,8 @@ class EngineStats:
     preemptions: int = 0  # requests preempted (for KV space or for a higher priority) since load
     deferred: int = 0  # running requests held back a step by the TTFT plan since load (torch engine)
     generated_tokens: int = 0  # tokens generated since load
+    spec_proposed_tokens: int = 0  # speculative decoding: proposed tokens verified since load (torch engine)
+    spec_accepted_tokens: int = 0  # of which the target accepted
     rss_bytes: int = 0  # resident memory of the process that holds the model
     peak_rss_bytes: int = 0  # the highest resident memory that process has had (VmHWM): loading's peaks count
     gpu_bytes: int = 0  # GPU memory that process holds (0 without a GPU)
@@ -464,6 +468,11 @@ class LoadOptions:
     cpu_expert_layers: int = 0
     # torch engine: ranks of tensor parallelism (one process per GPU, or per share of the CPU cores); 1 = none
     tensor_parallel: int = 1
+    # torch engine: speculative decoding (backends/torch_engine/speculative): "off" | "ngram" (prompt lookup) |
+    # "draft" (draft_model proposes, the target verifies); the planner turns the user's "auto" into one of these
+    speculative: str = "off"
+    draft_model: str | None = None  # path of the draft model's GGUF (same vocabulary as the target), for "draft"
+    speculative_k: int = 8  # most proposals per request and step (k adapts below it per request)
     # torch engine: the time-to-first-token target (ms) each step is planned for (the best-ranked request still
     # waiting for its first token gets it whenever its prefill alone fits; backends/torch_engine/scheduler.py);
     # 0 = no plan, the plain token budget every step
@@ -485,6 +494,15 @@ class LoadOptions:
             raise ConfigError(f"n_batch and max_num_seqs must be >= 1, got {self.n_batch}, {self.max_num_seqs}")
         if self.tensor_parallel < 1:
             raise ConfigError(f"--tensor-parallel must be 1 or more ranks, got {self.tensor_parallel}")
+        if self.speculative not in ("off", "ngram", "draft"):
+            raise ConfigError(
+                f"--speculative must be off, ngram, draft or auto, got {self.speculative!r}",
+                "auto is resolved by the planner before loading",
+            )
+        if self.speculative == "draft" and not self.draft_model:
+            raise ConfigError("--speculative draft needs a draft model", "add --draft-model NAME|PATH")
+        if not 1 <= self.speculative_k <= 16:
+            raise ConfigError(f"speculative_k must be 1..16, got {self.speculative_k}")
         if not 0 <= self.ttft_target_ms <= 3_600_000:
             raise ConfigError(
                 f"--ttft-target-ms must be from 0 (off) to 3600000 ms, got {self.ttft_target_ms}", "the default is 500"

@@ -38,6 +38,28 @@ class Prefs:
 
 
 @dataclass(frozen=True)
+class SpeculativePlan:
+    """The torch engine's speculative decoding, as planned (hwprobe.speculative): what `--speculative` became."""
+
+    method: str = "off"  # "off" | "ngram" (prompt lookup) | "draft" (a draft model)
+    k: int = 0  # most proposals per request and step (k adapts below it per request); 0 when off
+    draft: str | None = None  # the draft model (name or path) when method is "draft"
+    draft_weights_mib: int = 0  # the draft's weights and KV pool, counted in the plan's device memory
+    draft_kv_mib: int = 0
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "k": self.k,
+            "draft": self.draft,
+            "draft_weights_mib": self.draft_weights_mib,
+            "draft_kv_mib": self.draft_kv_mib,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
 class DeviceMemory:
     kind: str  # "gpu" | "cpu"
     index: int | None  # GPU index; None for host RAM
@@ -111,6 +133,7 @@ class Plan:
     # the budget is tighter; on the CPU the engine commits it in blocks as sequences grow, up to this); llama.cpp's
     # one sequence of ctx cells
     kv_pool_tokens: int = 0
+    speculative: SpeculativePlan = SpeculativePlan()  # hwprobe.speculative.plan_speculative fills it
 
     @property
     def fits(self) -> bool:
@@ -136,4 +159,5 @@ class Plan:
             "serving": self.serving,
             "max_num_seqs": self.max_num_seqs,
             "kv_pool_tokens": self.kv_pool_tokens,
+            "speculative": self.speculative.as_dict(),
         }

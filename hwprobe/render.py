@@ -45,6 +45,8 @@ def plan_text(p: Plan, model_name: str) -> str:
     split = f", split {p.split_mode} {list(p.tensor_split)}" if p.split_mode != "none" else ""
     if p.tensor_parallel > 1:
         split += f", tensor_parallel={p.tensor_parallel}"
+    if p.speculative.method != "off":
+        split += f", speculative {p.speculative.method} k<={p.speculative.k}"
     lines = [
         f"{model_name}: {p.backend}, {p.quant}, {layers}{split}, context {p.ctx}, KV {p.kv_cache_type}, "
         f"flash attention {'on' if p.flash_attn else 'off'}, batch {p.batch_size}, "

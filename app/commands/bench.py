@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from app.commands.common import MODEL, TENSOR_PARALLEL, THREADS
+from app.commands.common import DRAFT_MODEL, MODEL, SPECULATIVE, TENSOR_PARALLEL, THREADS
 
 NAME = "bench"
 HELP = "benchmark backends side by side: load time, TTFT, prefill/decode tok/s, memory"
@@ -92,6 +92,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the torch engine's rows run in N tensor-parallel ranks (one per GPU; default: the plan "
         "decides); llama.cpp's rows keep its own split",
     )
+    SPECULATIVE.add(p)
+    DRAFT_MODEL.add(p)
     p.add_argument(
         "--http",
         action="store_true",
@@ -222,6 +224,8 @@ def run(args: argparse.Namespace) -> int:
                 ("url", args.url),
                 ("remote_model", args.remote_model),
                 ("tensor_parallel", args.tensor_parallel),
+                ("speculative", args.speculative),
+                ("draft_model", args.draft_model),
                 ("ttft_target_ms", args.ttft_target_ms),
                 ("priorities", args.priorities if args.priorities != [0] else None),
             )

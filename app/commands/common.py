@@ -55,6 +55,23 @@ TENSOR_PARALLEL = Option(
         "without GPUs, N processes share the CPU cores); 1 = never; default: the plan decides",
     },
 )
+SPECULATIVE = Option(
+    ("--speculative",),
+    {
+        "choices": ("off", "ngram", "draft", "auto"),
+        "help": "torch engine speculative decoding: ngram = prompt lookup (guesses copied from the prompt and the "
+        "reply so far; pays on summarise / quote / edit tasks), draft = a smaller model with the same vocabulary "
+        "proposes (--draft-model), auto = the plan decides; lossless either way (default off)",
+    },
+)
+DRAFT_MODEL = Option(
+    ("--draft-model",),
+    {
+        "dest": "draft_model",
+        "metavar": "NAME|PATH",
+        "help": "the draft model for --speculative draft (or a candidate for auto): registered name or GGUF path",
+    },
+)
 TTFT_TARGET = Option(
     ("--ttft-target-ms",),
     {
@@ -95,6 +112,8 @@ def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, rem
     KV_CACHE_TYPE.add(g)
     THREADS.add(g)
     TENSOR_PARALLEL.add(g)
+    SPECULATIVE.add(g)
+    DRAFT_MODEL.add(g)
     TTFT_TARGET.add(g)
     HARDWARE.add(g)
     if remote:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.commands.common import CTX, HARDWARE, KV_CACHE_TYPE, N_GPU_LAYERS, TENSOR_PARALLEL
+from app.commands.common import CTX, DRAFT_MODEL, HARDWARE, KV_CACHE_TYPE, N_GPU_LAYERS, SPECULATIVE, TENSOR_PARALLEL
 
 NAME = "plan"
 HELP = "show how a model would run here: backend, quant, GPU layers, context, KV type, memory, speed"
@@ -42,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="name, GGUF path, HF folder or config.json (default: the last used model, else the starter)",
     )
     HARDWARE.add(p)
+    SPECULATIVE.add(p)
+    DRAFT_MODEL.add(p)
     CTX.add(p, help="context length in tokens (fixed)")
     p.add_argument("--backend", "-b", choices=("auto", *LOCAL_BACKENDS), default="auto")
     KV_CACHE_TYPE.add(p)
@@ -129,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_concurrency is not None and command != "serve":  # an explicit count wins, as before --for
         max_num_seqs, why = args.max_concurrency, f"--max-concurrency {args.max_concurrency}"
     tp = load_settings(tensor_parallel=args.tensor_parallel).tensor_parallel  # checked as `run` checks it
-    backend = "torch" if tp and tp > 1 and args.backend == "auto" else args.backend  # as app.loading.decide
+    torch_asked = (tp and tp > 1) or args.speculative in ("ngram", "draft")
+    backend = "torch" if torch_asked and args.backend == "auto" else args.backend  # as app.loading.decide
     prefs = Prefs(
         backend=backend,
         ctx=args.ctx,
@@ -147,5 +150,13 @@ def run(args: argparse.Namespace) -> int:
         from app.remote import remote_hint
 
         raise PlanError(exc.message, f"{exc.hint}; {remote_hint()}" if exc.hint else remote_hint()) from None
+    if ref and ref.endswith(".json") and Path(ref).expanduser().is_file():
+        from hwprobe.speculative import plan_speculative
+
+        p = plan_speculative(p, "ngram" if args.speculative == "auto" else args.speculative or "off")
+    else:
+        from app.speculative import decide_speculative
+
+        p, _ = decide_speculative(p, spec, load_settings(speculative=args.speculative, draft_model=args.draft_model))
     print(json.dumps(p.as_dict(), indent=2) if args.json else plan_text(p, shape.name))
     return 0

@@ -53,6 +53,16 @@ class ServerMetrics:
         self.queued = Gauge("hearth_queue_depth", "generations waiting for a slot", registry=r)
         self.kv_used = Gauge("hearth_kv_blocks_used", "KV cache blocks in use (backends that report them)", registry=r)
         self.kv_free = Gauge("hearth_kv_blocks_free", "KV cache blocks free (backends that report them)", registry=r)
+        # speculative decoding (torch engine, --speculative): totals since load, from the backend's snapshot
+        self.spec_proposed = Gauge(
+            "hearth_spec_proposed_tokens", "speculative tokens proposed and verified since load", registry=r
+        )
+        self.spec_accepted = Gauge(
+            "hearth_spec_accepted_tokens", "speculative tokens the target model accepted since load", registry=r
+        )
+        self.spec_rate = Gauge(
+            "hearth_spec_acceptance_rate", "accepted / proposed speculative tokens since load (0 when none)", registry=r
+        )
         self.preemptions = Gauge("hearth_preemptions", "requests preempted since load (torch engine)", registry=r)
         self.deferred = Gauge(
             "hearth_ttft_deferred", "running requests held back a step by the TTFT plan since load", registry=r
@@ -115,6 +125,10 @@ class ServerMetrics:
         if stats.kv_blocks > 0:
             self.kv_used.set(stats.kv_blocks - stats.kv_blocks_free)
             self.kv_free.set(stats.kv_blocks_free)
+        self.spec_proposed.set(stats.spec_proposed_tokens)
+        self.spec_accepted.set(stats.spec_accepted_tokens)
+        rate = stats.spec_accepted_tokens / stats.spec_proposed_tokens if stats.spec_proposed_tokens else 0.0
+        self.spec_rate.set(rate)
         self.preemptions.set(stats.preemptions)
         self.deferred.set(stats.deferred)
         for priority, row in self.ttft_summary().items():

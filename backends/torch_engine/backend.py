@@ -168,7 +168,7 @@ class TorchBackend(Backend):
             ready.put(Reply(error=exc))
             return
         self._parts = parts
-        self._engine = Engine(parts.runner, scheduler, Sampler(o.seed))
+        self._engine = Engine(parts.runner, scheduler, Sampler(o.seed), parts.speculator)
         self._generated_tokens = 0
         self._publish(self._engine)
         ready.put(Reply())
@@ -414,6 +414,8 @@ class TorchBackend(Backend):
                 if tail:
                     yield GenerationEvent(EventKind.TOKEN, rid, text=tail)
             stats.total_s = time.perf_counter() - er.arrival_time
+            # written by the engine thread before the last message this stream got; it touches them no more
+            stats.spec_proposed_tokens, stats.spec_accepted_tokens = er.num_spec_proposed, er.num_spec_accepted
             done = True
             yield GenerationEvent(
                 EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error, error_code=error_code
@@ -495,9 +497,10 @@ class TorchBackend(Backend):
                 channel.out.put(Finished(RequestStatus.FINISHED_ERROR, u.error, u.error_code))
                 continue
             self._generated_tokens += len(u.new_token_ids)
+            last = len(u.new_token_ids) - 1  # a speculative row brings several: only the last one ends the stream
             for i, token in enumerate(u.new_token_ids):
                 logprob = u.logprobs[i] if i < len(u.logprobs) else None
-                channel.out.put(Token(token, u.request.status if u.finished else None, now, logprob))
+                channel.out.put(Token(token, u.request.status if u.finished and i == last else None, now, logprob))
 
     def _handle(self, engine: Engine, channels: dict[str, _Channel], message: InboxMessage) -> None:
         if isinstance(message, Add):
@@ -533,7 +536,7 @@ class TorchBackend(Backend):
 
     def _fail_all(self, engine: Engine, channels: dict[str, _Channel], error: str) -> None:
         for r in engine.scheduler.abort_all(RequestStatus.FINISHED_ERROR):
-            engine.sampler.forget(r.request_id)
+            engine.forget(r.request_id)
         for channel in channels.values():
             channel.out.put(Finished(RequestStatus.FINISHED_ERROR, error))
         channels.clear()
@@ -552,6 +555,8 @@ class TorchBackend(Backend):
             preemptions=s.num_preemptions,
             deferred=s.num_deferred,
             generated_tokens=self._generated_tokens,
+            spec_proposed_tokens=engine.speculator.num_proposed if engine.speculator else 0,
+            spec_accepted_tokens=engine.speculator.num_accepted if engine.speculator else 0,
         )
 
     # -- facts -------------------------------------------------------------------------------------------
@@ -586,6 +591,11 @@ class TorchBackend(Backend):
             )
         if self._parts is not None and self._parts.describe is not None:
             info.update(self._parts.describe())
+        speculator = self._engine.speculator if self._engine is not None else None
+        info["speculative"] = "off" if speculator is None else speculator.proposer.name
+        if speculator is not None:  # the published counters (the speculator's own are the engine thread's)
+            st = self._stats
+            info.update(spec_proposed_tokens=st.spec_proposed_tokens, spec_accepted_tokens=st.spec_accepted_tokens)
         return Description.from_mapping(info)
 
     def memory_in_use(self) -> dict[str, int]:

@@ -165,6 +165,18 @@ class BlockManager:
         request.block_hashes = []
         request.num_computed_tokens = 0
 
+    def trim(self, request: EngineRequest) -> None:
+        """Return the blocks past the request's computed tokens (speculative decoding: blocks allocated for
+        proposals that were rejected).  They hold no accepted token, so none is hashed (cache_full_blocks only
+        registers blocks full of computed tokens) and none is shared."""
+        keep = max(self.blocks_needed(request.num_computed_tokens), len(request.block_hashes))
+        while len(request.block_ids) > keep:
+            block = self.blocks[request.block_ids.pop()]
+            assert block.ref_count == 1 and block.key is None, f"block {block.block_id} is shared or cached"
+            block.ref_count = 0
+            self._free[block.block_id] = None
+            self._free.move_to_end(block.block_id, last=False)  # caches nothing: hand it out first
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (e.g. after the weights changed)."""
         for block in self.blocks:

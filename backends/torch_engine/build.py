@@ -10,6 +10,7 @@ from backends.modelspec import ModelSpec
 from backends.torch_engine.model_runner import ModelRunner
 from backends.torch_engine.parts import EngineParts
 from backends.torch_engine.seams import BLOCK_SIZE
+from backends.torch_engine.speculative.build import build_speculator
 from backends.torch_engine.tokenizer import load_tokenizer
 from backends.torch_engine.tp.runner import TPModelRunner
 
@@ -23,6 +24,8 @@ def build_engine_parts(
     if progress is not None:
         progress(0.0, "reading the tokenizer")
     tokenizer = load_tokenizer(spec)
+    # first, so that a draft with another vocabulary is refused before the target's weights load
+    speculator = build_speculator(options, spec, tokenizer, ModelRunner)  # None unless --speculative
     if progress is not None:
         progress(0.1, "loading and dequantizing the weights")
     if options.tensor_parallel > 1:  # rank 0 of a group of processes (backends/torch_engine/tp)
@@ -36,12 +39,20 @@ def build_engine_parts(
             f"the KV pool holds {runner.num_blocks * BLOCK_SIZE} tokens, less than the context of {options.n_ctx}",
             "raise the KV budget or lower --ctx",
         )
+    draft = getattr(speculator.proposer, "runner", None) if speculator is not None else None
+
+    def close() -> None:
+        runner.close()
+        if draft is not None:  # the draft model's weights and KV pool
+            draft.close()
+
     return EngineParts(
+        speculator=speculator,
         runner=runner,
         tokenizer=tokenizer,
         num_blocks=runner.num_blocks,
         prompt_logits=runner.prompt_logits,
         embed=runner.embed if options.tensor_parallel == 1 else None,  # TP: the other ranks would wait forever
         describe=runner.describe,
-        close=runner.close,
+        close=close,
     )

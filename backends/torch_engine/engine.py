@@ -9,12 +9,17 @@ One request's failure is that request's alone: a request whose sampler state can
 FINISHED_ERROR and reported as an update carrying its error (and its error_code when the error is typed: a
 constraint's limit), while the other rows of the step go on.  A failure
 of `runner.execute` (the batched forward) is raised: it is every running request's.
+
+Speculative decoding (backends/torch_engine/speculative) is one optional hook on each side of the forward:
+`speculator.expand` appends proposals to decode rows, `speculator.verify` turns a speculative row's logits into
+the accepted proposals and one more token; the scheduler's update then takes 1 to k + 1 tokens for that row.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 from backends.api import TokenLogprob
 from backends.errors import HearthError
@@ -24,12 +29,18 @@ from backends.torch_engine.sampler import Sampler
 from backends.torch_engine.scheduler import RequestUpdate, Scheduler, error_line
 from backends.torch_engine.seams import RunnerOutput, SchedulerOutput
 
+if TYPE_CHECKING:  # pragma: no cover
+    from backends.torch_engine.speculative.speculator import Speculator
+
 
 class Engine:
-    def __init__(self, runner: Runner, scheduler: Scheduler, sampler: Sampler) -> None:
+    def __init__(
+        self, runner: Runner, scheduler: Scheduler, sampler: Sampler, speculator: Speculator | None = None
+    ) -> None:
         self.runner = runner
         self.scheduler = scheduler
         self.sampler = sampler
+        self.speculator = speculator  # None: speculation off
         self.num_steps = 0
 
     def add_request(self, request: EngineRequest) -> None:
@@ -43,7 +54,14 @@ class Engine:
 
     def finish_request(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
         self.scheduler.finish_request(request_id, status)
+        self.forget(request_id)
+
+    def forget(self, request_id: str) -> None:
+        """Drop what the engine keeps for a request that ended outside step(): its sampler key and its
+        speculation state (a draft model's blocks)."""
         self.sampler.forget(request_id)
+        if self.speculator is not None:
+            self.speculator.forget(request_id)
 
     @property
     def has_work(self) -> bool:
@@ -56,10 +74,12 @@ class Engine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
+        if self.speculator is not None:
+            out = self.speculator.expand(out, self.scheduler)
         result = self.runner.execute(out)
         if result.prompt_logits:
             self._score_prompts(out, result)
-        sampled, failed = self._sample(result)
+        sampled, failed = self._sample(out, result)
         logprobs = self._logprobs(result, sampled)
         updates = [
             RequestUpdate(self.scheduler.requests[rid], (), True, *_row_error(exc)) for rid, exc in failed.items()
@@ -76,21 +96,35 @@ class Engine:
             ]
         for u in updates:
             if u.finished:
-                self.sampler.forget(u.request.request_id)
+                self.forget(u.request.request_id)
         self.num_steps += 1
         self.scheduler.observe_step(out.total_num_tokens, time.perf_counter() - started)  # the TTFT plan's costs
         return updates
 
-    def _sample(self, result: RunnerOutput) -> tuple[dict[str, int], dict[str, Exception]]:
-        """(request id -> sampled token, request id -> the error its row raised)."""
+    def _sample(
+        self, out: SchedulerOutput, result: RunnerOutput
+    ) -> tuple[dict[str, int | tuple[int, ...]], dict[str, Exception]]:
+        """(request id -> sampled token, or a speculative row's tokens; request id -> the error its row raised)."""
         if not result.request_ids:
             return {}, {}
-        requests = [self.scheduler.requests[r] for r in result.request_ids]
+        sampled: dict[str, int | tuple[int, ...]] = {}
+        failed: dict[str, Exception] = {}
+        request_ids, logits = result.request_ids, result.logits
+        if result.spec_logits:
+            try:
+                sampled.update(self.speculator.verify(result, out.scheduled, self.scheduler))  # type: ignore[union-attr]
+            except Exception as exc:  # noqa: BLE001 - the speculative rows' error, reported on their streams
+                failed.update((rid, exc) for rid in result.spec_logits)
+            keep = [i for i, rid in enumerate(request_ids) if rid not in result.spec_logits]
+            request_ids, logits = tuple(request_ids[i] for i in keep), logits[keep]
+            if not request_ids:
+                return sampled, failed
+        requests = [self.scheduler.requests[r] for r in request_ids]
         matchers = [r.matcher for r in requests]
         constrained = any(m is not None for m in matchers)
         rows = self.sampler.sample(
-            result.logits,
-            result.request_ids,
+            logits,
+            request_ids,
             [r.sampling for r in requests],
             [r.token_ids for r in requests],
             [r.num_prompt_tokens for r in requests],
@@ -102,11 +136,11 @@ class Engine:
                     matcher.accept(token)
                 except Exception as exc:  # noqa: BLE001 - that request's error, reported on its stream
                     rows[i] = exc
-        sampled = {rid: t for rid, t in zip(result.request_ids, rows) if not isinstance(t, Exception)}
-        failed = {rid: t for rid, t in zip(result.request_ids, rows) if isinstance(t, Exception)}
+        sampled.update((rid, t) for rid, t in zip(request_ids, rows) if not isinstance(t, Exception))
+        failed.update((rid, t) for rid, t in zip(request_ids, rows) if isinstance(t, Exception))
         return sampled, failed
 
-    def _logprobs(self, result: RunnerOutput, sampled: dict[str, int]) -> dict[str, TokenLogprob]:
+    def _logprobs(self, result: RunnerOutput, sampled: dict[str, int | tuple[int, ...]]) -> dict[str, TokenLogprob]:
         """The sampled tokens' log-probabilities, for the rows whose requests ask (the others pay nothing)."""
         from backends.torch_engine.logprobs import sampled_logprobs
 
@@ -121,7 +155,7 @@ class Engine:
         logits = result.logits if len(index) == len(result.request_ids) else result.logits[index]
         values = sampled_logprobs(
             logits,
-            [sampled[rid] for _, rid in rows],
+            [sampled[rid] for _, rid in rows],  # type: ignore[misc] - logprob rows never speculate
             [self.scheduler.requests[rid].sampling.logprobs or 0 for _, rid in rows],
         )
         return {rid: v for (_, rid), v in zip(rows, values)}

@@ -323,8 +323,9 @@ class ModelRunner:
         logits = self._graph_step(scheduled)
         extra = {} if logits is None else {"cuda_graph": True}
         prompt_logits: dict[str, torch.Tensor] = {}
+        spec_logits: dict[str, torch.Tensor] = {}
         if logits is None:
-            wide = [s.all_logits for s in scheduled]
+            wide = [s.all_logits or s.num_spec_tokens > 0 for s in scheduled]
             num_decodes = sum(s.is_decode for s in scheduled)
             tuner = self.thread_tuner
             key = num_decodes if tuner is not None and num_decodes == len(scheduled) else None  # decode-only
@@ -340,10 +341,12 @@ class ModelRunner:
                 tuner.after_step(key, time.perf_counter() - t_forward)
             if any(wide):  # split the flagged requests' rows off; one row per request remains
                 last, at = [], 0
-                for s in scheduled:
-                    n = s.num_tokens if s.all_logits else 1
+                for s, flag in zip(scheduled, wide):
+                    n = s.num_tokens if flag else 1
                     if s.all_logits:
                         prompt_logits[s.request_id] = logits[at : at + n]
+                    elif flag:  # a speculative row: the logits after the last sampled token and each proposal
+                        spec_logits[s.request_id] = logits[at : at + n]
                     last.append(at + n - 1)
                     at += n
                 logits = logits[last]
@@ -351,7 +354,7 @@ class ModelRunner:
         ids = tuple(scheduled[i].request_id for i in keep)
         rows = logits[keep] if len(keep) != len(scheduled) else logits
         # forward_s is host time: a graph step returns once its work is queued on the GPU
-        return RunnerOutput(ids, rows, {"forward_s": time.perf_counter() - t0, **extra}, prompt_logits)
+        return RunnerOutput(ids, rows, {"forward_s": time.perf_counter() - t0, **extra}, prompt_logits, spec_logits)
 
     def _graph_step(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
         """The logits of a decode-only step replayed as a CUDA graph, or None: the step runs eagerly."""

@@ -42,6 +42,8 @@ class EngineParts:
     embed: Callable[[Sequence[int], Sequence[int], str], Any] | None = None
     describe: Callable[[], dict[str, Any]] | None = None  # device, dtype, KV pool bytes, ...
     close: Callable[[], None] | None = None
+    # speculative decoding (backends.torch_engine.speculative.speculator.Speculator), None = off
+    speculator: Any = None
 
 
 def kv_pool_blocks(spec: ModelSpec, options: LoadOptions, bytes_per_element: int, n_kv_heads: int | None = None) -> int:

@@ -62,6 +62,9 @@ class EngineRequest:
     # sampling.prompt_logprobs: the entries scored so far, position by position (the engine fills them chunk by
     # chunk; complete when there is one per prompt token)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # speculative decoding: proposals verified for this request, and how many the target accepted
+    num_spec_proposed: int = 0
+    num_spec_accepted: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:

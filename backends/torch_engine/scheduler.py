@@ -47,7 +47,7 @@ class RequestUpdate:
     """What one step did to one request, for the engine to report."""
 
     request: EngineRequest
-    new_token_ids: tuple[int, ...]  # tokens sampled this step (0 or 1)
+    new_token_ids: tuple[int, ...]  # tokens sampled this step (0 or 1; up to k + 1 on a speculative row)
     finished: bool  # the request ended this step (request.status says how)
     error: str | None = None  # set when this request alone failed this step (status FINISHED_ERROR); one line
     error_code: str | None = None  # GenerationEvent.error_code for that error ("constraint_limit"), else None
@@ -259,9 +259,10 @@ class Scheduler:
         fits = self.cost_model.max_tokens_within(allowance)
         return None if fits is None else max(fits, used)
 
-    def update(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[RequestUpdate]:
+    def update(self, output: SchedulerOutput, sampled: dict[str, int | tuple[int, ...]]) -> list[RequestUpdate]:
         """Record a step: the scheduled tokens are now computed, `sampled` maps request id -> the token sampled
-        after its step (for those with needs_logits).  Requests that ended are freed and returned finished."""
+        after its step (for those with needs_logits); for a speculative row (num_spec_tokens > 0) the accepted
+        proposals and then the token sampled after them.  Requests that ended are freed and returned finished."""
         updates: list[RequestUpdate] = []
         now = time.perf_counter()
         for s in output.scheduled:
@@ -278,20 +279,34 @@ class Scheduler:
         return updates
 
     def _update_one(
-        self, request: EngineRequest, s: ScheduledRequest, sampled: dict[str, int], now: float
+        self, request: EngineRequest, s: ScheduledRequest, sampled: dict[str, int | tuple[int, ...]], now: float
     ) -> RequestUpdate | None:
-        request.num_computed_tokens += s.num_tokens
-        self.block_manager.cache_full_blocks(request)
         if not s.needs_logits:
+            request.num_computed_tokens += s.num_tokens
+            self.block_manager.cache_full_blocks(request)
             return None
-        token = sampled[s.request_id]
-        request.append_output(token)
+        got = sampled[s.request_id]
+        tokens = (got,) if isinstance(got, int) else tuple(got)
+        assert 1 <= len(tokens) <= s.num_spec_tokens + 1
+        # Speculative rows: the KV of the last sampled token and of the accepted proposals (tokens[:-1]) is
+        # kept; the rejected proposals' positions are past num_computed_tokens, overwritten by later steps.
+        request.num_computed_tokens += s.num_tokens - s.num_spec_tokens + len(tokens) - 1
+        status = None
+        emitted: list[int] = []
+        for token in tokens:  # a stop inside the accepted proposals ends the reply there
+            request.append_output(token)
+            emitted.append(token)
+            status = self._stop_status(request, token)
+            if status is not None:
+                break
+        self.block_manager.cache_full_blocks(request)  # only blocks full of accepted tokens are hashed
+        if s.num_spec_tokens:
+            self.block_manager.trim(request)
         if request.first_token_time is None:
             request.first_token_time = now
-        status = self._stop_status(request, token)
         if status is not None:
             self.finish_request(request.request_id, status)
-        return RequestUpdate(request, (token,), status is not None)
+        return RequestUpdate(request, tuple(emitted), status is not None)
 
     # -- helpers ------------------------------------------------------------------------------------------
     def _scheduled(self, request: EngineRequest, num_new: int) -> ScheduledRequest:

@@ -28,6 +28,10 @@ class ScheduledRequest:
     # True when the request wants its prompt's log-probabilities (SamplingParams.prompt_logprobs) and this chunk
     # holds prompt tokens to score: the runner returns the logits after every token of the chunk (prompt_logits)
     all_logits: bool = False
+    # speculative decoding: the last so many of token_ids are proposals (not yet the request's tokens) to verify;
+    # the runner returns the logits after every token of the row (RunnerOutput.spec_logits) and the scheduler
+    # keeps the KV of the accepted ones only (backends/torch_engine/speculative)
+    num_spec_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -66,3 +70,6 @@ class RunnerOutput:
     # request id -> (num_tokens, vocab) float32 logits after every token of its chunk, for the scheduled
     # requests with all_logits (prompt log-probabilities); the last row is also that request's row in `logits`
     prompt_logits: dict[str, Any] = field(default_factory=dict)
+    # request id -> (num_spec_tokens + 1, vocab) float32 logits after every token of a speculative row (the last
+    # sampled token, then each proposal), for the scheduled requests with num_spec_tokens > 0
+    spec_logits: dict[str, Any] = field(default_factory=dict)

@@ -19,6 +19,8 @@ SHARED = {
     "--threads": common.THREADS,
     "--tensor-parallel": common.TENSOR_PARALLEL,
     "--hardware": common.HARDWARE,
+    "--speculative": common.SPECULATIVE,
+    "--draft-model": common.DRAFT_MODEL,
 }
 
 

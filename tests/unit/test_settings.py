@@ -45,3 +45,12 @@ def test_merged_ignores_none_and_rejects_unknown() -> None:
     assert s.seed == 3 and s.temperature == Settings().temperature
     with pytest.raises(ConfigError):
         Settings().merged(nonsense=1)
+
+
+def test_speculative_settings_are_checked_with_the_way_out(tmp_path) -> None:
+    assert load_settings(tmp_path / "none.toml", env={}, speculative="ngram").speculative == "ngram"
+    assert load_settings(tmp_path / "none.toml", env={"HEARTH_SPECULATIVE": "auto"}).speculative == "auto"
+    with pytest.raises(ConfigError, match="off, ngram, draft or auto"):
+        load_settings(tmp_path / "none.toml", env={}, speculative="fast")
+    with pytest.raises(ConfigError, match="--draft-model"):
+        load_settings(tmp_path / "none.toml", env={}, speculative="draft")

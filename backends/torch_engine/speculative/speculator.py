@@ -1,0 +1,153 @@
+"""The engine's hook: widen decode rows with proposals before the forward, verify them after it.
+
+Which rows speculate: one-token decode rows of requests whose sampling the verification reproduces exactly (no
+grammar, no logit bias, no presence / frequency / repetition penalty, no log-probabilities: those rows decode as
+before, token by token).  Each row proposes and verifies its own tokens; rows without a proposal, or in their
+back-off (proposer.SpecState), decode as before in the same batch.  Proposal tokens come out of the step's token
+budget left after the scheduler's own choice (n_batch), so speculation never delays a prefill chunk.  Steps
+with more than SpecConfig.max_batch_rows decode rows do not speculate at all (a big batch is compute-bound).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+
+from backends.api import SamplingParams, seed_u64
+from backends.torch_engine.request import EngineRequest
+from backends.torch_engine.scheduler import Scheduler
+from backends.torch_engine.seams import RunnerOutput, ScheduledRequest, SchedulerOutput
+from backends.torch_engine.speculative.proposer import Proposal, Proposer, SpecConfig, SpecState
+from backends.torch_engine.speculative.verify import verify_row
+
+
+def plain_sampling(params: SamplingParams) -> bool:
+    """Whether verification reproduces this request's sampling (see the module docstring)."""
+    return (
+        not params.logit_bias
+        and params.presence_penalty == 0.0
+        and params.frequency_penalty == 0.0
+        and params.repeat_penalty == 1.0
+        and params.logprobs is None
+    )
+
+
+class Speculator:
+    def __init__(self, proposer: Proposer, config: SpecConfig, seed: int = 0) -> None:
+        self.proposer = proposer
+        self.config = config
+        self.states: dict[str, SpecState] = {}
+        self._proposals: dict[str, Proposal] = {}  # this step's, by request id
+        self._keys = random.Random(seed ^ 0x5EC)  # noise keys of unseeded sampled rows
+        self.num_proposed = 0  # proposals verified since load
+        self.num_accepted = 0  # of which accepted
+        self.num_verifications = 0  # speculative rows run
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_proposed if self.num_proposed else 0.0
+
+    def _state(self, request: EngineRequest) -> SpecState:
+        state = self.states.get(request.request_id)
+        if state is None:
+            state = SpecState(min(self.config.k_start, self.config.k_max))
+            if not request.sampling.greedy:
+                seed = request.sampling.seed
+                state.key = seed_u64(seed) if seed is not None else self._keys.getrandbits(64)
+            self.states[request.request_id] = state
+        return state
+
+    def forget(self, request_id: str) -> None:
+        self.states.pop(request_id, None)
+        self._proposals.pop(request_id, None)
+        self.proposer.forget(request_id)
+
+    # -- before the forward -------------------------------------------------------------------------------
+    def expand(self, out: SchedulerOutput, scheduler: Scheduler) -> SchedulerOutput:
+        """The step with proposals appended to the rows that speculate (blocks allocated for them)."""
+        self._proposals = {}
+        for rid in out.preempted_ids:  # its KV is gone: a draft model's copy too
+            self.proposer.forget(rid)
+        if sum(1 for s in out.scheduled if s.is_decode) > self.config.max_batch_rows:
+            return out  # a big batch: plain decodes (SpecConfig.max_batch_rows says why)
+        budget = scheduler.max_num_batched_tokens - out.total_num_tokens
+        rows: list[tuple[int, EngineRequest, int]] = []
+        for i, s in enumerate(out.scheduled):
+            if budget <= 0:
+                break
+            request = scheduler.requests.get(s.request_id)
+            if request is None or not s.is_decode or not s.needs_logits or request.matcher is not None:
+                continue
+            if not plain_sampling(request.sampling):
+                continue
+            state = self._state(request)
+            room = min(
+                request.sampling.max_tokens - request.num_output_tokens - 1,  # the step always adds one more
+                scheduler.max_model_len - request.num_tokens - 1,
+                budget,
+            )
+            if room <= 0 or not state.wants():
+                continue
+            k = min(state.k, room)
+            rows.append((i, request, k))
+            budget -= k
+        if not rows:
+            return out
+        proposals = self.proposer.propose([r for _, r, _ in rows], [k for _, _, k in rows])
+        scheduled = list(out.scheduled)
+        for (i, request, k), proposal in zip(rows, proposals):
+            tokens = proposal.token_ids[:k]
+            if not tokens or not scheduler.block_manager.allocate(request, 1 + len(tokens)):
+                continue  # nothing to propose, or no block for the proposals: a plain decode
+            s = scheduled[i]
+            scheduled[i] = dataclasses.replace(
+                s,
+                token_ids=s.token_ids + tokens,
+                block_table=tuple(request.block_ids),
+                is_decode=False,  # a multi-token row: the runner's prompt-chunk path (lower-right causal mask)
+                num_spec_tokens=len(tokens),
+            )
+            self._proposals[request.request_id] = Proposal(tokens, _cut(proposal.probs, len(tokens)))
+        return dataclasses.replace(out, scheduled=tuple(scheduled))
+
+    # -- after the forward --------------------------------------------------------------------------------
+    def verify(self, result: RunnerOutput, scheduled: Sequence[ScheduledRequest], scheduler: Scheduler):
+        """request id -> the accepted proposals and the token after them, for every speculative row."""
+        tokens: dict[str, tuple[int, ...]] = {}
+        for s in scheduled:
+            if not s.num_spec_tokens:
+                continue
+            request = scheduler.requests[s.request_id]
+            proposal = self._proposals[s.request_id]
+            state = self._state(request)
+            row = verify_row(
+                result.spec_logits[s.request_id],
+                proposal.token_ids,
+                request.sampling,
+                proposal.probs,
+                state.key or 0,
+                request.num_tokens,
+            )
+            accepted = len(row) - 1
+            state.record(len(proposal.token_ids), accepted, self.config.k_max)
+            self.num_proposed += len(proposal.token_ids)
+            self.num_accepted += accepted
+            self.num_verifications += 1
+            request.num_spec_proposed += len(proposal.token_ids)
+            request.num_spec_accepted += accepted
+            tokens[s.request_id] = row
+        return tokens
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "speculative": self.proposer.name,
+            "speculative_k_max": self.config.k_max,
+            "spec_proposed_tokens": self.num_proposed,
+            "spec_accepted_tokens": self.num_accepted,
+            "spec_acceptance_rate": round(self.acceptance_rate, 4),
+        }
+
+
+def _cut(probs, n: int):
+    return None if probs is None else probs[:n]
