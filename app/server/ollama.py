@@ -19,23 +19,19 @@ server holds one model, the one `hearth serve --model M` started with.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from app import __version__
 from app.defaults import SYSTEM_PROMPT
-from app.requests import ChatRequest, chat_request
-from app.server.body import decode_body
 from app.server.embeddings import embed_inputs
 from app.server.errors import APIError
 from app.server.keep_alive import KeepAlive
@@ -47,28 +43,33 @@ from app.server.ollama_models import (
     same_model,
     show_body,
     tags_entry,
-    thinking_template,
     timestamp,
 )
+from app.server.ollama_requests import (
+    build_request,
+    check_options_only,
+    messages_of,
+    refuse_embedding_model,
+    request_keep_alive,
+    sampling_of,
+    think_vars,
+    tools_of,
+    validate_body,
+    with_format,
+)
 from app.server.ollama_schemas import (
-    DEFAULTS,
     ChatBody,
     EmbedBody,
     EmbeddingsBody,
     GenerateBody,
     ModelBody,
-    OptionError,
-    check_options,
-    keep_alive_seconds,
 )
-from app.server.response_format import JsonSchemaFormat, ResponseFormat, constraint_of, limit_error, named
+from app.server.response_format import limit_error, named
 from app.server.runner import Generation, Runner
 from app.server.tool_replies import ToolReply
-from backends.api import Backend, EventKind, Request, SamplingParams
-from backends.embeddings import is_embedding_model, not_for_chat
-from backends.errors import HearthError, InvalidRequestError
+from backends.api import Backend, EventKind, Request
+from backends.errors import InvalidRequestError
 from backends.tools.render import ToolReading
-from backends.tools.spec import ToolRequestError, tool_request_from_openai
 
 # The Ollama API version /api/version reports: the one whose docs/api.md these routes follow.  Clients compare
 # it to gate features (tools, structured outputs, think), so it is Ollama's numbering, not hearth's.
@@ -118,7 +119,7 @@ def add_ollama_routes(
             if size > max_body_bytes:
                 raise APIError(413, f"request body is larger than {max_body_bytes} bytes")
             raw.append(chunk)
-        return await run_in_threadpool(_validate, b"".join(raw), schema)
+        return await run_in_threadpool(validate_body, b"".join(raw), schema)
 
     def guarded(route: Callable[[HTTPRequest], Awaitable[Response]]) -> Callable[[HTTPRequest], Awaitable[Response]]:
         async def handler(request: HTTPRequest) -> Response:
@@ -186,19 +187,19 @@ def add_ollama_routes(
     async def chat(request: HTTPRequest) -> Response:
         body: ChatBody = await parse(request, ChatBody)
         check_model(body.model)
-        _refuse_embedding_model(backend)
-        keep = _keep_alive(body.keep_alive, keep_alive)
+        refuse_embedding_model(backend)
+        keep = request_keep_alive(body.keep_alive, keep_alive)
         if not body.messages:  # Ollama: an empty chat loads the model (and keep_alive 0 unloads it)
             return await _load_or_unload(keep_alive, keep, served, chat=True, stream=body.stream)
         load_s = await keep_alive.load()
-        sampling = _sampling(body.options, backend)
-        tools = _tools(body.tools)
-        messages = _messages(body.messages)
+        sampling = sampling_of(body.options, backend)
+        tools = tools_of(body.tools)
+        messages = messages_of(body.messages)
         if not any(m["role"] == "system" for m in messages):  # Ollama's Modelfile SYSTEM: hearth's default
             messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
-        think = _think(body.think, backend)
-        built = await run_in_threadpool(_build, backend, messages, sampling, tools, think)
-        req = await run_in_threadpool(_with_format, built.request, body.format)
+        think = think_vars(body.think, backend)
+        built = await run_in_threadpool(build_request, backend, messages, sampling, tools, think)
+        req = await run_in_threadpool(with_format, built.request, body.format)
         return await _answer(
             request,
             runner,
@@ -215,8 +216,8 @@ def add_ollama_routes(
     async def generate(request: HTTPRequest) -> Response:
         body: GenerateBody = await parse(request, GenerateBody)
         check_model(body.model)
-        _refuse_embedding_model(backend)
-        keep = _keep_alive(body.keep_alive, keep_alive)
+        refuse_embedding_model(backend)
+        keep = request_keep_alive(body.keep_alive, keep_alive)
         for field, why in (
             ("images", "hearth serves text models (no vision)"),
             ("suffix", "fill-in-the-middle is not supported"),
@@ -229,8 +230,8 @@ def add_ollama_routes(
         if not body.prompt:
             return await _load_or_unload(keep_alive, keep, served, chat=False, stream=body.stream)
         load_s = await keep_alive.load()
-        sampling = _sampling(body.options, backend)
-        think = _think(body.think, backend)
+        sampling = sampling_of(body.options, backend)
+        think = think_vars(body.think, backend)
         if body.raw:
             req = Request(prompt=body.prompt, sampling=sampling, add_special=False)
             reading = None
@@ -239,9 +240,9 @@ def add_ollama_routes(
             messages = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": body.prompt}
             ]
-            built = await run_in_threadpool(_build, backend, messages, sampling, None, think)
+            built = await run_in_threadpool(build_request, backend, messages, sampling, None, think)
             req, reading = built.request, built.tools
-        req = await run_in_threadpool(_with_format, req, body.format)
+        req = await run_in_threadpool(with_format, req, body.format)
         return await _answer(
             request,
             runner,
@@ -262,8 +263,8 @@ def add_ollama_routes(
     async def embed(request: HTTPRequest) -> Response:
         body: EmbedBody = await parse(request, EmbedBody)
         check_model(body.model)
-        _keep_alive(body.keep_alive, keep_alive)
-        _options_only_checked(body.options)
+        request_keep_alive(body.keep_alive, keep_alive)
+        check_options_only(body.options)
         if body.dimensions is not None and body.dimensions != backend.spec.hidden_size:
             raise APIError(
                 400,
@@ -290,8 +291,8 @@ def add_ollama_routes(
     async def embeddings(request: HTTPRequest) -> Response:
         body: EmbeddingsBody = await parse(request, EmbeddingsBody)
         check_model(body.model)
-        _keep_alive(body.keep_alive, keep_alive)
-        _options_only_checked(body.options)
+        request_keep_alive(body.keep_alive, keep_alive)
+        check_options_only(body.options)
         if not body.prompt:  # Ollama answers an empty prompt with an empty embedding (it only loads the model)
             return JSONResponse({"embedding": []})
         done = await run_in_threadpool(embed_inputs, backend, [body.prompt], True, "prompt")
@@ -301,32 +302,6 @@ def add_ollama_routes(
     app.post("/api/embeddings")(guarded(embeddings))
 
 
-# -- body checks ----------------------------------------------------------------------------------------------
-def _validate(raw: bytes, schema: type[BaseModel]) -> Any:
-    data = decode_body(raw, 64, 4096 if schema is ChatBody else None)
-    data = {k: v for k, v in data.items() if v is not None}
-    try:
-        return schema.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first.get("loc", ()) if not str(p).startswith(("function-", "literal")))
-        if first.get("type") == "extra_forbidden":
-            raise APIError(400, f"unknown field {loc!r}: Ollama's API has no such field") from None
-        raise APIError(400, f"{loc or 'body'}: {first.get('msg')}") from None
-
-
-def _keep_alive(value: Any, keep_alive: KeepAlive) -> float | None | bool:
-    """The request's keep_alive in seconds (None: forever; False: not given), set as this request's."""
-    if value is None:
-        return False
-    try:
-        seconds = keep_alive_seconds(value)
-    except ValueError as exc:
-        raise APIError(400, str(exc)) from None
-    keep_alive.request_keep_alive(seconds)
-    return seconds
-
-
 async def _load_or_unload(keep_alive: KeepAlive, keep: float | None | bool, served: str, chat: bool, stream: bool):
     """Ollama's request without a prompt: keep_alive 0 unloads the model, anything else loads it."""
     if keep is not False and keep is not None and keep <= 0:
@@ -334,147 +309,6 @@ async def _load_or_unload(keep_alive: KeepAlive, keep: float | None | bool, serv
         return _loaded_reply(served, chat, stream, "unload")
     await keep_alive.load()
     return _loaded_reply(served, chat, stream, "load")
-
-
-def _options_only_checked(raw: dict | None) -> None:
-    try:
-        check_options(raw)
-    except OptionError as exc:
-        raise APIError(400, exc.args[0]) from None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise APIError(400, f"options.{'.'.join(map(str, first.get('loc', ())))}: {first.get('msg')}") from None
-
-
-def _refuse_embedding_model(backend: Backend) -> None:
-    if is_embedding_model(backend.spec):
-        raise APIError(400, not_for_chat(backend.spec))
-
-
-def _sampling(raw: dict | None, backend: Backend) -> SamplingParams:
-    """Ollama's options as SamplingParams (ollama_schemas.py: which are honoured, ignored, refused)."""
-    try:
-        opts, _ignored = check_options(raw)
-    except OptionError as exc:
-        raise APIError(400, exc.args[0]) from None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise APIError(400, f"options.{'.'.join(map(str, first.get('loc', ())))}: {first.get('msg')}") from None
-    n_ctx = backend.n_ctx
-    limit = min(opts.num_ctx, n_ctx) if opts.num_ctx is not None else n_ctx  # num_ctx above the load: the load's
-    predict = opts.num_predict
-    # -1 (Ollama's default): until a stop or the context is full; -2: fill the context.  The engines stop at
-    # the context either way, so both are "at most the context"
-    max_tokens = limit if predict is None or predict < 0 else max(min(predict, limit), 1)
-    stop = (opts.stop,) if isinstance(opts.stop, str) else tuple(opts.stop or ())
-    if any(not s for s in stop):
-        raise APIError(400, "options.stop: stop strings must not be empty")
-    pick = {k: getattr(opts, k) if getattr(opts, k) is not None else v for k, v in DEFAULTS.items()}
-    try:
-        return SamplingParams(
-            temperature=float(pick["temperature"]),
-            top_p=float(pick["top_p"]),
-            top_k=int(pick["top_k"]),
-            min_p=float(pick["min_p"]),
-            repeat_penalty=float(pick["repeat_penalty"]),
-            seed=opts.seed,
-            max_tokens=max_tokens,
-            stop=stop,
-            presence_penalty=float(opts.presence_penalty or 0.0),
-            frequency_penalty=float(opts.frequency_penalty or 0.0),
-        )
-    except InvalidRequestError as exc:
-        raise APIError(400, f"options: {exc.one_line()}") from None
-
-
-def _tools(tools: list[dict] | None) -> Any:
-    if not tools:
-        return None
-    try:
-        return tool_request_from_openai(tools, "auto", None)
-    except ToolRequestError as exc:
-        raise APIError(400, exc.one_line()) from None
-
-
-def _messages(messages: list[Any]) -> list[dict]:
-    """Ollama's messages as hearth's (OpenAI's) dicts.  Ollama's tool calls carry no ids and its tool results
-    answer calls in order (naming the function in tool_name), so ids are made here: call_<turn>_<k>, and each
-    tool message answers the earliest unanswered call of the last assistant turn (the one named, when named)."""
-    out: list[dict] = []
-    pending: list[tuple[str, str]] = []  # (id, function name) of calls not answered yet
-    for i, m in enumerate(messages):
-        if m.images:
-            raise APIError(400, f"messages[{i}].images: hearth serves text models (no vision)")
-        item: dict[str, Any] = {"role": m.role, "content": m.content}
-        if m.tool_calls:
-            if m.role != "assistant":
-                raise APIError(400, f"messages[{i}].tool_calls: only assistant messages make tool calls")
-            calls = []
-            pending = []
-            for k, call in enumerate(m.tool_calls):
-                given = getattr(call, "id", None)  # newer Ollama versions give calls ids: kept when sent back
-                call_id = given if isinstance(given, str) and given else f"call_{i}_{k}"
-                args = call.function.arguments
-                text = args if isinstance(args, str) else json.dumps(args)
-                calls.append(
-                    {"id": call_id, "type": "function", "function": {"name": call.function.name, "arguments": text}}
-                )
-                pending.append((call_id, call.function.name))
-            item["tool_calls"] = calls
-        if m.role == "tool":
-            name = m.tool_name or m.name
-            match = next((p for p in pending if p[0] == m.tool_call_id), None) if m.tool_call_id else None
-            match = match or next((p for p in pending if name is None or p[1] == name), None)
-            if match is None:
-                # a result with no call before it (clients that run tools themselves): give it an id of its own
-                match = (f"call_{i}_result", name or "tool")
-            else:
-                pending.remove(match)
-            item["tool_call_id"], item["name"] = match[0], match[1]
-        out.append(item)
-    return out
-
-
-def _think(value: Any, backend: Backend) -> dict | None:
-    """The template variables for Ollama's `think`, or None when not asked.  A model whose template has no
-    thinking switch refuses think: true (as Ollama does); think: false asks for nothing there."""
-    if value is None or value is False and not thinking_template(backend.spec):
-        return None
-    if not thinking_template(backend.spec):
-        raise APIError(400, f"{backend.spec.name!r} does not support thinking (its chat template has no switch)")
-    return {"enable_thinking": bool(value)} if value is not False else {"enable_thinking": False}
-
-
-def _build(
-    backend: Backend, messages: list[dict], sampling: SamplingParams, tools: Any, think: dict | None
-) -> ChatRequest:
-    try:
-        return chat_request(
-            backend.spec, messages, sampling, request_id=_request_id(), tools=tools, template_vars=think or None
-        )
-    except ToolRequestError as exc:
-        raise APIError(400, exc.one_line()) from None
-    except HearthError as exc:  # a failing or over-budget template, a bad conversation
-        raise APIError(400, exc.one_line()) from None
-
-
-def _with_format(req: Request, fmt: Any) -> Request:
-    """Ollama's `format` ("json" or a JSON schema) through the response_format compile path."""
-    if fmt is None or fmt == "":
-        return req
-    if fmt == "json":
-        rf = ResponseFormat(type="json_object")
-    else:
-        rf = ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(name="format", schema=fmt))
-    try:
-        constraint = constraint_of(rf)
-    except APIError as exc:
-        raise APIError(400, exc.message.replace("response_format.json_schema.schema", "format")) from None
-    return dataclasses.replace(req, constraint=constraint)
-
-
-def _request_id() -> str:
-    return f"req-{uuid.uuid4().hex[:16]}"
 
 
 def _ns(seconds: float) -> int:
