@@ -25,13 +25,12 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import queue
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +39,10 @@ from backends.api import (
     Capabilities,
     Description,
     EngineStats,
-    EventKind,
-    FinishReason,
     GenerationEvent,
     LoadOptions,
     ProgressCallback,
     Request,
-    RequestStats,
 )
 from backends.env import env_seconds
 from backends.errors import HearthError, RunnerCrashedError
@@ -56,6 +52,7 @@ from backends.runner import protocol as p
 from backends.runner.ladder import Fallback, RunnerConfig, next_config
 from backends.runner.memory import ConfigMemory, machine_key
 from backends.runner.process import RunnerProcess
+from backends.runner.streams import Crash, StreamState, aborted_event, translate
 
 log = logging.getLogger(__name__)
 
@@ -81,26 +78,6 @@ def backend_facts(name: str) -> tuple[str, Capabilities]:
         return cls.name, cls.capabilities
     info = get_backend_info(name)
     return info.name, info.capabilities
-
-
-@dataclass
-class _Crash:
-    message: str  # one line: what died, how, during what, and what happens next
-
-
-@dataclass
-class _StreamState:
-    request: Request
-    runner: RunnerProcess
-    queue: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    started: bool = False  # STARTED was yielded to the caller
-    tokens: int = 0  # TOKEN events yielded
-    replays: int = 0  # times sent again to a new runner
-    aborted: bool = False
-    done: bool = False  # the last item (FINISHED or an exception) was handed over
-    # stream_to(): items are translated and handed to this from the thread that receives them, instead of
-    # being queued for a caller's thread
-    sink: Callable[[GenerationEvent | BaseException], None] | None = None
 
 
 class RunnerBackend(Backend):
@@ -131,7 +108,7 @@ class RunnerBackend(Backend):
         self._ready = threading.Condition(self._lock)
         self._gave_up: RunnerCrashedError | None = None
         self._closed = False
-        self._streams: dict[str, _StreamState] = {}
+        self._streams: dict[str, StreamState] = {}
         self._call_ids = itertools.count(1)
         self._n_ctx = self.options.n_ctx
         self._describe: dict[str, Any] = {}
@@ -323,9 +300,7 @@ class RunnerBackend(Backend):
             state.aborted = True
             self._route(
                 state,
-                GenerationEvent(
-                    EventKind.FINISHED, state.request.request_id, finish_reason=FinishReason.ABORT, stats=RequestStats()
-                ),
+                aborted_event(state.request.request_id),
             )
         if runner is not None:
             runner.stop(CLOSE_TIMEOUT_S)
@@ -397,7 +372,7 @@ class RunnerBackend(Backend):
         for future in calls.values():
             future.set_exception(RunnerCrashedError(message, f"the runner log is {runner.log_path}"))
         if not runner.loaded:  # load() or a restart waits for this runner: it decides what comes next
-            runner.outcome.put(_Crash(message))
+            runner.outcome.put(Crash(message))
             return
         with self._lock:
             if self._closed or runner is not self._runner:
@@ -423,7 +398,7 @@ class RunnerBackend(Backend):
                     lost = "this reply is cut off" if state.tokens else "this request failed"
                     self._route(
                         state,
-                        _Crash(
+                        Crash(
                             f"{message}: {lost}; hearth is {plan}"
                             if nxt is not None
                             else self._gave_up.message
@@ -435,7 +410,7 @@ class RunnerBackend(Backend):
         if nxt is not None:
             threading.Thread(target=self._restart, args=(nxt, replays), name="runner-restart", daemon=True).start()
 
-    def _restart(self, config: RunnerConfig, replays: list[_StreamState]) -> None:
+    def _restart(self, config: RunnerConfig, replays: list[StreamState]) -> None:
         try:
             runner, config = self._bring_up(config, None)
         except HearthError as exc:
@@ -445,7 +420,7 @@ class RunnerBackend(Backend):
                 )
                 self._ready.notify_all()
             for state in replays:
-                self._route(state, _Crash(self._gave_up.message))
+                self._route(state, Crash(self._gave_up.message))
             self._notice(f"could not restart the runner: {exc.one_line()}")
             return
         with self._lock:
@@ -460,12 +435,7 @@ class RunnerBackend(Backend):
                 if state.aborted:
                     self._route(
                         state,
-                        GenerationEvent(
-                            EventKind.FINISHED,
-                            state.request.request_id,
-                            finish_reason=FinishReason.ABORT,
-                            stats=RequestStats(),
-                        ),
+                        aborted_event(state.request.request_id),
                     )
                     continue
                 state.replays += 1
@@ -508,17 +478,17 @@ class RunnerBackend(Backend):
         stops it.  The API server serves its streams this way: one hand-off per event instead of two threads."""
         self._open(request, sink)
 
-    def _open(self, request: Request, sink: Callable[[GenerationEvent | BaseException], None] | None) -> _StreamState:
+    def _open(self, request: Request, sink: Callable[[GenerationEvent | BaseException], None] | None) -> StreamState:
         rid = request.request_id
         with self._lock:
             runner = self._current()
-            state = _StreamState(request, runner, sink=sink)
+            state = StreamState(request, runner, sink=sink)
             self._streams[rid] = state
             runner.send(p.Stream(request), f"stream({rid})")
         return state
 
-    def _route(self, state: _StreamState, item: Any) -> None:
-        """An item for a stream (event, ErrorInfo, _Crash): queued for its reader, or translated for its sink."""
+    def _route(self, state: StreamState, item: Any) -> None:
+        """An item for a stream (event, ErrorInfo, Crash): queued for its reader, or translated for its sink."""
         if state.sink is None:
             state.queue.put(item)
             return
@@ -528,47 +498,11 @@ class RunnerBackend(Backend):
             with self._lock:
                 self._streams.pop(state.request.request_id, None)
 
-    def _translate(self, state: _StreamState, item: Any) -> list[GenerationEvent | BaseException]:
-        """What the caller gets for one item from the runner: events, or the exception to raise (an error before
-        STARTED); sets state.done on the last one."""
-        rid = state.request.request_id
-        if state.done:
-            return []
-        if isinstance(item, GenerationEvent):
-            if item.kind is EventKind.STARTED:
-                if state.started:
-                    return []  # the STARTED of a request sent again after a crash
-                state.started = True
-            elif item.kind is EventKind.TOKEN:
-                state.tokens += 1
-            elif item.kind is EventKind.FINISHED:
-                state.done = True
-                if item.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
-                    self._finished_ok()
-            return [item]
-        state.done = True
-        if isinstance(item, p.ErrorInfo):  # stream() raised in the runner before STARTED
-            if not state.started:
-                try:
-                    p.raise_error(item)
-                except Exception as exc:  # noqa: BLE001 - handed to the caller as it is
-                    return [exc]
-            return [self._error_event(rid, item.message, None)]
-        # _Crash
-        if not state.started:
-            return [RunnerCrashedError(item.message)]
-        return [self._error_event(rid, item.message, "runner_crashed")]
-
-    @staticmethod
-    def _error_event(rid: str, message: str, code: str | None) -> GenerationEvent:
-        return GenerationEvent(
-            EventKind.FINISHED,
-            rid,
-            finish_reason=FinishReason.ERROR,
-            stats=RequestStats(),
-            error=message,
-            error_code=code,
-        )
+    def _translate(self, state: StreamState, item: Any) -> list[GenerationEvent | BaseException]:
+        out = translate(state, item)
+        if out and state.ended_well:  # translate() hands over the last item once: one call per finished reply
+            self._finished_ok()
+        return out
 
     def abort(self, request_id: str) -> None:
         state = self._streams.get(request_id)

@@ -29,7 +29,7 @@ class RunnerProcess:
     def __init__(self, owner: Any, config: RunnerConfig) -> None:
         self.owner = owner
         self.config = config
-        self.outcome: queue.SimpleQueue = queue.SimpleQueue()  # Loaded | LoadFailed | _Crash
+        self.outcome: queue.SimpleQueue = queue.SimpleQueue()  # Loaded | LoadFailed | Crash (streams.py)
         self.calls: dict[int, Future] = {}
         self.loaded = False
         self.dead = False  # set (under the owner's lock) as soon as its socket ended
