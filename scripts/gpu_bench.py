@@ -430,7 +430,7 @@ def bench_tp(world: int, batches: list[int], args, device: str) -> list[str]:
     from backends.api import LoadOptions
     from backends.modelspec import load_spec
     from backends.torch_engine.model_runner import ModelRunner
-    from backends.torch_engine.tp.runner import TPModelRunner
+    from backends.torch_engine.tp_group.runner import TPModelRunner
     from tests.gguf_factory import write_tiny_llama
 
     if device == "cuda" and torch.cuda.device_count() < world:

@@ -12,7 +12,7 @@ from backends.torch_engine.parts import EngineParts
 from backends.torch_engine.seams import BLOCK_SIZE
 from backends.torch_engine.speculative.build import build_speculator
 from backends.torch_engine.tokenizer import load_tokenizer
-from backends.torch_engine.tp.runner import TPModelRunner
+from backends.torch_engine.tp_group.runner import TPModelRunner
 
 
 def build_engine_parts(

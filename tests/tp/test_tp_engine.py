@@ -17,7 +17,7 @@ from backends.errors import ConfigError
 from backends.modelspec import load_spec
 from backends.torch_engine.backend import TorchBackend
 from backends.torch_engine.model_runner import ModelRunner
-from backends.torch_engine.tp.runner import TPModelRunner
+from backends.torch_engine.tp_group.runner import TPModelRunner
 from tests.gguf_factory import write_tiny_llama
 
 pytestmark = pytest.mark.timeout(300)

@@ -76,7 +76,7 @@ def _exit_cause(code: int | None) -> str:
 
 
 def _start_rank(rank: int, world: int, port: int) -> tuple[subprocess.Popen, mpc.Connection]:
-    """`python -m backends.torch_engine.tp.worker` with one end of a socket pair (not multiprocessing's spawn,
+    """`python -m backends.torch_engine.tp_group.worker` with one end of a socket pair (not multiprocessing's spawn,
     which re-imports the parent's __main__ script: a script without a __main__ guard would load twice)."""
     ours, theirs = socket.socketpair()
     env = dict(os.environ)
@@ -86,7 +86,7 @@ def _start_rank(rank: int, world: int, port: int) -> tuple[subprocess.Popen, mpc
             [
                 sys.executable,
                 "-m",
-                "backends.torch_engine.tp.worker",
+                "backends.torch_engine.tp_group.worker",
                 "--fd",
                 str(theirs.fileno()),
                 "--rank",

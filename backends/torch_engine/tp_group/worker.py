@@ -1,4 +1,4 @@
-"""A tensor-parallel rank > 0: `python -m backends.torch_engine.tp.worker`, a child process of rank 0 (the
+"""A tensor-parallel rank > 0: `python -m backends.torch_engine.tp_group.worker`, a child process of rank 0 (the
 engine's process), started by group.py with one end of a socket pair.
 
 It says hello, joins the group, loads the model and keeps its share (ModelRunner with tp=comm), says ready, and
