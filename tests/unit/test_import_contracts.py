@@ -78,3 +78,15 @@ def test_a_deliberate_cycle_is_caught(tmp_path: Path) -> None:
     result = _run([sys.executable, "scripts/import_cycles.py"], tree)
     assert result.returncode == 1
     assert "import cycle: app.paths -> app.store -> app.paths" in result.stdout, result.stdout
+
+
+def test_a_deliberate_package_cycle_inside_the_torch_engine_is_caught(tmp_path: Path) -> None:
+    tree = _copy(tmp_path)
+    # model_runner imports tp.layers; tp/__init__.py importing model_runner closes a loop between the package tp
+    # and model_runner that no single module closes (nothing model_runner reaches imports tp/__init__.py)
+    _inject(tree / "backends" / "torch_engine" / "tp" / "__init__.py", "import backends.torch_engine.model_runner")
+    result = _run([sys.executable, "scripts/import_cycles.py", "backends"], tree)
+    assert result.returncode == 1
+    assert "import cycle:" not in result.stdout, result.stdout  # no module-level loop: only the package one
+    assert "package cycle inside backends.torch_engine: " in result.stdout, result.stdout
+    assert "backends.torch_engine.model_runner" in result.stdout and "backends.torch_engine.tp," in result.stdout

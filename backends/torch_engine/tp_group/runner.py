@@ -18,8 +18,8 @@ from backends.api import LoadOptions
 from backends.errors import ConfigError, TensorParallelError
 from backends.modelspec import ModelSpec
 from backends.torch_engine.model_runner import ModelRunner
-from backends.torch_engine.tp_group.group import WorkerGroup, rank_options
 from backends.torch_engine.tp.partition import head_shards
+from backends.torch_engine.tp_group.group import WorkerGroup, rank_options
 
 
 def check_tensor_parallel(spec: ModelSpec, options: LoadOptions) -> None:
