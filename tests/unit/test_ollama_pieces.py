@@ -10,7 +10,8 @@ import pytest
 
 from app.server.embeddings import as_inputs
 from app.server.errors import APIError
-from app.server.ollama import _messages, _Think
+from app.server.ollama import _Think
+from app.server.ollama_requests import messages_of
 from app.server.ollama_schemas import Message, OptionError, check_options, keep_alive_seconds
 from backends.embeddings import is_embedding_model, kind, not_for_chat, pooling_type
 from tests.fakes import fake_spec
@@ -52,13 +53,13 @@ def test_ollama_messages_get_call_ids_and_results_answer_them_in_order() -> None
         Message(role="tool", content="12:00", tool_name="get_time"),
         Message(role="tool", content="sunny"),
     ]
-    out = _messages(msgs)
+    out = messages_of(msgs)
     ids = [c["id"] for c in out[1]["tool_calls"]]
     assert out[1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
     assert (out[2]["tool_call_id"], out[2]["name"]) == (ids[1], "get_time")  # named: that call
     assert (out[3]["tool_call_id"], out[3]["name"]) == (ids[0], "get_weather")  # unnamed: the first one left
     with pytest.raises(APIError, match="vision"):
-        _messages([Message(role="user", content="x", images=["AAAA"])])
+        messages_of([Message(role="user", content="x", images=["AAAA"])])
 
 
 @pytest.mark.parametrize("cut", [1, 2, 3, 5, 8, 100])
@@ -108,5 +109,5 @@ def test_ollama_call_ids_given_by_the_client_are_kept() -> None:
         Message.model_validate({"role": "assistant", "content": "", "tool_calls": [call]}),
         Message(role="tool", content="done", tool_call_id="call_abc"),
     ]
-    out = _messages(msgs)
+    out = messages_of(msgs)
     assert out[1]["tool_calls"][0]["id"] == "call_abc" and out[2]["tool_call_id"] == "call_abc"
