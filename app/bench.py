@@ -25,6 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from app.loading import open_backend
+from app.requests import chat_request
+from app.server.background import BackgroundServer
+from app.settings import load_settings
+from backends.api import Request, SamplingParams
+
 FIGURES = (
     "load_s",
     "ttft_ms_p50",
@@ -169,8 +175,6 @@ class _Sample:
 
 
 def _in_process(backend: Any, w: Workload) -> Callable[[tuple[int, ...], int, int], _Sample]:
-    from backends.api import Request, SamplingParams
-
     def one(prompt: tuple[int, ...], seed: int, priority: int) -> _Sample:
         params = SamplingParams(temperature=w.temperature, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
         c = backend.generate(Request(prompt_token_ids=prompt, sampling=params, priority=priority))
@@ -185,8 +189,6 @@ def _chat(backend: Any, w: Workload, *, remote: bool) -> Callable[[str, int, int
     """Each prompt is one user message through the one request builder (the model's chat template, as the
     server does for /v1/chat/completions): --chat on a local model, or a remote model (--backend remote), whose
     generated tokens are the server's count (its usage chunk, else the streamed deltas)."""
-    from app.requests import chat_request
-    from backends.api import SamplingParams
 
     def one(prompt: str, seed: int, priority: int) -> _Sample:
         params = SamplingParams(temperature=w.temperature, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
@@ -205,7 +207,7 @@ def _chat(backend: Any, w: Workload, *, remote: bool) -> Callable[[str, int, int
 
 def _over_http_chat(url: str, w: Workload) -> Callable[[str, int, int], _Sample]:
     """--chat over HTTP: a streaming POST /v1/chat/completions with one user message (what chat clients send)."""
-    import httpx
+    import httpx  # lazy: heavy: httpx
 
     local = threading.local()
 
@@ -258,7 +260,7 @@ def _read_sse(client: Any, path: str, body: dict[str, Any], text_of: Callable[[d
 
 def _over_http(url: str, w: Workload) -> Callable[[tuple[int, ...], int, int], _Sample]:
     """The same request as a streaming POST /v1/completions with token ids (what an OpenAI client sends)."""
-    import httpx
+    import httpx  # lazy: heavy: httpx
 
     local = threading.local()
 
@@ -285,9 +287,6 @@ def _over_http(url: str, w: Workload) -> Callable[[tuple[int, ...], int, int], _
 def worker(w: Workload) -> None:
     """Run the workload in this process (a fresh one) and print JSON lines (see the module docstring).
     With extra["http"], every level runs again through hearth's server on 127.0.0.1 (rows "<backend>+http")."""
-    from app.loading import open_backend
-    from app.settings import load_settings
-
     t0 = time.perf_counter()
     target_ms = float(w.extra.get("ttft_target_ms", 500.0))
     priorities = list(w.extra.get("priorities") or [0])  # request i runs at priorities[i % len]
@@ -323,8 +322,6 @@ def worker(w: Workload) -> None:
     modes: list[tuple[str, Any]] = [(w.backend, local)]
     server = None
     if w.extra.get("http") and not remote:
-        from app.server.background import BackgroundServer
-
         server = BackgroundServer(
             backend, "bench", limits={"max_concurrency": max(w.concurrency), "queue_limit": max(64, w.requests)}
         )

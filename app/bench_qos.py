@@ -28,6 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.bench import percentile, synthetic_texts
+from app.loading import open_backend
+from app.requests import chat_request
+from app.server.background import BackgroundServer
+from app.settings import load_settings
+from backends.api import EventKind, SamplingParams
 
 CHAT_QUESTIONS = (
     "What is the capital of France?",
@@ -57,9 +62,6 @@ Stream = Callable[[str, int, int, int], Any]  # (user text, max_tokens, seed, pr
 
 
 def _local_stream(backend: Any) -> Stream:
-    from app.requests import chat_request
-    from backends.api import EventKind, SamplingParams
-
     def stream(text: str, max_tokens: int, seed: int, priority: int):  # type: ignore[no-untyped-def]
         sp = SamplingParams(temperature=0.8, seed=seed, max_tokens=max_tokens, ignore_eos=True)
         req = chat_request(backend.spec, [{"role": "user", "content": text}], sp, priority=priority).request
@@ -73,7 +75,7 @@ def _local_stream(backend: Any) -> Stream:
 
 
 def _http_stream(url: str) -> Stream:
-    import httpx
+    import httpx  # lazy: heavy: httpx
 
     local = threading.local()
 
@@ -158,9 +160,6 @@ def run_phase(stream: Stream, args: argparse.Namespace, interactive: bool, seed0
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from app.loading import open_backend
-    from app.settings import load_settings
-
     settings = load_settings(
         model=args.model,
         backend=args.backend,
@@ -174,8 +173,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     try:
         stream = _local_stream(loaded.backend)
         if args.http:
-            from app.server.background import BackgroundServer
-
             server = BackgroundServer(loaded.backend, "bench", limits={"max_concurrency": args.bg_clients})
             stream = _http_stream(server.url)
         for _ in stream("Hello!", 2, args.seed, 0):  # the first step's one-time costs stay out of both phases

@@ -18,14 +18,14 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+import app.commands as pkg
 from app import __version__
+from hwprobe.errors import HearthError
 
 DEFAULT_COMMAND = "chat"  # what plain `hearth` runs
 
 
 def _command_modules() -> list[ModuleType]:
-    import app.commands as pkg
-
     mods = []
     for info in pkgutil.iter_modules(pkg.__path__):
         if info.name.startswith("_") or info.name == "common":
@@ -69,6 +69,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
 def version_text(verbose: bool) -> str:
     if not verbose:
         return f"hearth {__version__}"
+    # lazy: keeps `hearth --help` light (+base64, hashlib, mmap, 11 hearth modules)
     from app.versions import verbose_version
 
     return verbose_version()
@@ -96,8 +97,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         return 0
     except Exception as exc:  # noqa: BLE001 - the one place errors become exit codes
-        from hwprobe.errors import HearthError
-
         if os.environ.get("HEARTH_DEBUG"):
             raise
         if isinstance(exc, HearthError):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from app.defaults import REPLY_MAX_TOKENS, SAMPLING, SYSTEM_PROMPT
+from app.paths import get_paths
 from hwprobe.errors import ConfigError
 
 SCHEMA_VERSION = 1
@@ -104,8 +105,6 @@ class ConversationStore:
     @classmethod
     def open(cls, path: Path | None = None) -> ConversationStore:
         if path is None:
-            from app.paths import get_paths
-
             path = get_paths().conversations_db
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 from app.loaded import Decision, Loaded
 from app.paths import get_paths
 from app.remote import open_remote
@@ -61,8 +63,6 @@ def sequences_for(command: str, settings: Settings) -> tuple[int, str]:
 
 
 def physical_cores() -> int:
-    import psutil
-
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 

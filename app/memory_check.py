@@ -22,7 +22,14 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from backends.api import peak_rss_bytes  # noqa: F401 - VmHWM of this process (runtime_baseline_bytes's child uses it)
+from app.loading import decide, make_backend
+from app.settings import load_settings
+from app.store import ModelStore
+from backends.api import (
+    Request,
+    SamplingParams,
+    peak_rss_bytes,  # noqa: F401 - VmHWM of this process (runtime_baseline_bytes's child uses it)
+)
 
 MIB = 1024 * 1024
 BASELINE_CODE = "import torch, app.cli"
@@ -77,11 +84,6 @@ def _plan_row(plan: Any) -> Any:
 
 def _load_here(req: LoadRequest) -> LoadPeak:
     """Runs in the child: plan, load (in a runner), generate, measure the process that holds the model."""
-    from app.loading import decide, make_backend
-    from app.settings import load_settings
-    from app.store import ModelStore
-    from backends.api import Request, SamplingParams
-
     flags = {"model": req.model, "backend": req.backend, "ctx": req.ctx, "max_concurrency": req.max_num_seqs}
     settings = load_settings(**flags)
     _, spec = ModelStore().spec(settings.model)

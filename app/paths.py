@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import platformdirs
+
 APP_NAME = "hearth"
 
 
@@ -59,7 +61,6 @@ def get_paths() -> Paths:
     if home:
         root = Path(home).expanduser().resolve()
         return Paths(root / "data", root / "config", root / "cache", root / "logs")
-    import platformdirs
 
     return Paths(
         Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)),

@@ -68,7 +68,7 @@ def plan_windows(n_tokens: int, ctx: int, stride: int) -> list[Window]:
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise log-softmax in float64. (rows, vocab) -> (rows, vocab)."""
-    import numpy as np
+    import numpy as np  # lazy: heavy: numpy
 
     x = logits.astype(np.float64)
     x = x - x.max(axis=-1, keepdims=True)
@@ -91,7 +91,7 @@ def perplexity(
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[PplResult, PplResult | None]:
     """Perplexity of `backend` (and of `other` on the same windows, with the mean KL(backend || other))."""
-    import numpy as np
+    import numpy as np  # lazy: heavy: numpy
 
     windows = plan_windows(len(token_ids), ctx, stride)
     nll = [0.0, 0.0]

@@ -26,8 +26,11 @@ import stat
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from app.defaults import APP_PRIORITY, BACKEND_CHOICES, REPLY_MAX_TOKENS, SAMPLING, SYSTEM_PROMPT, TTFT_TARGET_MS
+from app.paths import get_paths
+from backends.api import PRIORITY_MAX, PRIORITY_MIN, SEED_MAX, SEED_MIN
 from hwprobe.errors import ConfigError
 
 
@@ -166,7 +169,6 @@ def _validated(s: Settings) -> Settings:
             raise ConfigError(f"{name} must be {rule}, got {value}")
     if s.top_k < 0:
         raise ConfigError(f"top_k must be >= 0 (0 = off), got {s.top_k}")
-    from backends.api import SEED_MAX, SEED_MIN
 
     if s.seed is not None and not SEED_MIN <= s.seed <= SEED_MAX:  # the API's rule: any 64-bit integer
         raise ConfigError(f"seed must be a 64-bit integer ({SEED_MIN} .. {SEED_MAX}), got {s.seed}")
@@ -185,7 +187,6 @@ def _validated(s: Settings) -> Settings:
         raise ConfigError(f"port must be 1-65535, got {s.port}")
     if not 1 <= s.max_tokens <= MAX_CTX:
         raise ConfigError(f"max_tokens must be between 1 and {MAX_CTX:,}, got {s.max_tokens}")
-    from backends.api import PRIORITY_MAX, PRIORITY_MIN
 
     if not PRIORITY_MIN <= s.priority <= PRIORITY_MAX:
         raise ConfigError(
@@ -200,8 +201,6 @@ def _validated(s: Settings) -> Settings:
     if s.max_concurrency < 1:
         raise ConfigError(f"max_concurrency must be >= 1, got {s.max_concurrency}")
     if s.url is not None:
-        from urllib.parse import urlsplit
-
         parts = urlsplit(s.url)
         if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in s.url):
             raise ConfigError(
@@ -244,8 +243,9 @@ def read_settings_file(path: Path) -> dict[str, Any]:
     if text is None:
         return {}
     try:
-        import tomllib
+        import tomllib  # lazy: optional dependency (ImportError handled)
     except ModuleNotFoundError:  # Python 3.10
+        # lazy: optional dependency (ImportError handled)
         import tomli as tomllib  # type: ignore[no-redef]
     try:
         data = tomllib.loads(text)
@@ -271,8 +271,6 @@ def read_settings_file(path: Path) -> dict[str, Any]:
 
 def load_settings(settings_file: Path | None = None, env: dict[str, str] | None = None, **flags: Any) -> Settings:
     """file < env < flags.  `flags` holds only values the user gave (None = not given)."""
-    from app.paths import get_paths
-
     path = settings_file or get_paths().settings_file
     values = read_settings_file(path)
     env = os.environ if env is None else env

@@ -16,6 +16,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -26,6 +27,7 @@ from typing import Any
 from app.paths import Paths, get_paths
 from app.starter import STARTER_FILE, STARTER_NAME, STARTER_PACKAGE, extracted_path, fetch_starter
 from backends.errors import ConfigError, ModelFormatError, ModelNotFoundError
+from backends.gguf_reader import open_regular
 from backends.modelspec import SCHEMA_VERSION, ModelSpec, load_spec
 
 
@@ -231,8 +233,6 @@ class ModelStore:
 def _existing(p: Path) -> Path:
     """The resolved path of an existing file or folder; a symlink loop or a dangling link is named as such."""
     if p.is_symlink() and not p.exists():
-        from backends.gguf_reader import open_regular
-
         open_regular(p)  # raises, saying "symlink loop" or "does not exist"
     if not p.exists():
         raise ModelNotFoundError(f"{p} does not exist", "check the path")
@@ -243,15 +243,11 @@ def _existing(p: Path) -> Path:
 
 
 def default_name(path: Path) -> str:
-    import re
-
     stem = path.name if path.is_dir() else re.sub(r"-\d{5}-of-\d{5}$", "", path.stem)
     return stem.lower()
 
 
 def _check_name(name: str) -> None:
-    import re
-
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}", name):
         raise ConfigError(
             f"model name {name!r} is not allowed", "use letters, digits and . _ : @ + - (up to 128 characters)"

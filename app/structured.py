@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from backends.api import Constraint
+from backends.constrained import schema_constraint
 from backends.constrained.grammar import MAX_SCHEMA_BYTES
 from backends.errors import ConstraintError
 from hwprobe.errors import ConfigError
@@ -39,7 +40,6 @@ def constraint_for(json_output: str | None) -> Constraint | None:
             f"cannot read the JSON schema file {path}: {getattr(exc, 'strerror', None) or exc}",
             "pass a readable JSON Schema file to --json-schema (or --json for any JSON object)",
         ) from None
-    from backends.constrained import schema_constraint  # llguidance: loaded only when a schema is given
 
     try:  # the checks the server makes on response_format, before any model loads (exit 2)
         return schema_constraint(text)

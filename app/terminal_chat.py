@@ -46,6 +46,7 @@ def _read_message(prompt: str) -> str | None:
 
 def interactive_chat(session: ChatSession, verbose: bool = False) -> int:
     try:
+        # lazy: optional dependency (ImportError handled)
         import readline  # noqa: F401 - line editing and history for input()
     except ImportError:  # pragma: no cover - Windows
         pass

@@ -6,6 +6,9 @@ import importlib.metadata
 import platform
 
 from app import __version__
+from app.store import starter_model_path
+from backends.errors import BackendUnavailableError
+from backends.registry import get_backend_info
 
 LIBRARIES = (
     "llama-cpp-python",
@@ -29,9 +32,6 @@ def _version(dist: str) -> str:
 
 def llama_cpp_offload() -> str:
     """Ask the registry whether the installed llama-cpp-python was built with a GPU backend (loads the library)."""
-    from backends.errors import BackendUnavailableError
-    from backends.registry import get_backend_info
-
     try:
         supported = get_backend_info("llama.cpp").gpu_offload_installed()
     except (ImportError, OSError, BackendUnavailableError) as exc:
@@ -44,8 +44,6 @@ def llama_cpp_offload() -> str:
 
 
 def verbose_version() -> str:
-    from app.store import starter_model_path
-
     lines = [f"hearth {__version__} (Python {platform.python_version()}, {platform.system()} {platform.machine()})"]
     lines += [f"  {name:<18} {_version(name)}" for name in LIBRARIES]
     lines.append(f"  llama.cpp GPU offload: {llama_cpp_offload()}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -169,7 +170,7 @@ def peak_rss_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    import psutil
+    import psutil  # lazy: keeps `hearth --help` light (+psutil)
 
     return int(psutil.Process().memory_info().rss)
 
@@ -563,8 +564,6 @@ class Backend(ABC):
 
     def memory_in_use(self) -> dict[str, int]:
         """Bytes held: {'rss_bytes': ..., 'gpu_bytes': ...} (gpu_bytes 0 without a GPU)."""
-        import os
-
-        import psutil
+        import psutil  # lazy: keeps `hearth --help` light (+psutil)
 
         return {"rss_bytes": psutil.Process(os.getpid()).memory_info().rss, "gpu_bytes": 0}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import re
 import stat
 import struct
 from collections.abc import Iterable
@@ -244,7 +245,7 @@ def _type_name(cur: _Cursor, vtype: int, start: int) -> str:
 def _tensor_bytes(ggml_type: int, shape: tuple[int, ...], path: Path, name: str) -> tuple[int, int]:
     """(bytes, elements) of a tensor; refuses unknown types, empty dimensions and rows that are not whole
     blocks (llama.cpp's own checks)."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # lazy: heavy: gguf (numpy)
 
     try:
         qtype = GGMLQuantizationType(ggml_type)
@@ -438,8 +439,6 @@ def read_header(path: str | os.PathLike[str], keep_arrays: Iterable[str] = (), f
 
 def split_paths(first: Path, count: int) -> list[Path]:
     """The shard files of a split GGUF (`name-00001-of-00003.gguf`), given the first one."""
-    import re
-
     m = re.match(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$", first.name)
     if not m:
         raise ModelFormatError(

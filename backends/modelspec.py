@@ -10,6 +10,7 @@ line naming the key, tensor or limit, before any backend sees it.
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ __all__ = ["REMOTE_FORMAT", "SCHEMA_VERSION", "ModelSpec", "TensorSpec", "load_s
 
 
 def _file_type_name(metadata: dict[str, Any], type_counts: Counter[str]) -> str:
-    from gguf.constants import LlamaFileType
+    from gguf.constants import LlamaFileType  # lazy: heavy: gguf (numpy)
 
     ft = metadata.get("general.file_type")
     if isinstance(ft, int):
@@ -47,7 +48,7 @@ def _first(value: Any, default: Any = None) -> Any:
 
 
 def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
-    from gguf.constants import GGMLQuantizationType
+    from gguf.constants import GGMLQuantizationType  # lazy: heavy: gguf (numpy)
 
     header, shards = read_model_header(path)
     fig = check_gguf(header, shards)  # every key, limit, tokenizer and tensor shape, before anything uses them
@@ -137,8 +138,6 @@ def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
 
 
 def _stem(path: Path) -> str:
-    import re
-
     return re.sub(r"-\d{5}-of-\d{5}$", "", path.stem)
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 
 # Run as a script, Python put this file's folder (backends/) first on sys.path: drop it, so no hearth module
 # there can shadow a standard one.
@@ -50,8 +52,8 @@ def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, s
 
 
 def _make_env() -> Any:
-    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
-    from jinja2.utils import generate_lorem_ipsum
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError  # lazy: heavy: jinja2
+    from jinja2.utils import generate_lorem_ipsum  # lazy: heavy: jinja2
 
     class StrictSandbox(ImmutableSandboxedEnvironment):
         def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
@@ -81,7 +83,7 @@ _ENV: Any = None
 
 @lru_cache(maxsize=32)
 def _compile(source: str) -> Any:
-    import jinja2
+    import jinja2  # lazy: heavy: jinja2
 
     try:
         return _ENV.from_string(source)
@@ -90,7 +92,7 @@ def _compile(source: str) -> Any:
 
 
 def _render(source: str, variables: dict[str, Any], max_chars: int) -> str:
-    from jinja2.sandbox import SecurityError
+    from jinja2.sandbox import SecurityError  # lazy: heavy: jinja2
 
     template = _compile(source)
     chunks, size = [], 0
@@ -138,7 +140,7 @@ def handle(line: bytes, max_chars: int, memory_bytes: int) -> dict[str, Any]:
 def _limit_memory(extra_bytes: int) -> None:
     """Cap this process's address space at what it uses now (interpreter + jinja2) plus `extra_bytes`."""
     try:
-        import resource
+        import resource  # lazy: optional dependency (ImportError handled)
 
         with open("/proc/self/statm") as f:
             now = int(f.read().split()[0]) * resource.getpagesize()
@@ -149,9 +151,6 @@ def _limit_memory(extra_bytes: int) -> None:
 
 def _exit_with_parent() -> None:
     """If hearth dies while a template spins here, stdin's EOF is never read: notice the new parent instead."""
-    import threading
-    import time
-
     parent = os.getppid()
 
     def watch() -> None:

@@ -40,6 +40,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from backends.errors import InvalidRequestError
+from backends.template_process import shared
+
 ROLES = ("system", "user", "assistant", "tool")
 FALLBACK_NAME = "hearth-plain"  # what template_source says when the fallback format was used
 FALLBACK_STOP = ("\nUser:",)
@@ -58,8 +61,6 @@ class RenderedPrompt:
 
 def check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Validate a conversation: a non-empty list of {role, content} with known roles and string content."""
-    from backends.errors import InvalidRequestError
-
     if not messages:
         raise InvalidRequestError("the conversation has no messages")
     out = []
@@ -101,8 +102,6 @@ def render_chat(
 
 def renderer() -> Any:
     """The process-wide TemplateProcess that renders every model template under the budget above."""
-    from backends.template_process import shared
-
     return shared(TEMPLATE_TIME_LIMIT_S, TEMPLATE_MEMORY_BYTES, MAX_PROMPT_CHARS)
 
 

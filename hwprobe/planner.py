@@ -36,9 +36,9 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 
 from hwprobe import memory as m
-from hwprobe.errors import PlanError
+from hwprobe.errors import ConfigError, PlanError
 from hwprobe.placement import Candidate, expected_tokens_per_s, price, shares, torch_offload_tokens_per_s
-from hwprobe.plan_types import Plan, Prefs
+from hwprobe.plan_types import PLANNED_BACKENDS, Plan, Prefs
 from hwprobe.report import GpuInfo, HardwareReport
 from hwprobe.shape import ModelShape
 from hwprobe.support import (
@@ -389,7 +389,7 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     devices = price(report, shape, chosen)
     if prefs.n_gpu_layers is None and not all(d.headroom_mib >= 0 for d in devices):
         raise _no_fit(report, shape, chosen, devices)
-    from hwprobe.explain import reasons
+    from hwprobe.explain import reasons  # lazy: keeps `hearth --help` light (+1 hearth modules)
 
     share = shares(report, chosen.gpus)
     split = tuple(round(share.get(g.index, 0.0), 3) for g in report.gpus) if len(chosen.gpus) > 1 else ()
@@ -476,9 +476,6 @@ def _torch_tried(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Can
 
 
 def _check(prefs: Prefs) -> None:
-    from hwprobe.errors import ConfigError
-    from hwprobe.plan_types import PLANNED_BACKENDS
-
     if prefs.backend not in ("auto", *PLANNED_BACKENDS):
         raise ConfigError(f"backend must be auto, {', '.join(PLANNED_BACKENDS)}, got {prefs.backend!r}")
     if prefs.quant is not None and prefs.quant not in m.QUANT_BPW:

@@ -99,7 +99,7 @@ def _gpus(notes: list[str]) -> tuple[NvmlResult, str | None]:
 
 def probe(model_dir: str | os.PathLike[str] | None = None) -> HardwareReport:
     """Measure this machine.  `model_dir` is where models are stored (free disk is measured there)."""
-    import psutil
+    import psutil  # lazy: keeps `hearth --help` light (+psutil)
 
     notes: list[str] = []
     src: dict[str, Any] = {}
@@ -110,7 +110,7 @@ def probe(model_dir: str | os.PathLike[str] | None = None) -> HardwareReport:
         model, flags = read_cpuinfo(CPUINFO_FILE.read_text(errors="replace"))
         src.update(cpu_model="/proc/cpuinfo", cpu_avx2="/proc/cpuinfo", cpu_avx512="/proc/cpuinfo")
     except OSError:
-        import platform
+        import platform  # lazy: keeps `hearth --help` light (+platform)
 
         model, flags = platform.processor() or None, set()
         notes.append("no /proc/cpuinfo: CPU flags unknown")

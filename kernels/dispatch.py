@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib.util
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ class KernelSet:
 
 
 def _reference() -> KernelSet:
-    from kernels import activation, attention, moe, rmsnorm, rope
+    from kernels import activation, attention, moe, rmsnorm, rope  # lazy: heavy: torch (~3 s)
 
     return KernelSet(
         "reference",
@@ -57,7 +58,7 @@ def _reference() -> KernelSet:
 
 
 def _torch() -> KernelSet:
-    from kernels import activation, attention, moe, rmsnorm, rope
+    from kernels import activation, attention, moe, rmsnorm, rope  # lazy: heavy: torch (~3 s)
 
     return KernelSet(
         "torch",
@@ -74,13 +75,14 @@ def _torch() -> KernelSet:
 
 def _triton() -> KernelSet:
     """Triton kernels (CUDA; on CPU only under TRITON_INTERPRET=1, for tests)."""
+    # lazy: heavy: torch (~3 s)
     from kernels.activation import gelu_tanh_and_mul_torch  # no Triton GeGLU: torch's one fused op on CUDA
-    from kernels.activation_triton import silu_and_mul_triton
-    from kernels.attention_triton import paged_attention_triton
-    from kernels.kv_write_triton import kv_write_triton
-    from kernels.moe_triton import moe_experts_triton
-    from kernels.rmsnorm_triton import fused_add_rms_norm_triton, rms_norm_triton
-    from kernels.rope_triton import rope_triton
+    from kernels.activation_triton import silu_and_mul_triton  # lazy: heavy: torch (~3 s), triton
+    from kernels.attention_triton import paged_attention_triton  # lazy: heavy: torch (~3 s), triton
+    from kernels.kv_write_triton import kv_write_triton  # lazy: heavy: torch (~3 s), triton
+    from kernels.moe_triton import moe_experts_triton  # lazy: heavy: torch (~3 s), triton
+    from kernels.rmsnorm_triton import fused_add_rms_norm_triton, rms_norm_triton  # lazy: heavy: torch (~3 s), triton
+    from kernels.rope_triton import rope_triton  # lazy: heavy: torch (~3 s), triton
 
     return KernelSet(
         "triton",
@@ -99,9 +101,7 @@ def _default(device: Any = None) -> str:
     """Triton when the model computes on a CUDA GPU (device None: when one is there) and triton is installed,
     else the fast plain-torch path.  A model on the CPU of a machine with a GPU takes the torch path: the Triton
     kernels refuse CPU tensors outside the interpreter (the first GPU run found a CPU runner failing so)."""
-    import importlib.util
-
-    import torch
+    import torch  # lazy: heavy: torch (~3 s)
 
     on_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     return "triton" if on_cuda and importlib.util.find_spec("triton") else DEFAULT

@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 import torch
 
+from kernels.activation import silu_and_mul_torch
+
 
 def route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(T, E) logits -> (weights (T, k) float32, expert ids (T, k) int64): softmax over all experts, then the
@@ -88,8 +90,6 @@ def moe_experts_grouped(
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """moe_experts_reference's result through two grouped matmuls over expert-sorted rows (module docstring)."""
-    from kernels.activation import silu_and_mul_torch
-
     n, k = ids.shape
     order, offsets = sort_by_expert(ids, gate_up.shape[0])
     x_sorted = x[order // k]  # (n * k, H): each pair's token, expert by expert

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.activation_triton import silu_and_mul_triton
 from kernels.moe import grouped_matmul_torch, moe_experts_grouped  # noqa: F401 - the reference, re-exported
 
 __all__ = ["grouped_matmul_torch", "grouped_matmul_triton", "moe_experts_triton", "tile_table"]
@@ -144,6 +145,4 @@ def moe_experts_triton(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
 ) -> torch.Tensor:
     """kernels/moe.py moe_experts_reference's result with two grouped Triton matmuls."""
-    from kernels.activation_triton import silu_and_mul_triton
-
     return moe_experts_grouped(x, gate_up, down, weights, ids, grouped_matmul_triton, silu_and_mul_triton)

@@ -23,6 +23,7 @@ error), "slow", "unchecked" (the time budget ran out first: kept, checked at the
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
 import random
 import time
@@ -32,6 +33,8 @@ from typing import Any
 
 import torch
 
+from kernels import quant_matmul as qm
+from kernels.attention import allocate_kv_cache, build_attention_metadata, with_sliding_window
 from kernels.dispatch import KernelSet
 
 SLOW_FACTOR = 1.5  # a kernel may take up to 1.5x its replacement's time (timing noise on microsecond ops)
@@ -150,8 +153,6 @@ def plan_checks(
 
 def _attention_cases(shape, kernels, fallback, reference, device, dtype, randn) -> list[_Case]:  # type: ignore[no-untyped-def]
     """KV write, and paged attention for decode-only steps, mixed steps and (when the model has one) a window."""
-    from kernels.attention import allocate_kv_cache, build_attention_metadata, with_sliding_window
-
     kv_heads, hd = shape.num_kv_heads, shape.head_dim
     rng = random.Random(0)
     # (start, q_len): decodes at awkward lengths; a prefill chunk on a cached prefix beside a decode and a prompt
@@ -213,7 +214,6 @@ def _attention_cases(shape, kernels, fallback, reference, device, dtype, randn) 
 
 
 def _quant_case(kind: str, hidden: int, ffn: int, device, dtype, randn) -> _Case:  # type: ignore[no-untyped-def]
-    from kernels import quant_matmul as qm
 
     weight = randn(ffn, hidden, scale=hidden**-0.5).float()
     qw = {
@@ -224,7 +224,7 @@ def _quant_case(kind: str, hidden: int, ffn: int, device, dtype, randn) -> _Case
     x = randn(TOKENS, hidden)
 
     def triton_matmul() -> torch.Tensor:
-        from kernels.quant_matmul_triton import quant_matmul_triton
+        from kernels.quant_matmul_triton import quant_matmul_triton  # lazy: heavy: triton
 
         return quant_matmul_triton(x, qw)
 
@@ -365,8 +365,6 @@ def device_key(device: Any, dtype: Any, versions: dict[str, str]) -> dict[str, s
     """What a check's verdicts hold for: the GPU (name, compute capability), its driver, torch, Triton and the
     caller's versions (hearth's), the compute dtype, and whether Triton was interpreted.  A change of any of
     them checks again."""
-    import importlib.metadata
-
     dev = torch.device(device)
     if dev.type == "cuda":
         name = torch.cuda.get_device_name(dev)

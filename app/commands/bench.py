@@ -8,6 +8,8 @@ import os
 import sys
 
 from app.commands.common import DRAFT_MODEL, MODEL, SPECULATIVE, TENSOR_PARALLEL, THREADS
+from backends.api import PRIORITY_MAX, PRIORITY_MIN
+from backends.errors import InvalidRequestError
 
 NAME = "bench"
 HELP = "benchmark backends side by side: load time, TTFT, prefill/decode tok/s, memory"
@@ -37,8 +39,6 @@ def _int_list(text: str) -> list[int]:
 
 
 def _priority_list(text: str) -> list[int]:
-    from backends.api import PRIORITY_MAX, PRIORITY_MIN
-
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -183,8 +183,8 @@ def format_table(results: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: keeps `hearth --help` light (+asyncio, atexit, base64, 46 hearth modules)
     from app.bench import Workload, run_bench
-    from backends.errors import InvalidRequestError
 
     if min(args.prompt_tokens, args.gen_tokens, args.requests) < 1:
         raise InvalidRequestError(
@@ -201,8 +201,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError(f"--temperature must be >= 0, got {args.temperature}", "0 = greedy, e.g. 0.8")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if "remote" in backends:  # a wrong key or an unreachable URL: one line and exit 2, before any table
+        # lazy: keeps `hearth --help` light (+base64, hashlib, mmap, 13 hearth modules)
         from app.remote import open_remote
-        from app.settings import load_settings
+        from app.settings import load_settings  # lazy: keeps `hearth --help` light (+platformdirs, 2 hearth modules)
 
         open_remote(load_settings(backend="remote", url=args.url, remote_model=args.remote_model)).backend.close()
     workload = Workload(
@@ -299,8 +300,9 @@ def format_priorities(results: list[dict]) -> str:
 
 def runtime_baseline_mib() -> float | None:
     """Peak RSS of a fresh `python -c "import torch, app.cli"` in MiB (app.memory_check), None if it failed."""
-    import subprocess
+    import subprocess  # lazy: keeps `hearth --help` light (+subprocess)
 
+    # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 27 hearth modules)
     from app.memory_check import MIB, runtime_baseline_bytes
 
     try:

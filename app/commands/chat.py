@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.commands.common import add_model_arguments
+from app.commands.common import add_model_arguments, settings_from_args
 
 NAME = "chat"
 HELP = "open the chat (the default when `hearth` runs with no command)"
@@ -23,9 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.commands.common import settings_from_args
+    # lazy: keeps `hearth --help` light (+platformdirs, sqlite3, 2 hearth modules)
     from app.conversations import ConversationStore
-    from app.tui.app import HearthApp
+    from app.tui.app import HearthApp  # lazy: heavy: textual
 
     settings = settings_from_args(args)
     store = ConversationStore.open()  # a refused database is a ConfigError before the screen opens

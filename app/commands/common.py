@@ -6,6 +6,9 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.defaults import BACKEND_CHOICES, LOCAL_BACKENDS, REPLY_MAX_TOKENS
+from app.defaults import SAMPLING as S
+
 
 @dataclass(frozen=True)
 class Option:
@@ -94,8 +97,6 @@ HARDWARE = Option(
 
 def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, remote: bool = False) -> None:
     """`remote`: the command also takes --backend remote (run, chat, bench), with --url and --remote-model."""
-    from app.defaults import BACKEND_CHOICES, LOCAL_BACKENDS
-
     choices = BACKEND_CHOICES if remote else ("auto", *LOCAL_BACKENDS)
     g = p.add_argument_group("model and placement (the plan decides what you leave out)")
     MODEL.add(g)
@@ -129,9 +130,6 @@ def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, rem
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
-    from app.defaults import REPLY_MAX_TOKENS
-    from app.defaults import SAMPLING as S
-
     g = p.add_argument_group("sampling")
     g.add_argument("--temperature", "-t", type=float, metavar="T", help=f"0 = greedy (default {S.temperature})")
     g.add_argument("--top-p", dest="top_p", type=float, metavar="P", help=f"nucleus sampling (default {S.top_p})")
@@ -164,6 +162,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> Any:
     """Settings merged from file < env < the flags present on args."""
+    # lazy: keeps `hearth --help` light (+platformdirs, 2 hearth modules)
     from app.settings import Settings, load_settings
 
     names = Settings.__dataclass_fields__.keys()

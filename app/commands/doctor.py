@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 
 from app.commands.common import MODEL
+from backends.api import Request, SamplingParams
+from backends.errors import HearthError
 
 NAME = "doctor"
 HELP = "check that each engine runs a model on this machine (a crash is a finding, not a crash of hearth)"
@@ -45,9 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(spec, backend: str, options) -> tuple[bool, str]:  # type: ignore[no-untyped-def]
-    from app.paths import get_paths
-    from backends.api import Request, SamplingParams
-    from backends.errors import HearthError
+    from app.paths import get_paths  # lazy: keeps `hearth --help` light (+platformdirs, 1 hearth modules)
+
+    # lazy: keeps `hearth --help` light (+concurrent, hashlib, logging, 16 hearth modules)
     from backends.runner.client import RunnerBackend
 
     # No fallback and no memory: the check is of this configuration alone, so the ladder must not rescue it.
@@ -72,10 +75,11 @@ def _check(spec, backend: str, options) -> tuple[bool, str]:  # type: ignore[no-
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
     from app.loading import EXTRA_BUFTS_CHECK, config_memory, decide, runs_model
-    from app.settings import load_settings
-    from app.store import ModelStore
-    from hwprobe.cpu import cpu_identity, has_amx
+    from app.settings import load_settings  # lazy: keeps `hearth --help` light (+platformdirs, 2 hearth modules)
+    from app.store import ModelStore  # lazy: keeps `hearth --help` light (+base64, hashlib, mmap, 10 hearth modules)
+    from hwprobe.cpu import cpu_identity, has_amx  # lazy: keeps `hearth --help` light (+1 hearth modules)
 
     settings = load_settings(model=args.model)
     _, spec = ModelStore().spec(settings.model)
@@ -107,15 +111,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_kernels_now(spec) -> int:  # type: ignore[no-untyped-def]
     """Run the kernel self-check here and now; 1 when some kernel was replaced (a finding), else 0."""
-    import os
-
+    # lazy: heavy: torch (~3 s)
     import torch  # heavy: only for --kernels
 
     if not torch.cuda.is_available():
         # before any Triton kernel is defined: without a GPU the interpreter runs them (slowly) on the CPU
         os.environ["TRITON_INTERPRET"] = "1"
+    # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
     from app.loading import kernel_check_record
-    from backends.torch_engine.kernel_check import doctor_check
+    from backends.torch_engine.kernel_check import doctor_check  # lazy: heavy: torch (~3 s)
 
     check = doctor_check(spec, str(kernel_check_record()))
     print(f"  {'ok  ' if not check.replaced else 'FAIL'} torch engine kernels: {check.reasons()[0]}")
@@ -126,11 +130,13 @@ def _check_kernels_now(spec) -> int:  # type: ignore[no-untyped-def]
 
 def _print_kernel_tables() -> None:
     """The recorded kernel self-check of every device this machine's engine has met."""
+    # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
     from app.loading import kernel_check_record
 
     record = kernel_check_record()
     if not record.exists():
         return
+    # lazy: heavy: torch (~3 s)
     from backends.torch_engine.kernel_check import recorded_tables  # imports torch: only when a record exists
 
     for key, lines in recorded_tables(record):

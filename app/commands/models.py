@@ -7,6 +7,10 @@ import json
 import sys
 from pathlib import Path
 
+from backends.registry import BACKENDS
+from hwprobe.errors import HearthError
+from hwprobe.support import torch_engine_refusal
+
 NAME = "models"
 HELP = "list local models, or register one with `hearth models add PATH`"
 ORDER = 30
@@ -46,7 +50,7 @@ def human_count(n: int) -> str:
 
 
 def model_row(entry, spec) -> dict:
-    from backends.embeddings import kind, pooling_type
+    from backends.embeddings import kind, pooling_type  # lazy: keeps `hearth --help` light (+1 hearth modules)
 
     return {
         "name": entry.name,
@@ -72,8 +76,6 @@ def model_row(entry, spec) -> dict:
 
 def size_on_disk(entry, spec) -> int:
     """Bytes the model takes: every file hearth wrote for it (all shards), else the file or folder itself."""
-    from pathlib import Path
-
     try:
         files = [Path(f) for f in entry.files] if entry.files else []
         if not files:
@@ -86,9 +88,6 @@ def size_on_disk(entry, spec) -> int:
 
 def runnable_backends(spec) -> list[str]:
     """The installed backends whose capabilities cover this model's format and architecture."""
-    from backends.registry import BACKENDS
-    from hwprobe.support import torch_engine_refusal
-
     out = []
     for name, info in BACKENDS.items():
         caps = info.capabilities
@@ -102,8 +101,7 @@ def runnable_backends(spec) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.store import ModelStore
-    from hwprobe.errors import HearthError
+    from app.store import ModelStore  # lazy: keeps `hearth --help` light (+base64, hashlib, mmap, 10 hearth modules)
 
     store = ModelStore()
     if args.models_action == "add":

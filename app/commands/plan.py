@@ -8,6 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from app.commands.common import CTX, DRAFT_MODEL, HARDWARE, KV_CACHE_TYPE, N_GPU_LAYERS, SPECULATIVE, TENSOR_PARALLEL
+from app.defaults import LOCAL_BACKENDS
+from backends.errors import ModelFormatError
+from hwprobe import plan as make_plan
+from hwprobe.errors import ConfigError, PlanError
+from hwprobe.memory import QUANT_BPW
+from hwprobe.plan_types import Prefs
+from hwprobe.shape import ModelShape
 
 NAME = "plan"
 HELP = "show how a model would run here: backend, quant, GPU layers, context, KV type, memory, speed"
@@ -33,8 +40,6 @@ architectures and tokenizers) and single streams on a CPU.  The "backend" reason
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from app.defaults import LOCAL_BACKENDS
-
     p.add_argument(
         "model",
         nargs="?",
@@ -84,9 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config_shape(path: Path) -> Any:
-    from backends.errors import ModelFormatError
+    # lazy: keeps `hearth --help` light (+mmap, struct, 5 hearth modules)
     from backends.hf_folder import hf_config_shape
-    from hwprobe.shape import ModelShape
 
     try:
         values = hf_config_shape(json.loads(path.read_text(encoding="utf-8")), path.parent.name or path.stem)
@@ -102,14 +106,11 @@ def _config_shape(path: Path) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
     from app.loading import hardware_report, sequences_for
-    from app.settings import load_settings
-    from app.store import ModelStore
-    from hwprobe import plan as make_plan
-    from hwprobe.errors import ConfigError, PlanError
-    from hwprobe.memory import QUANT_BPW
-    from hwprobe.plan_types import Prefs
-    from hwprobe.render import plan_text
+    from app.settings import load_settings  # lazy: keeps `hearth --help` light (+platformdirs, 2 hearth modules)
+    from app.store import ModelStore  # lazy: keeps `hearth --help` light (+base64, hashlib, mmap, 10 hearth modules)
+    from hwprobe.render import plan_text  # lazy: keeps `hearth --help` light (+1 hearth modules)
 
     if args.ctx is not None and args.ctx < 16:
         raise ConfigError(f"--ctx must be at least 16 tokens, got {args.ctx}")
@@ -147,14 +148,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         p = make_plan(report, shape, prefs)
     except PlanError as exc:  # nothing fits here: a bigger machine's server can run it (--backend remote)
+        # lazy: keeps `hearth --help` light (+base64, hashlib, mmap, 13 hearth modules)
         from app.remote import remote_hint
 
         raise PlanError(exc.message, f"{exc.hint}; {remote_hint()}" if exc.hint else remote_hint()) from None
     if ref and ref.endswith(".json") and Path(ref).expanduser().is_file():
-        from hwprobe.speculative import plan_speculative
+        from hwprobe.speculative import plan_speculative  # lazy: keeps `hearth --help` light (+1 hearth modules)
 
         p = plan_speculative(p, "ngram" if args.speculative == "auto" else args.speculative or "off")
     else:
+        # lazy: keeps `hearth --help` light (+base64, hashlib, mmap, 13 hearth modules)
         from app.speculative import decide_speculative
 
         p, _ = decide_speculative(p, spec, load_settings(speculative=args.speculative, draft_model=args.draft_model))

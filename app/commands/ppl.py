@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from app.commands.common import add_model_arguments, settings_from_args
+from app.defaults import LOCAL_BACKENDS
+from backends.errors import InvalidRequestError
 
 NAME = "ppl"
 HELP = "perplexity of a model on a text file (and ΔPPL / KL against another quant or backend)"
@@ -19,8 +22,6 @@ DESCRIPTION = """Perplexity of a model on a text file: windows of --ctx tokens e
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from app.defaults import LOCAL_BACKENDS
-
     p.add_argument("file", metavar="FILE", help="UTF-8 text file")
     p.add_argument("--stride", type=int, metavar="S", help="window step in tokens (default: --ctx)")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of text")
@@ -37,12 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
+    # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
     from app.loading import open_backend
-    from app.perplexity import perplexity
-    from backends.errors import InvalidRequestError
-    from hwprobe.quality import delta_ppl_warning
+    from app.perplexity import perplexity  # lazy: keeps `hearth --help` light (+1 hearth modules)
+    from hwprobe.quality import delta_ppl_warning  # lazy: keeps `hearth --help` light (+1 hearth modules)
 
     args.ctx = args.ctx or 512
     stride = args.stride or args.ctx

@@ -23,8 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
     from app.loading import hardware_report
-    from hwprobe.render import report_text
+    from hwprobe.render import report_text  # lazy: keeps `hearth --help` light (+1 hearth modules)
 
     report = hardware_report(args.hardware)
     print(report.to_json() if args.json else report_text(report))

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
+
+from app.commands.models import human_bytes
 
 NAME = "pull"
 HELP = "download a model from the Hugging Face Hub (picks the quant for this machine)"
@@ -45,8 +48,6 @@ class _Bar:
         self.start = time.monotonic()
 
     def __call__(self, p: object) -> None:
-        from app.commands.models import human_bytes
-
         name, done, total = p.filename, p.done, p.total  # type: ignore[attr-defined]
         if name != self.current:
             if self.current is not None and self.tty:
@@ -73,8 +74,7 @@ class _Bar:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.commands.models import human_bytes
-    from app.hub import pull
+    from app.hub import pull  # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 30 hearth modules)
 
     bar = _Bar()
     try:
@@ -99,7 +99,6 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         bar.close()
-    from pathlib import Path
 
     size = sum(Path(f).stat().st_size for f in entry.files if Path(f).is_file())
     print(

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+from pathlib import Path
+
+from app.commands.models import human_bytes
+from backends.errors import ModelNotFoundError
 
 NAME = "rm"
 HELP = "remove a model: deletes files hearth downloaded, only unregisters files you added"
@@ -19,9 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def owned_files(entry: object) -> list[str]:
     """The files `rm` may delete: only those hearth wrote, and only inside hearth's models dir."""
-    from pathlib import Path
-
-    from app.paths import get_paths
+    from app.paths import get_paths  # lazy: keeps `hearth --help` light (+platformdirs, 1 hearth modules)
 
     if not getattr(entry, "owned", False):
         return []
@@ -30,11 +33,7 @@ def owned_files(entry: object) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from app.commands.models import human_bytes
-    from app.store import ModelStore
-    from backends.errors import ModelNotFoundError
+    from app.store import ModelStore  # lazy: keeps `hearth --help` light (+base64, hashlib, mmap, 10 hearth modules)
 
     store = ModelStore()
     entry = store.get(args.name)
@@ -69,10 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _prune_empty(files: list[str]) -> None:
     """Remove the model folders the deleted files leave empty (hf's .cache metadata included), not above models/."""
-    import shutil
-    from pathlib import Path
-
-    from app.paths import get_paths
+    from app.paths import get_paths  # lazy: keeps `hearth --help` light (+platformdirs, 1 hearth modules)
 
     root = get_paths().models_dir.resolve()
     for folder in {Path(f).resolve().parent for f in files}:

@@ -6,6 +6,8 @@ import argparse
 import sys
 
 from app.commands.common import add_model_arguments, add_sampling_arguments, settings_from_args
+from app.defaults import SYSTEM_PROMPT
+from backends.errors import InvalidRequestError
 
 NAME = "run"
 HELP = "stream a reply to PROMPT, or chat in the terminal when no PROMPT is given"
@@ -26,8 +28,6 @@ Structured output: --json-schema FILE constrains the reply to JSON valid against
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from app.defaults import SYSTEM_PROMPT
-
     p.add_argument("prompt", nargs="?", metavar="PROMPT", help="the prompt; - reads stdin; omit for a chat")
     p.add_argument(
         "--system",
@@ -54,19 +54,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: keeps `hearth --help` light (+atexit, base64, concurrent, 46 hearth modules)
     from app.chat_session import ChatSession, print_stats
+
+    # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
     from app.loading import open_backend
 
     settings = settings_from_args(args)
-    from app.structured import constraint_for
+    from app.structured import constraint_for  # lazy: keeps `hearth --help` light (+6 hearth modules)
 
     constraint_for(settings.json_output)  # a missing or bad schema file fails here, before a model loads
     prompt = args.prompt
     if prompt == "-":
         prompt = sys.stdin.read()
         if not prompt.strip():
-            from backends.errors import InvalidRequestError
-
             raise InvalidRequestError("stdin was empty: there is no prompt", "pipe some text into `hearth run -`")
     loaded = open_backend(settings, hardware_file=args.hardware, command="run")
     try:
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         if args.verbose:
             session.print_plan(sys.stderr)
         if prompt is None:
+            # lazy: keeps `hearth --help` light (+atexit, base64, concurrent, 47 hearth modules)
             from app.terminal_chat import interactive_chat
 
             return interactive_chat(session, verbose=args.verbose)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from app.commands.common import add_model_arguments, settings_from_args
+from app.commands.models import size_on_disk
+from backends.errors import ConfigError, HearthError
 
 NAME = "serve"
 HELP = "serve a model over an OpenAI-compatible HTTP API"
@@ -108,7 +111,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
+    import uvicorn  # lazy: heavy: uvicorn
 
     class _GracefulServer(uvicorn.Server):
         """uvicorn re-raises a captured SIGTERM/SIGINT after its graceful shutdown, so the process would die by
@@ -120,14 +123,16 @@ def run(args: argparse.Namespace) -> int:
             if isinstance(captured, list):
                 captured.clear()
 
+    # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
     from app.loading import open_backend
-    from app.server.app import ServerConfig, create_app
+    from app.server.app import ServerConfig, create_app  # lazy: heavy: fastapi, pydantic, starlette
+
+    # lazy: keeps `hearth --help` light (+asyncio, prometheus_client, 5 hearth modules)
     from app.server.runner import Limits
-    from backends.errors import ConfigError
 
     keep_alive_s = None
     if args.keep_alive is not None:
-        from app.server.ollama_schemas import keep_alive_seconds
+        from app.server.ollama_schemas import keep_alive_seconds  # lazy: heavy: pydantic
 
         try:
             keep_alive_s = keep_alive_seconds(args.keep_alive)
@@ -146,8 +151,6 @@ def run(args: argparse.Namespace) -> int:
         args.max_concurrency = 1
     settings = settings_from_args(args)
     if settings.backend == "remote":  # from settings.toml or HEARTH_BACKEND: a proxy would only add a hop
-        from hwprobe.errors import ConfigError
-
         raise ConfigError(
             f"hearth serve runs a local model, and the settings say backend = remote ({settings.url})",
             "point your clients at that server directly, or pass --backend auto",
@@ -212,9 +215,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _sockets(config: Any, host: str, ollama_port: int | None) -> list:
     """The listening sockets: hearth's port, and --ollama-port beside it (one app, one event loop)."""
-    import uvicorn
-
-    from backends.errors import ConfigError
+    import uvicorn  # lazy: heavy: uvicorn
 
     configs = [config]
     if ollama_port is not None and ollama_port != config.port:
@@ -236,12 +237,9 @@ def _sockets(config: Any, host: str, ollama_port: int | None) -> list:
 
 def _store_catalog() -> list:
     """Every registered model whose header reads, for Ollama's /api/tags and /api/show."""
-    from pathlib import Path
-
-    from app.commands.models import size_on_disk
+    # lazy: keeps `hearth --help` light (+hashlib, mmap, struct, 10 hearth modules)
     from app.server.ollama_models import CatalogEntry
-    from app.store import ModelStore
-    from backends.errors import HearthError
+    from app.store import ModelStore  # lazy: keeps `hearth --help` light (+base64, hashlib, mmap, 10 hearth modules)
 
     store = ModelStore()
     out = []

@@ -6,6 +6,9 @@ import argparse
 import json
 
 from app.commands.common import HARDWARE
+from app.commands.models import human_bytes, human_count, model_row
+from hwprobe import plan
+from hwprobe.errors import PlanError
 
 NAME = "show"
 HELP = "show a model's metadata, where it came from, and its plan on this machine"
@@ -19,12 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.commands.models import human_bytes, human_count, model_row
+    # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
     from app.loading import hardware_report
-    from app.store import ModelStore
-    from hwprobe import plan
-    from hwprobe.errors import PlanError
-    from hwprobe.render import plan_text
+    from app.store import ModelStore  # lazy: keeps `hearth --help` light (+base64, hashlib, mmap, 10 hearth modules)
+    from hwprobe.render import plan_text  # lazy: keeps `hearth --help` light (+1 hearth modules)
 
     entry, spec = ModelStore().spec(args.name)
     row = model_row(entry, spec)

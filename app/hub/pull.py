@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -28,10 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.hub.pull_http import http_module
 from app.hub.select import Choice, RemoteFile, choose_gguf, group_ggufs
+from app.loading import hardware_report
 from app.paths import get_paths
 from app.store import ModelEntry, ModelStore
+from backends.errors import ModelFormatError
+from backends.hf_folder import hf_config_shape
 from hwprobe.errors import ConfigError, HearthError
+from hwprobe.shape import ModelShape
 
 SAFETENSORS_FILES = (
     "config.json",
@@ -74,7 +80,7 @@ def _endpoint() -> str | None:
 
 
 def is_offline() -> bool:
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # lazy: heavy: huggingface_hub
 
     env = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true")
     return env or bool(constants.HF_HUB_OFFLINE)
@@ -82,7 +88,7 @@ def is_offline() -> bool:
 
 def _hub_error(exc: Exception, repo_id: str, revision: str | None) -> HearthError:
     """huggingface_hub's errors as one-line PullErrors with a way out."""
-    from huggingface_hub import errors as e
+    from huggingface_hub import errors as e  # lazy: heavy: huggingface_hub
 
     if isinstance(exc, e.GatedRepoError):
         return PullError(
@@ -121,11 +127,10 @@ def list_repo(repo_id: str, revision: str | None = None) -> Listing:
     """The repo's files at one commit, with sizes and LFS sha256."""
     if is_offline():
         raise _offline_error()
-    from app.hub.pull_http import http_module
 
     httpx = http_module()
-    from huggingface_hub import HfApi
-    from huggingface_hub import errors as e
+    from huggingface_hub import HfApi  # lazy: heavy: huggingface_hub
+    from huggingface_hub import errors as e  # lazy: heavy: huggingface_hub
 
     try:
         info = HfApi(endpoint=_endpoint()).model_info(repo_id, revision=revision, files_metadata=True)
@@ -195,11 +200,6 @@ def _config_shape(listing: Listing, folder: Path) -> Any | None:
     """The planner's ModelShape from the repo's config.json (fetched, small), or None without one."""
     if not any(f.name == "config.json" for f in listing.files):
         return None
-    import json
-
-    from backends.errors import ModelFormatError
-    from backends.hf_folder import hf_config_shape
-    from hwprobe.shape import ModelShape
 
     try:
         cfg = next(f for f in listing.files if f.name == "config.json")
@@ -244,7 +244,7 @@ def check_disk(files: list[RemoteFile], folder: Path) -> None:
 
 def _tqdm_for(cb: ProgressCallback | None, name: str, index: int, count: int) -> Any:
     """A tqdm class that forwards hf's byte counts to `cb` and prints nothing itself."""
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # lazy: heavy: tqdm
 
     class _Forward(tqdm):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -274,12 +274,12 @@ def _download(
     listing: Listing, f: RemoteFile, folder: Path, cb: ProgressCallback | None, index: int, count: int
 ) -> str:
     """Fetch one file to folder/f.name, resuming a `.part` file left by an interrupted run (Range request)."""
-    from app.hub.pull_http import http_module
-
     httpx = http_module()
-    from huggingface_hub import errors as e
+    from huggingface_hub import errors as e  # lazy: heavy: huggingface_hub
+
+    # lazy: heavy: huggingface_hub
     from huggingface_hub.file_download import get_hf_file_metadata, hf_hub_url, http_get
-    from huggingface_hub.utils import build_hf_headers
+    from huggingface_hub.utils import build_hf_headers  # lazy: heavy: huggingface_hub
 
     target = folder / f.name
     if target.exists() and target.stat().st_size == f.size:
@@ -354,8 +354,6 @@ def _select(
     choices = group_ggufs(files)
     if choices:
         if report is None:
-            from app.loading import hardware_report
-
             report = hardware_report()
         shape = None if (quant or file) else _config_shape(listing, folder)
         ch: Choice = choose_gguf(choices, report, shape, quant=quant, file=file)

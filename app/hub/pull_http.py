@@ -8,10 +8,10 @@ from types import ModuleType
 
 def http_module() -> ModuleType:
     try:
-        import httpx2
+        import httpx2  # lazy: optional dependency (ImportError handled)
 
         return httpx2
     except ImportError:
-        import httpx
+        import httpx  # lazy: optional dependency (ImportError handled)
 
         return httpx

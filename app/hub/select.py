@@ -18,7 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from hwprobe import memory, plan
 from hwprobe.errors import ConfigError, PlanError
+from hwprobe.memory import LOWEST_DEFAULT_QUANT, QUANT_BPW
 
 SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 # Quant tags as they appear in GGUF file names: Q4_K_M, Q8_0, IQ4_XS, IQ2_XXS, Q4_0_4_4, F16, BF16, F32.
@@ -91,8 +93,6 @@ def group_ggufs(files: list[RemoteFile]) -> list[GgufChoice]:
 
 
 def _bpw(quant: str) -> float:
-    from hwprobe.memory import QUANT_BPW
-
     if quant in QUANT_BPW:
         return QUANT_BPW[quant]
     m = re.match(r"I?Q(\d)", quant)  # IQ4_XS and friends: about their digit's bits
@@ -138,8 +138,6 @@ def choose_gguf(
 
 
 def _by_plan(choices: list[GgufChoice], report: Any, shape: Any) -> Choice | None:
-    from hwprobe import plan
-
     try:
         p = plan(report, shape)
     except PlanError:
@@ -162,8 +160,6 @@ def _by_plan(choices: list[GgufChoice], report: Any, shape: Any) -> Choice | Non
 
 def budget_bytes(report: Any) -> tuple[int, str]:
     """The bytes one model may use and where: the largest GPU's plan budget, else available RAM."""
-    from hwprobe import memory
-
     if report.gpus:
         g = max(report.gpus, key=lambda g: g.memory_free_mib)
         return memory.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib), f"GPU {g.index} ({g.name})"
@@ -171,8 +167,6 @@ def budget_bytes(report: Any) -> tuple[int, str]:
 
 
 def _by_size(choices: list[GgufChoice], report: Any) -> Choice:
-    from hwprobe.memory import LOWEST_DEFAULT_QUANT
-
     budget, where = budget_bytes(report)
     room = int(budget * FIT_FRACTION)
     fits = [c for c in choices if c.size <= room]

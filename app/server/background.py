@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+from app.server.runner import Limits
 from backends.api import Backend
 
 
@@ -22,10 +23,9 @@ class BackgroundServer:
     dict of Limits fields."""
 
     def __init__(self, backend: Backend, model_name: str, **config: Any) -> None:
-        import uvicorn
+        import uvicorn  # lazy: heavy: uvicorn
 
-        from app.server.app import ServerConfig, create_app
-        from app.server.runner import Limits
+        from app.server.app import ServerConfig, create_app  # lazy: heavy: fastapi, pydantic, starlette
 
         limits = Limits(**config.pop("limits", {}))
         self.backend = backend

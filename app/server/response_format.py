@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from app.server.errors import APIError
 from backends.api import Constraint, GenerationEvent, Request
+from backends.constrained import schema_constraint
 from backends.errors import ConstraintError
 
 # GenerationEvent.error_code of a constrained request that hit llguidance's limits mid-reply (ConstraintLimitError)
@@ -55,7 +56,6 @@ def constraint_of(response_format: ResponseFormat | None) -> Constraint | None:
             'type "json_schema" needs a json_schema object ({"name": ..., "schema": {...}})',
         )
     schema = spec.schema_ if spec.schema_ is not None else {}
-    from backends.constrained import schema_constraint
 
     try:  # size, depth, a schema no finite document satisfies, then llguidance's check: before a model sees it
         return schema_constraint(schema)

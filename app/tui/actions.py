@@ -67,12 +67,12 @@ class ScreenActions(_Base):
         self.query_one("#search").focus()
 
     def action_help(self) -> None:
-        from app.tui.screens.help import HelpScreen
+        from app.tui.screens.help import HelpScreen  # lazy: heavy: textual
 
         self.push_screen(HelpScreen([b for b in self.BINDINGS if isinstance(b, Binding) and b.show]))
 
     def action_rename(self) -> None:
-        from app.tui.screens.ask import AskText
+        from app.tui.screens.ask import AskText  # lazy: heavy: textual
 
         async def done(title: str | None) -> None:
             if title and title.strip():
@@ -82,7 +82,7 @@ class ScreenActions(_Base):
         self.push_screen(AskText("Rename the conversation", self.conv.title), done)
 
     def action_delete(self) -> None:
-        from app.tui.screens.ask import Confirm
+        from app.tui.screens.ask import Confirm  # lazy: heavy: textual
 
         async def done(yes: bool | None) -> None:
             if not yes:
@@ -97,7 +97,7 @@ class ScreenActions(_Base):
         self.push_screen(Confirm(f"Delete {self.conv.title or 'this conversation'!r}?"), done)
 
     def action_settings(self) -> None:
-        from app.tui.screens.settings import SettingsResult, SettingsScreen
+        from app.tui.screens.settings import SettingsResult, SettingsScreen  # lazy: heavy: textual
 
         async def done(result: SettingsResult | None) -> None:
             if result is not None:
@@ -109,7 +109,7 @@ class ScreenActions(_Base):
         self.push_screen(SettingsScreen(self.conv.settings, self.settings.json_output), done)
 
     def action_models(self) -> None:
-        from app.tui.screens.models import ModelPicker
+        from app.tui.screens.models import ModelPicker  # lazy: heavy: textual
 
         def done(name: str | None) -> None:
             if name and not (self.loaded is not None and name == self.loaded.entry.name):
@@ -118,7 +118,7 @@ class ScreenActions(_Base):
         self.push_screen(ModelPicker(self.settings, self.settings.model), done)
 
     def action_hardware(self) -> None:
-        from app.tui.screens.hardware import HardwareScreen
+        from app.tui.screens.hardware import HardwareScreen  # lazy: heavy: textual
 
         self.push_screen(HardwareScreen(self.loaded.decision if self.loaded is not None else None))
 

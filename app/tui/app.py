@@ -22,7 +22,9 @@ from textual.widgets import ProgressBar
 
 from app.conversations import ChatSettings, Conversation, ConversationStore
 from app.loaded import Loaded
+from app.loading import open_backend, physical_cores
 from app.settings import Settings
+from app.store import ModelStore
 from app.tui import engine, events
 from app.tui.actions import ScreenActions
 from app.tui.widgets.chat_log import ChatLog, MessageBox
@@ -74,7 +76,6 @@ class HearthApp(ScreenActions, App[None]):
         hardware_file: str | None = None,
     ) -> None:
         super().__init__()
-        from app.store import ModelStore
 
         self.settings = settings or Settings()
         self.model_store = ModelStore()
@@ -84,7 +85,6 @@ class HearthApp(ScreenActions, App[None]):
             # Leave one core to the UI, even with the engine in its own runner process: measured on 2 cores (AMD
             # EPYC, starter, scripts/tui_speed.py), llama.cpp decoded at 62 tok/s on both cores while Textual
             # rendered and at 90-98 tok/s on one (its worker threads spin-wait on each other when the UI takes a core).
-            from app.loading import physical_cores
 
             self.settings = self.settings.merged(threads=max(1, physical_cores() - 1))
         self.loader = loader or functools.partial(_default_loader, hardware_file=hardware_file)
@@ -235,7 +235,7 @@ class HearthApp(ScreenActions, App[None]):
 
     @work(thread=True, group="generate")
     def _drain(self, loaded: Loaded, conv: Conversation, turn_id: int) -> None:
-        from textual.worker import get_current_worker
+        from textual.worker import get_current_worker  # lazy: heavy: textual
 
         worker = get_current_worker()
         try:  # the template renders here, off the UI thread (a slow one costs its budget, never a frozen screen)
@@ -380,6 +380,4 @@ def finish_note(stats: dict[str, Any] | None) -> str:
 
 
 def _default_loader(settings: Settings, progress: Any = None, hardware_file: str | None = None) -> Any:
-    from app.loading import open_backend
-
     return open_backend(settings, progress=progress, hardware_file=hardware_file, command="chat")

@@ -15,9 +15,12 @@ from typing import Any
 
 from app.conversations import Conversation
 from app.loaded import Loaded
+from app.requests import chat_request, sampling_from
 from app.settings import Settings
+from app.structured import constraint_for
 from app.tui import events
 from backends.api import Backend, Description, EventKind, Request
+from hwprobe.errors import HearthError
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +32,6 @@ Post = Callable[[Any], Any]  # App.post_message (thread-safe)
 def build_request(loaded: Loaded, conv: Conversation, settings: Settings) -> Request:
     """The conversation through the one request builder (app/requests.py, as `hearth run` and the server);
     the conversation's own settings win over the app's."""
-    from app.requests import chat_request, sampling_from
-    from app.structured import constraint_for
-
     return chat_request(
         loaded.spec,
         conv.chat_messages(),
@@ -103,8 +103,6 @@ def _memory(backend: Backend) -> dict[str, int]:
 
 
 def _one_line(exc: BaseException) -> str:
-    from hwprobe.errors import HearthError
-
     if isinstance(exc, HearthError):
         return exc.one_line()
     return f"{type(exc).__name__}: {exc}".splitlines()[0]

@@ -13,6 +13,7 @@ deep copy (microseconds) instead of a compile.  Thread-safe: callers of Backend.
 
 from __future__ import annotations
 
+import json
 import threading
 import warnings
 from collections import OrderedDict
@@ -29,7 +30,7 @@ SPECIAL_PREFIX = b"\xff"  # llguidance's marker for a special token's name: neve
 
 
 def _parser_limits() -> Any:
-    import llguidance
+    import llguidance  # lazy: heavy: llguidance
 
     # Defaults are llguidance's except the grammar size and lexer states, lowered so that one schema costs at
     # most ~0.5 s and ~100 MB to compile; per-step fuel (~15 ms of mask work) keeps a mask step bounded.
@@ -47,7 +48,7 @@ def check_constraint(constraint: Constraint) -> None:
     """Raise ConstraintError (one line) when `constraint` would not compile for any vocabulary: the bounds of
     grammar.py (size, depth, a schema no finite document satisfies), then llguidance's own check of the grammar
     under its limits (no tokenizer needed, so a front end refuses a bad schema before a model sees it)."""
-    import llguidance
+    import llguidance  # lazy: heavy: llguidance
 
     error = llguidance.LLMatcher.validate_grammar(lark_grammar(constraint), None, limits=_parser_limits())
     if error and not error.startswith("WARNING"):
@@ -66,8 +67,6 @@ def schema_constraint(schema: Any, prefix: str = "", suffix: str = "") -> Constr
     depth, JSON, `false`, a schema only an endless document satisfies, keywords llguidance does not implement,
     and llguidance's compile under hearth's limits.  The backend compiles it once more for its vocabulary
     (ConstraintCompiler.matcher), which raises the same ConstraintError for what only a vocabulary shows."""
-    import json
-
     text = schema if isinstance(schema, str) else json.dumps(schema)
     constraint = Constraint("json_schema", text, prefix=prefix, suffix=suffix)
     check_constraint(constraint)
@@ -102,7 +101,7 @@ class ConstraintCompiler:
         return Matcher(compiled.deep_copy(), self.vocab_size, self.model_vocab_size)
 
     def _compile(self, constraint: Constraint) -> Any:
-        import llguidance
+        import llguidance  # lazy: heavy: llguidance
 
         grammar = lark_grammar(constraint)  # size/depth checks first: nothing big reaches the compiler
         ll = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0, limits=self._limits)
@@ -160,7 +159,7 @@ def compiler_for_tokenizer(
 ) -> ConstraintCompiler:
     """A compiler for hearth's own tokenizers (backends/torch_engine/tokenizer.py, spm_tokenizer.py): each id's
     bytes from `token_bytes`; control tokens (which give b"") become llguidance special tokens by name."""
-    import llguidance
+    import llguidance  # lazy: heavy: llguidance
 
     if not eos_token_ids:
         raise InvalidRequestError(
@@ -183,8 +182,8 @@ def compiler_for_tokenizer(
 def compiler_for_llama(llm: Any, eos_token_ids: Sequence[int]) -> ConstraintCompiler:
     """A compiler for a llama-cpp-python `Llama`: llguidance reads llama.cpp's vocabulary and tokenizer itself
     (llguidance.llamacpp), so token bytes and tokenization are llama.cpp's exactly."""
-    import llama_cpp
-    from llguidance.llamacpp import lltokenizer_from_vocab
+    import llama_cpp  # lazy: heavy: llama_cpp
+    from llguidance.llamacpp import lltokenizer_from_vocab  # lazy: heavy: llguidance
 
     eos = list(eos_token_ids) or [int(llm.token_eos())]
     vocab = llama_cpp.llama_model_get_vocab(llm.model)

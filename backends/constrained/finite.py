@@ -16,8 +16,10 @@ large to decide within it is passed on, not refused.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from typing import Any
+from urllib.parse import unquote
 
 from backends.errors import ConstraintError
 
@@ -224,8 +226,6 @@ def _chain(steps: list[str], keep: int = 6) -> str:
 def _matches(pattern: str, name: str) -> bool | None:
     """Whether a patternProperties regex (ECMA 262, unanchored) matches `name`; None when Python's re cannot
     read it.  The simple patterns schemas use read the same in both."""
-    import re
-
     try:
         return re.search(pattern, name) is not None
     except (re.error, RecursionError, OverflowError):
@@ -249,7 +249,6 @@ def _resolve(root: Any, ref: str) -> Any:
     (another document, an anchor, a bad pointer: llguidance resolves or refuses those itself)."""
     if not ref.startswith("#") or (len(ref) > 1 and not ref.startswith("#/")):
         return _MISSING
-    from urllib.parse import unquote
 
     node = root
     for part in ref[2:].split("/") if len(ref) > 2 else ():

@@ -57,7 +57,7 @@ class Matcher:
 
     def allowed(self) -> Any:
         """The allowed tokens as a numpy bool array of model_vocab_size (for tests and the llama.cpp backend)."""
-        import numpy as np
+        import numpy as np  # lazy: heavy: numpy
 
         words = np.zeros(self.num_words, dtype=np.int32)
         self.fill_bitmask(words.ctypes.data, words.nbytes)

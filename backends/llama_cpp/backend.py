@@ -36,6 +36,7 @@ from backends.api import (
     TokenLogprob,
     seed_u64,
 )
+from backends.constrained import compiler_for_llama
 from backends.embeddings import POOLING_IDS, is_embedding_model, not_for_chat, pooling_type
 from backends.errors import (
     ContextOverflowError,
@@ -46,7 +47,10 @@ from backends.errors import (
 )
 from backends.llama_cpp.embedding import EmbeddingContext, refuse_rank
 from backends.llama_cpp.extra_bufts import extra_bufts_default
+from backends.llama_cpp.no_templates import templates_skipped
 from backends.llama_cpp.one_thread import OneThread
+from backends.llama_cpp.overrides import cpu_expert_overrides
+from backends.llama_cpp.tokens import tokenize
 from backends.modelspec import ModelSpec
 from backends.textstream import TextStream
 
@@ -56,7 +60,7 @@ KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30, "f32": 0}  # ggml_type v
 
 def gpu_offload_supported() -> bool:
     """Whether the installed llama-cpp-python was built with a GPU backend (CUDA, Metal, Vulkan, ...)."""
-    import llama_cpp
+    import llama_cpp  # lazy: heavy: llama_cpp
 
     return bool(llama_cpp.llama_supports_gpu_offload())
 
@@ -67,7 +71,7 @@ def _model_params(extra_bufts: bool, overrides: Any = None) -> Iterator[None]:
     llama_model_params from llama_model_default_params(), so that function is wrapped while the model loads (on
     the one thread that touches llama.cpp, in a process that holds this one model).  overrides: an
     overrides.BuftOverrides, kept alive by the caller."""
-    import llama_cpp.llama as llama_module
+    import llama_cpp.llama as llama_module  # lazy: heavy: llama_cpp
 
     if extra_bufts and overrides is None:
         yield
@@ -94,7 +98,7 @@ def open_llama(path: str, extra_bufts: bool | None = None, **kwargs: Any) -> Any
     """A bare `llama_cpp.Llama(path, **kwargs)` under this machine's extra-buffer rule (extra_bufts_default when
     None): for the places that use llama.cpp directly as a reference (tests, scripts), which would otherwise
     segfault at the first decode on an AMX CPU."""
-    import llama_cpp
+    import llama_cpp  # lazy: heavy: llama_cpp
 
     on = extra_bufts_default()[0] if extra_bufts is None else extra_bufts
     with _model_params(on):
@@ -104,7 +108,7 @@ def open_llama(path: str, extra_bufts: bool | None = None, **kwargs: Any) -> Any
 def known_architectures() -> frozenset[str]:
     """Architectures llama.cpp can load.  The gguf package mirrors llama.cpp's list (MODEL_ARCH_NAMES), so this
     needs no model load; an architecture missing here fails fast with a clear error instead of a C++ log."""
-    from gguf.constants import MODEL_ARCH_NAMES
+    from gguf.constants import MODEL_ARCH_NAMES  # lazy: heavy: gguf (numpy)
 
     return frozenset(MODEL_ARCH_NAMES.values())
 
@@ -154,7 +158,7 @@ class LlamaCppBackend(Backend):
                 f"llama.cpp does not know the architecture {self.spec.architecture!r} of {self.spec.path}",
                 "update llama-cpp-python, or use a model of a supported architecture",
             )
-        import llama_cpp
+        import llama_cpp  # lazy: heavy: llama_cpp
 
         o = self.options
         flash_attn = o.flash_attn
@@ -193,8 +197,6 @@ class LlamaCppBackend(Backend):
             self._extra_bufts, why = o.extra_bufts, "as asked"
         if not self._extra_bufts:
             self._notes.append(f"extra weight-buffer types {why if why.startswith('off') else 'off: ' + why}")
-        from backends.llama_cpp.no_templates import templates_skipped
-        from backends.llama_cpp.overrides import cpu_expert_overrides
 
         self._overrides = cpu_expert_overrides(o.cpu_expert_layers) if self.spec.n_experts else None
         if o.cpu_expert_layers and self._overrides is None:
@@ -257,8 +259,6 @@ class LlamaCppBackend(Backend):
 
     # -- tokens ------------------------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        from backends.llama_cpp.tokens import tokenize  # linear in the text, whatever its special tokens
-
         return tokenize(self._require(), text, add_special, parse_special)
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
@@ -276,7 +276,7 @@ class LlamaCppBackend(Backend):
         return b
 
     def logits(self, token_ids: Sequence[int]) -> Any:
-        import numpy as np
+        import numpy as np  # lazy: heavy: numpy
 
         llm = self._require()
         ids = list(token_ids)
@@ -379,8 +379,6 @@ class LlamaCppBackend(Backend):
             return None
         with self._constraints_lock:
             if self._constraints is None:
-                from backends.constrained import compiler_for_llama
-
                 self._constraints = compiler_for_llama(llm, self.spec.eos_token_ids)
         return self._constraints.matcher(request.constraint)
 
@@ -418,7 +416,7 @@ class LlamaCppBackend(Backend):
         """(the prompt's log-probabilities, None) when the request asks for them, or ((), the error)."""
         if not request.sampling.prompt_logprobs:
             return (), None
-        from backends.llama_cpp.logit_steps import eval_prompt_scored
+        from backends.llama_cpp.logit_steps import eval_prompt_scored  # lazy: heavy: numpy
 
         try:
             return self._worker.call(
@@ -450,7 +448,7 @@ class LlamaCppBackend(Backend):
         # Greedy: temperature 0 in llama.cpp's sampler chain is argmax; the other filters are then moot.
         # logit_bias, OpenAI's penalties and logprobs: backends/llama_cpp/logit_steps.py (llama.cpp's own
         # frequency/presence penalties stay 0: they count a 64-token window, OpenAI's every generated token)
-        from backends.llama_cpp.logit_steps import LogitSteps
+        from backends.llama_cpp.logit_steps import LogitSteps  # lazy: heavy: numpy
 
         steps = LogitSteps(sp, len(ids), self._one_token_bytes) if LogitSteps.wanted(sp) else None
         gen = llm.generate(
@@ -528,7 +526,7 @@ class LlamaCppBackend(Backend):
 
 def _masker(matcher: Any) -> Callable[[Any, Any], Any]:
     """A llama-cpp-python logits processor: forbidden tokens' scores to -inf.  scores: (n_vocab,) float32."""
-    import numpy as np
+    import numpy as np  # lazy: heavy: numpy
 
     def mask(_input_ids: Any, scores: Any) -> Any:
         try:

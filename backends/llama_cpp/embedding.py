@@ -25,7 +25,7 @@ class EmbeddingContext:
     frees it (a context made by `new`), else the Llama that made it does (an embedding model's own context)."""
 
     def __init__(self, model: Any, ctx: Any, n_ctx: int, verbose: bool, owned: bool) -> None:
-        from llama_cpp import _internals as internals
+        from llama_cpp import _internals as internals  # lazy: heavy: llama_cpp
 
         self.n_ctx = n_ctx
         self.n_embd = model.n_embd()
@@ -36,8 +36,8 @@ class EmbeddingContext:
     @classmethod
     def new(cls, model: Any, n_ctx: int, pooling: str, n_threads: int | None, verbose: bool) -> EmbeddingContext:
         """A second context on the loaded weights (a chat model asked for embeddings)."""
-        import llama_cpp
-        from llama_cpp import _internals as internals
+        import llama_cpp  # lazy: heavy: llama_cpp
+        from llama_cpp import _internals as internals  # lazy: heavy: llama_cpp
 
         refuse_rank(pooling)
         params = llama_cpp.llama_context_default_params()
@@ -52,8 +52,8 @@ class EmbeddingContext:
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> Any:
         """(len(inputs), n_embd) float32, each row pooled by llama.cpp and L2-normalized."""
-        import llama_cpp
-        import numpy as np
+        import llama_cpp  # lazy: heavy: llama_cpp
+        import numpy as np  # lazy: heavy: numpy
 
         out = np.zeros((len(inputs), self.n_embd), dtype=np.float32)
         for i, ids in enumerate(inputs):

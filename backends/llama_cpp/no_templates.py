@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
+from backends.errors import TemplateError
+
 _lock = threading.Lock()
 
 
@@ -29,8 +31,6 @@ class _NotCompiled:
 
 
 def _refuse(*args: Any, **kwargs: Any) -> NoReturn:
-    from backends.errors import TemplateError
-
     raise TemplateError(
         "llama-cpp-python's own chat handler is not used by hearth", "render with backends.templates.render_for_spec"
     )
@@ -38,7 +38,7 @@ def _refuse(*args: Any, **kwargs: Any) -> NoReturn:
 
 @contextmanager
 def templates_skipped() -> Iterator[None]:
-    import llama_cpp.llama_chat_format as chat_format
+    import llama_cpp.llama_chat_format as chat_format  # lazy: heavy: llama_cpp
 
     with _lock:
         real = chat_format.Jinja2ChatFormatter

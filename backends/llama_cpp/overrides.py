@@ -35,7 +35,7 @@ def cpu_expert_pattern(cpu_expert_layers: int) -> str | None:
 
 
 def _cpu_buffer_type() -> int:
-    from llama_cpp import _ggml
+    from llama_cpp import _ggml  # lazy: heavy: llama_cpp
 
     fn = _ggml.libggml.ggml_backend_cpu_buffer_type
     fn.restype, fn.argtypes = ctypes.c_void_p, []

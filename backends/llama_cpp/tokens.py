@@ -24,6 +24,8 @@ import threading
 import weakref
 from typing import Any
 
+from backends.errors import InvalidRequestError
+
 CHUNK_SPECIALS = 64  # special tokens per llama.cpp call: its quadratic term stays ~4000 steps per call
 _SPLITTING_TYPES = (1, 2, 4)  # LLAMA_VOCAB_TYPE_SPM, _BPE, _UGM: fragments between specials are independent
 _ATTR_UNKNOWN, _ATTR_CONTROL, _ATTR_USER_DEFINED, _ATTR_LSTRIP = 1, 8, 16, 128
@@ -33,7 +35,7 @@ class _Splitter:
     """Where a text may be cut for llama.cpp: the special tokens of one model's vocabulary."""
 
     def __init__(self, llm: Any) -> None:
-        import llama_cpp
+        import llama_cpp  # lazy: heavy: llama_cpp
 
         vocab = self.vocab = llama_cpp.llama_model_get_vocab(llm.model)
         self.vocab_type = int(llama_cpp.llama_vocab_type(vocab))
@@ -102,8 +104,6 @@ def tokenize(llm: Any, text: str, add_special: bool, parse_special: bool) -> lis
     try:
         data = text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        from backends.errors import InvalidRequestError
-
         raise InvalidRequestError(
             f"the prompt is not valid Unicode: a lone surrogate {text[exc.start]!r} at character {exc.start}",
             "send text that encodes as UTF-8",
@@ -123,7 +123,7 @@ def tokenize(llm: Any, text: str, add_special: bool, parse_special: bool) -> lis
 def _llama_tokenize(vocab: Any, data: bytes, parse_special: bool) -> list[int]:
     """llama_tokenize without BOS/EOS into a buffer sized for `data` (llama-cpp-python's Llama.tokenize
     allocates one of the training context's size per call, which dominated the cost of many small calls)."""
-    import llama_cpp
+    import llama_cpp  # lazy: heavy: llama_cpp
 
     size = len(data) + 4  # at most a token per byte, plus a space prefix (SPM)
     while True:

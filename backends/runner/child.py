@@ -129,12 +129,12 @@ class RunnerServer:
             elif isinstance(m, p.Detokenize):
                 reply = p.TextReply(m.call_id, b.detokenize(m.token_ids))
             elif isinstance(m, p.Logits):
-                import numpy as np
+                import numpy as np  # lazy: heavy: numpy
 
                 array = np.ascontiguousarray(b.logits(m.token_ids), dtype=np.float32)
                 reply = p.ArrayReply(m.call_id, list(array.shape), array.tobytes())
             elif isinstance(m, p.Embed):
-                import numpy as np
+                import numpy as np  # lazy: heavy: numpy
 
                 array = np.ascontiguousarray(b.embed(m.inputs), dtype=np.float32)
                 reply = p.ArrayReply(m.call_id, list(array.shape), array.tobytes())

@@ -530,14 +530,14 @@ class RunnerBackend(Backend):
         return self._call(lambda i: p.Detokenize(i, [int(t) for t in token_ids]), "detokenize()").text
 
     def logits(self, token_ids: Sequence[int]) -> Any:
-        import numpy as np
+        import numpy as np  # lazy: heavy: numpy
 
         ids = [int(t) for t in token_ids]
         reply = self._call(lambda i: p.Logits(i, ids), f"logits({len(ids)} tokens)")
         return np.frombuffer(reply.data, dtype=np.float32).reshape(reply.shape)
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> Any:
-        import numpy as np
+        import numpy as np  # lazy: heavy: numpy
 
         batch = [[int(t) for t in ids] for ids in inputs]
         reply = self._call(lambda i: p.Embed(i, batch), f"embed({len(batch)} inputs)")

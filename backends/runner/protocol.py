@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+import backends.errors as errors
 from backends.api import EngineStats, GenerationEvent, LoadOptions, Request
 from backends.describe import WireFact
 from backends.modelspec import ModelSpec
@@ -249,8 +250,6 @@ def error_info(exc: BaseException) -> ErrorInfo:
 def raise_error(info: ErrorInfo) -> None:
     """Raise the HearthError subclass the runner raised (same class, message and hint); anything else becomes
     a RunnerError that names the original type."""
-    import backends.errors as errors
-
     cls = getattr(errors, info.type, None)
     if isinstance(cls, type) and issubclass(cls, errors.HearthError):
         raise cls(info.message, info.hint)

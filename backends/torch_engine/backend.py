@@ -30,6 +30,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import torch
+
 from backends.api import (
     Backend,
     Capabilities,
@@ -46,11 +49,13 @@ from backends.api import (
     TokenLogprob,
     peak_rss_bytes,
 )
+from backends.constrained import compiler_for_tokenizer
 from backends.embeddings import is_embedding_model, not_for_chat, pooling_type
 from backends.errors import ContextOverflowError, InvalidRequestError, ModelLoadError
 from backends.modelspec import ModelSpec
 from backends.textstream import TextStream
 from backends.torch_engine.block_manager import BlockManager
+from backends.torch_engine.build import build_engine_parts
 from backends.torch_engine.engine import Engine
 from backends.torch_engine.messages import (
     Add,
@@ -82,7 +87,6 @@ _CLOSED = "the torch backend was closed"
 def build_parts(spec: ModelSpec, options: LoadOptions, progress: ProgressCallback | None) -> EngineParts:
     """Load the real model (the model half: backends.torch_engine.model_runner)."""
     # imported here, not at the top: the model half imports torch, and TorchBackend runs without it on fakes
-    from backends.torch_engine.build import build_engine_parts
 
     return build_engine_parts(spec, options, progress)
 
@@ -208,8 +212,6 @@ class TorchBackend(Backend):
 
     def logits(self, token_ids: Sequence[int]) -> Any:
         """Logits after every position, computed on the engine thread between steps."""
-        import numpy as np
-
         self._require()
         assert self._parts is not None
         ids = list(token_ids)
@@ -247,8 +249,6 @@ class TorchBackend(Backend):
         engine thread between steps: an embedding request waits at most one step of the batch, and the batch
         waits for its forward (chunks of n_batch tokens, like a prompt's prefill).  Each input takes scratch KV
         blocks from the pool for the forward and gives them back (never to the prefix cache)."""
-        import numpy as np
-
         self._require()
         assert self._parts is not None
         if self._parts.embed is None:
@@ -345,8 +345,6 @@ class TorchBackend(Backend):
         """The model's ConstraintCompiler (its vocabulary as llguidance sees it: ~0.1 s for 49k tokens, once)."""
         with self._constraints_lock:
             if self._constraints is None:
-                from backends.constrained import compiler_for_tokenizer
-
                 assert self._parts is not None
                 self._constraints = compiler_for_tokenizer(
                     self._parts.tokenizer, self.spec.eos_token_ids, self.spec.bos_token_id, self.spec.vocab_size or None
@@ -605,8 +603,6 @@ class TorchBackend(Backend):
         if ranks is not None:  # tensor parallelism: the other ranks' processes hold their shares
             info["rss_bytes"] += ranks()
         try:
-            import torch
-
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 info["gpu_bytes"] = int(torch.cuda.memory_reserved())
         except Exception:  # noqa: BLE001 - memory figures are best effort

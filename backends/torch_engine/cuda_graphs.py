@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from backends.errors import ConfigError
 from backends.torch_engine.quantize import QUANTIZED_ROWS
 from kernels.attention import AttentionMetadata
 
@@ -98,6 +99,7 @@ def step_inputs(rows: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torc
     """(input_ids, positions, meta) of a staged decode batch, all derived on the device from `rows` ((size,
     TABLE + width) int32, the device copy of stage_rows' output): the graph reads no host value.  meta's host
     tuples are empty; its tables are in memo for the Triton attention (kernels/attention_triton.py)."""
+    # lazy: heavy: triton
     from kernels.attention_triton import BLOCK_TABLES, SEQ_LENS  # triton is imported only where it runs
 
     size = rows.shape[0]
@@ -120,7 +122,6 @@ def enabled_by_env(environ: Mapping[str, str] = os.environ) -> bool:
         return True
     if value in ("0", "off", "false", "no"):
         return False
-    from backends.errors import ConfigError
 
     raise ConfigError(f"{ENV_VAR} must be 1 or 0, got {value!r}", f"unset it or set {ENV_VAR}=0 to turn graphs off")
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from backends.api import TokenLogprob
 from backends.errors import HearthError
+from backends.torch_engine.logprobs import chunk_prompt_logprobs, sampled_logprobs
 from backends.torch_engine.parts import Runner
 from backends.torch_engine.request import EngineRequest, RequestStatus
 from backends.torch_engine.sampler import Sampler
@@ -142,8 +143,6 @@ class Engine:
 
     def _logprobs(self, result: RunnerOutput, sampled: dict[str, int | tuple[int, ...]]) -> dict[str, TokenLogprob]:
         """The sampled tokens' log-probabilities, for the rows whose requests ask (the others pay nothing)."""
-        from backends.torch_engine.logprobs import sampled_logprobs
-
         rows = [
             (i, rid)
             for i, rid in enumerate(result.request_ids)
@@ -163,8 +162,6 @@ class Engine:
     def _score_prompts(self, out: SchedulerOutput, result: RunnerOutput) -> None:
         """Add the prompt log-probabilities a chunk scored to its request (SamplingParams.prompt_logprobs).  A
         chunk starting at position s rewrites the entries after s, so a recompute after preemption is harmless."""
-        from backends.torch_engine.logprobs import chunk_prompt_logprobs
-
         for s in out.scheduled:
             rows = result.prompt_logits.get(s.request_id)
             request = self.scheduler.requests.get(s.request_id)

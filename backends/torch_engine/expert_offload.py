@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
+from backends.errors import ConfigError
 from backends.torch_engine.expert_cache import ExpertCachePolicy
 
 
@@ -87,11 +89,7 @@ class ExpertOffload:
 def offload_experts(model, n_layers: int, device: torch.device, num_slots: int) -> list[ExpertOffload]:  # noqa: ANN001
     """Give the first n_layers MoE layers of `model` (models/moe.py MoEModel) an ExpertOffload each; their
     expert parameters are dropped from the module (the offload holds them).  Returns the offloads."""
-    from torch import nn
-
     if n_layers > len(model.moe_layers()):
-        from backends.errors import ConfigError
-
         raise ConfigError(f"cpu_expert_layers {n_layers} is more than the model's {len(model.moe_layers())} layers")
     offloads = []
     for moe in model.moe_layers()[:n_layers]:

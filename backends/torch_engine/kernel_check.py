@@ -27,8 +27,10 @@ from typing import Any
 import torch
 
 from backends.modelspec import ModelSpec
+from backends.torch_engine.quantize import QuantLinear
 from kernels import selfcheck
 from kernels.dispatch import KernelSet, kernel_set
+from kernels.quant_matmul import fp8_supported
 
 _lock = threading.Lock()
 # kernels whose torch replacement reads step data on the host: a CUDA graph cannot replay them
@@ -71,8 +73,6 @@ class KernelCheck:
 
 def check_shape(spec: ModelSpec, model: torch.nn.Module) -> selfcheck.CheckShape:
     """What of this model the check exercises; the weight formats are read off the loaded QuantLinears."""
-    from backends.torch_engine.quantize import QuantLinear
-
     kinds = sorted({m.kind for m in model.modules() if isinstance(m, QuantLinear)})
     return dataclasses.replace(spec_shape(spec), quant_kinds=tuple(kinds))
 
@@ -189,8 +189,6 @@ def check_kernels(
 def apply_to_model(model: torch.nn.Module, ops: KernelSet, check: KernelCheck) -> KernelSet:
     """Swap the rejected kernels out of `model` (a named transform after loading): modules that call through
     `ops` get the patched set, quantized layers of a rejected format the plain-torch matmul.  Returns the set."""
-    from backends.torch_engine.quantize import QuantLinear
-
     patched = selfcheck.apply(ops, kernel_set("torch"), check.verdicts)
     if patched is not ops:
         for m in model.modules():
@@ -215,8 +213,6 @@ def doctor_check(spec: ModelSpec, record: str | os.PathLike[str] | None, budget_
     device runs (int8, int4, and fp8 from compute capability 8.9), checked again now and recorded: on the GPU,
     or on CPU under the Triton interpreter (the caller sets TRITON_INTERPRET=1 before anything imports the
     kernels)."""
-    from kernels.quant_matmul import fp8_supported
-
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

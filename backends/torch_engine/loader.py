@@ -39,8 +39,18 @@ from torch import nn
 
 from backends.errors import ConfigError, ModelFormatError, UnsupportedArchitectureError
 from backends.modelspec import ModelSpec
+from backends.torch_engine import quantize
 from backends.torch_engine.models import FAMILIES, family
 from backends.torch_engine.models.layers import DecoderConfig, DecoderModel
+from backends.torch_engine.quantize import (
+    GGUF_BLOCKS,
+    HEAD_DENSE_MIN_ROWS,
+    QuantConfig,
+    QuantLinear,
+    layer_config,
+    set_submodule,
+)
+from backends.torch_engine.tp.layers import read_plan, wrap_loaded_shares
 from backends.torch_engine.weights import FREQ_FACTORS, ROPE_FACTOR_TENSORS, Selection, file_weights, unreorder
 from backends.weight_map import SHARDS, is_projection_param, template
 from backends.weight_map import names as weight_names
@@ -49,7 +59,6 @@ from kernels.quant_matmul import QuantWeight, concat_rows, dequantize
 from kernels.rope import rope_inv_freq
 
 if TYPE_CHECKING:  # pragma: no cover
-    from backends.torch_engine.quantize import QuantConfig
     from backends.torch_engine.tp.comm import Comm
 
 
@@ -179,8 +188,6 @@ def _is_projection(key: str, names: dict[str, tuple[str, str | None]]) -> bool:
 def _quantize_on_load(weight: torch.Tensor, config: QuantConfig, device: torch.device) -> torch.Tensor | QuantWeight:
     """One projection (or shard of a merged one) quantized on `device`; dense when quantize.layer_config says
     the layer stays dense (int4 with in_features not a multiple of 32)."""
-    from backends.torch_engine import quantize
-
     layer_cfg = quantize.layer_config(config, weight.shape[1])
     return weight if layer_cfg is None else quantize.quantize_rows(weight, layer_cfg, device)
 
@@ -227,8 +234,6 @@ def load_model(
     keep_gguf_quant = weight_quant == "gguf"
     rtn = None
     if weight_quant in ("int8", "int4", "fp8"):
-        from backends.torch_engine.quantize import QuantConfig
-
         rtn = QuantConfig(kind=weight_quant)
     cfg = config_from_spec(spec)
     check_file_shapes(spec, cfg)
@@ -236,8 +241,6 @@ def load_model(
     names = weight_names(spec.architecture, spec.format)
     plan = None
     if tp is not None and tp.world > 1:
-        from backends.torch_engine.tp.layers import read_plan
-
         plan = read_plan(cfg, tp.rank, tp.world, _down_group(spec, names, keep_gguf_quant, rtn, cfg.ffn_size))
         cfg = plan.local_config(cfg)  # the model is built at this rank's widths
 
@@ -299,8 +302,6 @@ def load_model(
     quantized = {k: v for k, v in params.items() if isinstance(v, QuantWeight)}
     model.load_state_dict({k: v for k, v in params.items() if k not in quantized}, strict=False, assign=True)
     if quantized:
-        from backends.torch_engine.quantize import HEAD_DENSE_MIN_ROWS, QuantLinear, set_submodule
-
         for target, qw in quantized.items():
             module = target.removesuffix(".weight")
             bias = params.get(module + ".bias")
@@ -325,8 +326,6 @@ def load_model(
     if cfg.rope_base_local:  # sliding-window layers' own RoPE (Gemma 3): their base, no scaling
         model.inv_freq_local = rope_inv_freq(rot, cfg.rope_base_local)
     if plan is not None:
-        from backends.torch_engine.tp.layers import wrap_loaded_shares
-
         wrap_loaded_shares(model, plan, tp)  # type: ignore[arg-type]
     return (model if host_layers else model.to(device)).eval()
 
@@ -336,13 +335,9 @@ def _down_group(spec: ModelSpec, names: dict, keep_gguf: bool, rtn: QuantConfig 
     groups, as tp/layers.shard_model's does): a kept GGUF block (32), an int4 group, else 1 (dense, or int8 /
     fp8 per channel, quantized from the rank's own columns)."""
     if rtn is not None:
-        from backends.torch_engine.quantize import layer_config
-
         layer = layer_config(rtn, ffn)
         return layer.group_size if layer is not None and layer.kind == "int4" else 1
     if keep_gguf and spec.format == "gguf":
-        from backends.torch_engine.quantize import GGUF_BLOCKS
-
         for t in spec.tensors:
             key, _ = template(_text_model_name(t.name))
             if names.get(key, ("", None))[0].endswith("mlp.down_proj.weight"):

@@ -11,10 +11,14 @@ n_kv_heads, head_dim), sized from LoadOptions.kv_cache_bytes, else max_num_seqs 
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import psutil
 import torch
 
 from backends.api import LoadOptions
@@ -22,12 +26,20 @@ from backends.errors import ConfigError
 from backends.modelspec import ModelSpec
 from backends.torch_engine.cuda_graphs import DecodeGraphs, graph_sizes, unavailable_reason
 from backends.torch_engine.devices import resolve_device
+from backends.torch_engine.expert_offload import describe_offloads
+from backends.torch_engine.kernel_check import GRAPH_BLOCKERS, applies, apply_to_model, check_model, record_graph_check
 from backends.torch_engine.kv_pool import KVPool
+from backends.torch_engine.offload import offload_layers
 from backends.torch_engine.parts import kv_pool_blocks
+from backends.torch_engine.quantize import QUANTIZED_ROWS, QuantLinear, prepare_for_cpu
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
 from backends.torch_engine.threads import IdleCores, ThreadTuner
+from backends.torch_engine.tp.layers import pool_kv_heads as most_kv_heads
+from backends.torch_engine.tp.layers import shard_model
+from hwprobe.memory import torch_cpu_dense_copy_budget
 from kernels.attention import build_attention_metadata
 from kernels.dispatch import kernel_set
+from kernels.selfcheck import TOLERANCES
 
 if TYPE_CHECKING:  # pragma: no cover
     from backends.torch_engine.tp.comm import Comm
@@ -84,10 +96,6 @@ def dense_copy_budget() -> int:
     at most 1 GiB and a tenth of physical memory.  The starter's copies take 212 MiB and make a 512-token
     prefill chunk ~2.5x faster; a 7B model's (13 GiB) do not fit, and it prefills through the int4 kernel.
     The rule is hwprobe.memory's, so the plan counts exactly these copies."""
-    import psutil
-
-    from hwprobe.memory import torch_cpu_dense_copy_budget
-
     return torch_cpu_dense_copy_budget(psutil.virtual_memory().total)
 
 
@@ -95,8 +103,6 @@ def _release_freed_memory() -> None:
     """Hand the loader's freed temporaries (float32 dequantized tensors, repacking copies) back to the OS.
     glibc keeps them in its heap otherwise: the starter's resident memory after loading was 1157 MiB, 915 MiB
     after this."""
-    import gc
-
     gc.collect()
     _trim_heap()
 
@@ -105,9 +111,6 @@ def _trim_heap() -> None:
     """malloc_trim(0): glibc returns its heap's free pages to the OS.  Called after each layer's CPU preparation
     too: the float32 temporaries of the dense copies otherwise stay in the heap between the bf16 copies made
     after them, and the load's peak (VmHWM, what the plan must cover) was ~110 MiB above its end state."""
-    import ctypes
-    import sys
-
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -136,7 +139,7 @@ class ModelRunner:
     ) -> None:
         """tp: this process's place in a tensor-parallel group (backends/torch_engine/tp): the model then keeps
         this rank's share of every layer and the KV pool this rank's KV heads."""
-        from backends.torch_engine.loader import load_model
+        from backends.torch_engine.loader import load_model  # lazy: heavy: numpy
 
         self.spec, self.options = spec, options
         self.device = resolve_device(options.device)
@@ -163,7 +166,7 @@ class ModelRunner:
         # same weights quantize_model gives): the dense model is never whole on the device.
         host_layers = spec.n_layers - self._resident_layers(options.n_gpu_layers)
         if spec.n_experts:  # mixture of experts: models/moe.py, its first layers' experts maybe in host RAM
-            from backends.torch_engine.moe_loader import load_moe_model
+            from backends.torch_engine.moe_loader import load_moe_model  # lazy: heavy: numpy
 
             if self.weight_quant == "gguf":  # the CPU default; MoE weights load dense, and describe() says so
                 self.weight_quant = "none"
@@ -184,9 +187,6 @@ class ModelRunner:
             )
         kv_heads = pool_kv_heads = spec.n_kv_heads
         if tp is not None and tp.world > 1:  # before the CPU packing below, which then packs this rank's shares
-            from backends.torch_engine.tp.layers import pool_kv_heads as most_kv_heads
-            from backends.torch_engine.tp.layers import shard_model
-
             pool_kv_heads = most_kv_heads(spec, tp.world)
             if spec.n_experts:  # the MoE loader reads whole models: cut afterwards (shard_model refuses MoE MLPs)
                 kv_heads = shard_model(self.model, tp).num_kv_heads
@@ -196,8 +196,6 @@ class ModelRunner:
         self.cpu_packed_layers = 0
         self.dense_copy_bytes = 0
         if self.device.type == "cpu":
-            from backends.torch_engine.quantize import prepare_for_cpu
-
             self.dense_copy_bytes, self.cpu_packed_layers = prepare_for_cpu(
                 self.model, self.dtype, dense_copy_budget(), _trim_heap
             )
@@ -217,8 +215,6 @@ class ModelRunner:
         """Issue 25's first contact: check every Triton kernel this model calls on this device (once per device
         key, kept in `record`) and swap the ones that fail, err or are slow for the torch ops.  A check that
         itself fails must not take the engine down: the kernels stay, and describe() says why unchecked."""
-        from backends.torch_engine.kernel_check import applies, apply_to_model, check_model
-
         if not record or not applies(self.ops, self.device):
             return None, None
         try:
@@ -244,7 +240,6 @@ class ModelRunner:
         resident = self._resident_layers(n_gpu_layers)
         if resident == self.spec.n_layers:
             return None
-        from backends.torch_engine.offload import offload_layers
 
         return offload_layers(self.model, resident, self.device)
 
@@ -254,8 +249,6 @@ class ModelRunner:
         not counting the dense prefill copies (dense_copy_bytes).  Offloaded blocks count at their host bytes
         (offload_host_bytes in describe()); the GPU then holds weight_bytes - offload_host_bytes plus the
         streaming buffers (offload_buffer_bytes)."""
-        from backends.torch_engine.quantize import QuantLinear
-
         seen: set[int] = set()
         total = 0
         for t in list(self.model.parameters()) + [b for b in self.model.buffers() if b is not None]:
@@ -284,8 +277,6 @@ class ModelRunner:
         num_decodes: the first so many sequences are one-token decodes and the rest prompt chunks; their rows
         take the quantized and the dense kernels of layers that have both (quantize.QUANTIZED_ROWS).  None:
         each layer chooses by the number of rows."""
-        from backends.torch_engine.quantize import QUANTIZED_ROWS
-
         self.kv_pool.ensure(table for _, _, table in seqs)
         ids: list[int] = []
         positions: list[int] = []
@@ -387,8 +378,6 @@ class ModelRunner:
     def _graphs_vetoed(self) -> str | None:
         """Why the kernel check rules graphs out: a replaced kernel that reads step data on the host, or a
         recorded mismatch of a captured step against the eager one on this device key."""
-        from backends.torch_engine.kernel_check import GRAPH_BLOCKERS
-
         blocked = [f for f in self.ops.replaced if f in GRAPH_BLOCKERS]
         if blocked:
             return f"off (the kernel self-check replaced {', '.join(blocked)} by torch ops, which a graph cannot hold)"
@@ -401,9 +390,6 @@ class ModelRunner:
         """Issue 25, item 2: the first graph step is also run eagerly (same inputs; the K/V it writes are
         written again by the graph) and their logits compared; a mismatch turns graphs off (and, with a record,
         for this device key) and the eager logits are returned."""
-        from backends.torch_engine.kernel_check import record_graph_check
-        from kernels.selfcheck import TOLERANCES
-
         eager = self.forward([([tok], start, table) for tok, start, table in rows], "last", num_decodes=len(rows))
         got = graphs.run(rows).float()
         err = float((got - eager).abs().max()) if eager.numel() else 0.0
@@ -447,8 +433,6 @@ class ModelRunner:
         """(hidden,) float32: the last hidden states (after the final norm, what llama.cpp's embedding mode pools)
         of `token_ids`, pooled ("mean" | "cls" | "last") and L2-normalized.  Runs in chunks of n_batch tokens
         over `block_table` (blocks the caller allocated), each chunk attending to the ones before it."""
-        from backends.torch_engine.quantize import QUANTIZED_ROWS
-
         n, chunk = len(token_ids), self.options.n_batch
         self.kv_pool.ensure([tuple(block_table)])  # blocks a growing pool has not committed yet are zeroed first
         total: torch.Tensor | None = None
@@ -513,7 +497,6 @@ class ModelRunner:
     def _describe_experts(self) -> dict[str, Any]:
         if not self.spec.n_experts:
             return {}
-        from backends.torch_engine.expert_offload import describe_offloads
 
         return describe_offloads(self.model)
 

@@ -15,12 +15,13 @@ weight_quant "gguf" (the CPU default) loads dense too and int8 / int4 / fp8 are 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from backends.errors import ConfigError, ModelFormatError, UnsupportedArchitectureError
 from backends.modelspec import ModelSpec
+from backends.torch_engine.expert_offload import default_slots, offload_experts
 from backends.torch_engine.loader import base_config, complete_params
 from backends.torch_engine.models.moe import MoEConfig, MoEModel
 from backends.torch_engine.weights import FREQ_FACTORS, ROPE_FACTOR_TENSORS, file_weights, unreorder
@@ -82,8 +83,6 @@ def expert_template(key: str) -> tuple[str, int | None]:
 
 
 def moe_config_from_spec(spec: ModelSpec) -> MoEConfig:
-    from dataclasses import fields
-
     arch = MOE_ARCHITECTURES.get(spec.architecture)
     if arch is None or not spec.n_experts or not spec.n_experts_used:
         raise UnsupportedArchitectureError(
@@ -193,7 +192,5 @@ def load_moe_model(
         cfg.head_dim, cfg.rope_base, {} if freq_factors is not None else scaling, freq_factors
     )
     if cpu_expert_layers:
-        from backends.torch_engine.expert_offload import default_slots, offload_experts
-
         offload_experts(model, cpu_expert_layers, device, default_slots(cfg.n_experts, cfg.n_experts_used))
     return model.to(device).eval()

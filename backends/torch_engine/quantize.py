@@ -172,7 +172,7 @@ class QuantLinear(nn.Module):
             return quant_matmul_cpu(x.to(FAST_DTYPE), self._cpu, self.bias).to(x.dtype)
         use_triton = self.impl == "triton" or (self.impl == "auto" and x.is_cuda)
         if use_triton:
-            from kernels.quant_matmul_triton import quant_matmul_triton
+            from kernels.quant_matmul_triton import quant_matmul_triton  # lazy: heavy: triton
 
             return quant_matmul_triton(x, self.weight, self.bias)
         return quant_matmul_torch(x, self.weight, self.bias)

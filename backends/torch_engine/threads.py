@@ -33,6 +33,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import psutil
+
 
 @dataclass
 class _Trial:
@@ -173,8 +175,6 @@ class IdleCores:
 
     def __call__(self) -> float | None:
         try:
-            import psutil
-
             times = psutil.cpu_times()
         except Exception:  # noqa: BLE001 - no figure: the tuner then tries every count
             return None

@@ -18,6 +18,7 @@ from typing import Any
 from backends.errors import ModelFormatError, UnsupportedArchitectureError
 from backends.gguf_reader import read_header
 from backends.modelspec import ModelSpec
+from backends.torch_engine.spm_tokenizer import SpmTokenizer
 
 _LLAMA3 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -87,14 +88,12 @@ def load_tokenizer(spec: ModelSpec) -> Any:
 
 
 def _from_gguf(spec: ModelSpec) -> Any:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers  # lazy: heavy: tokenizers
 
     keys = ["tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"]
     md = read_header(spec.path, keep_arrays=keys).metadata
     model, pre = md.get("tokenizer.ggml.model"), md.get("tokenizer.ggml.pre", "default")
     if model == "llama":  # SentencePiece vocabularies (Llama 1/2, Mistral): backends/torch_engine/spm_tokenizer.py
-        from backends.torch_engine.spm_tokenizer import SpmTokenizer
-
         return SpmTokenizer(
             md["tokenizer.ggml.tokens"],
             md.get("tokenizer.ggml.scores") or [],
@@ -159,7 +158,7 @@ def _from_gguf(spec: ModelSpec) -> Any:
 
 
 def _from_hf(spec: ModelSpec) -> HearthTokenizer:
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # lazy: heavy: tokenizers
 
     path = Path(spec.path) / "tokenizer.json"
     try:

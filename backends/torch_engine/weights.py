@@ -17,6 +17,7 @@ from backends.errors import ModelFormatError
 from backends.gguf_reader import read_model_header
 from backends.modelspec import ModelSpec
 from backends.torch_engine.quantize import GGUF_BLOCKS, repack_gguf
+from backends.torch_engine.tp.layers import _cols
 from kernels.quant_matmul import QuantWeight
 
 FREQ_FACTORS = "rope_freqs.weight"  # Llama 3's RoPE frequency factors
@@ -53,7 +54,7 @@ def dequantize_rows(data: np.ndarray, qtype, shape: tuple[int, ...], dtype: torc
     """A 2-D GGUF tensor's raw rows -> (out, in) tensor in `dtype`, dequantized a few MiB of rows at a time:
     the float32 form of a large tensor (the starter's 49152 x 576 embedding: 108 MiB, and numpy's copy of it
     as much again) is never whole, so the loader's peak is the tensor in `dtype` plus one chunk."""
-    from gguf.quants import dequantize
+    from gguf.quants import dequantize  # lazy: heavy: gguf (numpy)
 
     out = torch.empty(shape, dtype=dtype)
     step = max(1, DEQUANT_CHUNK_ELEMENTS // max(shape[1], 1))
@@ -84,8 +85,8 @@ def gguf_weights(
     whole blocks; a column span inside a block dequantizes the selected rows, then cuts)."""
     # gguf (and safetensors below): imported when a file is read, not when the engine is (gguf alone
     # takes ~0.6 s to import here)
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import dequantize
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # lazy: heavy: gguf (numpy)
+    from gguf.quants import dequantize  # lazy: heavy: gguf (numpy)
 
     _, shards = read_model_header(spec.path)
     for header in shards:
@@ -114,8 +115,6 @@ def gguf_weights(
                 blocks = torch.from_numpy(np.array(data, dtype=np.uint8))
                 qw = repack_gguf(blocks, qtype.name, int(data.shape[0]), k, scale_dtype)
                 if cols is not None:  # inside a 256-wide K-quant block: cut the repacked 32-groups instead
-                    from backends.torch_engine.tp.layers import _cols
-
                     qw = _cols(qw, cols[0], cols[1], dtype)
                 yield t.name, qw
                 continue
@@ -142,7 +141,7 @@ def hf_weights(
     compute dtype (norms to float32), so a 16-bit checkpoint never passes through a whole float32 copy of a
     tensor (a Llama-2-7B embedding: 500 MB more at the loader's peak).  select(name): a tensor-parallel rank's
     rows / columns, read as slices (safetensors reads only those bytes)."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError, safe_open  # lazy: heavy: safetensors
 
     for f in spec.files:
         try:

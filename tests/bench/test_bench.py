@@ -84,7 +84,8 @@ def test_bench_json_has_every_figure_for_each_installed_backend(capsys):
 @pytest.fixture
 def fake_loaded(monkeypatch):
     """The bench worker's open_backend returns a loaded FakeBackend (three-token replies)."""
-    import app.loading
+    import app.bench
+    import app.bench_qos
     from tests.fakes import FakeBackend, fake_spec
 
     backend = FakeBackend(replies=["a b c"])
@@ -94,7 +95,8 @@ def fake_loaded(monkeypatch):
         spec = fake_spec()
 
     Loaded.backend = backend
-    monkeypatch.setattr(app.loading, "open_backend", lambda *a, **k: Loaded)
+    for module in (app.bench, app.bench_qos):  # where bench looks the loader up
+        monkeypatch.setattr(module, "open_backend", lambda *a, **k: Loaded)
     return backend
 
 

@@ -76,12 +76,12 @@ def test_faulty_kernels_are_replaced_the_model_answers_and_the_record_remembers(
 def test_a_check_that_breaks_leaves_the_engine_running_and_says_why(
     spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import backends.torch_engine.kernel_check as kc
+    import backends.torch_engine.model_runner as model_runner
 
     def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise ValueError("injected: the check itself failed")
 
-    monkeypatch.setattr(kc, "check_model", broken)
+    monkeypatch.setattr(model_runner, "check_model", broken)  # the name ModelRunner calls
     runner = _runner(spec, tmp_path / "k.json")
     assert runner.kernel_check is None and runner.ops.replaced == ()
     assert runner.describe()["kernel_check"] == "could not run (ValueError: injected: the check itself failed)"

@@ -12,6 +12,9 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from hwprobe.probe import probe
+from hwprobe.render import report_text
+
 
 def format_plan(decision: Any | None) -> str:
     if decision is None:
@@ -47,9 +50,6 @@ class HardwareScreen(ModalScreen[None]):
     @work(thread=True, exclusive=True)
     def probe(self) -> None:
         try:
-            from hwprobe.probe import probe
-            from hwprobe.render import report_text
-
             text = report_text(probe())  # the same text as `hearth probe`
         except Exception as exc:  # the screen says what failed instead of crashing the app
             text = f"probe failed: {exc}"

@@ -4,6 +4,7 @@ computed in a thread worker, so the list opens at once even when reading headers
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from textual import work
@@ -12,6 +13,9 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
+
+from app.loading import decide
+from app.store import ModelStore
 
 
 def _gib(n: int) -> str:
@@ -36,11 +40,6 @@ def model_row(entry: Any, spec: Any, decision: Any) -> tuple[str, ...]:
 
 def plan_rows(settings: Any) -> tuple[list[tuple[str, ...]], dict[str, list[str]]]:
     """(rows, reasons by model name) for every local model; unreadable ones get a row that says why."""
-    from pathlib import Path
-
-    from app.loading import decide
-    from app.store import ModelStore
-
     store = ModelStore()
     rows, reasons = [], {}
     for entry in store.entries():

@@ -14,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
 from app.conversations import ChatSettings
+from app.structured import constraint_for
 from backends.api import SamplingParams
 from hwprobe.errors import HearthError
 
@@ -74,7 +75,6 @@ class SettingsScreen(ModalScreen[SettingsResult | None]):
         try:
             s = parse_settings(self.query_one("#system", TextArea).text, **v)
             json_output = self.query_one("#json_output", Input).value.strip() or None
-            from app.structured import constraint_for
 
             constraint_for(json_output)  # a missing or bad schema file is refused here, with the reason
         except HearthError as exc:

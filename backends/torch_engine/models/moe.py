@@ -22,7 +22,7 @@ Routing statistics: `expert_counts` (E,) int64 counts the tokens routed to each 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -55,8 +55,6 @@ class SparseMoE(nn.Module):
         self.shared: MLP | None = None
         self.shared_gate: nn.Linear | None = None
         if cfg.shared_ffn_size:
-            from dataclasses import replace
-
             self.shared = MLP(replace(cfg, ffn_size=cfg.shared_ffn_size), ops)
             self.shared_gate = nn.Linear(h, 1, bias=False)
         self.register_buffer("expert_counts", torch.zeros(e, dtype=torch.int64), persistent=False)

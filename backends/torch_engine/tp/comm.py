@@ -38,7 +38,7 @@ class Comm:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of `x` over every rank, in x's dtype (float32 on the way over gloo)."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: heavy: torch (~3 s)
 
         if self.world == 1:
             return x
@@ -52,7 +52,7 @@ class Comm:
     def gather_columns(self, x: torch.Tensor, widths: list[int]) -> torch.Tensor | None:
         """x: (rows, widths[rank]) on every rank -> (rows, sum(widths)) on rank 0 (None elsewhere): the head's
         vocabulary slices side by side.  Padded to the widest slice, as gather wants equal shapes."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: heavy: torch (~3 s)
 
         if self.world == 1:
             return x
@@ -69,7 +69,7 @@ class Comm:
 
 def init_group(rank: int, world: int, port: int, device: torch.device, store=None) -> Comm:
     """Join the group whose TCPStore rank 0 serves on 127.0.0.1:port (rank 0 passes its own `store`)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: heavy: torch (~3 s)
 
     if dist.is_initialized():
         raise ConfigError(
@@ -85,7 +85,7 @@ def init_group(rank: int, world: int, port: int, device: torch.device, store=Non
 
 def make_store(world: int):
     """Rank 0's TCPStore on a free port of 127.0.0.1 (port 0: the OS picks; no race with other programs)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: heavy: torch (~3 s)
 
     return dist.TCPStore(
         "127.0.0.1", 0, world, is_master=True, timeout=timedelta(seconds=timeout_s()), wait_for_workers=False
@@ -93,7 +93,7 @@ def make_store(world: int):
 
 
 def leave_group() -> None:
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: heavy: torch (~3 s)
 
     if dist.is_initialized():
         try:

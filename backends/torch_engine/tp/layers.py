@@ -18,6 +18,7 @@ Applied after loading and before the CPU packing (quantize.prepare_for_cpu), whi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from backends.errors import ConfigError
+from backends.torch_engine.quantize import QuantLinear
 from backends.torch_engine.tp.comm import Comm
 from backends.torch_engine.tp.partition import HeadShard, balanced, ffn_shards, head_shards
 from kernels.quant_matmul import QuantWeight, concat_rows, dequantize
@@ -75,8 +77,6 @@ def _cols(w: torch.Tensor | QuantWeight, lo: int, hi: int, dtype: torch.dtype) -
 
 
 def _weight(m: nn.Module) -> torch.Tensor | QuantWeight:
-    from backends.torch_engine.quantize import QuantLinear
-
     if isinstance(m, QuantLinear):
         if m._cpu is not None or m._dense is not None or m.input_scale is not None:
             raise RuntimeError("tensor-parallel surgery runs before CPU packing and without AWQ scales")
@@ -85,8 +85,6 @@ def _weight(m: nn.Module) -> torch.Tensor | QuantWeight:
 
 
 def _linear(w: torch.Tensor | QuantWeight, bias: torch.Tensor | None) -> nn.Module:
-    from backends.torch_engine.quantize import QuantLinear
-
     if isinstance(w, QuantWeight):
         return QuantLinear(w, bias)
     m = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None, device="meta")
@@ -256,8 +254,6 @@ class ReadPlan:
 
     def local_config(self, cfg):  # type: ignore[no-untyped-def]
         """The DecoderConfig of this rank's share: its heads, FFN rows and vocabulary rows."""
-        import dataclasses
-
         return dataclasses.replace(
             cfg,
             n_heads=self.heads.num_heads,

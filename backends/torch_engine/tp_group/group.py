@@ -15,6 +15,7 @@ be trusted, prefix cache included."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing.connection as mpc
 import os
 import signal
@@ -34,8 +35,6 @@ RUNNER_EXIT_CODE = 3  # the runner's exit status when its group went down (the r
 
 def rank_options(options: LoadOptions, rank: int, world: int) -> LoadOptions:
     """The LoadOptions one rank loads with: its own GPU (cuda:first+rank), and on CPU its share of the cores."""
-    import dataclasses
-
     device = options.device
     if device.startswith("cuda:"):
         device = f"cuda:{int(device.split(':', 1)[1]) + rank}"
@@ -50,14 +49,14 @@ def rank_options(options: LoadOptions, rank: int, world: int) -> LoadOptions:
 
 
 def _cuda_available() -> bool:
-    import torch
+    import torch  # lazy: heavy: torch (~3 s)
 
     return torch.cuda.is_available()
 
 
 def _physical_cores() -> int:
     try:
-        import psutil
+        import psutil  # lazy: optional dependency (ImportError handled)
 
         return psutil.cpu_count(logical=False) or os.cpu_count() or 1
     except ImportError:  # pragma: no cover - psutil is a dependency
@@ -109,7 +108,7 @@ class WorkerGroup:
     """Ranks 1..world-1 as child processes, joined with this process (rank 0) in one torch.distributed group."""
 
     def __init__(self, spec: ModelSpec, options: LoadOptions, world: int) -> None:
-        from backends.torch_engine.tp.comm import init_group, make_store
+        from backends.torch_engine.tp.comm import init_group, make_store  # lazy: heavy: torch (~3 s)
 
         self.world = world
         self.down_reason: str | None = None
@@ -126,9 +125,9 @@ class WorkerGroup:
                 self.conns.append(conn)
                 conn.send((spec, rank_options(options, rank, world)))
             self._wait_all("hello", "starting")  # each rank says hello just before it joins the group
-            import torch
+            import torch  # lazy: heavy: torch (~3 s)
 
-            from backends.torch_engine.devices import resolve_device
+            from backends.torch_engine.devices import resolve_device  # lazy: heavy: torch (~3 s)
 
             device = resolve_device(rank_options(options, 0, world).device)
             if device.type == "cuda":
@@ -223,7 +222,7 @@ class WorkerGroup:
 
     def close(self) -> None:
         """Tell every rank to stop, wait for them (CLOSE_TIMEOUT_S), kill what is left, leave the group."""
-        from backends.torch_engine.tp.comm import leave_group
+        from backends.torch_engine.tp.comm import leave_group  # lazy: heavy: torch (~3 s)
 
         with self._lock:
             self._closing = True

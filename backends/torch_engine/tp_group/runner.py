@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import psutil
 import torch
 
 from backends.api import LoadOptions
@@ -96,8 +97,6 @@ class TPModelRunner(ModelRunner):
 
     def ranks_rss_bytes(self) -> int:
         """Resident memory of ranks 1..N-1 (their processes are this engine's too: stats() adds them)."""
-        import psutil
-
         total = 0
         for pid in self.group.pids:
             try:

@@ -11,16 +11,17 @@ takes the group down (group.py), instead of waiting in a collective this rank wi
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import sys
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+from backends.errors import HearthError
+
 
 def _failure(exc: BaseException) -> tuple[str, str, str | None]:
-    from backends.errors import HearthError
-
     if isinstance(exc, HearthError):
         return "failed", exc.message, exc.hint
     return "failed", f"{type(exc).__name__}: {exc}", None
@@ -29,11 +30,11 @@ def _failure(exc: BaseException) -> tuple[str, str, str | None]:
 def worker_main(rank: int, world: int, port: int, conn: Connection) -> None:
     try:
         spec, options = conn.recv()  # the ModelSpec and this rank's LoadOptions (group.rank_options)
-        import torch
+        import torch  # lazy: heavy: torch (~3 s)
 
-        from backends.torch_engine.devices import resolve_device
-        from backends.torch_engine.model_runner import ModelRunner
-        from backends.torch_engine.tp.comm import init_group
+        from backends.torch_engine.devices import resolve_device  # lazy: heavy: torch (~3 s)
+        from backends.torch_engine.model_runner import ModelRunner  # lazy: heavy: torch (~3 s)
+        from backends.torch_engine.tp.comm import init_group  # lazy: heavy: torch (~3 s)
 
         device = resolve_device(options.device)
         if device.type == "cuda":
@@ -53,7 +54,7 @@ def worker_main(rank: int, world: int, port: int, conn: Connection) -> None:
 
 
 def _serve(runner: Any, conn: Connection, rank: int) -> None:
-    from backends.torch_engine.tp.comm import leave_group
+    from backends.torch_engine.tp.comm import leave_group  # lazy: heavy: torch (~3 s)
 
     while True:
         try:
@@ -82,7 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("--fd", "--rank", "--world", "--port"):
         parser.add_argument(flag, type=int, required=True)
     args = parser.parse_args(argv)
-    import faulthandler
 
     faulthandler.enable()
     worker_main(args.rank, args.world, args.port, Connection(args.fd))
