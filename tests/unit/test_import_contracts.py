@@ -90,3 +90,42 @@ def test_a_deliberate_package_cycle_inside_the_torch_engine_is_caught(tmp_path: 
     assert "import cycle:" not in result.stdout, result.stdout  # no module-level loop: only the package one
     assert "package cycle inside backends.torch_engine: " in result.stdout, result.stdout
     assert "backends.torch_engine.model_runner" in result.stdout and "backends.torch_engine.tp," in result.stdout
+
+
+def test_every_import_inside_a_function_says_why_on_this_tree() -> None:
+    result = _run([sys.executable, "scripts/lazy_imports.py"], ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_bare_import_inside_a_function_is_caught(tmp_path: Path) -> None:
+    tree = _copy(tmp_path)
+    shutil.copy(ROOT / "scripts" / "lazy_imports.py", tree / "scripts" / "lazy_imports.py")
+    _inject(tree / "app" / "paths.py", "import app.store")  # the noqa comment it gets is no reason
+    with (tree / "hwprobe" / "memory.py").open("a") as f:  # a reason on the line above is enough
+        f.write("\n\ndef _with_a_reason() -> None:\n    # lazy: a reason\n    import json\n")
+    result = _run([sys.executable, "scripts/lazy_imports.py"], tree)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("app/paths.py:") and lines[0].endswith("import app.store  # noqa")
+    assert "without a reason" in result.stderr
+
+
+def test_the_lazy_marker_wants_a_reason() -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from lazy_imports import bare_lazy_imports
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    source = (
+        "import os\n\n"  # module level: never counted
+        "def f():\n"
+        "    import json  # lazy:\n"  # a marker without a reason
+        "    import re  # lazy: a reason\n"
+        "    class C:\n"
+        "        def g(self):\n"
+        "            from app import paths\n"  # a method's import counts
+        "    async def h():\n"
+        "        # lazy: heavy: torch\n"
+        "        import torch\n"
+    )
+    assert bare_lazy_imports(source) == [(4, "import json  # lazy:"), (8, "from app import paths")]
