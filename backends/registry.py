@@ -10,10 +10,15 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from backends.api import Backend, Capabilities, LoadOptions
 from backends.engine_options import OptionRules, check_options
 from backends.errors import BackendUnavailableError
+from backends.kernel_report import KernelReport
+
+if TYPE_CHECKING:  # pragma: no cover
+    from backends.modelspec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,9 @@ class BackendInfo:
     # default on this machine, asked before a runner starts; the module must not import the engine's library
     extra_bufts_rule: str = ""
     options: OptionRules = OptionRules()  # the LoadOptions values this engine takes (backends/engine_options.py)
+    # "module:function" (spec, record, check_now) -> KernelReport: the engine's kernel self-check for `hearth
+    # doctor`, called inside a runner process (backends/runner/oneshot.py); "" = the engine has none
+    kernel_report: str = ""
 
     def is_installed(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in self.requires)
@@ -56,6 +64,13 @@ class BackendInfo:
             return False, f"the {self.name} backend has no extra buffer types"
         module, function = self.extra_bufts_rule.split(":")
         return getattr(importlib.import_module(module), function)(checked_safe)
+
+    def run_kernel_report(self, spec: ModelSpec, record: str, check_now: bool) -> KernelReport:
+        """The engine's kernel report (imports the engine: call it in a runner process)."""
+        if not self.kernel_report:
+            return KernelReport()
+        module, function = self.kernel_report.split(":")
+        return getattr(importlib.import_module(module), function)(spec, record, check_now)
 
     def load_class(self) -> type[Backend]:
         if not self.is_installed():
@@ -112,6 +127,7 @@ BACKENDS: dict[str, BackendInfo] = {
             weight_quants=("auto", "none", "gguf", "int8", "int4", "fp8"),
             tensor_parallel=True,
         ),
+        kernel_report="backends.torch_engine.kernel_doctor:doctor_report",
     ),
     "remote": BackendInfo(
         "remote",

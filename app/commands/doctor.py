@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 
@@ -102,49 +101,38 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {'ok  ' if ok else 'FAIL'} {label}: {detail}")
         if options.extra_bufts is True:
             memory.record_check(EXTRA_BUFTS_CHECK, ok, detail)
-    if args.kernels:
-        failed += _check_kernels_now(spec)
-    _print_kernel_tables()
+    failed += _kernel_section(spec, args.kernels)
     sys.stdout.flush()
     return 0 if failed == 0 else 1
 
 
-def _check_kernels_now(spec) -> int:  # type: ignore[no-untyped-def]
-    """Run the kernel self-check here and now; 1 when some kernel was replaced (a finding), else 0."""
-    # lazy: heavy: torch (~3 s)
-    import torch  # heavy: only for --kernels
-
-    if not torch.cuda.is_available():
-        # before any Triton kernel is defined: without a GPU the interpreter runs them (slowly) on the CPU
-        os.environ["TRITON_INTERPRET"] = "1"
+def _kernel_section(spec, check_now: bool) -> int:  # type: ignore[no-untyped-def]
+    """The torch engine's kernel self-check, from a runner of its own (torch and Triton never load in hearth's
+    process): run now when `check_now` (`--kernels`), then the recorded table of every device.  1 when the check
+    replaced some kernel (a finding), else 0."""
     # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
     from app.loading import kernel_check_record
-    from backends.torch_engine.kernel_check import doctor_check  # lazy: heavy: torch (~3 s)
+    from app.paths import get_paths  # lazy: keeps `hearth --help` light (+platformdirs, 1 hearth modules)
 
-    check = doctor_check(spec, str(kernel_check_record()))
-    print(f"  {'ok  ' if not check.replaced else 'FAIL'} torch engine kernels: {check.reasons()[0]}")
-    for line in check.reasons()[1:]:
-        print(f"    {line.strip()}")
-    return 1 if check.replaced else 0
-
-
-def _print_kernel_tables() -> None:
-    """The recorded kernel self-check of every device this machine's engine has met."""
-    # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
-    from app.loading import kernel_check_record
+    # lazy: keeps `hearth --help` light (+msgspec, socket, subprocess, 17 hearth modules)
+    from backends.runner.oneshot import kernel_report
 
     record = kernel_check_record()
-    if not record.exists():
-        return
-    # lazy: heavy: torch (~3 s)
-    from backends.torch_engine.kernel_check import recorded_tables  # imports torch: only when a record exists
-
-    for key, lines in recorded_tables(record):
+    if not check_now and not record.exists():
+        return 0
+    report = kernel_report(spec, "torch", record, check_now, log_dir=get_paths().log_dir / "runners")
+    if report.checked:
+        print(f"  {'ok  ' if not report.replaced else 'FAIL'} torch engine kernels: {report.reasons[0]}")
+        for line in report.reasons[1:]:
+            print(f"    {line.strip()}")
+    for table in report.tables:
+        key = table.key
         print(
             f"\nkernel self-check: {key.get('device')} (cc {key.get('cc')}, driver {key.get('driver')}, "
             f"torch {key.get('torch')}, triton {key.get('triton')}, hearth {key.get('hearth')}, {key.get('dtype')}"
             + (", interpreted" if key.get("interpreter") == "True" else "")
             + ")"
         )
-        for line in lines:
+        for line in table.lines:
             print(f"  {line}")
+    return 1 if report.replaced else 0

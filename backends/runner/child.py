@@ -24,7 +24,7 @@ from collections import deque
 from typing import Any
 
 from backends.api import EventKind, FinishReason, GenerationEvent, RequestStats
-from backends.registry import backend_class
+from backends.registry import backend_class, get_backend_info
 from backends.runner import protocol as p
 
 HEARTBEAT_S = 0.5
@@ -142,6 +142,9 @@ class RunnerServer:
                 reply = p.DescribeReply(m.call_id, dict(b.describe()))
             elif isinstance(m, p.Stats):
                 reply = p.StatsReply(m.call_id, b.stats())
+            elif isinstance(m, p.KernelReportCall):  # no model needed: a runner of its own (runner/oneshot.py)
+                info = get_backend_info(m.backend)
+                reply = p.KernelReportReply(m.call_id, info.run_kernel_report(m.spec, m.record, m.check_now))
             else:
                 raise TypeError(f"unknown message {type(m).__name__}")
         except Exception as exc:  # noqa: BLE001

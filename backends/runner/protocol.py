@@ -21,6 +21,7 @@ import msgspec
 import backends.errors as errors
 from backends.api import EngineStats, GenerationEvent, LoadOptions, Request
 from backends.describe import WireFact
+from backends.kernel_report import KernelReport
 from backends.modelspec import ModelSpec
 
 MAX_FRAME_BYTES = 4 << 30
@@ -81,6 +82,17 @@ class Describe(msgspec.Struct, tag="describe", frozen=True):
 
 class Stats(msgspec.Struct, tag="stats", frozen=True):
     call_id: int
+
+
+class KernelReportCall(msgspec.Struct, tag="kernel_report", frozen=True):
+    """The engine's kernel self-check report for `hearth doctor` (registry BackendInfo.kernel_report), asked of a
+    runner that loaded no model: answered with a KernelReportReply."""
+
+    call_id: int
+    backend: str  # registry name
+    spec: ModelSpec
+    record: str  # the kernel self-check record's path
+    check_now: bool  # check every kernel now (`hearth doctor --kernels`), else only read the record
 
 
 class Close(msgspec.Struct, tag="close", frozen=True):
@@ -152,6 +164,11 @@ class StatsReply(msgspec.Struct, tag="stats_reply", frozen=True):
     stats: EngineStats
 
 
+class KernelReportReply(msgspec.Struct, tag="kernel_report_reply", frozen=True):
+    call_id: int
+    report: KernelReport
+
+
 class CallFailed(msgspec.Struct, tag="call_failed", frozen=True):
     call_id: int
     error: ErrorInfo
@@ -161,7 +178,7 @@ class Closed(msgspec.Struct, tag="closed", frozen=True):
     pass
 
 
-ToRunner = Load | Stream | Abort | Tokenize | Detokenize | Logits | Embed | Describe | Stats | Close
+ToRunner = Load | Stream | Abort | Tokenize | Detokenize | Logits | Embed | Describe | Stats | KernelReportCall | Close
 FromRunner = (
     Heartbeat
     | Progress
@@ -175,10 +192,11 @@ FromRunner = (
     | ArrayReply
     | DescribeReply
     | StatsReply
+    | KernelReportReply
     | CallFailed
     | Closed
 )
-Reply = TokensReply | TextReply | ArrayReply | DescribeReply | StatsReply | CallFailed
+Reply = TokensReply | TextReply | ArrayReply | DescribeReply | StatsReply | KernelReportReply | CallFailed
 
 
 def _enc_hook(obj: Any) -> Any:

@@ -138,20 +138,26 @@ def test_doctor_checks_every_format_and_prints_the_recorded_table(
     spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:  # type: ignore[no-untyped-def]
     """`hearth doctor --kernels`' check (every weight format the device runs, recorded) and the table `hearth
-    doctor` prints from the record."""
+    doctor` prints from the record, both from a runner process of their own (backends/runner/oneshot.py)."""
     from app.commands import doctor
     from app.loading import kernel_check_record
-    from backends.torch_engine.kernel_check import doctor_check
+    from backends.runner.oneshot import kernel_report
 
     skip_triton_on_cpu_without_interpreter(device())
     monkeypatch.setenv("HEARTH_HOME", str(tmp_path))
-    check = doctor_check(spec, str(kernel_check_record()))
-    names = [v.name for v in check.verdicts]
-    assert {"rms_norm", "paged_attention.decode", "write_kv", "quant_matmul.int8", "quant_matmul.int4"} <= set(names)
+    assert doctor._kernel_section(spec, check_now=False) == 0 and capsys.readouterr().out == ""  # no record yet
+    report = kernel_report(spec, "torch", kernel_check_record(), check_now=True, log_dir=tmp_path)
+    assert report.checked and report.reasons[0].startswith("kernel self-check on ")
+    (table,) = report.tables
+    names = " ".join(table.lines)
+    for name in ("rms_norm", "paged_attention.decode", "write_kv", "quant_matmul.int8", "quant_matmul.int4"):
+        assert name in names
     # correct everywhere; speed verdicts are the device's (a GPU shared with 7 other test workers may time a
     # microsecond kernel slow)
-    assert all(v.verdict in ("ok", "slow") for v in check.verdicts) and check.checked_s > 0
-    doctor._print_kernel_tables()
+    verdicts = {line.split()[0]: line for line in table.lines[1:] if not line.startswith(("last ", "cuda graphs"))}
+    assert all(" wrong" not in line and " failed" not in line for line in verdicts.values())
+    assert all("slow -> torch" in verdicts[name] for name in report.replaced)
+    assert doctor._kernel_section(spec, check_now=False) == 0  # the record, read again by a fresh runner
     out = capsys.readouterr().out
     assert "kernel self-check: " in out and "max error" in out and "verdict" in out
     assert "quant_matmul.int4" in out and "last check took" in out
