@@ -1,48 +1,102 @@
 """Per-engine load options, typed and known without importing the engine (so hearth checks them at the command
 line, before a runner process starts).
 
-`LoadOptions` (backends/api.py) is the plan's decision, shared by every engine; what each value may be depends on
-the engine: `kv_cache_type` is a ggml type for llama.cpp (f16, q8_0, q4_0, ...) and a torch dtype name for the
-torch engine (f16, bf16, fp32).  `OptionRules` states each engine's accepted values (the registry holds one per
-backend); `check_options` turns a wrong one into a one-line ConfigError naming the flag and the way out, instead
-of a failure inside the runner at load.  `RemoteTarget` is the remote engine's own option: where its server is.
+`LoadOptions` (backends/load_options.py) is the plan's decision as the flags and the JSON name it, shared by every
+engine; what some values may be depends on the engine: `kv_cache_type` is a ggml type for llama.cpp (f16, q8_0,
+q4_0, ...) and a torch dtype name for the torch engine (f16, bf16, fp32), and --tensor-parallel is the torch
+engine's alone.  `TorchOptions` and `LlamaCppOptions` are those engine-specific values, each field a Literal of
+what that engine takes; `of(options)` builds one from LoadOptions and turns a wrong value into a one-line
+ConfigError naming the flag and the way out, instead of a failure inside the runner at load.  The registry holds
+each engine's class (BackendInfo.options).  `RemoteTarget` is the remote engine's own option: where its server is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-from backends.api import LoadOptions
 from backends.errors import ConfigError
+from backends.load_options import LoadOptions
+
+# the torch engine's names (backends/torch_engine/model_runner.py: _KV_DTYPES, _DTYPES, WEIGHT_QUANTS; a unit
+# test checks they agree)
+TorchKVCacheType = Literal["f16", "fp16", "bf16", "fp32", "f32"]
+TorchDtype = Literal["auto", "float32", "bfloat16", "float16"]
+TorchWeightQuant = Literal["auto", "none", "gguf", "int8", "int4", "fp8"]
+Speculative = Literal["off", "ngram", "draft"]  # "auto" is the planner's, resolved before loading
+# llama.cpp's: ggml types of the K and V caches (backends/llama_cpp/backend.py KV_TYPES)
+LlamaCppKVCacheType = Literal["f16", "q8_0", "q4_0", "bf16", "f32"]
+
+
+def _one_of(backend: str, what: str, value: str, kind: object, hint: str | None = None) -> None:
+    allowed = get_args(kind)
+    if value not in allowed:
+        raise ConfigError(f"the {backend} backend's {what} is one of {', '.join(allowed)}, got {value!r}", hint)
 
 
 @dataclass(frozen=True)
-class OptionRules:
-    """The LoadOptions values one engine takes; an empty tuple = the engine does not use that option (any value
-    is ignored, and describe() says what it used)."""
+class TorchOptions:
+    """What only the torch engine reads of LoadOptions, typed (each field's meaning: LoadOptions)."""
 
-    kv_cache_types: tuple[str, ...] = ()  # --kv-cache-type
-    dtypes: tuple[str, ...] = ()  # LoadOptions.dtype (torch engine weights)
-    weight_quants: tuple[str, ...] = ()  # LoadOptions.weight_quant (torch engine)
-    tensor_parallel: bool = False  # --tensor-parallel N > 1
+    kv_cache_type: TorchKVCacheType = "f16"
+    dtype: TorchDtype = "auto"
+    weight_quant: TorchWeightQuant = "auto"
+    tensor_parallel: int = 1
+    speculative: Speculative = "off"
+    draft_model: str | None = None
+    speculative_k: int = 8
 
-
-def check_options(backend: str, rules: OptionRules, options: LoadOptions) -> None:
-    """ConfigError (one line, exit 2) when `options` asks `backend` for a value it does not take."""
-    if rules.kv_cache_types and options.kv_cache_type not in rules.kv_cache_types:
-        others = ", ".join(rules.kv_cache_types)
-        raise ConfigError(
-            f"the {backend} backend's KV cache type is one of {others}, got {options.kv_cache_type!r}",
-            f"pass --kv-cache-type {rules.kv_cache_types[0]}, or choose another engine with --backend",
+    @classmethod
+    def of(cls, options: LoadOptions, backend: str = "torch") -> TorchOptions:
+        """The torch engine's values of `options`; ConfigError (one line) for one it does not take."""
+        _one_of(
+            backend,
+            "KV cache type",
+            options.kv_cache_type,
+            TorchKVCacheType,
+            f"pass --kv-cache-type {get_args(TorchKVCacheType)[0]}, or choose another engine with --backend",
         )
-    if rules.dtypes and options.dtype not in rules.dtypes:
-        raise ConfigError(f"the {backend} backend's dtype is one of {', '.join(rules.dtypes)}, got {options.dtype!r}")
-    if rules.weight_quants and options.weight_quant not in rules.weight_quants:
-        raise ConfigError(
-            f"the {backend} backend's weight quantization is one of {', '.join(rules.weight_quants)}, "
-            f"got {options.weight_quant!r}"
+        _one_of(backend, "dtype", options.dtype, TorchDtype)
+        _one_of(backend, "weight quantization", options.weight_quant, TorchWeightQuant)
+        return cls(
+            kv_cache_type=options.kv_cache_type,  # type: ignore[arg-type] - checked above
+            dtype=options.dtype,  # type: ignore[arg-type]
+            weight_quant=options.weight_quant,  # type: ignore[arg-type]
+            tensor_parallel=options.tensor_parallel,
+            speculative=options.speculative,  # type: ignore[arg-type] - LoadOptions checked it
+            draft_model=options.draft_model,
+            speculative_k=options.speculative_k,
         )
-    if options.tensor_parallel > 1 and not rules.tensor_parallel:
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    """What only the llama.cpp engine reads of LoadOptions, typed (each field's meaning: LoadOptions)."""
+
+    kv_cache_type: LlamaCppKVCacheType = "f16"
+    flash_attn: bool = False
+    extra_bufts: bool | None = None
+
+    @classmethod
+    def of(cls, options: LoadOptions, backend: str = "llama.cpp") -> LlamaCppOptions:
+        """The llama.cpp engine's values of `options`; ConfigError (one line) for one it does not take."""
+        _one_of(
+            backend,
+            "KV cache type",
+            options.kv_cache_type,
+            LlamaCppKVCacheType,
+            f"pass --kv-cache-type {get_args(LlamaCppKVCacheType)[0]}, or choose another engine with --backend",
+        )
+        refuse_tensor_parallel(backend, options)
+        return cls(options.kv_cache_type, options.flash_attn, options.extra_bufts)  # type: ignore[arg-type]
+
+
+EngineOptions = TorchOptions | LlamaCppOptions
+
+
+def refuse_tensor_parallel(backend: str, options: LoadOptions) -> None:
+    """ConfigError (one line) for --tensor-parallel N > 1 on an engine other than the torch engine."""
+    if options.tensor_parallel > 1:
         raise ConfigError(
             f"--tensor-parallel {options.tensor_parallel} is the torch engine's; the {backend} backend splits "
             "a model over GPUs by layers or rows",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from backends.api import Backend, Capabilities, LoadOptions
-from backends.engine_options import OptionRules, check_options
+from backends.engine_options import EngineOptions, LlamaCppOptions, TorchOptions, refuse_tensor_parallel
 from backends.errors import BackendUnavailableError
 from backends.kernel_report import KernelReport
 
@@ -35,7 +35,9 @@ class BackendInfo:
     # "module:function" (checked_safe) -> (on, why): whether the engine's extra weight-buffer types are on by
     # default on this machine, asked before a runner starts; the module must not import the engine's library
     extra_bufts_rule: str = ""
-    options: OptionRules = OptionRules()  # the LoadOptions values this engine takes (backends/engine_options.py)
+    # the engine's own typed options (backends/engine_options.py), built from LoadOptions and checked before a
+    # runner starts; None = the engine has no values of its own to check (remote: its RemoteTarget)
+    options: type[TorchOptions] | type[LlamaCppOptions] | None = None
     # "module:function" (spec, record, check_now) -> KernelReport: the engine's kernel self-check for `hearth
     # doctor`, called inside a runner process (backends/runner/oneshot.py); "" = the engine has none
     kernel_report: str = ""
@@ -53,10 +55,14 @@ class BackendInfo:
         module, function = self.gpu_offload_check.split(":")
         return bool(getattr(importlib.import_module(module), function)())
 
-    def check_options(self, options: LoadOptions) -> None:
-        """ConfigError (one line) when `options` holds a value this engine does not take: checked before a runner
-        starts, so a wrong flag is an error at the command line, not a failure in the child at load."""
-        check_options(self.name, self.options, options)
+    def check_options(self, options: LoadOptions) -> EngineOptions | None:
+        """This engine's typed options of `options`; ConfigError (one line) when it holds a value this engine does
+        not take: checked before a runner starts, so a wrong flag is an error at the command line, not a failure
+        in the child at load."""
+        if self.options is None:
+            refuse_tensor_parallel(self.name, options)
+            return None
+        return self.options.of(options, self.name)
 
     def extra_bufts_default(self, checked_safe: Callable[[], bool] | None = None) -> tuple[bool, str]:
         """(on, why) for LoadOptions.extra_bufts on this machine (False for an engine without them)."""
@@ -102,8 +108,7 @@ BACKENDS: dict[str, BackendInfo] = {
         "llama-cpp-python: any GGUF, CPU or partial/full GPU offload; serves one request at a time",
         gpu_offload_check="backends.llama_cpp.backend:gpu_offload_supported",
         extra_bufts_rule="backends.llama_cpp.extra_bufts:extra_bufts_default",
-        # ggml types of the K and V caches (backends/llama_cpp/backend.py KV_TYPES)
-        options=OptionRules(kv_cache_types=("f16", "q8_0", "q4_0", "bf16", "f32")),
+        options=LlamaCppOptions,
     ),
     "torch": BackendInfo(
         "torch",
@@ -120,13 +125,7 @@ BACKENDS: dict[str, BackendInfo] = {
             embeddings=True,
         ),
         "hearth's PyTorch engine: paged KV cache, prefix caching, continuous batching",
-        # backends/torch_engine/model_runner.py: _KV_DTYPES, _DTYPES, WEIGHT_QUANTS (tests/unit check they agree)
-        options=OptionRules(
-            kv_cache_types=("f16", "fp16", "bf16", "fp32", "f32"),
-            dtypes=("auto", "float32", "bfloat16", "float16"),
-            weight_quants=("auto", "none", "gguf", "int8", "int4", "fp8"),
-            tensor_parallel=True,
-        ),
+        options=TorchOptions,
         kernel_report="backends.torch_engine.kernel_doctor:doctor_report",
     ),
     "remote": BackendInfo(

@@ -1,5 +1,6 @@
-"""Per-engine load options are checked before a runner starts (backends/engine_options.py, the registry's
-OptionRules), the env-seconds helper has one policy, and on_notice is part of the Backend contract."""
+"""Per-engine load options are typed and checked before a runner starts (backends/engine_options.py: TorchOptions,
+LlamaCppOptions, held by the registry), the env-seconds helper has one policy, and on_notice is part of the
+Backend contract."""
 
 from __future__ import annotations
 
@@ -8,10 +9,19 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 from backends.api import Backend, LoadOptions
+from backends.engine_options import (
+    LlamaCppKVCacheType,
+    LlamaCppOptions,
+    TorchDtype,
+    TorchKVCacheType,
+    TorchOptions,
+    TorchWeightQuant,
+)
 from backends.env import env_seconds
 from backends.errors import ConfigError
 from backends.registry import BACKENDS, get_backend_info
@@ -34,25 +44,32 @@ def test_a_value_the_engine_does_not_take_is_a_one_line_config_error(backend, ch
     assert "\n" not in str(caught.value)
 
 
-def test_what_the_plan_gives_each_engine_passes() -> None:
-    get_backend_info("llama.cpp").check_options(LoadOptions(kv_cache_type="q4_0"))
-    get_backend_info("torch").check_options(
+def test_what_the_plan_gives_each_engine_passes_as_that_engines_typed_options() -> None:
+    llama = get_backend_info("llama.cpp").check_options(LoadOptions(kv_cache_type="q4_0", flash_attn=True))
+    assert llama == LlamaCppOptions(kv_cache_type="q4_0", flash_attn=True, extra_bufts=None)
+    torch_options = get_backend_info("torch").check_options(
         LoadOptions(kv_cache_type="bf16", dtype="bfloat16", weight_quant="gguf", tensor_parallel=2)
     )
-    get_backend_info("remote").check_options(LoadOptions(kv_cache_type="anything"))  # unused: ignored
+    assert torch_options == TorchOptions(kv_cache_type="bf16", dtype="bfloat16", weight_quant="gguf", tensor_parallel=2)
+    assert get_backend_info("remote").check_options(LoadOptions(kv_cache_type="anything")) is None  # unused
+
+
+def test_remote_refuses_tensor_parallel_too() -> None:
+    with pytest.raises(ConfigError, match="--tensor-parallel 2 is the torch engine's; the remote backend"):
+        get_backend_info("remote").check_options(LoadOptions(tensor_parallel=2))
 
 
 def test_the_rules_agree_with_the_engines_own_tables() -> None:
     """The registry states them without importing the engines; here they are compared with the engines."""
-    torch_rules = BACKENDS["torch"].options
+    assert BACKENDS["torch"].options is TorchOptions and BACKENDS["llama.cpp"].options is LlamaCppOptions
     pytest.importorskip("torch")
     from backends.llama_cpp.backend import KV_TYPES
     from backends.torch_engine.model_runner import _DTYPES, _KV_DTYPES, WEIGHT_QUANTS
 
-    assert set(torch_rules.kv_cache_types) == set(_KV_DTYPES)
-    assert set(torch_rules.dtypes) == {"auto", *_DTYPES}
-    assert set(torch_rules.weight_quants) == set(WEIGHT_QUANTS)
-    assert set(BACKENDS["llama.cpp"].options.kv_cache_types) == set(KV_TYPES)
+    assert set(get_args(TorchKVCacheType)) == set(_KV_DTYPES)
+    assert set(get_args(TorchDtype)) == {"auto", *_DTYPES}
+    assert set(get_args(TorchWeightQuant)) == set(WEIGHT_QUANTS)
+    assert set(get_args(LlamaCppKVCacheType)) == set(KV_TYPES)
 
 
 def test_the_command_line_refuses_before_any_runner_starts(starter_path: Path, hearth_home: Path) -> None:
