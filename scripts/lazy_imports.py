@@ -2,7 +2,7 @@
 
 Issue 23's rule: imports sit at module level, except a heavy third-party library (torch, triton, llama_cpp,
 textual, fastapi, ...) or a measured start-up cost (`hearth --help` imports every command module), and each such
-import carries a comment saying which, on its own line or the line above:
+import carries a comment saying which, on its own line or in the comment lines right above it:
 
     def load(self) -> None:
         import torch  # lazy: torch (about 1-3 s), loaded only in the runner
@@ -45,13 +45,17 @@ def _function_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
 
 def bare_lazy_imports(source: str) -> list[tuple[int, str]]:
     """(line, statement's first line) of each function-level import without a `# lazy:` reason on its first
-    line or on a comment line right above it."""
+    line or in the comment lines right above it."""
     lines = source.splitlines()
     bare = []
     for node in _function_imports(ast.parse(source)):
         first = lines[node.lineno - 1]
-        above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
-        if MARKER.search(first) or (above.startswith("#") and MARKER.search(above)):
+        comments = []  # the comment lines right above the import (a reason may take more than one line)
+        at = node.lineno - 2
+        while at >= 0 and lines[at].strip().startswith("#"):
+            comments.append(lines[at])
+            at -= 1
+        if MARKER.search(first) or any(MARKER.search(c) for c in comments):
             continue
         bare.append((node.lineno, first.strip()))
     return bare
@@ -77,7 +81,7 @@ def main(argv: list[str]) -> int:
     if count:
         print(
             f"{count} import(s) inside functions without a reason: move each to the top of its module, or say "
-            "which heavy library or start-up cost keeps it there (`# lazy: <reason>`, same line or the line above)",
+            "which heavy library or start-up cost keeps it there (`# lazy: <reason>`, same line or comment above)",
             file=sys.stderr,
         )
         return 1

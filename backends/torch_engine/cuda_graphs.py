@@ -41,7 +41,6 @@ from typing import Any
 
 import torch
 
-from backends.errors import ConfigError
 from backends.torch_engine.quantize import QUANTIZED_ROWS
 from kernels.attention import AttentionMetadata
 
@@ -122,6 +121,9 @@ def enabled_by_env(environ: Mapping[str, str] = os.environ) -> bool:
         return True
     if value in ("0", "off", "false", "no"):
         return False
+    # lazy: backends.errors loads hwprobe (16 modules, the planner), which scripts/gpu_bench.py's kernel-only
+    # run must not import (its check_imports; tests/kernels/test_gpu_bench.py)
+    from backends.errors import ConfigError
 
     raise ConfigError(f"{ENV_VAR} must be 1 or 0, got {value!r}", f"unset it or set {ENV_VAR}=0 to turn graphs off")
 

@@ -127,5 +127,13 @@ def test_the_lazy_marker_wants_a_reason() -> None:
         "    async def h():\n"
         "        # lazy: heavy: torch\n"
         "        import torch\n"
+        "        import triton\n"  # the reason above is torch's, not this one's
+        "        # lazy: a reason that takes\n"
+        "        # two lines\n"
+        "        import numpy\n"
     )
-    assert bare_lazy_imports(source) == [(4, "import json  # lazy:"), (8, "from app import paths")]
+    assert bare_lazy_imports(source) == [
+        (4, "import json  # lazy:"),
+        (8, "from app import paths"),
+        (12, "import triton"),
+    ]
