@@ -6,12 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from backends.errors import BackendUnavailableError
-from backends.kernel_report import KernelReport, RecordedTable
-from backends.runner import protocol as p
+from backends.kernel_report import KernelReport
 from backends.runner.oneshot import kernel_report
 from tests.fakes import fake_spec
 
@@ -24,10 +22,3 @@ def test_an_engine_without_a_kernel_check_reports_nothing(tmp_path: Path) -> Non
 def test_an_unknown_engine_is_the_childs_error_raised_here(tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailableError, match="unknown backend 'nope'"):
         kernel_report(fake_spec(), "nope", tmp_path / "none.json", check_now=False, log_dir=tmp_path)
-
-
-def test_the_report_crosses_the_socket_unchanged() -> None:
-    report = KernelReport(True, ("rope",), ("summary", "  rope: slow"), (RecordedTable({"device": "cpu"}, ("a", "b")),))
-    message = p.KernelReportReply(7, report)
-    encoded = msgspec.msgpack.encode(message)
-    assert msgspec.msgpack.decode(encoded, type=p.FromRunner) == message

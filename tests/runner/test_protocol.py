@@ -19,6 +19,7 @@ from backends.api import (
     SamplingParams,
 )
 from backends.errors import ContextOverflowError, OutOfMemoryError, RunnerError
+from backends.kernel_report import KernelReport, RecordedTable
 from backends.runner import protocol as p
 from tests.fakes import fake_spec
 
@@ -38,6 +39,7 @@ TO_RUNNER = [
     p.Embed(6, [[1, 2, 3], [4]]),
     p.Describe(4),
     p.Stats(5),
+    p.KernelReportCall(6, "torch", fake_spec(), "/tmp/kernel_checks.json", check_now=True),
     p.Close(),
 ]
 FROM_RUNNER = [
@@ -69,6 +71,9 @@ FROM_RUNNER = [
     p.ArrayReply(3, [2, 3], bytes(range(24)) * (1 << 12)),
     p.DescribeReply(4, {"a": 1}),
     p.StatsReply(5, EngineStats(running=1, kv_blocks=10, rss_bytes=1 << 30)),
+    p.KernelReportReply(
+        6, KernelReport(True, ("rope",), ("1 replaced", "  rope"), (RecordedTable({"device": "cpu"}, ("a", "b")),))
+    ),
     p.CallFailed(6, p.ErrorInfo("X", "y")),
     p.Closed(),
 ]
