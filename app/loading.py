@@ -164,6 +164,8 @@ def decide(
         ttft_target_ms=settings.ttft_target_ms,
         # the torch engine checks its Triton kernels on a new device once and remembers the verdicts here
         kernel_check_record=str(kernel_check_record()) if torch else None,
+        # the torch engine keeps its prepared CPU weights here, so the next start maps them (issue 24)
+        weight_cache_dir=str(get_paths().cache_dir / "weights") if torch else None,
     )
     reasons = tuple(plan.reasons)
     if embedding:
