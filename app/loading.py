@@ -300,6 +300,12 @@ def open_backend(
     decision = decide(spec, settings, hardware_file, serving=serving, command=command)
     if logits_all:
         decision.options = dataclasses.replace(decision.options, logits_all=True)
+    elif load and spec.chat_template:
+        # the chat template renders in a worker process (backends/template_process.py): start it now, on the
+        # core the runner's start leaves idle, instead of after the load, before the first prompt
+        from backends.templates import renderer
+
+        renderer().start_in_background()
     backend = make_backend(
         spec, decision, settings, hardware_file=hardware_file, logits_all=logits_all, command=command
     )
