@@ -26,6 +26,7 @@ from backends.embeddings import is_embedding_model
 from backends.modelspec import ModelSpec
 from backends.registry import LOCAL_BACKENDS, backend_class, get_backend_info
 from backends.runner.client import ConfigMemory, RunnerBackend, config_memory_at
+from backends.templates import renderer
 from hwprobe import plan as make_plan
 from hwprobe import probe
 from hwprobe.errors import ConfigError, HearthError
@@ -164,6 +165,11 @@ def decide(
         ttft_target_ms=settings.ttft_target_ms,
         # the torch engine checks its Triton kernels on a new device once and remembers the verdicts here
         kernel_check_record=str(kernel_check_record()) if torch else None,
+        # the torch engine keeps its prepared CPU weights here, so the next start maps them (issue 24);
+        # HEARTH_WEIGHT_CACHE=0 turns that off (the test suite does: ~300 MiB an entry for the starter)
+        weight_cache_dir=str(get_paths().cache_dir / "weights")
+        if torch and os.environ.get("HEARTH_WEIGHT_CACHE", "1") != "0"
+        else None,
     )
     reasons = tuple(plan.reasons)
     if embedding:
@@ -298,6 +304,10 @@ def open_backend(
     decision = decide(spec, settings, hardware_file, serving=serving, command=command)
     if logits_all:
         decision.options = dataclasses.replace(decision.options, logits_all=True)
+    elif load and spec.chat_template:
+        # the chat template renders in a worker process (backends/template_process.py): start it now, on the
+        # core the runner's start leaves idle, instead of after the load, before the first prompt
+        renderer().start_in_background()
     backend = make_backend(
         spec, decision, settings, hardware_file=hardware_file, logits_all=logits_all, command=command
     )

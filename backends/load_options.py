@@ -79,6 +79,9 @@ class LoadOptions:
     # torch engine: the JSON file of kernel self-check verdicts per device (backends/torch_engine/kernel_check);
     # None = no self-check (the app passes hearth's cache dir; direct library use and tests opt in)
     kernel_check_record: str | None = None
+    # torch engine on CPU: the folder of prepared weights (repacked / packed / dense copies) kept between starts
+    # (backends/torch_engine/weight_cache.py); None = prepare on every load (the app passes hearth's cache dir)
+    weight_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.n_ctx < 16:

@@ -61,6 +61,21 @@ class TemplateProcess:
         with self._lock:
             self._stop()
 
+    def start_in_background(self) -> None:
+        """Start the worker on a thread of its own, so its interpreter start (a few hundred ms on a 2-core
+        machine) runs while the caller does other work, e.g. while a runner process loads the model; the first
+        render then finds it ready (or waits for the start, as it would have).  A worker that fails to start
+        here is started again, and reported, by that render."""
+
+        def start() -> None:
+            with self._lock:
+                try:
+                    self._ensure()
+                except TemplateError:
+                    pass
+
+        threading.Thread(target=start, name="template-worker-start", daemon=True).start()
+
     # -- the worker ---------------------------------------------------------------------------------------
     def _exchange(self, line: bytes) -> dict[str, Any]:
         proc = self._ensure()

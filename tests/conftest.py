@@ -12,6 +12,8 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests that need the hub start their own server and unset this
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# no prepared-weight cache under every test's HEARTH_HOME (~300 MiB a starter entry); its own tests opt back in
+os.environ.setdefault("HEARTH_WEIGHT_CACHE", "0")
 
 from pathlib import Path  # noqa: E402
 

@@ -32,7 +32,7 @@ device ever holds the dense model whole when the plan asked for a quantized one:
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -50,7 +50,8 @@ from backends.torch_engine.quantize import (
     layer_config,
     set_submodule,
 )
-from backends.torch_engine.tp.layers import read_plan, wrap_loaded_shares
+from backends.torch_engine.tp.layers import read_plan as tp_read_plan
+from backends.torch_engine.tp.layers import wrap_loaded_shares
 from backends.torch_engine.weights import FREQ_FACTORS, ROPE_FACTOR_TENSORS, Selection, file_weights, unreorder
 from backends.weight_map import SHARDS, is_projection_param, template
 from backends.weight_map import names as weight_names
@@ -228,21 +229,50 @@ def load_model(
     host_layers: the first so many blocks will stream from host RAM (offload.py): their weights never stay on
     `device`, and the model is returned on the host for offload.offload_layers to place (a model that needs
     offload does not fit on the device whole, even for a moment).  n_ctx: the context the engine runs, which
-    picks LongRoPE's long factors over the short ones when it passes the original context (models/phi3.py)."""
+    picks LongRoPE's long factors over the short ones when it passes the original context (models/phi3.py).
+
+    Four steps, each its own function: the read plan (config, shape checks, a rank's share), reading and
+    preparing the tensors (read_params), assembling the model from them (assemble), and a rank's wrappers."""
     if weight_quant not in LOAD_QUANTS:
         raise ConfigError(f"the loader's weight quantization is one of {', '.join(LOAD_QUANTS)}, got {weight_quant!r}")
-    keep_gguf_quant = weight_quant == "gguf"
     rtn = None
     if weight_quant in ("int8", "int4", "fp8"):
         rtn = QuantConfig(kind=weight_quant)
+    cfg, plan = read_plan(spec, weight_quant == "gguf", rtn, tp)
+    params, factors = read_params(spec, cfg, dtype, device, weight_quant == "gguf", rtn, host_layers, plan)
+    model = assemble(spec, cfg, ops, params, factors, n_ctx)
+    if plan is not None:
+        wrap_loaded_shares(model, plan, tp)  # type: ignore[arg-type]
+    return (model if host_layers else model.to(device)).eval()
+
+
+def read_plan(spec: ModelSpec, keep_gguf_quant: bool, rtn: QuantConfig | None, tp: Comm | None) -> tuple[Any, Any]:
+    """(config, tensor-parallel read plan or None): the model's config from the spec, every file tensor's shape
+    checked against it, and for a rank of a group the share it reads (the config then at the rank's widths)."""
     cfg = config_from_spec(spec)
     check_file_shapes(spec, cfg)
+    if tp is None or tp.world <= 1:
+        return cfg, None
+    names = weight_names(spec.architecture, spec.format)
+    plan = tp_read_plan(cfg, tp.rank, tp.world, _down_group(spec, names, keep_gguf_quant, rtn, cfg.ffn_size))
+    return plan.local_config(cfg), plan  # the model is built at this rank's widths
+
+
+def read_params(
+    spec: ModelSpec,
+    cfg: DecoderConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    keep_gguf_quant: bool,
+    rtn: QuantConfig | None,
+    host_layers: int,
+    plan: Any,
+) -> tuple[dict[str, torch.Tensor | QuantWeight], dict[str, torch.Tensor]]:
+    """Every file tensor under its model parameter name, prepared: Q/K rows un-reordered, norms in float32,
+    the rest in `dtype` or quantized (kept GGUF blocks, or `rtn` on `device`), merged projections merged.
+    Returns (params, RoPE factor tensors as read)."""
     gguf = spec.format == "gguf"
     names = weight_names(spec.architecture, spec.format)
-    plan = None
-    if tp is not None and tp.world > 1:
-        plan = read_plan(cfg, tp.rank, tp.world, _down_group(spec, names, keep_gguf_quant, rtn, cfg.ffn_size))
-        cfg = plan.local_config(cfg)  # the model is built at this rank's widths
 
     def select(name: str) -> Selection:
         key, layer = template(_text_model_name(name))
@@ -254,8 +284,6 @@ def load_model(
     fam = family(spec.architecture)
     reorder = gguf and fam.GGUF_QK_REORDERED[spec.architecture]
     norm_offset = 0.0 if gguf else getattr(fam, "HF_NORM_OFFSET", 0.0)
-    with torch.device("meta"):
-        model = fam.MODEL(cfg, ops)
     params: dict[str, torch.Tensor | QuantWeight] = {}
     shards: dict[str, dict[int, torch.Tensor | QuantWeight]] = {}
     factors: dict[str, torch.Tensor] = {}  # rope_freqs / rope_factors_short / rope_factors_long, as read
@@ -298,6 +326,21 @@ def load_model(
     for target in list(shards):  # popped as merged: a merged copy never lives beside every layer's parts
         parts = shards.pop(target)
         params[target] = _merge([parts.pop(i) for i in sorted(parts)], dtype)
+    return params, factors
+
+
+def assemble(
+    spec: ModelSpec,
+    cfg: DecoderConfig,
+    ops: KernelSet,
+    params: dict[str, torch.Tensor | QuantWeight],
+    factors: dict[str, torch.Tensor],
+    n_ctx: int,
+) -> DecoderModel:
+    """The family's model built on the meta device and given `params` (no copy): dense ones assigned, quantized
+    projections as QuantLinear modules, a tied head sharing the embedding; then its RoPE frequencies."""
+    with torch.device("meta"):
+        model = family(spec.architecture).MODEL(cfg, ops)
     complete_params(model, params, spec, f"{spec.architecture} model")
     quantized = {k: v for k, v in params.items() if isinstance(v, QuantWeight)}
     model.load_state_dict({k: v for k, v in params.items() if k not in quantized}, strict=False, assign=True)
@@ -310,6 +353,12 @@ def load_model(
             model.lm_head.dense_min_rows = HEAD_DENSE_MIN_ROWS
     if cfg.tied_embeddings and isinstance(model.lm_head, nn.Linear):
         model.lm_head.weight = model.embed.weight
+    set_rope(model, cfg, factors, n_ctx)
+    return model
+
+
+def set_rope(model: DecoderModel, cfg: DecoderConfig, factors: dict[str, torch.Tensor], n_ctx: int) -> None:
+    """model.inv_freq (and inv_freq_local) from the config's RoPE and the file's factor tensors."""
     use_long = 0 < cfg.rope_original_ctx < n_ctx  # LongRoPE: llama.cpp's rule (models/phi3.py)
     freq_factors = factors.get(
         FREQ_FACTORS, factors.get("rope_factors_long.weight" if use_long else "rope_factors_short.weight")
@@ -325,9 +374,6 @@ def load_model(
     model.inv_freq = rope_inv_freq(rot, cfg.rope_base, scaling, freq_factors)
     if cfg.rope_base_local:  # sliding-window layers' own RoPE (Gemma 3): their base, no scaling
         model.inv_freq_local = rope_inv_freq(rot, cfg.rope_base_local)
-    if plan is not None:
-        wrap_loaded_shares(model, plan, tp)  # type: ignore[arg-type]
-    return (model if host_layers else model.to(device)).eval()
 
 
 def _down_group(spec: ModelSpec, names: dict, keep_gguf: bool, rtn: QuantConfig | None, ffn: int) -> int:

@@ -24,6 +24,7 @@ import torch
 from backends.api import LoadOptions
 from backends.errors import ConfigError
 from backends.modelspec import ModelSpec
+from backends.torch_engine.cpu_load import load_for_cpu
 from backends.torch_engine.cuda_graphs import DecodeGraphs, graph_sizes, unavailable_reason
 from backends.torch_engine.devices import resolve_device
 from backends.torch_engine.expert_offload import describe_offloads
@@ -133,6 +134,9 @@ class ModelRunner:
     kernel_check: Any = None  # kernel_check.KernelCheck when the self-check ran (LoadOptions.kernel_check_record)
     kernel_check_error: str | None = None  # why the self-check could not run
     _graphs_decided: bool = False
+    weight_cache: str = ""  # the prepared-weight cache's part in this load (cpu_load.CpuLoad.cache); "" = none
+    cpu_packed_layers: int = 0
+    dense_copy_bytes: int = 0
 
     def __init__(
         self, spec: ModelSpec, options: LoadOptions, kernels: str | None = None, tp: Comm | None = None
@@ -174,6 +178,19 @@ class ModelRunner:
             self.model = load_moe_model(
                 spec, self.ops, self.dtype, self.device, self.weight_quant, host_layers, options.cpu_expert_layers
             )
+        elif self.device.type == "cpu" and tp is None:  # through the prepared-weight cache (cpu_load.py)
+            loaded = load_for_cpu(
+                spec,
+                self.ops,
+                self.dtype,
+                self.weight_quant,
+                options.n_ctx,
+                dense_copy_budget(),
+                options.weight_cache_dir,
+                _trim_heap,
+            )
+            self.model, self.weight_cache = loaded.model, loaded.cache
+            self.dense_copy_bytes, self.cpu_packed_layers = loaded.dense_copy_bytes, loaded.packed_layers
         else:
             self.model = load_model(
                 spec,
@@ -193,9 +210,7 @@ class ModelRunner:
             else:
                 kv_heads = self.model.cfg.n_kv_heads  # the loader built this rank's share
         self.kernel_check, self.kernel_check_error = self._check_kernels(options.kernel_check_record)
-        self.cpu_packed_layers = 0
-        self.dense_copy_bytes = 0
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and self.weight_cache == "":  # not prepared by cpu_load above
             self.dense_copy_bytes, self.cpu_packed_layers = prepare_for_cpu(
                 self.model, self.dtype, dense_copy_budget(), _trim_heap
             )
@@ -467,6 +482,7 @@ class ModelRunner:
             "weight_bytes": self.weight_bytes,
             "cpu_packed_layers": self.cpu_packed_layers,
             "dense_copy_bytes": self.dense_copy_bytes,
+            **({"weight_cache": self.weight_cache} if self.weight_cache else {}),
             "tensor_parallel": 1,
             **self._describe_threads(),
             **self._describe_offload(),

@@ -117,11 +117,16 @@ class QuantLinear(nn.Module):
         w = self.weight
         if w.qweight.is_cuda or not cpu_supported(w, dtype):
             return False
-        self._cpu = pack_for_cpu(w, dtype)
+        self.adopt_cpu_packed(pack_for_cpu(w, dtype))
+        return True
+
+    def adopt_cpu_packed(self, packed: CpuPackedWeight) -> None:
+        """Hold `packed` (pack_for_cpu's output, or the same restored from the prepared-weight cache:
+        prepared.py) as this layer's weight; the generic buffers are dropped."""
+        self._cpu = packed
         self.qweight = self.scales = self.offsets = None
         if self.bias is None and self.input_scale is None:
             self._cpu_rows = cpu_rows_kernel(self._cpu)
-        return True
 
     def keep_dense_copy(self, dtype: torch.dtype) -> int:
         """Also hold the dequantized weight in `dtype`, used for prompt rows inside a runner step (see

@@ -85,3 +85,19 @@ def test_real_models_pass_every_check(starter_path: Path) -> None:
 def test_gemma_passes_every_check(gemma_path: Path) -> None:
     spec = load_spec(gemma_path)  # head_dim 256 from key_length, 262,144 tokens, Q5_0 / Q4_K / Q6_K tensors
     assert (spec.head_dim, spec.vocab_size, spec.n_layers) == (256, 262144, 18)
+
+
+def test_kept_string_arrays_read_whole_and_keep_the_caps(raw, tmp_path: Path) -> None:
+    """A vocabulary-like array of strings (the reader's fast loop, _Cursor.strings): read whole, and its
+    elements meet the same one-string cap and the same metadata budget as single strings."""
+    from backends.gguf_reader import read_header
+
+    words = ["a", "", "é", "x" * 300, "\u0120the"]
+    ok = raw().set("test.words", ARRAY, (STRING, words)).write(tmp_path / "ok.gguf")
+    assert read_header(ok, keep_arrays=["test.words"]).metadata["test.words"] == words
+    big = raw().set("test.words", ARRAY, (STRING, ["a", "x" * ((1 << 20) + 1)])).write(tmp_path / "big.gguf")
+    with pytest.raises(ModelFormatError, match="claims a string of 1,048,577 bytes"):
+        read_header(big, keep_arrays=["test.words"])
+    many = raw().set("test.words", ARRAY, (STRING, ["x" * (1 << 20)] * 40)).write(tmp_path / "many.gguf")
+    with pytest.raises(ModelFormatError, match="more than hearth's limit of 32 MiB"):
+        read_header(many, keep_arrays=["test.words"])

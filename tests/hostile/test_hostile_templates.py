@@ -166,6 +166,22 @@ def test_renderer_is_shared_and_reused() -> None:
     assert renderer().starts == starts
 
 
+def test_a_worker_started_in_the_background_serves_the_first_render() -> None:
+    """start_in_background (app/loading.open_backend calls it while the runner loads): the worker it starts is
+    the one the first render uses, and the render's own budget is unchanged."""
+    proc = TemplateProcess(time_limit_s=TEMPLATE_TIME_LIMIT_S, memory_bytes=512 * 2**20, max_chars=MAX_PROMPT_CHARS)
+    try:
+        proc.start_in_background()
+        deadline = time.monotonic() + 60
+        while proc.starts == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proc.starts == 1
+        assert proc.render(CHATML, {"messages": MSGS, "add_generation_prompt": True}).startswith("<|im_start|>")
+        assert proc.starts == 1  # no second worker
+    finally:
+        proc.close()
+
+
 def test_a_spinning_worker_exits_when_hearth_dies() -> None:
     """hearth killed (SIGKILL) in the middle of a hostile render: its worker does not spin on as an orphan."""
     script = (

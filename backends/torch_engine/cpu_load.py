@@ -1,0 +1,86 @@
+"""Load a dense model for the CPU through the prepared-weight cache (weight_cache.py, prepared.py).
+
+On a miss: loader.load_model (read, repack / dequantize, assemble), then quantize.prepare_for_cpu (dense prefill
+copies, torch's packed layouts), then the result is stored.  On a hit: the model is built on the meta device and
+its tensors are the cached ones, mapped from the file; nothing is read from the GGUF, repacked or dequantized.
+Measured on the starter (2-core Zen 4, loaded machine): README "Cold start".
+
+Cached: GGUF models on the CPU only.  Not: GPUs (the prepared weights live in device memory; a GPU load is
+bounded by PCIe, not by the preparation), tensor-parallel ranks, models with experts, Hugging Face folders (their
+safetensors already load by mapping, bf16 as stored).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from backends.modelspec import ModelSpec
+from backends.torch_engine.loader import config_from_spec, load_model
+from backends.torch_engine.models import family
+from backends.torch_engine.prepared import prepared_state, restore_prepared
+from backends.torch_engine.quantize import QuantLinear, prepare_for_cpu
+from backends.torch_engine.weight_cache import WeightCache, entry_key
+from kernels.dispatch import KernelSet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CpuLoad:
+    model: nn.Module
+    dense_copy_bytes: int  # bytes of the dense prefill copies (quantize.keep_dense_copy)
+    packed_layers: int  # layers on torch's packed CPU kernels
+    cache: str  # "hit" | "stored" | "not stored" | "off": what the prepared-weight cache did
+
+
+def cacheable(spec: ModelSpec, device: torch.device, folder: str | None) -> bool:
+    return bool(folder) and device.type == "cpu" and spec.format == "gguf" and not spec.n_experts
+
+
+def load_for_cpu(
+    spec: ModelSpec,
+    ops: KernelSet,
+    dtype: torch.dtype,
+    weight_quant: str,
+    n_ctx: int,
+    dense_budget_bytes: int,
+    cache_folder: str | None,
+    after_layer: Callable[[], None] | None = None,
+) -> CpuLoad:
+    """The prepared CPU model, from the cache in `cache_folder` when it holds it (None: no cache)."""
+    cpu = torch.device("cpu")
+    cache = key = None
+    if cache_folder and cacheable(spec, cpu, cache_folder):
+        cfg = config_from_spec(spec)
+        options = {
+            "dtype": str(dtype),
+            "weight_quant": weight_quant,
+            "dense_budget_bytes": dense_budget_bytes,  # whether the dense prefill copies are made
+            "long_rope": 0 < cfg.rope_original_ctx < n_ctx,  # LongRoPE's factors pick by context (models/phi3.py)
+        }
+        cache, key = WeightCache(cache_folder), entry_key(spec.files or (spec.path,), options)
+        entry = cache.load(key)
+        if entry is not None:
+            with torch.device("meta"):
+                model = family(spec.architecture).MODEL(cfg, ops)
+            try:
+                restore_prepared(model, entry.tensors, entry.meta)
+            except ValueError as exc:
+                log.warning("prepared-weight cache entry %s: %s; preparing afresh", entry.path, exc)
+                cache._remove(entry.path)
+            else:
+                layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+                dense = sum(m._dense.numel() * m._dense.element_size() for m in layers if m._dense is not None)
+                return CpuLoad(model.eval(), dense, sum(m._cpu is not None for m in layers), "hit")
+    model = load_model(spec, ops, dtype, cpu, weight_quant=weight_quant, n_ctx=n_ctx)
+    dense, packed = prepare_for_cpu(model, dtype, dense_budget_bytes, after_layer)
+    stored = "off"
+    if cache is not None and key is not None:
+        tensors, meta = prepared_state(model)
+        stored = "stored" if cache.store(key, tensors, meta) is not None else "not stored"
+    return CpuLoad(model, dense, packed, stored)
