@@ -195,12 +195,18 @@ class ModelRunner:
         self.kernel_check, self.kernel_check_error = self._check_kernels(options.kernel_check_record)
         self.cpu_packed_layers = 0
         self.dense_copy_bytes = 0
+        self.int8_head_bytes = 0  # the CPU decode head's int8 copy (cpu_head.py)
+        self.int8_head_off: str | None = "not on a bf16 CPU path"
         if self.device.type == "cpu":
             from backends.torch_engine.quantize import prepare_for_cpu
 
             self.dense_copy_bytes, self.cpu_packed_layers = prepare_for_cpu(
                 self.model, self.dtype, dense_copy_budget(), _trim_heap
             )
+            if self.dtype == torch.bfloat16 and self.ops.name != "reference":
+                from backends.torch_engine.cpu_head import install_int8_head
+
+                self.int8_head_bytes, self.int8_head_off = install_int8_head(self.model)
         self.offload = self._build_offload(options.n_gpu_layers)
         self.block_size = BLOCK_SIZE
         self.vocab_size = spec.vocab_size
@@ -262,8 +268,10 @@ class ModelRunner:
             if t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
-        return total + sum(
-            m._cpu.nbytes for m in self.model.modules() if isinstance(m, QuantLinear) and m._cpu is not None
+        return (
+            total
+            + self.int8_head_bytes
+            + sum(m._cpu.nbytes for m in self.model.modules() if isinstance(m, QuantLinear) and m._cpu is not None)
         )
 
     @property
@@ -483,6 +491,7 @@ class ModelRunner:
             "weight_bytes": self.weight_bytes,
             "cpu_packed_layers": self.cpu_packed_layers,
             "dense_copy_bytes": self.dense_copy_bytes,
+            "int8_head": "on" if self.int8_head_off is None else f"off ({self.int8_head_off})",
             "tensor_parallel": 1,
             **self._describe_threads(),
             **self._describe_offload(),
