@@ -28,6 +28,7 @@ faster once the 30 layers' weights no longer fit the cache (int8 reads twice the
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +81,10 @@ def pack_int8_rows(qweight: torch.Tensor, scales: torch.Tensor) -> Int8RowsWeigh
             f"an int8 rows weight is int8 (N, K) with (N,) scales, got {qweight.dtype} and {tuple(scales.shape)} scales"
         )
     zeros = torch.zeros(n, dtype=torch.long)
-    with _fbgemm():
+    with _fbgemm(), warnings.catch_warnings():
+        # torch 2.13 warns that quantized tensor types will go; `available` and the caller's fallback cover the
+        # day they do, and the warning would otherwise print at every CPU load
+        warnings.simplefilter("ignore", UserWarning)
         qt = torch._make_per_channel_quantized_tensor(qweight, scales.double(), zeros, 0)
         packed = torch.ops.quantized.linear_prepack(qt, None)
     return Int8RowsWeight(qweight, scales.float(), packed, k, n)

@@ -45,12 +45,17 @@ class Int8RowsHead(nn.Module):
         quantized = QUANTIZED_ROWS.get()
         if quantized is None:
             quantized = rows if rows < DENSE_MIN_ROWS else 0
-        if quantized >= rows:
-            return int8_rows_matmul(x, self.int8)
-        dense = torch.nn.functional.linear(x, self.weight.to(x.dtype)).float()
-        if quantized <= 0:
-            return dense
-        return torch.cat([int8_rows_matmul(x[:quantized], self.int8), dense[quantized:]])
+        try:
+            if quantized >= rows:
+                return int8_rows_matmul(x, self.int8)
+            dense = torch.nn.functional.linear(x, self.weight.to(x.dtype)).float()
+            if quantized <= 0:
+                return dense
+            return torch.cat([int8_rows_matmul(x[:quantized], self.int8), dense[quantized:]])
+        except RuntimeError:
+            # fbgemm refuses non-finite input (its min/max check): the dense head gives such rows the NaN or
+            # inf logits they would have had, and the sampler's own checks take it from there
+            return torch.nn.functional.linear(x, self.weight.to(x.dtype)).float()
 
     @property
     def nbytes(self) -> int:
@@ -72,8 +77,12 @@ def install_int8_head(model: nn.Module) -> tuple[int, str | None]:
     if not available():
         return 0, "this torch has no fbgemm dynamic quantized linear"
     q, scales = quantize_int8_rows(head.weight.detach())
-    int8 = pack_int8_rows(q, scales)
-    why = batch_invariant(int8)
+    try:
+        int8 = pack_int8_rows(q, scales)
+        why = batch_invariant(int8)
+    except (RuntimeError, NotImplementedError, AttributeError) as exc:  # a torch whose quantized ops changed
+        return 0, f"the int8 head could not be packed ({type(exc).__name__}: {str(exc)[:120]})"
+
     if why is not None:
         return 0, f"the int8 head failed its check on this CPU ({why})"
     int8.qweight = None  # fbgemm's packed copy holds the weight; keeping both would double it
