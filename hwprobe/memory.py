@@ -237,7 +237,10 @@ def torch_cpu_weights(shape: ModelShape, fmt: str, ram_total_bytes: int) -> Weig
     )
     quantized = sum(n4 + n8 for n4, n8 in kept) + (embed_params if head_kind else 0)
     copies = 2 * quantized if 2 * quantized <= torch_cpu_dense_copy_budget(ram_total_bytes) else 0
-    return WeightLayout(layers, embed, head, shape.hidden_size * 4, shape.tied_embeddings, copies)
+    # a bf16 head (tied, or untied but not repacked) also gets an int8 copy for decode rows: 1 byte a weight and a
+    # float32 scale a vocabulary row (backends/torch_engine/cpu_head.py)
+    int8_head = 0 if head_kind else embed_params + 4 * shape.vocab_size
+    return WeightLayout(layers, embed, head, shape.hidden_size * 4 + int8_head, shape.tied_embeddings, copies)
 
 
 def torch_tokenizer_bytes(shape: ModelShape) -> int:

@@ -294,6 +294,8 @@ def read_params(
     # 1.71 / 1.79 / 2.59 (torch's int4 kernel re-reads the weight every 4 rows), and the dense head is the more
     # accurate one (mean |error| 0.029 vs 0.045 against the file's exact Q8_0 logits; top-1 0.961 vs 0.945)
     # and gives a row the same bits at any row count, prompt rows included.
+    # On the CPU's bf16 path the runner then gives decode rows an int8 copy of it (cpu_head.py: fbgemm's int8
+    # dot products, 1.1-1.3 vs 7-11 ms of CPU a call on the loaded Zen 4); prompt rows keep this dense one.
     head_name = "output.weight"
     quant_head = keep_gguf_quant and device.type == "cpu" and not cfg.tied_embeddings
 

@@ -24,6 +24,7 @@ import torch
 from backends.api import LoadOptions
 from backends.errors import ConfigError
 from backends.modelspec import ModelSpec
+from backends.torch_engine.cpu_head import install_int8_head
 from backends.torch_engine.cpu_load import load_for_cpu
 from backends.torch_engine.cuda_graphs import DecodeGraphs, graph_sizes, unavailable_reason
 from backends.torch_engine.devices import resolve_device
@@ -210,10 +211,15 @@ class ModelRunner:
             else:
                 kv_heads = self.model.cfg.n_kv_heads  # the loader built this rank's share
         self.kernel_check, self.kernel_check_error = self._check_kernels(options.kernel_check_record)
+        self.int8_head_bytes = 0  # the CPU decode head's int8 copy (cpu_head.py)
+        self.int8_head_off: str | None = "not on a bf16 CPU path"
         if self.device.type == "cpu" and self.weight_cache == "":  # not prepared by cpu_load above
             self.dense_copy_bytes, self.cpu_packed_layers = prepare_for_cpu(
                 self.model, self.dtype, dense_copy_budget(), _trim_heap
             )
+        if self.device.type == "cpu" and self.dtype == torch.bfloat16 and self.ops.name != "reference":
+            # after the prepared-weight cache too: the int8 head is made from the embedding at every load
+            self.int8_head_bytes, self.int8_head_off = install_int8_head(self.model)
         self.offload = self._build_offload(options.n_gpu_layers)
         self.block_size = BLOCK_SIZE
         self.vocab_size = spec.vocab_size
@@ -270,8 +276,10 @@ class ModelRunner:
             if t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
-        return total + sum(
-            m._cpu.nbytes for m in self.model.modules() if isinstance(m, QuantLinear) and m._cpu is not None
+        return (
+            total
+            + self.int8_head_bytes
+            + sum(m._cpu.nbytes for m in self.model.modules() if isinstance(m, QuantLinear) and m._cpu is not None)
         )
 
     @property
@@ -483,6 +491,7 @@ class ModelRunner:
             "cpu_packed_layers": self.cpu_packed_layers,
             "dense_copy_bytes": self.dense_copy_bytes,
             **({"weight_cache": self.weight_cache} if self.weight_cache else {}),
+            "int8_head": "on" if self.int8_head_off is None else f"off ({self.int8_head_off})",
             "tensor_parallel": 1,
             **self._describe_threads(),
             **self._describe_offload(),

@@ -140,15 +140,16 @@ def test_block_size_matches_the_engine() -> None:
 
 def test_cpu_plan_counts_the_engines_repacked_weights_and_dense_copies() -> None:
     """The starter on the torch engine's CPU path holds its Q4_1 projections as 0.625-byte int4, bf16 dense
-    copies of them (2 bytes a weight) for prompt rows, and the tied bf16 embedding once (measured after a load:
-    weight_bytes 117.4 MiB + dense_copy_bytes 202.5 MiB)."""
+    copies of them (2 bytes a weight) for prompt rows, the tied bf16 embedding once and its int8 copy for decode
+    rows (1 byte a weight + a float32 scale a row; measured after a load: weight_bytes 117.4 MiB before the int8
+    head + dense_copy_bytes 202.5 MiB)."""
     projections = 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
     shape = dataclasses.replace(STARTER, quant="Q4_1", extra={"gguf_repacked": ((projections // 30, 0),) * 30})
     report = dataclasses.replace(hw("no_gpu_laptop"), cpu_avx512=True)
     p = plan(report, shape, Prefs(backend="torch"))
     assert p.quant == "GGUF" and p.device == "cpu"
     ram = p.devices[-1]
-    packed = projections * 0.625 + 30 * 2 * 576 * 4 + 49152 * 576 * 2 + 576 * 4
+    packed = projections * 0.625 + 30 * 2 * 576 * 4 + 49152 * 576 * 2 + 576 * 4 + 49152 * (576 + 4)
     assert ram.weights_mib == m.mib(packed + 2 * projections)
     assert ram.overhead_mib == m.mib(m.TORCH_TOKENIZER_BYTES_PER_TOKEN * 49152)
     # a small machine: the copies would pass a tenth of RAM, so the engine keeps none and the plan counts none

@@ -1,0 +1,70 @@
+"""Process CPU time per decoded token, llama.cpp against the torch engine's runner, in one process, interleaved.
+
+    .venv/bin/python scripts/decode_cpu_time.py [--threads 1] [--rounds 3] [--gen 128]
+
+Both engines decode the same 128-token prompt greedily, `--rounds` times each, alternating, so both see the same
+minutes of a shared machine.  CPU time (not wall time) is what a loaded machine distorts least; the README's
+"Where a single-stream decode step's time goes (CPU)" quotes it.  Needs the starter model and llama-cpp-python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--gen", type=int, default=128)
+    args = ap.parse_args()
+
+    import llama_cpp
+    import torch
+
+    from app.store import starter_model_path
+    from backends.api import LoadOptions
+    from backends.modelspec import load_spec
+    from backends.torch_engine.model_runner import ModelRunner
+
+    torch.set_num_threads(args.threads)
+    path = str(starter_model_path())
+    llm = llama_cpp.Llama(path, n_ctx=512, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+    options = LoadOptions(n_ctx=512, max_num_seqs=1, device="cpu", adaptive_threads=False, n_threads=args.threads)
+    runner = ModelRunner(load_spec(path), options)
+    text = b"The history of the city begins with a small settlement by the river, where"
+    prompt = (llm.tokenize(text, add_bos=False) * 20)[:128]
+
+    def llama_run() -> float:
+        llm.reset()
+        llm.eval(prompt)
+        c0 = time.process_time()
+        tok = int(llm.scores[llm.n_tokens - 1].argmax())
+        for _ in range(args.gen):
+            llm.eval([tok])
+            tok = int(llm.scores[llm.n_tokens - 1].argmax())
+        return (time.process_time() - c0) / args.gen * 1e3
+
+    def torch_run() -> float:
+        table = list(range(32))
+        logits = runner.forward([(prompt, 0, table)], "last", num_decodes=0)
+        c0 = time.process_time()
+        tok = int(logits.argmax())
+        for i in range(args.gen):
+            logits = runner.forward([([tok], len(prompt) + i, table)], "last", num_decodes=1)
+            tok = int(logits.argmax())
+        return (time.process_time() - c0) / args.gen * 1e3
+
+    times: dict[str, list[float]] = {"llama.cpp": [], "torch": []}
+    for _ in range(args.rounds):
+        times["llama.cpp"].append(llama_run())
+        times["torch"].append(torch_run())
+    for name, ms in times.items():
+        ms.sort()
+        print(f"{name:9s} {args.threads} thread(s): CPU ms/token best {ms[0]:.2f}, median {ms[len(ms) // 2]:.2f}")
+    print(f"torch / llama.cpp speed (best CPU times): {min(times['llama.cpp']) / min(times['torch']):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
