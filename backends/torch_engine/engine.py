@@ -112,7 +112,7 @@ class Engine:
         request_ids, logits = result.request_ids, result.logits
         if result.spec_logits:
             try:
-                sampled.update(self.speculator.verify(result, out.scheduled, self.scheduler))  # type: ignore[union-attr]
+                sampled.update(self.speculator.verify(result, out.scheduled, self.scheduler, self.sampler))  # type: ignore[union-attr]
             except Exception as exc:  # noqa: BLE001 - the speculative rows' error, reported on their streams
                 failed.update((rid, exc) for rid in result.spec_logits)
             keep = [i for i, rid in enumerate(request_ids) if rid not in result.spec_logits]

@@ -14,12 +14,15 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
+import torch
+
 from backends.api import SamplingParams, seed_u64
 from backends.torch_engine.request import EngineRequest
+from backends.torch_engine.sampler import Sampler
 from backends.torch_engine.scheduler import Scheduler
 from backends.torch_engine.seams import RunnerOutput, ScheduledRequest, SchedulerOutput
 from backends.torch_engine.speculative.proposer import Proposal, Proposer, SpecConfig, SpecState
-from backends.torch_engine.speculative.verify import verify_row
+from backends.torch_engine.speculative.verify import accept_matching, check_proposal, rejection_row
 
 
 def plain_sampling(params: SamplingParams) -> bool:
@@ -112,31 +115,53 @@ class Speculator:
         return dataclasses.replace(out, scheduled=tuple(scheduled))
 
     # -- after the forward --------------------------------------------------------------------------------
-    def verify(self, result: RunnerOutput, scheduled: Sequence[ScheduledRequest], scheduler: Scheduler):
-        """request id -> the accepted proposals and the token after them, for every speculative row."""
+    def verify(
+        self, result: RunnerOutput, scheduled: Sequence[ScheduledRequest], scheduler: Scheduler, sampler: Sampler
+    ) -> dict[str, tuple[int, ...]]:
+        """request id -> the accepted proposals and the token after them, for every speculative row.  Point-mass
+        proposals are checked against the target's own tokens for every position, all rows in one batched
+        sampler call (verify.py says why that is lossless); a sampled draft's rows take the rejection rule."""
+        rows = [s for s in scheduled if s.num_spec_tokens]
+        point = [s for s in rows if self._proposals[s.request_id].probs is None]
         tokens: dict[str, tuple[int, ...]] = {}
-        for s in scheduled:
-            if not s.num_spec_tokens:
-                continue
+        if point:
+            logits = [result.spec_logits[s.request_id] for s in point]
+            for s, row_logits in zip(point, logits):
+                check_proposal(self._proposals[s.request_id].token_ids, row_logits.shape[-1])
+            ids = [s.request_id for s, row in zip(point, logits) for _ in range(row.shape[0])]
+            params = [scheduler.requests[rid].sampling for rid in ids]
+            ahead = [j for row in logits for j in range(row.shape[0])]
+            targets = sampler.sample_ahead(torch.cat(logits), ids, params, ahead)
+            at = 0
+            for s, row in zip(point, logits):
+                n = row.shape[0]
+                tokens[s.request_id] = accept_matching(targets[at : at + n], self._proposals[s.request_id].token_ids)
+                at += n
+        for s in rows:
             request = scheduler.requests[s.request_id]
             proposal = self._proposals[s.request_id]
-            state = self._state(request)
-            row = verify_row(
-                result.spec_logits[s.request_id],
-                proposal.token_ids,
-                request.sampling,
-                proposal.probs,
-                state.key or 0,
-                request.num_tokens,
-            )
+            if proposal.probs is not None:
+                state = self._state(request)
+                tokens[s.request_id] = rejection_row(
+                    result.spec_logits[s.request_id],
+                    proposal.token_ids,
+                    request.sampling,
+                    proposal.probs,
+                    state.key or 0,
+                    request.num_tokens,
+                )
+        for s in rows:
+            request = scheduler.requests[s.request_id]
+            proposal, row = self._proposals[s.request_id], tokens[s.request_id]
+            if proposal.probs is None and not request.sampling.greedy:
+                sampler.advance(s.request_id, len(row))  # the plain sampler's counter: its draws were used
             accepted = len(row) - 1
-            state.record(len(proposal.token_ids), accepted, self.config.k_max)
+            self._state(request).record(len(proposal.token_ids), accepted, self.config.k_max)
             self.num_proposed += len(proposal.token_ids)
             self.num_accepted += accepted
             self.num_verifications += 1
             request.num_spec_proposed += len(proposal.token_ids)
             request.num_spec_accepted += accepted
-            tokens[s.request_id] = row
         return tokens
 
     def describe(self) -> dict[str, object]:
