@@ -99,6 +99,8 @@ def main() -> int:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--greedy", action="store_true")
+    ap.add_argument("--tasks", nargs="+", default=["grounded", "chat"], choices=["grounded", "chat"])
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, all cores)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     spec = load_spec(args.model or starter_model_path())
@@ -107,11 +109,14 @@ def main() -> int:
     backends = {}
     for m in methods:
         extra = {"draft_model": args.draft_model} if m == "draft" else {}
-        b = TorchBackend(spec, LoadOptions(n_ctx=2048, max_num_seqs=16, speculative=m, **extra))
+        options = LoadOptions(n_ctx=2048, max_num_seqs=16, speculative=m, n_threads=args.threads or None, **extra)
+        b = TorchBackend(spec, options)
         b.load()
         backends[m] = b
     for _ in range(args.rounds):
         for task, texts in prompts().items():
+            if task not in args.tasks:
+                continue
             for clients in args.clients:
                 for m in methods:
                     r = run(backends[m], texts, clients, args.gen, args.greedy)

@@ -98,7 +98,10 @@ class Engine:
             if u.finished:
                 self.forget(u.request.request_id)
         self.num_steps += 1
-        self.scheduler.observe_step(out.total_num_tokens, time.perf_counter() - started)  # the TTFT plan's costs
+        seconds = time.perf_counter() - started
+        self.scheduler.observe_step(out.total_num_tokens, seconds)  # the TTFT plan's costs
+        if self.speculator is not None:
+            self.speculator.observe(out, seconds)  # which k pays
         return updates
 
     def _sample(

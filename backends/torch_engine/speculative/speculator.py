@@ -21,6 +21,7 @@ from backends.torch_engine.request import EngineRequest
 from backends.torch_engine.sampler import Sampler
 from backends.torch_engine.scheduler import Scheduler
 from backends.torch_engine.seams import RunnerOutput, ScheduledRequest, SchedulerOutput
+from backends.torch_engine.speculative.cost import StepCosts, best_k
 from backends.torch_engine.speculative.proposer import Proposal, Proposer, SpecConfig, SpecState
 from backends.torch_engine.speculative.verify import accept_matching, check_proposal, rejection_row
 
@@ -46,6 +47,7 @@ class Speculator:
         self.num_proposed = 0  # proposals verified since load
         self.num_accepted = 0  # of which accepted
         self.num_verifications = 0  # speculative rows run
+        self.costs = StepCosts()  # measured step seconds by token count: which k pays (cost.py)
 
     @property
     def acceptance_rate(self) -> float:
@@ -75,6 +77,7 @@ class Speculator:
         if sum(1 for s in out.scheduled if s.is_decode) > self.config.max_batch_rows:
             return out  # a big batch: plain decodes (SpecConfig.max_batch_rows says why)
         budget = scheduler.max_num_batched_tokens - out.total_num_tokens
+        step_tokens = out.total_num_tokens  # the step's tokens so far: each row's k is priced on top of them
         rows: list[tuple[int, EngineRequest, int]] = []
         for i, s in enumerate(out.scheduled):
             if budget <= 0:
@@ -92,9 +95,13 @@ class Speculator:
             )
             if room <= 0 or not state.wants():
                 continue
-            k = min(state.k, room)
+            k, _ = best_k(state.acceptance, min(state.k, room), self.costs, step_tokens)
+            if k == 0:  # no k beats a plain decode at this acceptance and these step costs
+                state.decline()
+                continue
             rows.append((i, request, k))
             budget -= k
+            step_tokens += k
         if not rows:
             return out
         proposals = self.proposer.propose([r for _, r, _ in rows], [k for _, _, k in rows])
@@ -113,6 +120,12 @@ class Speculator:
             )
             self._proposals[request.request_id] = Proposal(tokens, _cut(proposal.probs, len(tokens)))
         return dataclasses.replace(out, scheduled=tuple(scheduled))
+
+    # -- after the step ----------------------------------------------------------------------------------
+    def observe(self, out: SchedulerOutput, seconds: float) -> None:
+        """Time a step without prompt chunks (decodes and speculative rows) by its tokens (cost.py)."""
+        if all(s.is_decode or s.num_spec_tokens for s in out.scheduled):
+            self.costs.observe(out.total_num_tokens, seconds)
 
     # -- after the forward --------------------------------------------------------------------------------
     def verify(
