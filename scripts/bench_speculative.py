@@ -23,21 +23,38 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _snippet(path: str, start: int, n: int) -> str:
-    return (ROOT / path).read_text(encoding="utf-8")[start : start + n]
+# Input-grounded prompts: texts the reply must copy with small changes.  They are fixed here (not read from the
+# repository's files, which change) and short: the starter (135M) ignores "repeat this code" on a page of code
+# and writes about it instead (such prompts gave ~0.4 acceptance, mostly from its own repetition), but it does
+# copy a paragraph or a short function when asked to fix, copy or rename in it.
+_TEXT_A = (
+    "The lighthouse stood on a rock at the edge of the bay. Every evening the keeper climbed the one hundred and "
+    "twelve steps to the lamp room, cleaned the glass, trimed the wick and lit the lamp. Ships that passed in the "
+    "night saw the beam turn once every ten seconds and knew were they were."
+)
+_TEXT_B = (
+    "To install the package, create a virtual environment, activate it, and run pip install with the name of the "
+    "package. The first run downloads the model weights, which can take several minutes on a slow connection. "
+    "After that the program starts in under a second and works offline."
+)
+_TEXT_C = (
+    "Bread needs only four things: flour, water, salt and yeast. Mix them, knead the dough for ten minutes, and "
+    "let it rise untill it has doubled in size. Shape the loaf, let it rise again, and bake it in a hot oven for "
+    "about forty minutes, until the crust is brown and the bottom sounds hollow."
+)
+_CODE = (
+    "def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n"
+    "        if a[i] <= b[j]:\n            out.append(a[i])\n            i += 1\n        else:\n"
+    "            out.append(b[j])\n            j += 1\n    return out + a[i:] + b[j:]\n"
+)
 
 
 def prompts() -> dict[str, list[str]]:
-    code = _snippet("backends/torch_engine/block_manager.py", 3500, 900)
-    text = _snippet("README.md", 0, 1200)
     grounded = [
-        f"Repeat this code exactly, adding a comment on the first line:\n{code}",
-        f"Quote the first three sentences of this text word for word:\n{text}",
-        f"Rename every variable called block to blk in this code and show all of it:\n{code}",
-        f"Summarise this text, quoting its key phrases:\n{text}",
+        f"Fix the typos in this text and write it out again in full:\n{_TEXT_A}",
+        f"Copy this text word for word:\n{_TEXT_B}",
+        f"Rename the function merge to merge_sorted and repeat the code:\n{_CODE}",
+        f"Fix the typos in this text and write it out again in full:\n{_TEXT_C}",
     ]
     chat = [
         "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -99,6 +116,8 @@ def main() -> int:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--greedy", action="store_true")
+    ap.add_argument("--tasks", nargs="+", default=["grounded", "chat"], choices=["grounded", "chat"])
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, all cores)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     spec = load_spec(args.model or starter_model_path())
@@ -107,11 +126,14 @@ def main() -> int:
     backends = {}
     for m in methods:
         extra = {"draft_model": args.draft_model} if m == "draft" else {}
-        b = TorchBackend(spec, LoadOptions(n_ctx=2048, max_num_seqs=16, speculative=m, **extra))
+        options = LoadOptions(n_ctx=2048, max_num_seqs=16, speculative=m, n_threads=args.threads or None, **extra)
+        b = TorchBackend(spec, options)
         b.load()
         backends[m] = b
     for _ in range(args.rounds):
         for task, texts in prompts().items():
+            if task not in args.tasks:
+                continue
             for clients in args.clients:
                 for m in methods:
                     r = run(backends[m], texts, clients, args.gen, args.greedy)

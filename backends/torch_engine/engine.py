@@ -99,7 +99,10 @@ class Engine:
             if u.finished:
                 self.forget(u.request.request_id)
         self.num_steps += 1
-        self.scheduler.observe_step(out.total_num_tokens, time.perf_counter() - started)  # the TTFT plan's costs
+        seconds = time.perf_counter() - started
+        self.scheduler.observe_step(out.total_num_tokens, seconds)  # the TTFT plan's costs
+        if self.speculator is not None:
+            self.speculator.observe(out, seconds)  # which k pays
         return updates
 
     def _sample(
@@ -113,7 +116,7 @@ class Engine:
         request_ids, logits = result.request_ids, result.logits
         if result.spec_logits:
             try:
-                sampled.update(self.speculator.verify(result, out.scheduled, self.scheduler))  # type: ignore[union-attr]
+                sampled.update(self.speculator.verify(result, out.scheduled, self.scheduler, self.sampler))  # type: ignore[union-attr]
             except Exception as exc:  # noqa: BLE001 - the speculative rows' error, reported on their streams
                 failed.update((rid, exc) for rid in result.spec_logits)
             keep = [i for i, rid in enumerate(request_ids) if rid not in result.spec_logits]

@@ -333,7 +333,8 @@ class ModelRunner:
         t0 = time.perf_counter()
         if out.is_empty:
             return RunnerOutput((), torch.empty(0, self.vocab_size))
-        scheduled = sorted(out.scheduled, key=lambda s: not s.is_decode)  # decodes first (stable)
+        # decodes first, then speculative rows, then prompt chunks (stable)
+        scheduled = sorted(out.scheduled, key=lambda s: (not s.is_decode, not s.num_spec_tokens))
         logits = self._graph_step(scheduled)
         extra = {} if logits is None else {"cuda_graph": True}
         prompt_logits: dict[str, torch.Tensor] = {}
@@ -341,6 +342,13 @@ class ModelRunner:
         if logits is None:
             wide = [s.all_logits or s.num_spec_tokens > 0 for s in scheduled]
             num_decodes = sum(s.is_decode for s in scheduled)
+            # a speculative row's k + 1 tokens take the decode rows' quantized kernel while the rows stay few:
+            # on the dense copies a 5-token row cost ~2x a one-token decode on the starter, on the quantized
+            # kernel ~1.1x (scripts/bench_verify_rows.py; README "Speculative decoding")
+            from backends.torch_engine.quantize import DENSE_MIN_ROWS
+
+            spec_rows = sum(s.num_tokens for s in scheduled if s.num_spec_tokens)
+            quantized_rows = num_decodes + spec_rows if num_decodes + spec_rows < DENSE_MIN_ROWS else num_decodes
             tuner = self.thread_tuner
             key = num_decodes if tuner is not None and num_decodes == len(scheduled) else None  # decode-only
             if tuner is not None:
@@ -349,7 +357,7 @@ class ModelRunner:
             logits = self.forward(
                 [(s.token_ids, s.start_position, s.block_table) for s in scheduled],
                 logit_rows=wide if any(wide) else "last",
-                num_decodes=num_decodes,
+                num_decodes=quantized_rows,
             )
             if tuner is not None:
                 tuner.after_step(key, time.perf_counter() - t_forward)

@@ -110,6 +110,31 @@ class Sampler:
                 self._drawn[rid] += 1
         return tokens
 
+    def sample_ahead(
+        self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams], ahead: Sequence[int]
+    ) -> list[int]:
+        """The token plain decoding would draw for each row if its request had already drawn ahead[i] more
+        numbers (speculative verification: a request's k + 1 positions in one call, speculative/verify.py).
+        Rows of plain sampling only (no penalties, bias or grammar: the speculator keeps those rows out).  Moves
+        no counter: advance() does, by the tokens the request keeps."""
+        logits = logits.float()
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        tokens = logits.argmax(dim=-1)
+        if sampled:
+            keys = [self._key(request_ids[i], params[i]) for i in sampled]
+            counters = [self._drawn[request_ids[i]] + ahead[i] for i in sampled]
+            u = torch.from_numpy(uniforms(keys, counters)).to(logits.device)
+            whole = len(sampled) == len(params)
+            rows = logits if whole else logits[sampled]
+            drawn = draw(rows, params if whole else [params[i] for i in sampled], u, self._scratch)
+            tokens = drawn if whole else tokens.index_put_((torch.tensor(sampled),), drawn)
+        return tokens.tolist()
+
+    def advance(self, request_id: str, num_tokens: int) -> None:
+        """Count num_tokens drawn by a sampled request (the tokens a verification kept)."""
+        if request_id in self._drawn:
+            self._drawn[request_id] += num_tokens
+
     def _sample_rows(
         self,
         logits: torch.Tensor,

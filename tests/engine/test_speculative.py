@@ -14,6 +14,7 @@ from torch_engine_fakes import FakePagedKV
 from backends.api import LoadOptions, SamplingParams
 from backends.errors import ConfigError
 from backends.torch_engine.block_manager import BlockManager
+from backends.torch_engine.draw import uniforms
 from backends.torch_engine.engine import Engine
 from backends.torch_engine.request import EngineRequest
 from backends.torch_engine.sampler import Sampler, filtered_probs
@@ -22,7 +23,7 @@ from backends.torch_engine.seams import RunnerOutput, SchedulerOutput
 from backends.torch_engine.speculative.ngram import NgramProposer
 from backends.torch_engine.speculative.proposer import MAX_BACKOFF_STEPS, Proposal, SpecConfig, SpecState
 from backends.torch_engine.speculative.speculator import Speculator
-from backends.torch_engine.speculative.verify import uniform, verify_row
+from backends.torch_engine.speculative.verify import accept_matching, rejection_row
 
 VOCAB = 50
 
@@ -41,16 +42,17 @@ class SpecFakeRunner:
     """Logits from a pure function of the context read back through the block tables (FakePagedKV), for every
     token of a speculative row: argmax = next_fn(context), the rest a context-seeded random spread."""
 
-    def __init__(self, num_blocks: int, next_fn, spread: float = 4.0) -> None:
+    def __init__(self, num_blocks: int, next_fn, spread: float = 4.0, gap: float = 1.0) -> None:
         self.kv = FakePagedKV(num_blocks)
         self.next_fn = next_fn
         self.spread = spread
+        self.gap = gap  # the argmax's logit over the spread's top
         self.steps: list[SchedulerOutput] = []
 
     def row(self, ctx: Sequence[int]) -> torch.Tensor:
         g = torch.Generator().manual_seed(zlib.crc32(repr(list(ctx)).encode()))
         row = torch.rand(VOCAB, generator=g) * self.spread
-        row[self.next_fn(ctx)] = self.spread + 1.0
+        row[self.next_fn(ctx)] = self.spread + self.gap
         return row
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
@@ -72,12 +74,20 @@ class SpecFakeRunner:
         return RunnerOutput(tuple(ids), torch.stack(rows) if rows else torch.empty(0, VOCAB), spec_logits=spec)
 
 
-def engine(next_fn, speculate: bool = True, num_blocks: int = 256, budget: int = 64, seqs: int = 16, rows: int = 16):
+def engine(
+    next_fn,
+    speculate: bool = True,
+    num_blocks: int = 256,
+    budget: int = 64,
+    seqs: int = 16,
+    rows: int = 16,
+    gap: float = 1.0,
+):
     bm = BlockManager(num_blocks)
     sched = Scheduler(bm, seqs, budget, 4096)
     config = SpecConfig("ngram", k_max=8, max_batch_rows=rows)
     spec = Speculator(NgramProposer(4, 2), config) if speculate else None
-    return Engine(SpecFakeRunner(num_blocks, next_fn), sched, Sampler(0), spec)
+    return Engine(SpecFakeRunner(num_blocks, next_fn, gap=gap), sched, Sampler(0), spec)
 
 
 def run(e: Engine, requests: list[EngineRequest], limit: int = 5000) -> dict[str, list[int]]:
@@ -247,10 +257,11 @@ def _tv(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("draft", [False, True], ids=["point-mass", "draft-q"])
-def test_rejection_rule_keeps_the_target_distribution(draft: bool) -> None:
+def test_verification_keeps_the_target_distribution(draft: bool) -> None:
     """6,000 verifications of the same 2-proposal row (fixed keys, so this cannot flake): the first emitted
     token is distributed as p_0, and the second, given the first proposal was accepted, as p_1; total variation
-    within 0.04 / 0.05 of the exact distributions (the expected sampling error is ~0.012 / ~0.02)."""
+    within 0.04 / 0.05 of the exact distributions (the expected sampling error is ~0.012 / ~0.02).  Point mass:
+    draw-and-compare through the sampler; a draft's q: the rejection rule."""
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(3, 6, generator=g) * 1.5
     params = SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0)
@@ -258,11 +269,17 @@ def test_rejection_rule_keeps_the_target_distribution(draft: bool) -> None:
     proposal = (int(p[0].argsort()[-2]), 2)  # the second most likely: accepted and rejected often
     q = torch.softmax(torch.randn(2, 6, generator=g), dim=-1) if draft else None
     cdf = q.double().cumsum(-1) if draft else None
+    sampler = Sampler(0)
     first, second = torch.zeros(6), torch.zeros(6)
     for key in range(6_000):
         if draft:  # a draft's proposals are drawn from its q (the rule's premise)
-            proposal = tuple(int(torch.searchsorted(cdf[j], uniform(key, 1000 + j))) for j in range(2))
-        row = verify_row(logits, proposal, params, q, key=key * 7919 + 1, position=100)
+            u = uniforms([key] * 2, [1000, 1001])
+            proposal = tuple(int(torch.searchsorted(cdf[j], float(u[j]))) for j in range(2))
+            row = rejection_row(logits, proposal, params, q, key=key * 7919 + 1, position=100)
+        else:
+            seeded = SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=key)
+            targets = sampler.sample_ahead(logits, [f"r{key}"] * 3, [seeded] * 3, [0, 1, 2])
+            row = accept_matching(targets, proposal)
         first[row[0]] += 1
         if len(row) > 1:  # the first proposal was accepted: the next token is p_1's
             second[row[1]] += 1
@@ -270,10 +287,27 @@ def test_rejection_rule_keeps_the_target_distribution(draft: bool) -> None:
     assert second.sum() > 600 and _tv(second, p[1]) < 0.05
 
 
-def test_uniforms_depend_only_on_key_and_counter() -> None:
-    values = [uniform(42, c) for c in range(1000)]
-    assert values == [uniform(42, c) for c in range(1000)] and len(set(values)) == 1000
-    assert all(0.0 <= v < 1.0 for v in values) and 0.45 < sum(values) / 1000 < 0.55
+def test_sample_ahead_draws_what_plain_decoding_draws_next() -> None:
+    """Row j of sample_ahead is the token sample() gives after j more draws (the counter plain decoding uses)."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, VOCAB, generator=g) * 2
+    sp = SamplingParams(temperature=0.8, seed=99)
+    ahead = Sampler(0).sample_ahead(logits, ["a"] * 4, [sp] * 4, [0, 1, 2, 3])
+    plain = Sampler(0)
+    assert ahead == [plain.sample(logits[j : j + 1], ["a"], [sp], [()])[0] for j in range(4)]
+
+
+def test_seeded_sampled_output_is_the_same_with_and_without_speculation() -> None:
+    """Draw-and-compare keeps plain decoding's tokens exactly: same seed, same text, speculation on or off (a
+    peaked copying model: most proposals accepted, some rejected)."""
+    prompt = (1, 2, 3, 4, 5, 6, 7, 1, 2, 3)
+    for seed in (1, 2, 3):
+        sp = SamplingParams(temperature=0.7, seed=seed, max_tokens=40)
+        on = engine(periodic_next, gap=2.0)
+        got = run(on, [EngineRequest("a", prompt, sp)])["a"]
+        assert got == run(engine(periodic_next, speculate=False, gap=2.0), [EngineRequest("a", prompt, sp)])["a"]
+        assert on.speculator is not None
+        assert 0 < on.speculator.num_accepted < on.speculator.num_proposed
 
 
 def test_seeded_sampled_rows_are_reproducible_alone_and_batched() -> None:

@@ -22,10 +22,10 @@ import torch
 from backends.api import LoadOptions, SamplingParams, seed_u64
 from backends.errors import ConfigError
 from backends.torch_engine.block_manager import BlockManager
+from backends.torch_engine.draw import uniforms
 from backends.torch_engine.request import EngineRequest
 from backends.torch_engine.sampler import filtered_probs
 from backends.torch_engine.speculative.proposer import Proposal
-from backends.torch_engine.speculative.verify import uniform
 
 _DRAFT_NOISE = 0xD7AF7  # keeps the draft's draws apart from the verification's (same seed)
 
@@ -178,7 +178,7 @@ class DraftProposer:
                 continue
             q = filtered_probs(row.unsqueeze(0), [params])[0]
             seed = seed_u64(params.seed) if params.seed is not None else hash(request.request_id) & (2**64 - 1)
-            u = uniform(seed ^ _DRAFT_NOISE, position)
+            u = float(uniforms([seed ^ _DRAFT_NOISE], [position])[0])
             cdf = q.double().cumsum(0)
             token = min(
                 int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64))), len(q) - 1

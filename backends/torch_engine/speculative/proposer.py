@@ -8,7 +8,9 @@ Adaptive k, per request (issue 26: no fixed k that costs when proposals are reje
 k proposals of which a were accepted, the next k is a + 1 (all accepted: k + 1, up to k_max); a verification
 that accepts nothing starts a back-off: the request decodes plainly for 1, 2, 4, ... up to 32 steps before it
 proposes again, and any acceptance ends the back-off.  So when nothing is ever accepted, at most one step in 32
-pays for a verification row: throughput stays within a few percent of speculation off.
+pays for a verification row: throughput stays within a few percent of speculation off.  Within that cap the
+speculator proposes the k that the measured step costs and the request's recent acceptance say pays best, and
+none when no k beats a plain decode (cost.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from backends.torch_engine.request import EngineRequest
 
 METHODS = ("off", "ngram", "draft", "auto")
 MAX_BACKOFF_STEPS = 32  # the longest a request decodes without proposing after repeated misses
+ACCEPTANCE_DECAY = 0.7  # SpecState.acceptance: the weight of the evidence before each verification
+DECLINE_DECAY = 0.9  # ... and before each step the cost model declined (cost.py)
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,20 @@ class SpecState:
     num_accepted: int = 0  # of which accepted
     num_verifications: int = 0  # verification rows run
     key: int | None = field(default=None, repr=False)  # noise key of a sampled row (verify.py)
+    # recent acceptance: proposals accepted and proposals decided (accepted, or the first rejected one), each
+    # decayed by ACCEPTANCE_DECAY per verification so that a run of copied text shows within a few steps
+    hits: float = 0.0
+    tries: float = 0.0
+
+    @property
+    def acceptance(self) -> float:
+        """The chance the next proposal is accepted given the ones before it were (prior 1/2 worth 1 try)."""
+        return (self.hits + 0.5) / (self.tries + 1.0)
+
+    def decline(self) -> None:
+        """The cost model said no this step: the evidence fades toward the prior, so the request tries again."""
+        self.hits *= DECLINE_DECAY
+        self.tries *= DECLINE_DECAY
 
     def wants(self) -> bool:
         """Whether the request proposes this step (counts a skipped step down)."""
@@ -82,6 +100,9 @@ class SpecState:
         self.num_proposed += num_proposed
         self.num_accepted += num_accepted
         self.num_verifications += 1
+        decided = num_accepted + (1 if num_accepted < num_proposed else 0)
+        self.hits = ACCEPTANCE_DECAY * self.hits + num_accepted
+        self.tries = ACCEPTANCE_DECAY * self.tries + decided
         if num_accepted == 0:
             self.backoff = min(max(self.backoff * 2, 1), MAX_BACKOFF_STEPS)
             self.skip = self.backoff

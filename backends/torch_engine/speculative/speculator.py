@@ -14,12 +14,16 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
+import torch
+
 from backends.api import SamplingParams, seed_u64
 from backends.torch_engine.request import EngineRequest
+from backends.torch_engine.sampler import Sampler
 from backends.torch_engine.scheduler import Scheduler
 from backends.torch_engine.seams import RunnerOutput, ScheduledRequest, SchedulerOutput
+from backends.torch_engine.speculative.cost import StepCosts, best_k
 from backends.torch_engine.speculative.proposer import Proposal, Proposer, SpecConfig, SpecState
-from backends.torch_engine.speculative.verify import verify_row
+from backends.torch_engine.speculative.verify import accept_matching, check_proposal, rejection_row
 
 
 def plain_sampling(params: SamplingParams) -> bool:
@@ -43,6 +47,7 @@ class Speculator:
         self.num_proposed = 0  # proposals verified since load
         self.num_accepted = 0  # of which accepted
         self.num_verifications = 0  # speculative rows run
+        self.costs = StepCosts()  # measured step seconds by token count: which k pays (cost.py)
 
     @property
     def acceptance_rate(self) -> float:
@@ -72,6 +77,7 @@ class Speculator:
         if sum(1 for s in out.scheduled if s.is_decode) > self.config.max_batch_rows:
             return out  # a big batch: plain decodes (SpecConfig.max_batch_rows says why)
         budget = scheduler.max_num_batched_tokens - out.total_num_tokens
+        step_tokens = out.total_num_tokens  # the step's tokens so far: each row's k is priced on top of them
         rows: list[tuple[int, EngineRequest, int]] = []
         for i, s in enumerate(out.scheduled):
             if budget <= 0:
@@ -89,9 +95,13 @@ class Speculator:
             )
             if room <= 0 or not state.wants():
                 continue
-            k = min(state.k, room)
+            k, _ = best_k(state.acceptance, min(state.k, room), self.costs, step_tokens)
+            if k == 0:  # no k beats a plain decode at this acceptance and these step costs
+                state.decline()
+                continue
             rows.append((i, request, k))
             budget -= k
+            step_tokens += k
         if not rows:
             return out
         proposals = self.proposer.propose([r for _, r, _ in rows], [k for _, _, k in rows])
@@ -111,32 +121,60 @@ class Speculator:
             self._proposals[request.request_id] = Proposal(tokens, _cut(proposal.probs, len(tokens)))
         return dataclasses.replace(out, scheduled=tuple(scheduled))
 
+    # -- after the step ----------------------------------------------------------------------------------
+    def observe(self, out: SchedulerOutput, seconds: float) -> None:
+        """Time a step without prompt chunks (decodes and speculative rows) by its tokens (cost.py)."""
+        if all(s.is_decode or s.num_spec_tokens for s in out.scheduled):
+            self.costs.observe(out.total_num_tokens, seconds)
+
     # -- after the forward --------------------------------------------------------------------------------
-    def verify(self, result: RunnerOutput, scheduled: Sequence[ScheduledRequest], scheduler: Scheduler):
-        """request id -> the accepted proposals and the token after them, for every speculative row."""
+    def verify(
+        self, result: RunnerOutput, scheduled: Sequence[ScheduledRequest], scheduler: Scheduler, sampler: Sampler
+    ) -> dict[str, tuple[int, ...]]:
+        """request id -> the accepted proposals and the token after them, for every speculative row.  Point-mass
+        proposals are checked against the target's own tokens for every position, all rows in one batched
+        sampler call (verify.py says why that is lossless); a sampled draft's rows take the rejection rule."""
+        rows = [s for s in scheduled if s.num_spec_tokens]
+        point = [s for s in rows if self._proposals[s.request_id].probs is None]
         tokens: dict[str, tuple[int, ...]] = {}
-        for s in scheduled:
-            if not s.num_spec_tokens:
-                continue
+        if point:
+            logits = [result.spec_logits[s.request_id] for s in point]
+            for s, row_logits in zip(point, logits):
+                check_proposal(self._proposals[s.request_id].token_ids, row_logits.shape[-1])
+            ids = [s.request_id for s, row in zip(point, logits) for _ in range(row.shape[0])]
+            params = [scheduler.requests[rid].sampling for rid in ids]
+            ahead = [j for row in logits for j in range(row.shape[0])]
+            targets = sampler.sample_ahead(torch.cat(logits), ids, params, ahead)
+            at = 0
+            for s, row in zip(point, logits):
+                n = row.shape[0]
+                tokens[s.request_id] = accept_matching(targets[at : at + n], self._proposals[s.request_id].token_ids)
+                at += n
+        for s in rows:
             request = scheduler.requests[s.request_id]
             proposal = self._proposals[s.request_id]
-            state = self._state(request)
-            row = verify_row(
-                result.spec_logits[s.request_id],
-                proposal.token_ids,
-                request.sampling,
-                proposal.probs,
-                state.key or 0,
-                request.num_tokens,
-            )
+            if proposal.probs is not None:
+                state = self._state(request)
+                tokens[s.request_id] = rejection_row(
+                    result.spec_logits[s.request_id],
+                    proposal.token_ids,
+                    request.sampling,
+                    proposal.probs,
+                    state.key or 0,
+                    request.num_tokens,
+                )
+        for s in rows:
+            request = scheduler.requests[s.request_id]
+            proposal, row = self._proposals[s.request_id], tokens[s.request_id]
+            if proposal.probs is None and not request.sampling.greedy:
+                sampler.advance(s.request_id, len(row))  # the plain sampler's counter: its draws were used
             accepted = len(row) - 1
-            state.record(len(proposal.token_ids), accepted, self.config.k_max)
+            self._state(request).record(len(proposal.token_ids), accepted, self.config.k_max)
             self.num_proposed += len(proposal.token_ids)
             self.num_accepted += accepted
             self.num_verifications += 1
             request.num_spec_proposed += len(proposal.token_ids)
             request.num_spec_accepted += accepted
-            tokens[s.request_id] = row
         return tokens
 
     def describe(self) -> dict[str, object]:

@@ -1,21 +1,25 @@
-"""Accepting proposals: greedy agreement, or the standard rejection-sampling rule (lossless).
+"""Accepting proposals: draw-and-compare for point-mass proposals, the rejection rule for a draft's q (lossless).
 
 One speculative row's logits are (k + 1, vocab): row j is the target's distribution for the token after the
 last sampled token and the first j proposals.
 
-Greedy rows (temperature 0): proposal j is accepted while it is the argmax of row j; the token after the
-accepted ones is the argmax of the next row.  That is exactly what plain decoding would produce (up to bf16
-rounding between a one-row and a (k + 1)-row forward: tests/greedy_agreement.py's near-tie rule).
+Point-mass proposals (prompt lookup; a greedy draft), greedy or sampled: the target's own sampler decides every
+position of the row at once (Sampler.sample_ahead: greedy rows take the argmax; sampled rows draw with the
+uniform numbers plain decoding would use there, the request's noise counter plus j); proposal j is accepted
+while it equals the target's token at j, and the target's token after the accepted ones is emitted too.  Every
+emitted token is then the token plain decoding would have produced with the same seed: a token at position j is
+kept only when the context it was computed on (the proposals before it) is the one the target itself chose, and
+its uniform number depends on nothing the proposal saw.  So the output is the same with and without
+speculation, token for token (greedy up to bf16 rounding between a one-row and a (k + 1)-row forward:
+tests/greedy_agreement.py's near-tie rule; sampled likewise), and a point-mass proposal x is accepted with
+probability p(x), the most any lossless rule can accept it with (the rejection rule's min(1, p(x) / 1)).
 
-Sampled rows (Leviathan et al. 2023, Chen et al. 2023): with p_j the target's filtered distribution (the
-sampler's own top-k / top-p / min-p / temperature, sampler.filtered_probs) and q_j the proposer's, proposal x is
-accepted with probability min(1, p_j(x) / q_j(x)); at the first rejection the token is drawn from
-normalize(max(0, p_j - q_j)); when all k are accepted one more is drawn from p_k.  Every emitted token is then
-distributed as the target alone would draw it.  Prompt lookup proposes a point mass (q_j(x) = 1): accept with
-probability p_j(x), and on rejection draw from p_j with x removed.
-
-Reproducibility: a sampled row's uniforms come from SplitMix64 keyed by the request's noise key and counted by
-the position being decided (two numbers per position), so a seeded request gets the same text alone or batched.
+Drafted proposals with q (a sampled draft model: Leviathan et al. 2023, Chen et al. 2023): with p_j the
+target's filtered distribution (sampler.filtered_probs) and q_j the draft's, proposal x is accepted with
+probability min(1, p_j(x) / q_j(x)); at the first rejection the token is drawn from normalize(max(0, p_j - q_j));
+when all k are accepted one more is drawn from p_k.  Its uniform numbers come from draw.uniforms (the sampler's
+SplitMix64) keyed by the row's key and counted by position (two numbers per position), so a seeded request gets
+the same text alone or batched.
 """
 
 from __future__ import annotations
@@ -25,61 +29,56 @@ from collections.abc import Sequence
 import torch
 
 from backends.api import SamplingParams
+from backends.torch_engine.draw import uniforms
 from backends.torch_engine.sampler import filtered_probs
 
-_M64 = (1 << 64) - 1
+
+def check_proposal(proposal: Sequence[int], vocab: int) -> None:
+    """ValueError for a proposed id outside the vocabulary (a proposer's bug: that row fails, the batch goes on)."""
+    bad = [t for t in proposal if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"proposed token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
 
 
-def _splitmix64(z: int) -> int:
-    z = (z + 0x9E3779B97F4A7C15) & _M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
+def accept_matching(targets: Sequence[int], proposal: Sequence[int]) -> tuple[int, ...]:
+    """The proposals that match the target's own tokens, then the target's token after them (1 to k + 1).
+    targets: the target's token at each of the row's k + 1 positions."""
+    k = len(proposal)
+    assert len(targets) == k + 1, f"{len(targets)} target tokens for {k} proposals"
+    accepted = 0
+    while accepted < k and targets[accepted] == proposal[accepted]:
+        accepted += 1
+    return (*proposal[:accepted], targets[accepted])
 
 
-def uniform(key: int, counter: int) -> float:
-    """A number in [0, 1) that depends only on (key, counter)."""
-    return (_splitmix64(key ^ _splitmix64(counter)) >> 11) * (1.0 / (1 << 53))
-
-
-def verify_row(
+def rejection_row(
     logits: torch.Tensor,
     proposal: Sequence[int],
     params: SamplingParams,
-    draft_probs: torch.Tensor | None = None,
-    key: int = 0,
-    position: int = 0,
+    draft_probs: torch.Tensor,
+    key: int,
+    position: int,
 ) -> tuple[int, ...]:
-    """The accepted proposals followed by one more token (1 to k + 1 tokens).
-    logits: (k + 1, vocab) float32; proposal: the k proposed ids; draft_probs: (k, vocab) q_j, or None (a point
-    mass); key, position: the row's noise key and the position of the first token decided (sampled rows)."""
+    """The accepted proposals followed by one more token (1 to k + 1 tokens), by the rejection rule.
+    logits: (k + 1, vocab) float32; proposal: the k proposed ids; draft_probs: (k, vocab) q_j; key, position:
+    the row's noise key and the position of the first token decided."""
     k = len(proposal)
     assert logits.shape[0] == k + 1, f"{logits.shape[0]} logit rows for {k} proposals"
-    if params.greedy:
-        best = logits.argmax(dim=-1).tolist()
-        accepted = 0
-        while accepted < k and best[accepted] == proposal[accepted]:
-            accepted += 1
-        return (*proposal[:accepted], best[accepted])
+    check_proposal(proposal, logits.shape[-1])
     p = filtered_probs(logits.float(), [params] * (k + 1))  # (k + 1, vocab)
-    for j, x in enumerate(proposal):
-        pos = position + j
-        if draft_probs is None:
-            ratio = float(p[j, x])
-        else:
-            qx = float(draft_probs[j, x])
-            ratio = 1.0 if qx <= 0.0 else min(1.0, float(p[j, x]) / qx)
-        if uniform(key, 2 * pos) < ratio:
-            continue
-        if draft_probs is None:
-            residual = p[j].clone()
-            residual[x] = 0.0
-        else:
-            residual = (p[j] - draft_probs[j].to(p.dtype)).clamp_(min=0.0)
-        if float(residual.sum()) <= 0.0:  # p == q on the support (rounding): p itself is the residual's limit
-            residual = p[j]
-        return (*proposal[:j], _draw(residual, uniform(key, 2 * pos + 1)))
-    return (*proposal, _draw(p[k], uniform(key, 2 * (position + k) + 1)))
+    u = torch.from_numpy(uniforms([key] * (2 * k + 2), range(2 * position, 2 * (position + k + 1))))
+    index = torch.tensor(proposal, dtype=torch.long)
+    px = p[:k].gather(1, index.unsqueeze(1)).squeeze(1)  # (k,)
+    qx = draft_probs[:k].to(p.dtype).gather(1, index.unsqueeze(1)).squeeze(1)
+    ratio = torch.where(qx > 0, (px / qx.clamp(min=1e-30)).clamp(max=1.0), torch.ones_like(px))
+    rejected = (u[0 : 2 * k : 2] >= ratio).nonzero()
+    if rejected.numel() == 0:
+        return (*proposal, _draw(p[k], float(u[2 * k + 1])))
+    j = int(rejected[0, 0])
+    residual = (p[j] - draft_probs[j].to(p.dtype)).clamp_(min=0.0)
+    if float(residual.sum()) <= 0.0:  # p == q on the support (rounding): p itself is the residual's limit
+        residual = p[j]
+    return (*proposal[:j], _draw(residual, float(u[2 * j + 1])))
 
 
 def _draw(weights: torch.Tensor, u: float) -> int:
