@@ -55,4 +55,6 @@ def build_engine_parts(
         embed=runner.embed if options.tensor_parallel == 1 else None,  # TP: the other ranks would wait forever
         describe=runner.describe,
         close=close,
+        num_host_blocks=runner.swapper.store.num_blocks if runner.swapper is not None else 0,
+        swap_cost=runner.swap_cost,
     )

@@ -7,6 +7,8 @@ cache through the slot mapping inside each layer) and returns float32 logits for
 The pool (backends/torch_engine/kv_pool.py): per layer one K and one V tensor of shape (num_blocks, BLOCK_SIZE,
 n_kv_heads, head_dim), sized from LoadOptions.kv_cache_bytes, else max_num_seqs x n_ctx tokens
 (backends.torch_engine.parts.kv_pool_blocks); in host RAM its blocks are committed as the block tables reach them.
+On a GPU with swap space (LoadOptions.swap_space_bytes) it also makes the step's KV block copies to and from
+host RAM (kv_swap.py) before the forward.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from backends.modelspec import ModelSpec
 from backends.torch_engine.cuda_graphs import DecodeGraphs, graph_sizes, unavailable_reason
 from backends.torch_engine.devices import resolve_device
 from backends.torch_engine.kv_pool import KVPool
+from backends.torch_engine.kv_swap import HostKVStore, KVSwapper, measure_bandwidth
 from backends.torch_engine.parts import kv_pool_blocks
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
+from backends.torch_engine.swap_cost import SwapCost
 from backends.torch_engine.threads import IdleCores, ThreadTuner
 from kernels.attention import build_attention_metadata
 from kernels.dispatch import kernel_set
@@ -211,7 +215,20 @@ class ModelRunner:
             self.num_blocks, BLOCK_SIZE, spec.n_layers, kv_heads, spec.head_dim, self.kv_dtype, self.device
         )
         self.kv_caches = self.kv_pool.caches
+        self.swapper: KVSwapper | None = None  # swap space (kv_swap.py): on a GPU whose plan reserved it
+        self.swap_cost: SwapCost | None = None
+        if self.device.type == "cuda" and options.swap_space_bytes > 0 and tp is None:
+            self.enable_swap(options.swap_space_bytes // self.kv_pool.block_bytes)
         _release_freed_memory()
+
+    def enable_swap(self, num_host_blocks: int, bytes_per_s: float | None = None) -> None:
+        """Keep `num_host_blocks` blocks of swap space in host RAM (pinned when the pool is on a GPU) and
+        measure the copy bandwidth (or take `bytes_per_s`: tests swap between two CPU pools with it)."""
+        if num_host_blocks < 1:
+            return
+        store = HostKVStore(self.kv_pool, num_host_blocks, pin=self.device.type == "cuda")
+        self.swapper = KVSwapper(self.kv_pool, store)
+        self.swap_cost = SwapCost(self.kv_pool.block_bytes, bytes_per_s or measure_bandwidth(self.device))
 
     def _check_kernels(self, record: str | None) -> tuple[Any, str | None]:
         """Issue 25's first contact: check every Triton kernel this model calls on this device (once per device
@@ -317,6 +334,10 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         """All scheduled tokens in one forward; logits (float32) only for requests with needs_logits."""
         t0 = time.perf_counter()
+        if out.has_swaps:  # before the forward, which may write into blocks just swapped out
+            assert self.swapper is not None, "the scheduler swapped, but this runner has no swap space"
+            self.swapper.swap_out(out.swap_out)
+            self.swapper.swap_in(out.swap_in)
         if out.is_empty:
             return RunnerOutput((), torch.empty(0, self.vocab_size))
         scheduled = sorted(out.scheduled, key=lambda s: not s.is_decode)  # decodes first (stable)
@@ -478,6 +499,8 @@ class ModelRunner:
             "kv_blocks": self.num_blocks,
             "kv_cache_bytes": self.kv_cache_bytes,
             "kv_committed_bytes": self.kv_pool.committed_bytes,
+            "swap_space_bytes": self.swapper.store.nbytes if self.swapper is not None else 0,
+            "swap_gb_per_s": round(self.swap_cost.bytes_per_s / 1e9, 2) if self.swap_cost is not None else 0,
             "kernels": self.ops.name,
             "weight_quant": self.weight_quant,
             "weight_bytes": self.weight_bytes,
