@@ -41,7 +41,6 @@ from hwprobe.placement import Candidate, expected_tokens_per_s, price, shares, t
 from hwprobe.plan_types import Plan, Prefs
 from hwprobe.report import GpuInfo, HardwareReport
 from hwprobe.shape import ModelShape
-from hwprobe.swap_space import with_swap_space
 from hwprobe.support import (
     BF16_MIN_CC,
     FP8_MIN_CC,
@@ -50,6 +49,7 @@ from hwprobe.support import (
     TORCH_ENGINE_RUNNABLE_FORMATS,
     torch_engine_refusal,
 )
+from hwprobe.swap_space import with_swap_space
 from hwprobe.tensor_parallel import TORCH_QUALITY, no_tp_error, shape_tp_ok, tp_kv_fraction, tp_race_reason
 
 KV_LADDER = ("f16", "q8_0", "q4_0")

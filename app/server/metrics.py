@@ -68,7 +68,9 @@ class ServerMetrics:
         self.preemptions = Gauge(
             "hearth_preemptions", "requests preempted since load (torch engine), by mode", ("mode",), registry=r
         )
-        self.swapped_out = Gauge("hearth_kv_swapped_out_blocks", "KV blocks swapped out to host RAM since load", registry=r)
+        self.swapped_out = Gauge(
+            "hearth_kv_swapped_out_blocks", "KV blocks swapped out to host RAM since load", registry=r
+        )
         self.swapped_in = Gauge("hearth_kv_swapped_in_blocks", "KV blocks swapped back in since load", registry=r)
         self.deferred = Gauge(
             "hearth_ttft_deferred", "running requests held back a step by the TTFT plan since load", registry=r
