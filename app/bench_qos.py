@@ -1,6 +1,7 @@
 """The quality-of-service benchmark (issue 27): a person chatting while batch jobs stream on the same engine.
 
-Two phases on one loaded model, each `duration_s` long after `warmup_s`:
+Two phases on one loaded model, each `duration_s` long after `warmup_s` (`--rounds N` alternates them N times,
+A B A B ..., so that a shared machine's changing load weighs on both alike; throughputs are then medians):
   A. `bg_clients` background clients at priority 0, each streaming long replies back to back;
   B. the same, plus one interactive client at priority -1 (what `hearth run` and the chat app send) sending a
      new chat turn every `interval_s` seconds.
@@ -177,15 +178,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             stream = _http_stream(server.url)
         for _ in stream("Hello!", 2, args.seed, 0):  # the first step's one-time costs stay out of both phases
             pass
-        base = run_phase(stream, args, interactive=False, seed0=args.seed)
-        qos = run_phase(stream, args, interactive=True, seed0=args.seed + 1)
+        bases: list[Phase] = []
+        qoses: list[Phase] = []
+        for i in range(args.rounds):  # A, B, A, B, ...: a shared machine's load drifts alike over both
+            bases.append(run_phase(stream, args, interactive=False, seed0=args.seed + 2 * i))
+            qoses.append(run_phase(stream, args, interactive=True, seed0=args.seed + 2 * i + 1))
         stats = loaded.backend.stats()
     finally:
         if server is not None:
             server.stop()
         loaded.backend.close()
-    ttft = qos.chat_ttft_s
+    ttft = [t for q in qoses for t in q.chat_ttft_s]
     target_s = args.ttft_target_ms / 1000
+    alone = percentile([b.bg_tokens_per_s for b in bases], 50)
+    with_chat = percentile([q.bg_tokens_per_s for q in qoses], 50)
     return {
         "backend": args.backend,
         "path": "http" if args.http else "in-process",
@@ -193,6 +199,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "bg_clients": args.bg_clients,
         "interval_s": args.interval,
         "duration_s": args.duration,
+        "rounds": args.rounds,
         "ttft_target_ms": args.ttft_target_ms,
         "chat_priority": args.chat_priority,
         "chat_requests": len(ttft),
@@ -200,12 +207,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "chat_ttft_ms_p95": percentile(ttft, 95) * 1000 if ttft else None,
         "chat_ttft_ms_max": max(ttft) * 1000 if ttft else None,
         "chat_met_target": sum(t <= target_s for t in ttft) / len(ttft) if ttft else None,
-        "bg_tokens_per_s_alone": base.bg_tokens_per_s,
-        "bg_tokens_per_s_with_chat": qos.bg_tokens_per_s,
-        "bg_throughput_kept": qos.bg_tokens_per_s / base.bg_tokens_per_s if base.bg_tokens_per_s else None,
+        "bg_tokens_per_s_alone": alone,  # the median over the rounds
+        "bg_tokens_per_s_with_chat": with_chat,
+        "bg_throughput_kept": with_chat / alone if alone else None,
+        "bg_kept_by_round": [
+            round(q.bg_tokens_per_s / b.bg_tokens_per_s, 3) if b.bg_tokens_per_s else None for b, q in zip(bases, qoses)
+        ],
         "preemptions": stats.preemptions,
         "deferred": stats.deferred,
-        "errors": (base.errors + qos.errors)[:5],
+        "errors": [e for p in (*bases, *qoses) for e in p.errors][:5],
     }
 
 
@@ -230,6 +240,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--duration", type=float, default=60.0, help="measured seconds per phase (60)")
     p.add_argument("--warmup", type=float, default=10.0, help="seconds before measuring (10)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="alternate the two phases this many times (1); medians of the throughputs, every chat turn's TTFT",
+    )
     p.add_argument("--ttft-target-ms", dest="ttft_target_ms", type=float, default=500.0, help="(500)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--http", action="store_true", help="through hearth's API server on 127.0.0.1")
@@ -243,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             print(f"bench_qos: error: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2
+    if args.rounds < 1:
+        print("bench_qos: error: --rounds must be at least 1", file=sys.stderr)
+        return 2
     if args.interval <= 0 or args.duration <= 0 or args.warmup < 0:
         print("bench_qos: error: --interval and --duration must be > 0, --warmup >= 0", file=sys.stderr)
         return 2

@@ -150,6 +150,8 @@ def decide(
         max_num_seqs=seqs,
         # the plan is the allocation: the torch engine's KV pool is the bytes the plan gave it (whole blocks)
         kv_cache_bytes=plan.kv_pool_bytes if torch and plan.backend == "torch" and plan.kv_pool_bytes else None,
+        # and the host RAM it pins for swapping preempted requests' KV blocks (0 without a GPU)
+        swap_space_bytes=plan.swap_space_bytes if torch and plan.backend == "torch" else 0,
         dtype=_torch_dtype(plan, report) if torch else "auto",
         # every torch plan names its weights: "GGUF" (the file's blocks, GPU or CPU), a quantized format, or
         # dense ("none") in the plan's dtype

@@ -407,6 +407,9 @@ class EngineStats:
     prefix_cached_blocks: int = 0  # blocks that hold a reusable prompt prefix
     prefix_hit_tokens: int = 0  # prompt tokens served from the prefix cache since load
     preemptions: int = 0  # requests preempted (for KV space or for a higher priority) since load
+    preemptions_swapped: int = 0  # of which swapped out to host RAM (the others recomputed; torch engine on GPU)
+    swapped_out_blocks: int = 0  # KV blocks copied to host RAM since load
+    swapped_in_blocks: int = 0  # KV blocks copied back since load
     deferred: int = 0  # running requests held back a step by the TTFT plan since load (torch engine)
     generated_tokens: int = 0  # tokens generated since load
     spec_proposed_tokens: int = 0  # speculative decoding: proposed tokens verified since load (torch engine)

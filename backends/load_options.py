@@ -49,6 +49,9 @@ class LoadOptions:
     n_batch: int = 512  # prompt tokens per forward (llama.cpp n_batch; torch engine token budget)
     max_num_seqs: int = 16  # torch engine: most sequences in one batch
     kv_cache_bytes: int | None = None  # torch engine: KV pool size; None = enough for max_num_seqs x n_ctx
+    # torch engine on a GPU: pinned host RAM for preempted requests' KV blocks (the plan's swap_space_bytes;
+    # backends/torch_engine/kv_swap.py); 0 = none (always on a CPU, where the KV already is in host RAM)
+    swap_space_bytes: int = 0
     dtype: str = "auto"  # torch engine weights: "auto" | "float32" | "bfloat16" | "float16"
     # torch engine weights: "auto" (CPU + bf16 + GGUF -> "gguf", else "none") | "none" (dense in `dtype`) |
     # "gguf" (keep a GGUF's Q4_0/Q4_1/Q4_K/Q8_0 projection blocks) | "int8" | "int4" | "fp8" (round-to-nearest,

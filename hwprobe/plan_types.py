@@ -72,10 +72,12 @@ class DeviceMemory:
     # tokens of KV the device holds: the torch engine's paged pool (kv_mib is exactly that pool, which holds
     # kv_pool_tokens // ctx full-context sequences); llama.cpp's one sequence of ctx cells; 0 without KV
     kv_pool_tokens: int = 0
+    # host RAM: the torch engine's swap space for preempted requests' KV blocks (hwprobe/swap_space.py), pinned
+    swap_mib: int = 0
 
     @property
     def total_mib(self) -> int:
-        return self.weights_mib + self.kv_mib + self.compute_mib + self.overhead_mib
+        return self.weights_mib + self.kv_mib + self.compute_mib + self.overhead_mib + self.swap_mib
 
     @property
     def headroom_mib(self) -> int:
@@ -98,6 +100,7 @@ class DeviceMemory:
             "budget_mib": self.budget_mib,
             "headroom_mib": self.headroom_mib,
             "kv_pool_tokens": self.kv_pool_tokens,
+            "swap_mib": self.swap_mib,
         }
 
 
@@ -134,6 +137,9 @@ class Plan:
     # one sequence of ctx cells
     kv_pool_tokens: int = 0
     speculative: SpeculativePlan = SpeculativePlan()  # hwprobe.speculative.plan_speculative fills it
+    # torch engine on one GPU: pinned host RAM for preempted requests' KV blocks (hwprobe/swap_space.py; the
+    # host's DeviceMemory.swap_mib), what LoadOptions.swap_space_bytes makes it pin; 0 without a GPU
+    swap_space_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -160,4 +166,5 @@ class Plan:
             "max_num_seqs": self.max_num_seqs,
             "kv_pool_tokens": self.kv_pool_tokens,
             "speculative": self.speculative.as_dict(),
+            "swap_space_bytes": self.swap_space_bytes,
         }

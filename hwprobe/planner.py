@@ -49,6 +49,7 @@ from hwprobe.support import (
     TORCH_ENGINE_RUNNABLE_FORMATS,
     torch_engine_refusal,
 )
+from hwprobe.swap_space import with_swap_space
 from hwprobe.tensor_parallel import TORCH_QUALITY, no_tp_error, shape_tp_ok, tp_kv_fraction, tp_race_reason
 
 KV_LADDER = ("f16", "q8_0", "q4_0")
@@ -415,6 +416,11 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
                 "holding its share of the weights and of the KV pool's heads (a rank reads the whole file "
                 "while loading); on a CPU this checks the split, it is slower than one rank",
             )
+    pool = _kv_pool_bytes(shape, chosen, devices, tensor_parallel)
+    one_gpu = chosen.backend == "torch" and len(chosen.gpus) == 1 and tensor_parallel == 1
+    devices, swap, swap_reason = with_swap_space(shape, chosen.kv_cache_type, pool if one_gpu else 0, devices)
+    if swap_reason is not None:
+        why = (*why, swap_reason)
     return Plan(
         backend=chosen.backend,
         quant=chosen.quant,
@@ -431,12 +437,13 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
         reasons=why,
         main_gpu=main,
         device=device,
-        kv_pool_bytes=_kv_pool_bytes(shape, chosen, devices, tensor_parallel),
+        kv_pool_bytes=pool,
         max_num_seqs=chosen.max_num_seqs,
         cpu_expert_layers=chosen.cpu_expert_layers,
         tensor_parallel=tensor_parallel,
         serving=serving(prefs),
         kv_pool_tokens=_kv_pool_tokens(chosen, devices),
+        swap_space_bytes=swap,
     )
 
 

@@ -57,7 +57,8 @@ def plan_text(p: Plan, model_name: str) -> str:
     for d in p.devices:
         name = (f"GPU {d.index} " if d.kind == "gpu" else "RAM ") + d.name
         lines.append(
-            f"{name[:35]:<36}{d.weights_mib:>9}{d.kv_mib:>9}{d.compute_mib:>9}{d.overhead_mib:>9}"
+            # host RAM's KV column holds the torch engine's swap space (a reason says how much)
+            f"{name[:35]:<36}{d.weights_mib:>9}{d.kv_mib + d.swap_mib:>9}{d.compute_mib:>9}{d.overhead_mib:>9}"
             f"{d.total_mib:>9}{d.budget_mib:>9}{d.headroom_mib:>10}"
         )
     lines.append("why:")

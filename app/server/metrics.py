@@ -63,7 +63,15 @@ class ServerMetrics:
         self.spec_rate = Gauge(
             "hearth_spec_acceptance_rate", "accepted / proposed speculative tokens since load (0 when none)", registry=r
         )
-        self.preemptions = Gauge("hearth_preemptions", "requests preempted since load (torch engine)", registry=r)
+        # by the way the request comes back: "recompute" (its tokens prefilled again) or "swap" (its KV blocks
+        # copied to host RAM and back; a GPU engine with swap space); the sum is every preemption
+        self.preemptions = Gauge(
+            "hearth_preemptions", "requests preempted since load (torch engine), by mode", ("mode",), registry=r
+        )
+        self.swapped_out = Gauge(
+            "hearth_kv_swapped_out_blocks", "KV blocks swapped out to host RAM since load", registry=r
+        )
+        self.swapped_in = Gauge("hearth_kv_swapped_in_blocks", "KV blocks swapped back in since load", registry=r)
         self.deferred = Gauge(
             "hearth_ttft_deferred", "running requests held back a step by the TTFT plan since load", registry=r
         )
@@ -129,7 +137,10 @@ class ServerMetrics:
         self.spec_accepted.set(stats.spec_accepted_tokens)
         rate = stats.spec_accepted_tokens / stats.spec_proposed_tokens if stats.spec_proposed_tokens else 0.0
         self.spec_rate.set(rate)
-        self.preemptions.set(stats.preemptions)
+        self.preemptions.labels("recompute").set(stats.preemptions - stats.preemptions_swapped)
+        self.preemptions.labels("swap").set(stats.preemptions_swapped)
+        self.swapped_out.set(stats.swapped_out_blocks)
+        self.swapped_in.set(stats.swapped_in_blocks)
         self.deferred.set(stats.deferred)
         for priority, row in self.ttft_summary().items():
             for q in QUANTILES:

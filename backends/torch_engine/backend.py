@@ -162,11 +162,12 @@ class TorchBackend(Backend):
         try:
             parts = self._build(self.spec, o, progress)
             scheduler = Scheduler(
-                BlockManager(parts.num_blocks),
+                BlockManager(parts.num_blocks, num_host_blocks=parts.num_host_blocks),
                 o.max_num_seqs,
                 o.n_batch,
                 o.n_ctx,
                 ttft_target_s=o.ttft_target_ms / 1000 if o.ttft_target_ms > 0 else None,
+                swap_cost=parts.swap_cost,
             )
         except BaseException as exc:  # noqa: BLE001 - handed to load() in the caller's thread
             ready.put(Reply(error=exc))
@@ -551,6 +552,9 @@ class TorchBackend(Backend):
             prefix_cached_blocks=bm.num_cached_blocks,
             prefix_hit_tokens=bm.num_hit_tokens,
             preemptions=s.num_preemptions,
+            preemptions_swapped=s.num_swap_preemptions,
+            swapped_out_blocks=bm.num_swapped_out,
+            swapped_in_blocks=bm.num_swapped_in,
             deferred=s.num_deferred,
             generated_tokens=self._generated_tokens,
             spec_proposed_tokens=engine.speculator.num_proposed if engine.speculator else 0,

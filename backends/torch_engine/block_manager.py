@@ -14,9 +14,20 @@ Free blocks sit in one LRU order: blocks that cache nothing are handed out first
 least recently freed.  A cached block stays findable while free and is evicted (forgotten) only when handed
 out again.
 
+Swap space (`num_host_blocks` > 0; a GPU engine whose plan reserved host RAM for it): a preempted request's
+blocks can be swapped out instead of freed.  `swap_out` gives each block the request holds alone a host slot
+and frees it on the device (its KV is copied out before the step's forward writes anything; a hashed block
+stays findable in the prefix cache meanwhile); blocks shared with other requests stay on the device, still held
+by it.  While swapped out, `request.swap_table` lists its table position by position: (False, device block) or
+(True, host slot).  `swap_in` takes fresh device blocks for the host slots and rewrites the block table.  The
+runner does the copies (backends/torch_engine/kv_swap.py); this module only hands out ids.  A host slot freed by
+a swap-in is reused only after `release_swapped_in` (the next step): the step that copies it back may also copy
+other blocks out, and those copies run first.
+
 Invariants (checked by `check_invariants`, property-tested): every block is either free (ref_count 0, in the
 free list) or used (ref_count > 0, not in the free list); ref_count equals the number of block tables holding
-it; every hashed block is in the hash table under its own key.
+it (a swapped-out request's `block_ids` are its blocks still on the device); every hashed block is in the hash
+table under its own key; every host slot is free, held by one swapped-out request, or waiting for release.
 """
 
 from __future__ import annotations
@@ -55,8 +66,14 @@ def chained_hashes(
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE, enable_prefix_caching: bool = True) -> None:
-        assert num_blocks > 0 and block_size > 0
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = BLOCK_SIZE,
+        enable_prefix_caching: bool = True,
+        num_host_blocks: int = 0,
+    ) -> None:
+        assert num_blocks > 0 and block_size > 0 and num_host_blocks >= 0
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -65,6 +82,11 @@ class BlockManager:
         self._cached: dict[BlockKey, int] = {}  # key -> block id, for blocks whose KV is computed
         self.num_hit_tokens = 0  # prefix-cache tokens reused, over the manager's life (for stats)
         self.num_evictions = 0
+        self.num_host_blocks = num_host_blocks  # swap space in host RAM, in blocks; 0 = never swap
+        self._host_free: list[int] = list(range(num_host_blocks - 1, -1, -1))  # a stack: pop() = lowest slot
+        self._host_releasing: list[int] = []  # slots swapped in this step, free from the next one
+        self.num_swapped_out = 0  # blocks copied to host RAM, over the manager's life (for stats)
+        self.num_swapped_in = 0
 
     # -- queries ------------------------------------------------------------------------------------------
     @property
@@ -78,6 +100,10 @@ class BlockManager:
     @property
     def num_cached_blocks(self) -> int:
         return len(self._cached)
+
+    @property
+    def num_free_host_blocks(self) -> int:
+        return len(self._host_free)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -151,19 +177,94 @@ class BlockManager:
             self._cached[key] = block.block_id
 
     def free(self, request: EngineRequest) -> None:
-        """Return the request's blocks.  The tail goes back first so that, among equally old blocks, a
-        sequence's end is evicted before its beginning (the beginning is the most shareable)."""
+        """Return the request's blocks (and its host slots, if it was swapped out): it starts over.  The tail
+        goes back first so that, among equally old blocks, a sequence's end is evicted before its beginning
+        (the beginning is the most shareable)."""
         for block_id in reversed(request.block_ids):
-            block = self.blocks[block_id]
-            assert block.ref_count > 0, f"block {block_id} freed more often than taken"
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self._free[block_id] = None
-                if block.key is None:
-                    self._free.move_to_end(block_id, last=False)  # caches nothing: hand it out first
+            self._release(block_id)
+        self._host_free.extend(slot for on_host, slot in request.swap_table if on_host)
         request.block_ids = []
         request.block_hashes = []
+        request.swap_table = []
         request.num_computed_tokens = 0
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        assert block.ref_count > 0, f"block {block_id} freed more often than taken"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self._free[block_id] = None
+            if block.key is None:
+                self._free.move_to_end(block_id, last=False)  # caches nothing: hand it out first
+
+    # -- swap space ---------------------------------------------------------------------------------------
+    def swap_out_size(self, request: EngineRequest) -> int:
+        """Blocks `swap_out` would copy to host RAM: those holding computed tokens that the request alone
+        holds (shared ones stay on the device)."""
+        keep = self.blocks_needed(request.num_computed_tokens)
+        return sum(1 for b in request.block_ids[:keep] if self.blocks[b].ref_count == 1)
+
+    def swap_out(self, request: EngineRequest) -> list[tuple[int, int]] | None:
+        """Move the request's KV out of the device pool: each block it holds alone (up to its computed tokens)
+        gets a host slot and is freed here; shared blocks stay held.  Returns the copies to make, (device block,
+        host slot), before the next forward; None, changing nothing, when the host has too few free slots."""
+        keep = self.blocks_needed(request.num_computed_tokens)
+        if self.swap_out_size(request) > len(self._host_free):
+            return None
+        for block_id in request.block_ids[keep:]:  # blocks past the computed tokens hold nothing yet
+            self._release(block_id)
+        copies: list[tuple[int, int]] = []
+        table: list[tuple[bool, int]] = []
+        held: list[int] = []
+        for block_id in request.block_ids[:keep]:
+            if self.blocks[block_id].ref_count > 1:
+                table.append((False, block_id))
+                held.append(block_id)
+            else:
+                slot = self._host_free.pop()
+                copies.append((block_id, slot))
+                table.append((True, slot))
+                self._release(block_id)
+        request.block_ids, request.swap_table = held, table
+        self.num_swapped_out += len(copies)
+        return copies
+
+    def can_swap_in(self, request: EngineRequest, num_new_tokens: int) -> bool:
+        """Whether `swap_in` and then `allocate(request, num_new_tokens)` would both succeed."""
+        on_host = sum(1 for on, _ in request.swap_table if on)
+        grow = max(self.blocks_needed(request.num_computed_tokens + num_new_tokens) - len(request.swap_table), 0)
+        return on_host + grow <= self.num_free_blocks
+
+    def swap_in(self, request: EngineRequest) -> list[tuple[int, int]]:
+        """Bring a swapped-out request's blocks back: a fresh device block for each host slot, the block table
+        rebuilt in order.  Returns the copies to make, (host slot, device block), before the next forward.
+        Call only after `can_swap_in`."""
+        assert request.swap_table and sum(1 for on, _ in request.swap_table if on) <= self.num_free_blocks
+        copies: list[tuple[int, int]] = []
+        table: list[int] = []
+        for on_host, ident in request.swap_table:
+            if not on_host:
+                table.append(ident)  # still held
+                continue
+            block_id = next(iter(self._free))
+            self._evict(block_id)
+            self._take(block_id)
+            copies.append((ident, block_id))
+            table.append(block_id)
+        self._host_releasing.extend(slot for slot, _ in copies)
+        request.block_ids, request.swap_table = table, []
+        self.num_swapped_in += len(copies)
+        return copies
+
+    def drop_swapped(self, request: EngineRequest) -> None:
+        """Give up a swapped-out request's KV (device blocks it still holds and its host slots): it will be
+        recomputed.  The scheduler does this when the blocks it pins are needed and nothing else can give."""
+        self.free(request)
+
+    def release_swapped_in(self) -> None:
+        """The host slots swapped in by the last step are free again (its copies ran)."""
+        self._host_free.extend(self._host_releasing)
+        self._host_releasing = []
 
     def trim(self, request: EngineRequest) -> None:
         """Return the blocks past the request's computed tokens (speculative decoding: blocks allocated for
@@ -215,3 +316,8 @@ class BlockManager:
             if block.key is not None:
                 assert self._cached.get(block.key) == block.block_id
         assert len(self._cached) == sum(1 for b in self.blocks if b.key is not None)
+        slots = [*self._host_free, *self._host_releasing]
+        if requests:
+            slots += [slot for r in requests for on_host, slot in r.swap_table if on_host]
+            assert sorted(slots) == list(range(self.num_host_blocks)), "a host slot is lost or held twice"
+        assert len(set(slots)) == len(slots), "a host slot is held twice"

@@ -4,6 +4,8 @@ and the tensor-parallel runner (a subclass of it) are both imported from here, n
 
 from __future__ import annotations
 
+import dataclasses
+
 from backends.api import LoadOptions, ProgressCallback
 from backends.errors import ConfigError
 from backends.modelspec import ModelSpec
@@ -13,6 +15,10 @@ from backends.torch_engine.seams import BLOCK_SIZE
 from backends.torch_engine.speculative.build import build_speculator
 from backends.torch_engine.tokenizer import load_tokenizer
 from backends.torch_engine.tp_group.runner import TPModelRunner
+
+
+def _draft_runner(spec: ModelSpec, options: LoadOptions) -> ModelRunner:
+    return ModelRunner(spec, dataclasses.replace(options, swap_space_bytes=0))
 
 
 def build_engine_parts(
@@ -25,7 +31,9 @@ def build_engine_parts(
         progress(0.0, "reading the tokenizer")
     tokenizer = load_tokenizer(spec)
     # first, so that a draft with another vocabulary is refused before the target's weights load
-    speculator = build_speculator(options, spec, tokenizer, ModelRunner)  # None unless --speculative
+    # None unless --speculative; a draft model keeps no swap space (the plan prices the target's alone, and a
+    # draft's KV of a preempted request is recomputed by its proposer anyway)
+    speculator = build_speculator(options, spec, tokenizer, _draft_runner)
     if progress is not None:
         progress(0.1, "loading and dequantizing the weights")
     if options.tensor_parallel > 1:  # rank 0 of a group of processes (backends/torch_engine/tp)
@@ -55,4 +63,6 @@ def build_engine_parts(
         embed=runner.embed if options.tensor_parallel == 1 else None,  # TP: the other ranks would wait forever
         describe=runner.describe,
         close=close,
+        num_host_blocks=runner.swapper.store.num_blocks if runner.swapper is not None else 0,
+        swap_cost=runner.swap_cost,
     )

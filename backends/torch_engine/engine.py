@@ -74,6 +74,8 @@ class Engine:
         started = time.perf_counter()
         out = self.scheduler.schedule()
         if out.is_empty:
+            if out.has_swaps:  # a request swapped itself out and nothing ran: its copies must still be made
+                self.runner.execute(out)
             return []
         if self.speculator is not None:
             out = self.speculator.expand(out, self.scheduler)

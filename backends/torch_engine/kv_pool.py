@@ -80,7 +80,7 @@ class KVPool:
         start = self.num_committed
         for pair in self.caches:
             for cache in pair:
-                _storage(cache)[start:end].zero_()
+                block_storage(cache)[start:end].zero_()
         self.num_committed = end
 
     def ensure(self, block_tables: Iterable[Sequence[int]]) -> None:
@@ -95,6 +95,6 @@ class KVPool:
         self.caches = []
 
 
-def _storage(cache: torch.Tensor) -> torch.Tensor:
+def block_storage(cache: torch.Tensor) -> torch.Tensor:
     """The cache's memory indexed by block first: the tensor itself (token-major), or its head-major memory."""
     return cache if cache.is_contiguous() else cache.permute(0, 2, 1, 3)

@@ -7,6 +7,8 @@ cache through the slot mapping inside each layer) and returns float32 logits for
 The pool (backends/torch_engine/kv_pool.py): per layer one K and one V tensor of shape (num_blocks, BLOCK_SIZE,
 n_kv_heads, head_dim), sized from LoadOptions.kv_cache_bytes, else max_num_seqs x n_ctx tokens
 (backends.torch_engine.parts.kv_pool_blocks); in host RAM its blocks are committed as the block tables reach them.
+On a GPU with swap space (LoadOptions.swap_space_bytes) it also makes the step's KV block copies to and from
+host RAM (kv_swap.py) before the forward.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from backends.torch_engine.devices import resolve_device
 from backends.torch_engine.expert_offload import describe_offloads
 from backends.torch_engine.kernel_check import GRAPH_BLOCKERS, applies, apply_to_model, check_model, record_graph_check
 from backends.torch_engine.kv_pool import KVPool
+from backends.torch_engine.kv_swap import HostKVStore, KVSwapper, measure_bandwidth
 from backends.torch_engine.offload import offload_layers
 from backends.torch_engine.parts import kv_pool_blocks
-from backends.torch_engine.quantize import QUANTIZED_ROWS, QuantLinear, prepare_for_cpu
+from backends.torch_engine.quantize import DENSE_MIN_ROWS, QUANTIZED_ROWS, QuantLinear, prepare_for_cpu
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
+from backends.torch_engine.swap_cost import SwapCost
 from backends.torch_engine.threads import IdleCores, ThreadTuner
 from backends.torch_engine.tp.layers import pool_kv_heads as most_kv_heads
 from backends.torch_engine.tp.layers import shard_model
@@ -230,7 +234,20 @@ class ModelRunner:
             self.num_blocks, BLOCK_SIZE, spec.n_layers, kv_heads, spec.head_dim, self.kv_dtype, self.device
         )
         self.kv_caches = self.kv_pool.caches
+        self.swapper: KVSwapper | None = None  # swap space (kv_swap.py): on a GPU whose plan reserved it
+        self.swap_cost: SwapCost | None = None
+        if self.device.type == "cuda" and options.swap_space_bytes > 0 and tp is None:
+            self.enable_swap(options.swap_space_bytes // self.kv_pool.block_bytes)
         _release_freed_memory()
+
+    def enable_swap(self, num_host_blocks: int, bytes_per_s: float | None = None) -> None:
+        """Keep `num_host_blocks` blocks of swap space in host RAM (pinned when the pool is on a GPU) and
+        measure the copy bandwidth (or take `bytes_per_s`: tests swap between two CPU pools with it)."""
+        if num_host_blocks < 1:
+            return
+        store = HostKVStore(self.kv_pool, num_host_blocks, pin=self.device.type == "cuda")
+        self.swapper = KVSwapper(self.kv_pool, store)
+        self.swap_cost = SwapCost(self.kv_pool.block_bytes, bytes_per_s or measure_bandwidth(self.device))
 
     def _check_kernels(self, record: str | None) -> tuple[Any, str | None]:
         """Issue 25's first contact: check every Triton kernel this model calls on this device (once per device
@@ -331,6 +348,10 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         """All scheduled tokens in one forward; logits (float32) only for requests with needs_logits."""
         t0 = time.perf_counter()
+        if out.has_swaps:  # before the forward, which may write into blocks just swapped out
+            assert self.swapper is not None, "the scheduler swapped, but this runner has no swap space"
+            self.swapper.swap_out(out.swap_out)
+            self.swapper.swap_in(out.swap_in)
         if out.is_empty:
             return RunnerOutput((), torch.empty(0, self.vocab_size))
         # decodes first, then speculative rows, then prompt chunks (stable)
@@ -345,8 +366,6 @@ class ModelRunner:
             # a speculative row's k + 1 tokens take the decode rows' quantized kernel while the rows stay few:
             # on the dense copies a 5-token row cost ~2x a one-token decode on the starter, on the quantized
             # kernel ~1.1x (scripts/bench_verify_rows.py; README "Speculative decoding")
-            from backends.torch_engine.quantize import DENSE_MIN_ROWS
-
             spec_rows = sum(s.num_tokens for s in scheduled if s.num_spec_tokens)
             quantized_rows = num_decodes + spec_rows if num_decodes + spec_rows < DENSE_MIN_ROWS else num_decodes
             tuner = self.thread_tuner
@@ -493,6 +512,8 @@ class ModelRunner:
             "kv_blocks": self.num_blocks,
             "kv_cache_bytes": self.kv_cache_bytes,
             "kv_committed_bytes": self.kv_pool.committed_bytes,
+            "swap_space_bytes": self.swapper.store.nbytes if self.swapper is not None else 0,
+            "swap_gb_per_s": round(self.swap_cost.bytes_per_s / 1e9, 2) if self.swap_cost is not None else 0,
             "kernels": self.ops.name,
             "weight_quant": self.weight_quant,
             "weight_bytes": self.weight_bytes,

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from backends.api import LoadOptions
 from backends.modelspec import ModelSpec
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, SchedulerOutput
+from backends.torch_engine.swap_cost import SwapCost
 
 
 class Runner(Protocol):
@@ -44,6 +45,10 @@ class EngineParts:
     close: Callable[[], None] | None = None
     # speculative decoding (backends.torch_engine.speculative.speculator.Speculator), None = off
     speculator: Any = None
+    # swap space (a GPU engine, backends/torch_engine/kv_swap.py): host slots the block manager hands out, and
+    # what a swap costs; 0 / None = preempted requests are recomputed
+    num_host_blocks: int = 0
+    swap_cost: SwapCost | None = None
 
 
 def kv_pool_blocks(spec: ModelSpec, options: LoadOptions, bytes_per_element: int, n_kv_heads: int | None = None) -> int:

@@ -21,7 +21,7 @@ class RequestStatus(enum.IntEnum):
 
     WAITING = 0  # queued, holds no blocks
     RUNNING = 1  # in the running batch, holds blocks for its computed tokens
-    PREEMPTED = 2  # pushed back to waiting; its blocks were freed and its tokens will be recomputed
+    PREEMPTED = 2  # pushed back to waiting; its blocks were freed (tokens recomputed) or swapped out to host RAM
     FINISHED_STOPPED = 3  # an end-of-sequence token or a stop string
     FINISHED_LENGTH = 4  # max_tokens reached or the context is full
     FINISHED_ABORTED = 5  # abort() was called
@@ -52,7 +52,10 @@ class EngineRequest:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at the first schedule (for stats)
     block_ids: list[int] = field(default_factory=list)  # block table: block i holds positions [16 i, 16 i + 16)
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of the full blocks registered so far
-    num_preemptions: int = 0  # times this request was pushed back and recomputed
+    # while swapped out (BlockManager.swap_out): its block table position by position, (False, device block
+    # still held) or (True, host slot); empty otherwise
+    swap_table: list[tuple[bool, int]] = field(default_factory=list)
+    num_preemptions: int = 0  # times this request was pushed back (recomputed or swapped out)
     first_scheduled_time: float | None = None  # perf_counter when its prefill first ran
     first_token_time: float | None = None  # perf_counter when its first output token was sampled
     finished_time: float | None = None
@@ -97,6 +100,10 @@ class EngineRequest:
     def is_prefilling(self) -> bool:
         """More than the last sampled token is still to be computed (a prompt, or a recompute)."""
         return self.num_tokens - self.num_computed_tokens > 1
+
+    @property
+    def is_swapped_out(self) -> bool:
+        return bool(self.swap_table)
 
     @property
     def prompt_logprobs_ready(self) -> bool:

@@ -11,10 +11,15 @@ order under a token budget (`max_num_batched_tokens`, LoadOptions.n_batch):
   (they wait their turn, oldest first).  When no request can make room, nothing ranked below it is admitted.
 - a running request that needs a block the pool lacks preempts the worst-ranked running request not yet
   scheduled this step (possibly itself).
-A preempted request loses its blocks and goes back to waiting with everything it generated; when it comes back
-its tokens (prompt and outputs) are recomputed, taking what is still in the prefix cache, and its next token
-is sampled as it would have been: its stream goes on with nothing repeated or missing (the sampler keeps its
-seeded state).  A lone request always fits, because `max_model_len` is capped at the pool's size.
+A preempted request goes back to waiting with everything it generated, and its KV either is freed or, where
+the engine has swap space (a GPU, `swap_cost` set), is swapped out to host RAM, whichever way back is cheaper
+for its length (swap_cost.py).  When it comes back its tokens (prompt and outputs) are recomputed, taking what
+is still in the prefix cache, or its blocks are swapped in (fresh device blocks, its block table rewritten), and
+its next token is sampled as it would have been: its stream goes on with nothing repeated or missing (the
+sampler keeps its seeded state).  The copies are SchedulerOutput.swap_out / swap_in, made by the runner before
+the step's forward.  A lone request always fits, because `max_model_len` is capped at the pool's size: blocks
+a swapped-out request still holds (shared with others) are given up (it is recomputed) when nothing else can
+make room.
 
 TTFT target (`ttft_target_s`): the best-ranked request still waiting for its first token (the head) is planned
 for.  With the time a step takes learned from the steps that ran (step_cost.StepCostModel), the head gets its
@@ -40,6 +45,7 @@ from backends.torch_engine.block_manager import BlockManager
 from backends.torch_engine.request import EngineRequest, RequestStatus
 from backends.torch_engine.seams import ScheduledRequest, SchedulerOutput
 from backends.torch_engine.step_cost import StepCostModel
+from backends.torch_engine.swap_cost import SwapCost, swap_pays
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class Scheduler:
         aging_s: float = AGING_S,
         cost_model: StepCostModel | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        swap_cost: SwapCost | None = None,
     ) -> None:
         assert max_num_seqs >= 1 and max_num_batched_tokens >= 1
         self.block_manager = block_manager
@@ -83,6 +90,8 @@ class Scheduler:
         self.aging_s = aging_s
         self.cost_model = cost_model if cost_model is not None else StepCostModel()
         self.clock = clock  # perf_counter seconds, as EngineRequest.arrival_time
+        # swapping out is possible (the block manager has host slots and the runner copies them); None = recompute
+        self.swap_cost = swap_cost if block_manager.num_host_blocks else None
         self.requests: dict[str, EngineRequest] = {}  # every unfinished request, by id
         self.waiting: list[EngineRequest] = []  # unordered: every step ranks them (aging changes ranks)
         self.running: list[EngineRequest] = []
@@ -90,6 +99,9 @@ class Scheduler:
         self._arrivals = itertools.count()  # ties of arrival_time break by the order requests were added
         self._order: dict[str, int] = {}
         self.num_preemptions = 0
+        self.num_swap_preemptions = 0  # of which swapped out (the others were recomputed)
+        self._swap_out: list[tuple[int, int]] = []  # this step's copies (device block, host slot)
+        self._swap_in: list[tuple[int, int]] = []  # (host slot, device block)
         self.num_deferred = 0  # running requests held back a step by the TTFT plan, over the scheduler's life
 
     # -- requests in and out ------------------------------------------------------------------------------
@@ -139,6 +151,7 @@ class Scheduler:
         return (aged, request.arrival_time, self._order.get(request.request_id, 0))
 
     def schedule(self) -> SchedulerOutput:
+        self.block_manager.release_swapped_in()  # the last step's copies ran
         now = self.clock()
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
@@ -187,7 +200,11 @@ class Scheduler:
         finished: tuple[str, ...] = ()
         if scheduled:  # an empty step is not run, so its finished ids wait for the next one
             finished, self._finished_ids = tuple(self._finished_ids), []
-        return SchedulerOutput(tuple(scheduled), preempted_ids=tuple(preempted), finished_ids=finished)
+        swap_out, swap_in = tuple(self._swap_out), tuple(self._swap_in)  # an empty step still copies these
+        self._swap_out, self._swap_in = [], []
+        return SchedulerOutput(
+            tuple(scheduled), preempted_ids=tuple(preempted), finished_ids=finished, swap_out=swap_out, swap_in=swap_in
+        )
 
     def _grow(self, request: EngineRequest, room: int, taken: set[str], preempted: list[str]) -> int:
         """Blocks for a running request's next tokens (its decode or prompt chunk), preempting the worst-ranked
@@ -209,14 +226,25 @@ class Scheduler:
         scheduled, 0 when it stays waiting."""
         # a cached prefix has no logits: a request that wants its prompt's log-probabilities computes it all
         fresh = request.num_computed_tokens == 0 and not request.sampling.prompt_logprobs
+        bm = self.block_manager
+        cached: list[int] = []
         while True:
             if len(self.running) < self.max_num_seqs:
-                cached = self.block_manager.find_cached_prefix(request) if fresh else []
-                start = request.num_computed_tokens + len(cached) * self.block_manager.block_size
-                num_new = min(request.num_tokens - start, room)
-                if self.block_manager.allocate(request, num_new, cached):
-                    break
+                if request.is_swapped_out:  # its KV comes back from host RAM, then its next tokens
+                    num_new = min(request.num_tokens - request.num_computed_tokens, room)
+                    if bm.can_swap_in(request, num_new):
+                        self._swap_in += bm.swap_in(request)
+                        assert bm.allocate(request, num_new)
+                        break
+                else:
+                    cached = bm.find_cached_prefix(request) if fresh else []
+                    start = request.num_computed_tokens + len(cached) * bm.block_size
+                    num_new = min(request.num_tokens - start, room)
+                    if bm.allocate(request, num_new, cached):
+                        break
             victim = self._victim(taken, now=now, newcomer=request)
+            if victim is None and self._drop_swapped(request, now):
+                continue
             if victim is None:
                 return 0
             self._preempt(victim)
@@ -344,12 +372,40 @@ class Scheduler:
 
     def _preempt(self, request: EngineRequest) -> None:
         self.running.remove(request)
-        self.block_manager.free(request)
+        copies = self._swap_out_if_cheaper(request)
+        if copies is None:
+            self.block_manager.free(request)  # it will be recomputed
+        else:
+            self._swap_out += copies
+            self.num_swap_preemptions += 1
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         request.queued_at = self.clock()
         self.num_preemptions += 1
         self.waiting.append(request)
+
+    def _swap_out_if_cheaper(self, request: EngineRequest) -> list[tuple[int, int]] | None:
+        """Swap the request's KV out when swapping is possible and cheaper than recomputing it (swap_cost.py):
+        the copies to make, or None (free it: recompute)."""
+        bm = self.block_manager
+        if self.swap_cost is None or request.num_computed_tokens == 0:
+            return None
+        num_swap = bm.swap_out_size(request)
+        held = len(request.block_ids[: bm.blocks_needed(request.num_computed_tokens)])
+        staying = min((held - num_swap) * bm.block_size, request.num_computed_tokens)  # shared blocks stay
+        c = self.cost_model.coefficients()
+        if not swap_pays(self.swap_cost, num_swap, request.num_computed_tokens - staying, None if c is None else c[1]):
+            return None
+        return bm.swap_out(request)  # None when the host store is full
+
+    def _drop_swapped(self, newcomer: EngineRequest, now: float) -> bool:
+        """Make a waiting swapped-out request that still holds device blocks (shared ones) give them up: it
+        will be recomputed.  The worst-ranked first; False when there is none (nothing more can make room)."""
+        pinned = [r for r in self.waiting if r is not newcomer and r.is_swapped_out and r.block_ids]
+        if not pinned:
+            return False
+        self.block_manager.drop_swapped(max(pinned, key=lambda r: self.rank(r, now)))
+        return True
 
     def _retire(self, request: EngineRequest, status: RequestStatus) -> None:
         self.block_manager.free(request)

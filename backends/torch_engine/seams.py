@@ -45,8 +45,13 @@ class ScheduledRequest:
 @dataclass(frozen=True)
 class SchedulerOutput:
     scheduled: tuple[ScheduledRequest, ...]  # batch order; decodes first, then prefill chunks
-    preempted_ids: tuple[str, ...] = ()  # requests pushed back to waiting this step (their blocks are freed)
+    preempted_ids: tuple[str, ...] = ()  # requests pushed back to waiting this step (their blocks freed or swapped)
     finished_ids: tuple[str, ...] = ()  # requests removed since the last step (aborted or done)
+    # KV blocks to copy before the forward (a GPU engine with swap space, BlockManager.swap_out / swap_in):
+    # first every (device block, host slot) out, then every (host slot, device block) in.  A step may hold
+    # copies and no tokens (a request preempted itself); the runner still makes them.
+    swap_out: tuple[tuple[int, int], ...] = ()
+    swap_in: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:
@@ -60,6 +65,10 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+    @property
+    def has_swaps(self) -> bool:
+        return bool(self.swap_out or self.swap_in)
 
 
 @dataclass

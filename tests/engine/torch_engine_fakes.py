@@ -39,13 +39,20 @@ class FakePagedKV:
     def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE) -> None:
         self.block_size = block_size
         self.slots: list[int | None] = [None] * (num_blocks * block_size)
+        self.host: dict[int, list[int | None]] = {}  # swap space: host slot -> one block's slots
 
     def _slot(self, block_table: Sequence[int], position: int) -> int:
         return block_table[position // self.block_size] * self.block_size + position % self.block_size
 
     def run(self, out: SchedulerOutput, truth: dict[str, list[int]] | None = None) -> dict[str, list[int]]:
-        """Write every scheduled token, then read back the full context of each request that needs logits.
-        `truth` (request id -> its real tokens) makes the read-back checked."""
+        """Make the step's swap copies (out to `host`, then in), write every scheduled token, then read back the
+        full context of each request that needs logits.  `truth` (request id -> its real tokens) makes the
+        read-back checked."""
+        bs = self.block_size
+        for block, slot in out.swap_out:
+            self.host[slot] = self.slots[block * bs : (block + 1) * bs]
+        for slot, block in out.swap_in:
+            self.slots[block * bs : (block + 1) * bs] = self.host.pop(slot)  # a slot is read back once
         for s in out.scheduled:
             assert len(s.block_table) * self.block_size >= s.end_position, "block table too short"
             for j, t in enumerate(s.token_ids):

@@ -10,7 +10,8 @@ import torch
 
 from backends.api import LoadOptions
 from backends.modelspec import load_spec
-from backends.torch_engine.kv_pool import COMMIT_TOKENS, KVPool, _storage
+from backends.torch_engine.kv_pool import COMMIT_TOKENS, KVPool
+from backends.torch_engine.kv_pool import block_storage as _storage
 from backends.torch_engine.model_runner import ModelRunner
 from backends.torch_engine.seams import BLOCK_SIZE, ScheduledRequest, SchedulerOutput
 from tests.gguf_factory import write_tiny_llama
