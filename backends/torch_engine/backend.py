@@ -38,22 +38,17 @@ from backends.api import (
     Capabilities,
     Description,
     EngineStats,
-    EventKind,
-    FinishReason,
     GenerationEvent,
     LoadOptions,
     ProgressCallback,
     Request,
-    RequestStats,
     SamplingParams,
-    TokenLogprob,
     peak_rss_bytes,
 )
 from backends.constrained import compiler_for_tokenizer
 from backends.embeddings import is_embedding_model, not_for_chat, pooling_type
 from backends.errors import ContextOverflowError, InvalidRequestError, ModelLoadError
 from backends.modelspec import ModelSpec
-from backends.textstream import TextStream
 from backends.torch_engine.block_manager import BlockManager
 from backends.torch_engine.build import build_engine_parts
 from backends.torch_engine.engine import Engine
@@ -65,29 +60,21 @@ from backends.torch_engine.messages import (
     InboxMessage,
     Reply,
     Started,
-    StreamMessage,
     Token,
 )
 from backends.torch_engine.parts import EngineParts, Runner, Tokenizer, kv_pool_blocks  # noqa: F401 - re-exported
 from backends.torch_engine.request import EngineRequest, RequestStatus
 from backends.torch_engine.sampler import Sampler
 from backends.torch_engine.scheduler import Scheduler, error_line
+from backends.torch_engine.stream_events import stream_events
 
 log = logging.getLogger(__name__)
 
-_REASONS = {
-    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
-    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
-    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
-    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
-}
 _CLOSED = "the torch backend was closed"
 
 
 def build_parts(spec: ModelSpec, options: LoadOptions, progress: ProgressCallback | None) -> EngineParts:
     """Load the real model (the model half: backends.torch_engine.model_runner)."""
-    # imported here, not at the top: the model half imports torch, and TorchBackend runs without it on fakes
-
     return build_engine_parts(spec, options, progress)
 
 
@@ -340,7 +327,7 @@ class TorchBackend(Backend):
         )
         out: queue.SimpleQueue = queue.SimpleQueue()
         self._post(Add(er, out))
-        return self._events(request, er, out)
+        return stream_events(self._parts.tokenizer, request, er, out, self._post)
 
     def _constraint_compiler(self) -> Any:
         """The model's ConstraintCompiler (its vocabulary as llguidance sees it: ~0.1 s for 49k tokens, once)."""
@@ -355,86 +342,6 @@ class TorchBackend(Backend):
     def abort(self, request_id: str) -> None:
         if self._engine is not None:
             self._post(Finish(request_id, RequestStatus.FINISHED_ABORTED, notify=True))
-
-    def _events(self, request: Request, er: EngineRequest, out: queue.SimpleQueue) -> Iterator[GenerationEvent]:
-        """The caller's side of one stream: turns engine messages into GenerationEvents.  Detokenizing fails
-        this stream alone: it ends with FinishReason.ERROR and the engine drops the request."""
-        assert self._parts is not None
-        rid, sp = request.request_id, request.sampling
-        stats = RequestStats(prompt_tokens=er.num_prompt_tokens)
-        text = TextStream(self._parts.tokenizer.token_bytes, sp.stop)
-        started = done = False
-        reason, error, error_code = FinishReason.ERROR, None, None
-        try:
-            while True:
-                msg: StreamMessage = out.get()
-                prompt_logprobs: tuple[TokenLogprob, ...] = ()
-                if isinstance(msg, Started):
-                    stats.cached_tokens, stats.queue_s = msg.cached_tokens, msg.queue_s
-                    prompt_logprobs = tuple(self._with_bytes(e) for e in msg.prompt_logprobs)
-                if not started:
-                    started = True
-                    yield GenerationEvent(EventKind.STARTED, rid, stats=stats, prompt_logprobs=prompt_logprobs)
-                if isinstance(msg, Token):
-                    if stats.completion_tokens == 0:
-                        stats.ttft_s = msg.at - er.arrival_time
-                    stats.completion_tokens += 1
-                    if msg.status is RequestStatus.FINISHED_STOPPED and msg.token_id in er.eos_token_ids:
-                        reason = FinishReason.STOP  # the end-of-sequence token is counted, never shown
-                        break
-                    try:
-                        piece, stopped = text.push([msg.token_id])
-                    except Exception as exc:  # noqa: BLE001 - this stream's failure, not the batch's
-                        reason, error = FinishReason.ERROR, error_line("detokenizing failed", exc)
-                        self._post(Finish(rid, RequestStatus.FINISHED_ERROR, notify=False))
-                        break
-                    yield GenerationEvent(
-                        EventKind.TOKEN,
-                        rid,
-                        text=piece,
-                        token_ids=(msg.token_id,),
-                        logprobs=(self._with_bytes(msg.logprob),) if msg.logprob else (),
-                    )
-                    if stopped:
-                        reason = FinishReason.STOP
-                        self._post(Finish(rid, RequestStatus.FINISHED_STOPPED, notify=False))
-                        break
-                    if msg.status is not None:
-                        reason = _REASONS[msg.status]
-                        break
-                elif isinstance(msg, Finished):
-                    reason, error, error_code = _REASONS[msg.status], msg.error, msg.error_code
-                    break
-            if error is None:
-                try:
-                    tail = text.flush()
-                except Exception as exc:  # noqa: BLE001 - as above
-                    tail, reason, error = "", FinishReason.ERROR, error_line("detokenizing failed", exc)
-                if tail:
-                    yield GenerationEvent(EventKind.TOKEN, rid, text=tail)
-            stats.total_s = time.perf_counter() - er.arrival_time
-            # written by the engine thread before the last message this stream got; it touches them no more
-            stats.spec_proposed_tokens, stats.spec_accepted_tokens = er.num_spec_proposed, er.num_spec_accepted
-            done = True
-            yield GenerationEvent(
-                EventKind.FINISHED, rid, finish_reason=reason, stats=stats, error=error, error_code=error_code
-            )
-        finally:
-            if not done:  # the caller stopped reading (closed the generator): free the request's blocks
-                self._post(Finish(rid, RequestStatus.FINISHED_ABORTED, notify=False))
-
-    def _with_bytes(self, entry: TokenLogprob) -> TokenLogprob:
-        """The entry with its tokens' bytes (special tokens as their text), from the tokenizer."""
-        return dataclasses.replace(
-            entry,
-            token_bytes=self._one_token_bytes(entry.token_id),
-            top_bytes=tuple(self._one_token_bytes(t) for t, _ in entry.top),
-        )
-
-    def _one_token_bytes(self, token_id: int) -> bytes:
-        assert self._parts is not None
-        tokenizer = self._parts.tokenizer
-        return tokenizer.token_bytes([token_id]) or tokenizer.decode([token_id]).encode()
 
     # -- the engine thread -------------------------------------------------------------------------------
     def _post(self, message: InboxMessage) -> None:

@@ -207,7 +207,7 @@ def bad_sampling(request_id: str, max_tokens: int):
 def inject_failures(backend, monkeypatch) -> None:
     """Make the requests named in FAILURES fail where their id says (preparing, sampling after every row has
     drawn, the stop check of their 3rd token, detokenizing); every other request is untouched."""
-    from backends.torch_engine import backend as backend_module
+    from backends.torch_engine import stream_events as backend_module  # where streams detokenize
 
     engine = backend._engine
     sampler, scheduler = engine.sampler, engine.scheduler
