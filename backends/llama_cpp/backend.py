@@ -38,6 +38,7 @@ from backends.api import (
 )
 from backends.constrained import compiler_for_llama
 from backends.embeddings import POOLING_IDS, is_embedding_model, not_for_chat, pooling_type
+from backends.engine_options import LlamaCppOptions
 from backends.errors import (
     ContextOverflowError,
     InvalidRequestError,
@@ -161,10 +162,11 @@ class LlamaCppBackend(Backend):
         import llama_cpp  # lazy: heavy: llama_cpp
 
         o = self.options
-        flash_attn = o.flash_attn
-        if o.kv_cache_type not in ("f16", "bf16", "f32") and not flash_attn:
+        typed = LlamaCppOptions.of(o)  # this engine's own values, typed (checked at the command line already)
+        flash_attn = typed.flash_attn
+        if typed.kv_cache_type not in ("f16", "bf16", "f32") and not flash_attn:
             flash_attn = True
-            self._notes.append(f"flash attention on: llama.cpp needs it for a {o.kv_cache_type} V cache")
+            self._notes.append(f"flash attention on: llama.cpp needs it for a {typed.kv_cache_type} V cache")
         if progress:
             progress(0.05, f"loading {os.path.basename(self.spec.path)} with llama.cpp")
         kwargs: dict[str, Any] = dict(
@@ -178,8 +180,8 @@ class LlamaCppBackend(Backend):
             n_threads_batch=o.n_threads,
             logits_all=o.logits_all,
             flash_attn=flash_attn,
-            type_k=KV_TYPES[o.kv_cache_type],
-            type_v=KV_TYPES[o.kv_cache_type],
+            type_k=KV_TYPES[typed.kv_cache_type],
+            type_v=KV_TYPES[typed.kv_cache_type],
             seed=o.seed,
             verbose=o.verbose,
         )
@@ -191,10 +193,10 @@ class LlamaCppBackend(Backend):
             kwargs.update(
                 n_ctx=n, n_batch=n, n_ubatch=n, embedding=True, pooling_type=POOLING_IDS[pooling_type(self.spec)]
             )
-        if o.extra_bufts is None:
+        if typed.extra_bufts is None:
             self._extra_bufts, why = extra_bufts_default()
         else:
-            self._extra_bufts, why = o.extra_bufts, "as asked"
+            self._extra_bufts, why = typed.extra_bufts, "as asked"
         if not self._extra_bufts:
             self._notes.append(f"extra weight-buffer types {why if why.startswith('off') else 'off: ' + why}")
 

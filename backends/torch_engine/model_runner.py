@@ -24,6 +24,7 @@ import psutil
 import torch
 
 from backends.api import LoadOptions
+from backends.engine_options import TorchOptions
 from backends.errors import ConfigError
 from backends.modelspec import ModelSpec
 from backends.torch_engine.cpu_head import install_int8_head
@@ -152,12 +153,13 @@ class ModelRunner:
 
         self.spec, self.options = spec, options
         self.device = resolve_device(options.device)
-        self.dtype = resolve_dtype(options.dtype, self.device)
-        if options.kv_cache_type not in _KV_DTYPES:
-            raise ConfigError(f"the torch engine's KV cache type is f16, bf16 or fp32, got {options.kv_cache_type!r}")
+        # the torch engine's own values, typed and checked (the command line checked them before this process
+        # started: backends/engine_options.py); a direct library caller gets the same one-line ConfigError here
+        typed = TorchOptions.of(options)
+        self.dtype = resolve_dtype(typed.dtype, self.device)
         # On CPU the cache follows the compute dtype: fp16 arithmetic there is slow and converting every
         # gathered block each layer costs more than the memory it saves.
-        self.kv_dtype = _KV_DTYPES[options.kv_cache_type] if self.device.type == "cuda" else self.dtype
+        self.kv_dtype = _KV_DTYPES[typed.kv_cache_type] if self.device.type == "cuda" else self.dtype
         self.thread_tuner: ThreadTuner | None = None
         if self.device.type == "cpu" and options.adaptive_threads and tp is None:
             # the count each step runs with is measured, not fixed (threads.py); loading uses them all
@@ -170,7 +172,7 @@ class ModelRunner:
         # called from any
         self._fixed_threads = torch.get_num_threads()
         self.ops = kernel_set(kernels, self.device)
-        self.weight_quant = resolve_weight_quant(options.weight_quant, spec, self.device, self.dtype)
+        self.weight_quant = resolve_weight_quant(typed.weight_quant, spec, self.device, self.dtype)
         # int8 / int4 / fp8 are quantized by the loader as it reads each projection (round-to-nearest, the
         # same weights quantize_model gives): the dense model is never whole on the device.
         host_layers = spec.n_layers - self._resident_layers(options.n_gpu_layers)
