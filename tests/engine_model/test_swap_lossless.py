@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from backends.api import FinishReason, LoadOptions, Request, SamplingParams
-from tests.gguf_factory import write_tiny_llama
+from backends.api import FinishReason, Request, SamplingParams
+from tests.tight_pool import BLOCK_BYTES, open_tight_backend
 
 pytest.importorskip("backends.torch_engine.model_runner", reason="the torch engine's model half is not there yet")
 
-BLOCK_BYTES = 2 * 2 * 2 * 16 * 4 * 16  # K and V x 2 layers x 2 KV heads x head dim 16 x float32 x 16 tokens
 N_TOKENS = 40
 HOST_BLOCKS = 64
 
@@ -33,15 +32,7 @@ def _swapping_build(spec, options, progress):  # noqa: ANN001, ANN202 - TorchBac
 
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory):
-    from backends.modelspec import load_spec
-    from backends.torch_engine.backend import TorchBackend
-
-    path = write_tiny_llama(Path(tmp_path_factory.mktemp("tiny")) / "tiny.gguf", context_length=256, seed=3)
-    options = LoadOptions(
-        n_ctx=96, max_num_seqs=4, n_batch=32, dtype="float32", device="cpu", kv_cache_bytes=6 * BLOCK_BYTES
-    )
-    b = TorchBackend(load_spec(path), options, build=_swapping_build)
-    b.load()
+    b = open_tight_backend(Path(tmp_path_factory.mktemp("tiny")), build=_swapping_build)
     yield b
     b.close()
 
