@@ -82,6 +82,20 @@ def entry_key(files: Sequence[str | os.PathLike[str]], options: dict[str, Any]) 
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def _load_one_file(path: Path) -> Any:
+    """torch.load(mmap=True) of one file version.  torch opens the path twice (the zip index, then the mapping):
+    a writer's rename between the two would pair one entry's index with another's bytes.  Opening the file once
+    and handing torch /proc/self/fd/N makes both opens reach that one inode, whatever is renamed meanwhile."""
+    proc_fd = Path("/proc/self/fd")
+    if not proc_fd.is_dir():  # not Linux: writers of one key write the same tensors, so a mix is of equal files
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return torch.load(proc_fd / str(fd), map_location="cpu", mmap=True, weights_only=True)
+    finally:
+        os.close(fd)  # the mapping keeps the inode's pages
+
+
 class WeightCache:
     """Prepared-weight entries in `folder`, at most `max_bytes` together."""
 
@@ -98,7 +112,7 @@ class WeightCache:
         if not path.is_file():
             return None
         try:
-            blob = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+            blob = _load_one_file(path)
             meta = json.loads(blob["meta"])
             tensors = blob["tensors"]
             if meta.get("key") != key or meta.get("format") != PREPARE_FORMAT or not isinstance(tensors, dict):

@@ -95,3 +95,23 @@ def test_key_names_file_identity_and_options(tmp_path: Path) -> None:
     assert entry_key([f], {"dtype": "f32"}) != base
     os.utime(f, ns=(0, 123))
     assert entry_key([f], {"dtype": "bf16"}) != base
+
+
+def test_a_rename_between_torchs_two_opens_does_not_mix_two_entries(tmp_path: Path, monkeypatch) -> None:
+    """torch.load(mmap=True) reads the zip index through one open and maps the bytes through a second: an entry
+    renamed over the file in between must not pair one entry's index with the other's bytes."""
+    cache = WeightCache(tmp_path / "cache")
+    cache.store("same", _tensors(1, n=4096), {"seed": 1})
+    newer = WeightCache(tmp_path / "other").store("same", _tensors(2, n=4096), {"seed": 2})
+    real_from_file = torch.UntypedStorage.from_file
+
+    def replace_then_map(filename, *args, **kwargs):
+        if newer.exists():
+            os.replace(newer, cache.path("same"))  # a writer's rename lands between the two opens
+        return real_from_file(filename, *args, **kwargs)
+
+    monkeypatch.setattr(torch.UntypedStorage, "from_file", staticmethod(replace_then_map))
+    entry = cache.load("same")
+    assert not newer.exists()  # the rename did happen
+    assert entry is not None and entry.meta["seed"] == 1
+    assert all(torch.equal(entry.tensors[n], t) for n, t in _tensors(1, n=4096).items())
