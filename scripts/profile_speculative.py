@@ -19,6 +19,7 @@ import collections
 import functools
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,7 @@ class Probe:
         self.empty = 0  # the proposer had nothing
         self.tokens = 0
         self.decode_s = 0.0
+        self.by_size: dict[int, list[float]] = collections.defaultdict(list)  # step tokens -> forward seconds
 
 
 current = Probe()
@@ -67,6 +69,16 @@ def instrument(engine) -> None:
     timed(engine, "step", "step")
     timed(engine.scheduler, "schedule", "schedule")
     timed(engine.runner, "execute", "forward")
+    execute = engine.runner.execute
+
+    def execute_by_size(out):  # the forward's wall time by the step's token count (the cost curve cost.py sees)
+        t0 = time.perf_counter()
+        try:
+            return execute(out)
+        finally:
+            current.by_size[out.total_num_tokens].append(time.perf_counter() - t0)
+
+    engine.runner.execute = execute_by_size
     timed(engine.sampler, "sample", "sample (plain rows)")
     timed(engine.scheduler, "update", "update (bookkeeping)")
     timed(engine.scheduler.block_manager, "trim", "  of which KV rollback (trim)")
@@ -156,6 +168,16 @@ def report(method: str, task: str, probe: Probe) -> None:
         )
     rest = total - sum(probe.seconds.get(k, 0.0) for k in top)
     print(f"  {'rest of step':32s} {1000 * rest / n:7.3f} ms/token {'':15s} {100 * rest / total:5.1f}%")
+    sizes = sorted(n for n in probe.by_size if n < 16)  # decode and verify steps (a prompt step is longer)
+    if sizes:
+        one = statistics.median(probe.by_size[1]) if 1 in probe.by_size else None
+        curve = ", ".join(
+            f"{n}: {1000 * statistics.median(probe.by_size[n]):.1f} ms"
+            + (f" x{statistics.median(probe.by_size[n]) / one:.2f}" if one else "")
+            + f" ({len(probe.by_size[n])})"
+            for n in sizes
+        )
+        print(f"  forward by step tokens (median): {curve}")
     v = probe.verifications
     if v:
         proposed = sum(p for p, _ in v)
