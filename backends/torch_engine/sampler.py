@@ -119,15 +119,15 @@ class Sampler:
         no counter: advance() does, by the tokens the request keeps."""
         logits = logits.float()
         sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if not sampled:
+            return logits.argmax(dim=-1).tolist()
+        keys = [self._key(request_ids[i], params[i]) for i in sampled]
+        counters = [self._drawn[request_ids[i]] + ahead[i] for i in sampled]
+        u = torch.from_numpy(uniforms(keys, counters)).to(logits.device)
+        if len(sampled) == len(params):  # one request's row (the usual case): no argmax nobody reads
+            return draw(logits, params, u, self._scratch).tolist()
         tokens = logits.argmax(dim=-1)
-        if sampled:
-            keys = [self._key(request_ids[i], params[i]) for i in sampled]
-            counters = [self._drawn[request_ids[i]] + ahead[i] for i in sampled]
-            u = torch.from_numpy(uniforms(keys, counters)).to(logits.device)
-            whole = len(sampled) == len(params)
-            rows = logits if whole else logits[sampled]
-            drawn = draw(rows, params if whole else [params[i] for i in sampled], u, self._scratch)
-            tokens = drawn if whole else tokens.index_put_((torch.tensor(sampled),), drawn)
+        tokens[sampled] = draw(logits[sampled], [params[i] for i in sampled], u, self._scratch)
         return tokens.tolist()
 
     def advance(self, request_id: str, num_tokens: int) -> None:

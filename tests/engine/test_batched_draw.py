@@ -11,7 +11,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from backends.api import SamplingParams
-from backends.torch_engine.draw import Scratch, draw, filtered_probs, noise_key, uniforms
+from backends.torch_engine.draw import Scratch, draw, filtered_probs, kept_probs, noise_key, uniforms
 from backends.torch_engine.penalties import REPEAT_LAST_N, apply_repetition_penalty
 from backends.torch_engine.sampler import Sampler
 from tests.engine.sampling_reference import reference_probs, reference_token
@@ -67,6 +67,20 @@ def test_the_filtered_distribution_is_the_reference_one() -> None:
     for i, p in enumerate(params):
         want = torch.tensor(reference_probs(logits[i].double().tolist(), p), dtype=torch.float32)
         assert torch.allclose(probs[i], want, atol=1e-6), p
+
+
+@pytest.mark.parametrize("scale", [3.0, 0.05])
+def test_kept_probs_is_the_filtered_distribution_without_the_sort(scale: float) -> None:
+    """The speculative paths' whole-row distributions (draw.kept_probs: top-k rows through topk) equal the
+    sorted reference, row by row, for every kind of row, in one mixed batch."""
+    params = [p for p in mixed_params(18) if not p.greedy]
+    logits = random_logits(len(params), 11, scale)
+    got = kept_probs(logits, params)
+    assert torch.allclose(got, filtered_probs(logits, params), atol=1e-6)
+    for i, p in enumerate(params):
+        want = torch.tensor(reference_probs(logits[i].double().tolist(), p), dtype=torch.float32)
+        assert torch.allclose(got[i], want, atol=1e-6), p
+        assert (got[i] > 0).sum() <= (p.top_k if 0 < p.top_k < VOCAB else VOCAB)
 
 
 def test_every_row_draws_the_same_token_alone_and_in_any_batch() -> None:

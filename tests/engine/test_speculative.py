@@ -136,10 +136,12 @@ def test_prompt_lookup_proposes_what_followed_the_longest_earlier_suffix() -> No
 def test_k_adapts_to_acceptance_and_backs_off_when_nothing_is_accepted() -> None:
     s = SpecState(k=4)
     s.record(4, 4, k_max=8)
-    assert s.k == 5 and s.wants()
-    s.record(5, 2, k_max=8)
-    assert s.k == 3
-    s.record(3, 0, k_max=8)  # a miss: k 1, one plain step, then two, four, ...
+    assert s.k == 8 and s.wants()  # accepting: the cap is k_max, the cost model picks within it
+    s.record(8, 2, k_max=8)
+    assert s.k == 8  # a partial acceptance keeps the cap (the acceptance estimate already prices it)
+    s.record(3, 0, k_max=8)  # one miss (a sampled reply's noise, maybe): k 1, no back-off yet
+    assert s.k == 1 and s.wants() and s.backoff == 0
+    s.record(1, 0, k_max=8)  # two in a row: one plain step, then two, four, ...
     assert s.k == 1 and [s.wants() for _ in range(2)] == [False, True]
     s.record(1, 0, k_max=8)
     assert [s.wants() for _ in range(3)] == [False, False, True]
@@ -147,7 +149,9 @@ def test_k_adapts_to_acceptance_and_backs_off_when_nothing_is_accepted() -> None
         s.record(1, 0, k_max=8)
     assert s.backoff == MAX_BACKOFF_STEPS
     s.record(1, 1, k_max=8)
-    assert s.backoff == 0 and s.k == 2 and s.wants()
+    assert s.backoff == 0 and s.misses == 0 and s.k == 8 and s.wants()
+    s.record(8, 0, k_max=8)  # after an acceptance, a miss is again a first miss
+    assert s.wants() and s.k == 1
 
 
 def test_block_manager_trim_returns_the_blocks_past_the_computed_tokens() -> None:

@@ -22,9 +22,8 @@ import torch
 from backends.api import LoadOptions, SamplingParams, seed_u64
 from backends.errors import ConfigError
 from backends.torch_engine.block_manager import BlockManager
-from backends.torch_engine.draw import uniforms
+from backends.torch_engine.draw import kept_probs, uniforms
 from backends.torch_engine.request import EngineRequest
-from backends.torch_engine.sampler import filtered_probs
 from backends.torch_engine.speculative.proposer import Proposal
 
 _DRAFT_NOISE = 0xD7AF7  # keeps the draft's draws apart from the verification's (same seed)
@@ -176,7 +175,7 @@ class DraftProposer:
             if params.greedy:
                 out.append((int(row.argmax()), None))
                 continue
-            q = filtered_probs(row.unsqueeze(0), [params])[0]
+            q = kept_probs(row.unsqueeze(0), [params])[0]  # no vocabulary sort under a top-k
             seed = seed_u64(params.seed) if params.seed is not None else hash(request.request_id) & (2**64 - 1)
             u = float(uniforms([seed ^ _DRAFT_NOISE], [position])[0])
             cdf = q.double().cumsum(0)

@@ -144,7 +144,8 @@ class Speculator:
             ids = [s.request_id for s, row in zip(point, logits) for _ in range(row.shape[0])]
             params = [scheduler.requests[rid].sampling for rid in ids]
             ahead = [j for row in logits for j in range(row.shape[0])]
-            targets = sampler.sample_ahead(torch.cat(logits), ids, params, ahead)
+            stacked = logits[0] if len(logits) == 1 else torch.cat(logits)  # one stream: no copy
+            targets = sampler.sample_ahead(stacked, ids, params, ahead)
             at = 0
             for s, row in zip(point, logits):
                 n = row.shape[0]

@@ -15,11 +15,11 @@ tests/greedy_agreement.py's near-tie rule; sampled likewise), and a point-mass p
 probability p(x), the most any lossless rule can accept it with (the rejection rule's min(1, p(x) / 1)).
 
 Drafted proposals with q (a sampled draft model: Leviathan et al. 2023, Chen et al. 2023): with p_j the
-target's filtered distribution (sampler.filtered_probs) and q_j the draft's, proposal x is accepted with
-probability min(1, p_j(x) / q_j(x)); at the first rejection the token is drawn from normalize(max(0, p_j - q_j));
-when all k are accepted one more is drawn from p_k.  Its uniform numbers come from draw.uniforms (the sampler's
-SplitMix64) keyed by the row's key and counted by position (two numbers per position), so a seeded request gets
-the same text alone or batched.
+target's filtered distribution (draw.kept_probs: draw.filtered_probs without its vocabulary sort) and q_j the
+draft's, proposal x is accepted with probability min(1, p_j(x) / q_j(x)); at the first rejection the token is
+drawn from normalize(max(0, p_j - q_j)); when all k are accepted one more is drawn from p_k.  Its uniform numbers
+come from draw.uniforms (the sampler's SplitMix64) keyed by the row's key and counted by position (two numbers
+per position), so a seeded request gets the same text alone or batched.
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from backends.api import SamplingParams
-from backends.torch_engine.draw import uniforms
-from backends.torch_engine.sampler import filtered_probs
+from backends.torch_engine.draw import kept_probs, uniforms
 
 
 def check_proposal(proposal: Sequence[int], vocab: int) -> None:
@@ -65,7 +64,7 @@ def rejection_row(
     k = len(proposal)
     assert logits.shape[0] == k + 1, f"{logits.shape[0]} logit rows for {k} proposals"
     check_proposal(proposal, logits.shape[-1])
-    p = filtered_probs(logits.float(), [params] * (k + 1))  # (k + 1, vocab)
+    p = kept_probs(logits, [params] * (k + 1))  # (k + 1, vocab); no vocabulary sort under a top-k
     u = torch.from_numpy(uniforms([key] * (2 * k + 2), range(2 * position, 2 * (position + k + 1))))
     index = torch.tensor(proposal, dtype=torch.long)
     px = p[:k].gather(1, index.unsqueeze(1)).squeeze(1)  # (k,)
