@@ -40,7 +40,8 @@ import torch
 log = logging.getLogger(__name__)
 
 # Bump when what the preparation produces changes (a new packed layout, another dense-copy rule, renamed tensors).
-PREPARE_FORMAT = 1
+# 2: entries of bf16 models with a plain tied/dense head also hold the int8 decode head's rows (cpu_load.py).
+PREPARE_FORMAT = 2
 DEFAULT_MAX_BYTES = 8 << 30  # the whole cache folder; the starter's entry is ~290 MiB
 SUFFIX = ".pt"
 
