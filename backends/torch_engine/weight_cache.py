@@ -145,7 +145,8 @@ class WeightCache:
 
     def entries(self) -> list[Path]:
         try:
-            return [p for p in self.folder.iterdir() if p.suffix == SUFFIX and not p.name.startswith(".")]
+            # the tokenizers kept beside the weights (tokenizer_cache.py, ".tok") share the folder's bound
+            return [p for p in self.folder.iterdir() if p.suffix in (SUFFIX, ".tok") and not p.name.startswith(".")]
         except OSError:
             return []
 
