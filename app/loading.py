@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from backends.api import Backend, LoadOptions, ProgressCallback
 from backends.embeddings import is_embedding_model
 from backends.modelspec import ModelSpec
 from backends.registry import LOCAL_BACKENDS, backend_class, get_backend_info
-from backends.runner.client import ConfigMemory, RunnerBackend, config_memory_at
+from backends.runner.client import ConfigMemory, Prestarted, RunnerBackend, config_memory_at
 from backends.templates import renderer
 from hwprobe import plan as make_plan
 from hwprobe import probe
@@ -236,16 +237,25 @@ def make_backend(
     hardware_file: str | None = None,
     logits_all: bool = False,
     command: str | None = None,
+    prestarted: Prestarted | None = None,
 ) -> Backend:
     """The Backend for a decision: in a runner process (the default), or in this process (HEARTH_IN_PROCESS=1).
     HEARTH_BACKEND_CLASS=module:Class loads that Backend class instead of the planned one (tests, plugins).
-    `command`: as decide's, for the fallback's plans."""
+    `command`: as decide's, for the fallback's plans.  `prestarted`: a runner started early (prestart); the
+    backend owns it from here (uses or ends it)."""
     name = os.environ.get("HEARTH_BACKEND_CLASS") or decision.backend
-    if ":" not in name:  # a registry engine: a value it does not take is a one-line error here, not in the child
-        get_backend_info(name).check_options(decision.options)
-    memory = config_memory()
-    options = _with_extra_bufts(name, decision.options, memory)
+    try:
+        if ":" not in name:  # a registry engine: a value it does not take is a one-line error here, not in the child
+            get_backend_info(name).check_options(decision.options)
+        memory = config_memory()
+        options = _with_extra_bufts(name, decision.options, memory)
+    except BaseException:
+        if prestarted is not None:
+            prestarted.discard()
+        raise
     if in_process():
+        if prestarted is not None:
+            prestarted.discard()
         return backend_class(name)(spec, options)
     return RunnerBackend(
         spec,
@@ -254,7 +264,29 @@ def make_backend(
         memory=memory,
         log_dir=get_paths().log_dir / "runners",
         fallback=_fallback(spec, settings, hardware_file, logits_all, memory, command),
+        prestarted=prestarted,
     )
+
+
+def prestart(settings: Settings) -> Prestarted | None:
+    """Start the runner process now, before the model is resolved and planned, so that its interpreter start and
+    its engine's imports (the torch engine's `import torch`: ~1 s of a ~2 s start) run on the other core while
+    this process reads the GGUF header, probes the machine and plans; the Load message follows once the plan
+    is made.  It imports the engine named by --backend / HEARTH_BACKEND_CLASS; with `auto` none (the plan has
+    not chosen one yet).  None where no runner will run (HEARTH_IN_PROCESS=1, a remote backend)."""
+    if in_process() or settings.backend == "remote":
+        return None
+    preload = os.environ.get("HEARTH_BACKEND_CLASS") or (
+        settings.backend if settings.backend in LOCAL_BACKENDS else None
+    )
+    log_dir = get_paths().log_dir / "runners"
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        return Prestarted.start(
+            log_dir / f"runner-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}-pre.log", False, preload
+        )
+    except OSError:  # no log folder, no process: the load starts its runner the usual way
+        return None
 
 
 EXTRA_BUFTS_CHECK = "llama.cpp extra_bufts"
@@ -301,17 +333,30 @@ def open_backend(
             )
 
         return open_remote(settings, progress=progress, load=load)
-    store = store or ModelStore()
-    entry, spec = store.spec(settings.model)
-    decision = decide(spec, settings, hardware_file, serving=serving, command=command)
-    if logits_all:
-        decision.options = dataclasses.replace(decision.options, logits_all=True)
-    elif load and spec.chat_template:
-        # the chat template renders in a worker process (backends/template_process.py): start it now, on the
-        # core the runner's start leaves idle, instead of after the load, before the first prompt
-        renderer().start_in_background()
+    # the runner starts first: its imports overlap resolving and planning the model here (prestart)
+    started = prestart(settings) if load else None
+    try:
+        store = store or ModelStore()
+        entry, spec = store.spec(settings.model)
+        decision = decide(spec, settings, hardware_file, serving=serving, command=command)
+        if logits_all:
+            decision.options = dataclasses.replace(decision.options, logits_all=True)
+        elif load and spec.chat_template:
+            # the chat template renders in a worker process (backends/template_process.py): start it now, on the
+            # core the runner's start leaves idle, instead of after the load, before the first prompt
+            renderer().start_in_background()
+    except BaseException:
+        if started is not None:
+            started.discard()
+        raise
     backend = make_backend(
-        spec, decision, settings, hardware_file=hardware_file, logits_all=logits_all, command=command
+        spec,
+        decision,
+        settings,
+        hardware_file=hardware_file,
+        logits_all=logits_all,
+        command=command,
+        prestarted=started,
     )
     if load:
         backend.load(progress)
