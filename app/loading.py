@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import psutil
 from app.loaded import Decision, Loaded
 from app.paths import get_paths
 from app.remote import open_remote
+from app.runner_start import in_process, prestart
 from app.settings import Settings
 from app.speculative import decide_speculative
 from app.store import ModelStore
@@ -190,12 +190,6 @@ def kernel_check_record() -> Path:
     return get_paths().cache_dir / "kernel_checks.json"
 
 
-def in_process() -> bool:
-    """HEARTH_IN_PROCESS=1: load the engine in hearth's own process (debugging, profiling, unit tests with
-    fakes); otherwise every model runs in a runner process (backends/runner)."""
-    return os.environ.get("HEARTH_IN_PROCESS", "") not in ("", "0")
-
-
 def runs_model(backend: str, spec: ModelSpec) -> bool:
     """Whether `backend` is installed and can run this model at all (the ladder's last rung asks)."""
     info = get_backend_info(backend)
@@ -268,27 +262,6 @@ def make_backend(
     )
 
 
-def prestart(settings: Settings) -> Prestarted | None:
-    """Start the runner process now, before the model is resolved and planned, so that its interpreter start and
-    its engine's imports (the torch engine's `import torch`: ~1 s of a ~2 s start) run on the other core while
-    this process reads the GGUF header, probes the machine and plans; the Load message follows once the plan
-    is made.  It imports the engine named by --backend / HEARTH_BACKEND_CLASS; with `auto` none (the plan has
-    not chosen one yet).  None where no runner will run (HEARTH_IN_PROCESS=1, a remote backend)."""
-    if in_process() or settings.backend == "remote":
-        return None
-    preload = os.environ.get("HEARTH_BACKEND_CLASS") or (
-        settings.backend if settings.backend in LOCAL_BACKENDS else None
-    )
-    log_dir = get_paths().log_dir / "runners"
-    try:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        return Prestarted.start(
-            log_dir / f"runner-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}-pre.log", False, preload
-        )
-    except OSError:  # no log folder, no process: the load starts its runner the usual way
-        return None
-
-
 EXTRA_BUFTS_CHECK = "llama.cpp extra_bufts"
 
 
@@ -321,10 +294,12 @@ def open_backend(
     logits_all: bool = False,
     serving: bool = False,
     command: str | None = None,
+    prestarted: Prestarted | None = None,
 ) -> Loaded:
     """`logits_all` keeps the logits of every prompt position (only `hearth ppl` needs it: it costs memory);
     `serving`: plan for concurrent clients (`hearth serve`, see decide); `command`: what will run, which sizes
-    the KV pool (decide)."""
+    the KV pool (decide); `prestarted`: the command's runner, started before it imported this module
+    (app/runner_start.py); without it one is started here, before the model is resolved and planned."""
     if settings.backend == "remote":
         if logits_all:
             raise ConfigError(
@@ -332,9 +307,11 @@ def open_backend(
                 "pass --backend auto (settings.toml or HEARTH_BACKEND say remote)",
             )
 
+        if prestarted is not None:
+            prestarted.discard()
         return open_remote(settings, progress=progress, load=load)
     # the runner starts first: its imports overlap resolving and planning the model here (prestart)
-    started = prestart(settings) if load else None
+    started = prestarted if prestarted is not None else prestart(settings) if load else None
     try:
         store = store or ModelStore()
         entry, spec = store.spec(settings.model)

@@ -10,7 +10,7 @@ import pytest
 from backends.api import FinishReason, LoadOptions, Request
 from backends.errors import RunnerCrashedError, UnsupportedArchitectureError
 from backends.runner.client import RunnerBackend
-from backends.runner.process import Prestarted
+from backends.runner.prestart import Prestarted
 from tests.fakes import fake_spec
 
 CRASHING = "tests.runner_fakes:CrashingFake"
