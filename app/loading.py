@@ -18,6 +18,7 @@ import psutil
 from app.loaded import Decision, Loaded
 from app.paths import get_paths
 from app.remote import open_remote
+from app.runner_start import in_process, prestart
 from app.settings import Settings
 from app.speculative import decide_speculative
 from app.store import ModelStore
@@ -25,7 +26,7 @@ from backends.api import Backend, LoadOptions, ProgressCallback
 from backends.embeddings import is_embedding_model
 from backends.modelspec import ModelSpec
 from backends.registry import LOCAL_BACKENDS, backend_class, get_backend_info
-from backends.runner.client import ConfigMemory, RunnerBackend, config_memory_at
+from backends.runner.client import ConfigMemory, Prestarted, RunnerBackend, config_memory_at
 from backends.templates import renderer
 from hwprobe import plan as make_plan
 from hwprobe import probe
@@ -189,12 +190,6 @@ def kernel_check_record() -> Path:
     return get_paths().cache_dir / "kernel_checks.json"
 
 
-def in_process() -> bool:
-    """HEARTH_IN_PROCESS=1: load the engine in hearth's own process (debugging, profiling, unit tests with
-    fakes); otherwise every model runs in a runner process (backends/runner)."""
-    return os.environ.get("HEARTH_IN_PROCESS", "") not in ("", "0")
-
-
 def runs_model(backend: str, spec: ModelSpec) -> bool:
     """Whether `backend` is installed and can run this model at all (the ladder's last rung asks)."""
     info = get_backend_info(backend)
@@ -236,16 +231,25 @@ def make_backend(
     hardware_file: str | None = None,
     logits_all: bool = False,
     command: str | None = None,
+    prestarted: Prestarted | None = None,
 ) -> Backend:
     """The Backend for a decision: in a runner process (the default), or in this process (HEARTH_IN_PROCESS=1).
     HEARTH_BACKEND_CLASS=module:Class loads that Backend class instead of the planned one (tests, plugins).
-    `command`: as decide's, for the fallback's plans."""
+    `command`: as decide's, for the fallback's plans.  `prestarted`: a runner started early (prestart); the
+    backend owns it from here (uses or ends it)."""
     name = os.environ.get("HEARTH_BACKEND_CLASS") or decision.backend
-    if ":" not in name:  # a registry engine: a value it does not take is a one-line error here, not in the child
-        get_backend_info(name).check_options(decision.options)
-    memory = config_memory()
-    options = _with_extra_bufts(name, decision.options, memory)
+    try:
+        if ":" not in name:  # a registry engine: a value it does not take is a one-line error here, not in the child
+            get_backend_info(name).check_options(decision.options)
+        memory = config_memory()
+        options = _with_extra_bufts(name, decision.options, memory)
+    except BaseException:
+        if prestarted is not None:
+            prestarted.discard()
+        raise
     if in_process():
+        if prestarted is not None:
+            prestarted.discard()
         return backend_class(name)(spec, options)
     return RunnerBackend(
         spec,
@@ -254,6 +258,7 @@ def make_backend(
         memory=memory,
         log_dir=get_paths().log_dir / "runners",
         fallback=_fallback(spec, settings, hardware_file, logits_all, memory, command),
+        prestarted=prestarted,
     )
 
 
@@ -289,10 +294,12 @@ def open_backend(
     logits_all: bool = False,
     serving: bool = False,
     command: str | None = None,
+    prestarted: Prestarted | None = None,
 ) -> Loaded:
     """`logits_all` keeps the logits of every prompt position (only `hearth ppl` needs it: it costs memory);
     `serving`: plan for concurrent clients (`hearth serve`, see decide); `command`: what will run, which sizes
-    the KV pool (decide)."""
+    the KV pool (decide); `prestarted`: the command's runner, started before it imported this module
+    (app/runner_start.py); without it one is started here, before the model is resolved and planned."""
     if settings.backend == "remote":
         if logits_all:
             raise ConfigError(
@@ -300,18 +307,33 @@ def open_backend(
                 "pass --backend auto (settings.toml or HEARTH_BACKEND say remote)",
             )
 
+        if prestarted is not None:
+            prestarted.discard()
         return open_remote(settings, progress=progress, load=load)
-    store = store or ModelStore()
-    entry, spec = store.spec(settings.model)
-    decision = decide(spec, settings, hardware_file, serving=serving, command=command)
-    if logits_all:
-        decision.options = dataclasses.replace(decision.options, logits_all=True)
-    elif load and spec.chat_template:
-        # the chat template renders in a worker process (backends/template_process.py): start it now, on the
-        # core the runner's start leaves idle, instead of after the load, before the first prompt
-        renderer().start_in_background()
+    # the runner starts first: its imports overlap resolving and planning the model here (prestart)
+    started = prestarted if prestarted is not None else prestart(settings) if load else None
+    try:
+        store = store or ModelStore()
+        entry, spec = store.spec(settings.model)
+        decision = decide(spec, settings, hardware_file, serving=serving, command=command)
+        if logits_all:
+            decision.options = dataclasses.replace(decision.options, logits_all=True)
+        elif load and spec.chat_template:
+            # the chat template renders in a worker process (backends/template_process.py): start it now, on the
+            # core the runner's start leaves idle, instead of after the load, before the first prompt
+            renderer().start_in_background()
+    except BaseException:
+        if started is not None:
+            started.discard()
+        raise
     backend = make_backend(
-        spec, decision, settings, hardware_file=hardware_file, logits_all=logits_all, command=command
+        spec,
+        decision,
+        settings,
+        hardware_file=hardware_file,
+        logits_all=logits_all,
+        command=command,
+        prestarted=started,
     )
     if load:
         backend.load(progress)

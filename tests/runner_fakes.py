@@ -94,3 +94,12 @@ class GpuOomFake(CrashingFake):
         if self.options.n_gpu_layers < 0 or self.options.n_gpu_layers > 8:
             raise OutOfMemoryError(f"CUDA out of memory with {self.options.n_gpu_layers} layers on the GPU")
         super().load(progress)
+
+
+class UnsupportedOnLoadFake(CrashingFake):
+    """Refuses its model at load (a typed UnsupportedArchitectureError, as an engine refuses a file it cannot run)."""
+
+    def load(self, progress=None) -> None:  # type: ignore[no-untyped-def]
+        from backends.errors import UnsupportedArchitectureError
+
+        raise UnsupportedArchitectureError("fake refuses architecture 'nope'", "use another backend")

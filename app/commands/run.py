@@ -54,22 +54,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # lazy: keeps `hearth --help` light (+atexit, base64, concurrent, 46 hearth modules)
-    from app.chat_session import ChatSession, print_stats
-
-    # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
-    from app.loading import open_backend
-
     settings = settings_from_args(args)
-    from app.structured import constraint_for  # lazy: keeps `hearth --help` light (+6 hearth modules)
+    from app.runner_start import prestart  # lazy: keeps `hearth --help` light (+2 hearth modules)
 
-    constraint_for(settings.json_output)  # a missing or bad schema file fails here, before a model loads
-    prompt = args.prompt
-    if prompt == "-":
-        prompt = sys.stdin.read()
-        if not prompt.strip():
-            raise InvalidRequestError("stdin was empty: there is no prompt", "pipe some text into `hearth run -`")
-    loaded = open_backend(settings, hardware_file=args.hardware, command="run")
+    # the runner first: its interpreter and engine imports run on the other core while this process imports the
+    # rest and plans (app/runner_start.py); open_backend sends it the model
+    started = prestart(settings)
+    try:
+        # lazy: keeps `hearth --help` light (+atexit, base64, concurrent, 46 hearth modules)
+        from app.chat_session import ChatSession, print_stats
+
+        # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
+        from app.loading import open_backend
+        from app.structured import constraint_for  # lazy: keeps `hearth --help` light (+6 hearth modules)
+
+        constraint_for(settings.json_output)  # a missing or bad schema file fails here, before a model loads
+        prompt = args.prompt
+        if prompt == "-":
+            prompt = sys.stdin.read()
+            if not prompt.strip():
+                raise InvalidRequestError("stdin was empty: there is no prompt", "pipe some text into `hearth run -`")
+        loaded = open_backend(settings, hardware_file=args.hardware, command="run", prestarted=started)
+    except BaseException:
+        if started is not None:  # a no-op once the load adopted it
+            started.discard()
+        raise
     try:
         session = ChatSession(loaded, settings, stop=tuple(args.stop or ()))
         if args.verbose:

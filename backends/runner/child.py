@@ -164,10 +164,23 @@ class RunnerServer:
         os._exit(0)
 
 
+def _preload(backend: str) -> None:
+    """Import `backend`'s module (for the torch engine, torch: ~1 s) while hearth still plans the model
+    (process.Prestarted).  No torch op runs here, so no OpenMP team starts on this thread.  A failure is left to
+    the Load message, whose own import raises it again and reports it as LoadFailed."""
+    try:
+        backend_class(backend)
+    except BaseException:  # noqa: BLE001 - reported by _load, which imports it again
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hearth-runner")
     parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--preload", default=None, help="a backend to import while waiting for the Load message")
     args = parser.parse_args(argv)
+    if args.preload:
+        threading.Thread(target=_preload, args=(args.preload,), name="runner-preload", daemon=True).start()
     faulthandler.enable()  # a native crash leaves the Python stacks of every thread in the runner log
     os.environ["HEARTH_RUNNER"] = "1"  # a tensor-parallel group that loses a rank ends this process (torch_engine/tp)
     sock = socket.socket(fileno=args.fd)

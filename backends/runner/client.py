@@ -51,7 +51,7 @@ from backends.registry import backend_class, get_backend_info
 from backends.runner import protocol as p
 from backends.runner.ladder import Fallback, RunnerConfig, next_config
 from backends.runner.memory import ConfigMemory, machine_key
-from backends.runner.process import RunnerProcess
+from backends.runner.process import Prestarted, RunnerProcess  # Prestarted: for the app (app/loading.py)
 from backends.runner.streams import Crash, StreamState, aborted_event, translate
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,7 @@ class RunnerBackend(Backend):
         memory: ConfigMemory | None = None,
         log_dir: str | os.PathLike[str] | None = None,
         hang_timeout_s: float | None = None,
+        prestarted: Prestarted | None = None,
     ) -> None:
         super().__init__(spec, options)
         self.config = RunnerConfig(backend, self.options)
@@ -119,6 +120,8 @@ class RunnerBackend(Backend):
         self._progress: ProgressCallback | None = None
         self._unloaded = False  # unload() stopped the runner; the next call starts one again (_reload)
         self._reloading = False  # a thread is starting that runner now; the others wait for it
+        # a runner started before the model was planned (process.Prestarted): the first load adopts it
+        self._prestarted = prestarted
         if memory is not None:
             self._apply_memory(memory)
 
@@ -243,7 +246,7 @@ class RunnerBackend(Backend):
                 raise RunnerCrashedError("the backend was closed while its runner was starting")
             self._tried_backends.add(config.backend)
             self._progress = progress
-            runner = RunnerProcess(self, config)
+            runner = RunnerProcess(self, config, self._take_prestarted(config))
             runner.send(p.Load(config.backend, self.spec, config.options), "load")
             outcome = runner.outcome.get()
             self._progress = None
@@ -270,6 +273,14 @@ class RunnerBackend(Backend):
                 progress(0.0, f"retrying {nxt.why}")
             config = nxt
 
+    def _take_prestarted(self, config: RunnerConfig) -> Prestarted | None:
+        """The prestarted runner when it can serve `config` (once); one that cannot is ended."""
+        started, self._prestarted = self._prestarted, None
+        if started is not None and not started.fits(config.backend, config.options.verbose):
+            started.discard()
+            return None
+        return started
+
     def _next(self, config: RunnerConfig, failure: str) -> RunnerConfig | None:
         _, caps = backend_facts(config.backend)
         return next_config(
@@ -294,8 +305,11 @@ class RunnerBackend(Backend):
                 return
             self._closed = True
             runner, self._runner = self._runner, None
+            prestarted, self._prestarted = self._prestarted, None
             states = list(self._streams.values())
             self._ready.notify_all()
+        if prestarted is not None:  # closed before its first load
+            prestarted.discard()
         for state in states:  # close() aborts what still runs: each stream ends as aborted, with its text so far
             state.aborted = True
             self._route(

@@ -8,12 +8,10 @@ the reader thread) and `on_death(process)` (once, from the reader thread, when t
 
 from __future__ import annotations
 
-import os
 import queue
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -21,12 +19,13 @@ from typing import Any
 
 from backends.runner import protocol as p
 from backends.runner.ladder import RunnerConfig
+from backends.runner.prestart import Prestarted, spawn
 
 
 class RunnerProcess:
     """One runner process: its socket, its reader thread and its watchdog."""
 
-    def __init__(self, owner: Any, config: RunnerConfig) -> None:
+    def __init__(self, owner: Any, config: RunnerConfig, prestarted: Prestarted | None = None) -> None:
         self.owner = owner
         self.config = config
         self.outcome: queue.SimpleQueue = queue.SimpleQueue()  # Loaded | LoadFailed | Crash (streams.py)
@@ -39,27 +38,11 @@ class RunnerProcess:
         self.last_seen = time.monotonic()
         self.last_sent = "start"
         self._send_lock = threading.Lock()
-        parent, child = socket.socketpair()
-        self.log_path = owner.new_log_path()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(x for x in sys.path if x and os.path.isdir(x))
-        log = None if owner.options.verbose else open(self.log_path, "ab")
-        try:
-            # A session of its own: Ctrl-C in the terminal reaches hearth, which aborts or closes the runner;
-            # the runner never sees a SIGINT meant for the app.
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "backends.runner.child", "--fd", str(child.fileno())],
-                pass_fds=(child.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=log or sys.stderr,
-                stderr=log or sys.stderr,
-                env=env,
-                start_new_session=True,
-            )
-        finally:
-            child.close()
-            if log is not None:
-                log.close()
+        if prestarted is not None:  # started before the model was planned (app/loading.open_backend)
+            self.proc, parent, self.log_path = prestarted.adopt()
+        else:
+            self.log_path = owner.new_log_path()
+            self.proc, parent = spawn(self.log_path, owner.options.verbose)
         self.pid = self.proc.pid
         self.channel = p.Channel(parent, p.FromRunner)
         threading.Thread(target=self._read, name=f"runner-{self.pid}-reader", daemon=True).start()

@@ -29,7 +29,7 @@ def build_engine_parts(
     """The model half for TorchBackend: runner, tokenizer, pool size, prompt logits, describe, close."""
     if progress is not None:
         progress(0.0, "reading the tokenizer")
-    tokenizer = load_tokenizer(spec)
+    tokenizer = load_tokenizer(spec, options.weight_cache_dir)  # kept beside the prepared weights
     # first, so that a draft with another vocabulary is refused before the target's weights load
     # None unless --speculative; a draft model keeps no swap space (the plan prices the target's alone, and a
     # draft's KV of a preempted request is recomputed by its proposer anyway)

@@ -19,6 +19,7 @@ from backends.errors import ModelFormatError, UnsupportedArchitectureError
 from backends.gguf_reader import read_header
 from backends.modelspec import ModelSpec
 from backends.torch_engine.spm_tokenizer import SpmTokenizer
+from backends.torch_engine.tokenizer_cache import drop_entry, load_entry, store_entry, tokenizer_key
 
 _LLAMA3 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -80,11 +81,36 @@ class HearthTokenizer:
         return b"".join(self._bytes[i] for i in token_ids)
 
 
-def load_tokenizer(spec: ModelSpec) -> Any:
-    """A HearthTokenizer (byte-level BPE, HF folders) or an SpmTokenizer (GGUF "llama" vocabularies)."""
+def load_tokenizer(spec: ModelSpec, cache_folder: str | None = None) -> Any:
+    """A HearthTokenizer (byte-level BPE, HF folders) or an SpmTokenizer (GGUF "llama" vocabularies).
+    `cache_folder`: where a GGUF's byte-level BPE tokenizer is kept once built (tokenizer_cache.py; the torch
+    engine passes its prepared-weight cache folder), None: built from the file every time."""
     if spec.format != "gguf":
         return _from_hf(spec)
+    if cache_folder:
+        return _from_gguf_cached(spec, cache_folder)
     return _from_gguf(spec)
+
+
+def _from_gguf_cached(spec: ModelSpec, folder: str) -> Any:
+    import tokenizers  # lazy: heavy: tokenizers
+
+    key = tokenizer_key(spec.files or (spec.path,), tokenizers.__version__)
+    entry = load_entry(folder, key)
+    if entry is not None:
+        try:
+            tk = tokenizers.Tokenizer.from_str(entry["tokenizer"])
+        except Exception:  # noqa: BLE001 - the library raises a bare Exception; a bad entry is a miss
+            drop_entry(folder, key)
+        else:
+            eos = spec.eos_token_ids[0] if spec.eos_token_ids else None
+            return HearthTokenizer(
+                tk, spec.bos_token_id, eos, spec.add_bos_token, spec.add_eos_token, entry["token_bytes"]
+            )
+    tok = _from_gguf(spec)
+    if isinstance(tok, HearthTokenizer):
+        store_entry(folder, key, {"tokenizer": tok._tk.to_str(), "token_bytes": tok._bytes})
+    return tok
 
 
 def _from_gguf(spec: ModelSpec) -> Any:

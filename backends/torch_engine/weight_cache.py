@@ -40,7 +40,8 @@ import torch
 log = logging.getLogger(__name__)
 
 # Bump when what the preparation produces changes (a new packed layout, another dense-copy rule, renamed tensors).
-PREPARE_FORMAT = 1
+# 2: entries of bf16 models with a plain tied/dense head also hold the int8 decode head's rows (cpu_load.py).
+PREPARE_FORMAT = 2
 DEFAULT_MAX_BYTES = 8 << 30  # the whole cache folder; the starter's entry is ~290 MiB
 SUFFIX = ".pt"
 
@@ -158,7 +159,8 @@ class WeightCache:
 
     def entries(self) -> list[Path]:
         try:
-            return [p for p in self.folder.iterdir() if p.suffix == SUFFIX and not p.name.startswith(".")]
+            # the tokenizers kept beside the weights (tokenizer_cache.py, ".tok") share the folder's bound
+            return [p for p in self.folder.iterdir() if p.suffix in (SUFFIX, ".tok") and not p.name.startswith(".")]
         except OSError:
             return []
 

@@ -70,3 +70,42 @@ def test_install_refuses_a_head_with_a_bias() -> None:
     model.lm_head = torch.nn.Linear(32, 16, bias=False)
     added, why = install_int8_head(model)
     assert why is None and isinstance(model.lm_head, Int8RowsHead) and added >= 32 * 16
+
+
+def test_the_head_packs_at_its_first_int8_call_and_cached_rows_give_the_same_bits(spec) -> None:  # type: ignore[no-untyped-def]
+    from kernels.int8_rows_cpu import quantize_int8_rows
+
+    runner = _runner(spec)
+    head = runner.model.lm_head
+    assert isinstance(head, Int8RowsHead) and head._rows is not None  # the load checked a sample, packed nothing
+    runner.forward([(IDS, 0, [0, 1])], "all", num_decodes=0)
+    assert head._rows is not None  # prompt rows take the dense weight: still not packed
+    h = torch.randn(3, head.in_features).bfloat16()
+    fresh = head(h)
+    assert head._rows is None and head.packed() is not None
+    # rows handed in (as the prepared-weight cache does) give the head the same bits as rows quantized here
+    model = torch.nn.Module()
+    model.lm_head = torch.nn.Linear(head.in_features, head.out_features, bias=False)
+    model.lm_head.weight = head.weight
+    rows = quantize_int8_rows(head.weight.detach())
+    added, why = install_int8_head(model, rows)
+    assert why is None and added == head.nbytes and model.lm_head._rows[0] is rows[0]
+    assert torch.equal(model.lm_head(h), fresh)
+    runner.close()
+
+
+def test_a_failed_prepack_leaves_every_row_on_the_dense_weight(spec, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import backends.torch_engine.cpu_head as cpu_head
+
+    runner = _runner(spec)
+    head = runner.model.lm_head
+
+    def refuse(*args: object) -> None:
+        raise RuntimeError("fbgemm: no")
+
+    monkeypatch.setattr(cpu_head, "pack_int8_rows", refuse)
+    h = torch.randn(2, head.in_features).bfloat16()
+    dense = torch.nn.functional.linear(h, head.weight.to(h.dtype)).float()
+    assert torch.equal(head(h), dense)
+    assert head.packed() is None and runner.describe()["int8_head"].startswith("off (the int8 head could not be packed")
+    runner.close()

@@ -128,3 +128,29 @@ def test_options_that_change_the_result_are_in_the_key(tmp_path: Path) -> None:
     dense = ModelRunner(spec, opts)
     assert dense.weight_cache == "stored" and dense.cpu_packed_layers == 0
     assert ModelRunner(spec, opts).weight_cache == "hit"
+
+
+def test_int8_head_rows_are_kept_in_the_entry(tmp_path: Path) -> None:
+    """A tied bf16 head's int8 rows and scales are stored with the prepared weights and a hit uses them: the
+    very bits quantize_int8_rows gives, and the same logits (prompt rows dense, decode rows int8) as a fresh
+    load's head."""
+    from backends.torch_engine.cpu_head import Int8RowsHead
+    from backends.torch_engine.cpu_load import HEAD_ROWS
+    from kernels.int8_rows_cpu import available, quantize_int8_rows
+
+    if not available():
+        pytest.skip("this torch has no fbgemm dynamic quantized linear")
+    spec, cache = _spec(tmp_path, tied=True, weight_type="Q8_0"), tmp_path / "cache"
+    fresh = _runner(spec, None)
+    assert _runner(spec, cache).weight_cache == "stored"
+    (entry,) = _entries(cache)
+    assert set(HEAD_ROWS) <= set(torch.load(entry, mmap=True, weights_only=True)["tensors"])
+    hit = _runner(spec, cache)
+    head = hit.model.lm_head
+    assert hit.weight_cache == "hit" and isinstance(head, Int8RowsHead) and hit.describe()["int8_head"] == "on"
+    assert head._rows is not None  # not packed before its first int8 call
+    qweight, scales = head._rows
+    want_q, want_s = quantize_int8_rows(fresh.model.lm_head.weight.detach())
+    assert torch.equal(qweight, want_q) and torch.equal(scales, want_s)
+    assert torch.equal(_logits(hit), _logits(fresh))
+    assert head._rows is None and head.packed() is not None  # the decode row packed it
