@@ -85,3 +85,10 @@ class Prestarted:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        # a runner that was never used and said nothing leaves no log behind (a command refused after its
+        # runner started, such as a bad flag found by the plan, leaves the logs folder as it was)
+        try:
+            if self.log_path.stat().st_size == 0:
+                self.log_path.unlink()
+        except OSError:
+            pass

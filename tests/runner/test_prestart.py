@@ -98,3 +98,17 @@ def test_open_backend_ends_it_when_the_model_cannot_be_resolved(tmp_path, monkey
         loading.open_backend(Settings(model=str(tmp_path / "missing.gguf"), backend="torch"))
     assert len(made) == 1 and made[0] is not None and made[0].preload == "torch"
     assert _ended(made[0])
+
+
+def test_a_discarded_runner_that_said_nothing_leaves_no_log(tmp_path):
+    started = _prestarted(tmp_path, None)
+    assert started.log_path.exists()
+    started.discard()
+    assert _ended(started) and not started.log_path.exists()
+
+
+def test_a_discarded_runner_keeps_a_log_that_says_something(tmp_path):
+    started = _prestarted(tmp_path, None)
+    started.log_path.write_text("runner: something worth keeping\n")
+    started.discard()
+    assert _ended(started) and started.log_path.read_text() == "runner: something worth keeping\n"

@@ -72,9 +72,10 @@ def test_the_rules_agree_with_the_engines_own_tables() -> None:
     assert set(get_args(LlamaCppKVCacheType)) == set(KV_TYPES)
 
 
-def test_the_command_line_refuses_before_any_runner_starts(starter_path: Path, hearth_home: Path) -> None:
+def test_the_command_line_refuses_before_any_runner_loads(starter_path: Path, hearth_home: Path) -> None:
     """Before: the runner started, loaded the weights and failed in the child.  Now: one line, exit 2, and no
-    runner (its log folder is never made)."""
+    runner loads anything: the one `hearth run` starts before it plans (app/runner_start.py) is ended when the
+    plan refuses, and leaves no log behind."""
     env = {**os.environ, "HEARTH_HOME": str(hearth_home)}
     args = [sys.executable, "-m", "app", "run", "--model", str(starter_path), "--backend", "torch"]
     result = subprocess.run(
