@@ -20,17 +20,18 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128)
     args = ap.parse_args()
 
-    import llama_cpp
     import torch
 
     from app.store import starter_model_path
     from backends.api import LoadOptions
+    from backends.llama_cpp.backend import open_llama
     from backends.modelspec import load_spec
     from backends.torch_engine.model_runner import ModelRunner
 
     torch.set_num_threads(args.threads)
     path = str(starter_model_path())
-    llm = llama_cpp.Llama(path, n_ctx=512, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+    # open_llama: this machine's extra-buffer rule (a bare Llama segfaults at the first decode on an AMX CPU)
+    llm = open_llama(path, n_ctx=512, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
     options = LoadOptions(n_ctx=512, max_num_seqs=1, device="cpu", adaptive_threads=False, n_threads=args.threads)
     runner = ModelRunner(load_spec(path), options)
     text = b"The history of the city begins with a small settlement by the river, where"
