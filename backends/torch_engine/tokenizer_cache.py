@@ -35,13 +35,20 @@ SUFFIX = ".tok"
 def tokenizer_key(files: Sequence[str | os.PathLike[str]], version: str) -> str:
     """The key of a model's tokenizer entry: its files (resolved path, size, mtime in ns), TOKENIZER_FORMAT and
     the tokenizers library's `version`."""
+    parts = {"format": TOKENIZER_FORMAT, "tokenizers": version, "files": file_stamps(files)}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def file_stamps(files: Sequence[str | os.PathLike[str]]) -> list[list[Any]]:
+    """[resolved path, size, mtime in ns] per model file: what a cache key takes from the files, so that a changed
+    file misses.  Shared with the prepared weights' key (weight_cache.entry_key); here because this module
+    imports no torch."""
     stamps = []
     for f in files:
         p = Path(f).resolve()
         st = p.stat()
         stamps.append([str(p), st.st_size, st.st_mtime_ns])
-    parts = {"format": TOKENIZER_FORMAT, "tokenizers": version, "files": stamps}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+    return stamps
 
 
 def load_entry(folder: str | os.PathLike[str], key: str) -> dict[str, Any] | None:

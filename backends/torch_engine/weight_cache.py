@@ -37,6 +37,9 @@ from typing import Any
 
 import torch
 
+from backends.torch_engine.tokenizer_cache import SUFFIX as TOKENIZER_SUFFIX
+from backends.torch_engine.tokenizer_cache import file_stamps
+
 log = logging.getLogger(__name__)
 
 # Bump when what the preparation produces changes (a new packed layout, another dense-copy rule, renamed tensors).
@@ -74,12 +77,8 @@ def entry_key(files: Sequence[str | os.PathLike[str]], options: dict[str, Any]) 
         "torch": torch.__version__,
         "cpu": cpu_fingerprint(),
         "options": options,
-        "files": [],
+        "files": file_stamps(files),
     }
-    for f in files:
-        p = Path(f).resolve()
-        st = p.stat()
-        parts["files"].append([str(p), st.st_size, st.st_mtime_ns])
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -159,8 +158,9 @@ class WeightCache:
 
     def entries(self) -> list[Path]:
         try:
-            # the tokenizers kept beside the weights (tokenizer_cache.py, ".tok") share the folder's bound
-            return [p for p in self.folder.iterdir() if p.suffix in (SUFFIX, ".tok") and not p.name.startswith(".")]
+            # the tokenizers kept beside the weights (tokenizer_cache.py) share the folder's bound
+            kept = (SUFFIX, TOKENIZER_SUFFIX)
+            return [p for p in self.folder.iterdir() if p.suffix in kept and not p.name.startswith(".")]
         except OSError:
             return []
 
