@@ -55,7 +55,14 @@ def _greedy(b, ids):
     return b.generate(Request(prompt_token_ids=tuple(ids), sampling=sp))
 
 
-def test_prompt_lookup_is_greedy_lossless_and_accepts_on_an_edit_task(spec, reference) -> None:
+def test_prompt_lookup_is_greedy_lossless_and_accepts_on_an_edit_task(spec, reference, monkeypatch) -> None:
+    """The k each step proposes comes from the measured step costs (speculative/cost.py), so on a busy or slow
+    machine a timing could make speculation decline and the acceptance count depend on the load.  Here no timing
+    is recorded: every step size is priced by cost.UNMEASURED_SLOPE, the same on every machine, and what is
+    checked is the proposer and the verifier, not this machine's speed."""
+    from backends.torch_engine.speculative.cost import StepCosts
+
+    monkeypatch.setattr(StepCosts, "observe", lambda self, num_tokens, seconds: None)
     ids, tokens, rows = reference
     b = _backend(spec, speculative="ngram")
     try:
