@@ -51,9 +51,11 @@ from backends.llama_cpp.extra_bufts import extra_bufts_default
 from backends.llama_cpp.no_templates import templates_skipped
 from backends.llama_cpp.one_thread import OneThread
 from backends.llama_cpp.overrides import cpu_expert_overrides
+from backends.llama_cpp.threads import threads_to_use
 from backends.llama_cpp.tokens import tokenize
 from backends.modelspec import ModelSpec
 from backends.textstream import TextStream
+from hwprobe.spare_cores import SpareCores
 
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30, "f32": 0}  # ggml_type values
@@ -135,6 +137,7 @@ class LlamaCppBackend(Backend):
         self._aborted: set[str] = set()
         self._abort_lock = threading.Lock()
         self._notes: list[str] = []
+        self._threads = self.options.n_threads  # the count llama.cpp computes with, once loaded (threads.py)
         self._running: str | None = None  # the request holding the context
         self._worker = OneThread("hearth-llama-cpp")
         self._extra_bufts: bool | None = None  # as loaded
@@ -159,6 +162,7 @@ class LlamaCppBackend(Backend):
                 f"llama.cpp does not know the architecture {self.spec.architecture!r} of {self.spec.path}",
                 "update llama-cpp-python, or use a model of a supported architecture",
             )
+        spare = SpareCores()  # what other processes leave free while this loads: the thread count (threads.py)
         import llama_cpp  # lazy: heavy: llama_cpp
 
         o = self.options
@@ -225,6 +229,7 @@ class LlamaCppBackend(Backend):
                 "likely out of memory: try a smaller --ctx or fewer --n-gpu-layers; run with "
                 "--verbose to see llama.cpp's log",
             ) from None
+        self._use_threads(spare())
         if self._embedding_model:
             llm = self._llm
             self._embedder = self._worker.call(
@@ -232,6 +237,18 @@ class LlamaCppBackend(Backend):
             )
         if progress:
             progress(1.0, "ready")
+
+    def _use_threads(self, spare: float | None) -> None:
+        asked = self.options.n_threads or self._llm.n_threads
+        threads, note = threads_to_use(asked, self.options.adaptive_threads, spare)
+        self._threads = threads
+        if note is None:
+            return
+        self._notes.append(note)
+        llm = self._llm
+        self._worker.call(lambda: llm._ctx.set_n_threads(threads, threads))
+        llm.n_threads = llm.n_threads_batch = threads  # what llama-cpp-python reports and copies into a reload
+        llm.context_params.n_threads = llm.context_params.n_threads_batch = threads
 
     def close(self) -> None:
         llm, self._llm = self._llm, None
@@ -320,7 +337,7 @@ class LlamaCppBackend(Backend):
                 o = self.options
                 try:
                     self._embedder = self._worker.call(
-                        EmbeddingContext.new, llm._model, self.n_ctx, pooling_type(self.spec), o.n_threads, o.verbose
+                        EmbeddingContext.new, llm._model, self.n_ctx, pooling_type(self.spec), self._threads, o.verbose
                     )
                 except ValueError as exc:  # llama.cpp could not make the context: memory, most likely
                     raise OutOfMemoryError(
@@ -514,7 +531,7 @@ class LlamaCppBackend(Backend):
             "n_gpu_layers": o.n_gpu_layers,
             "split_mode": o.split_mode,
             "kv_cache_type": o.kv_cache_type,
-            "threads": o.n_threads,
+            "threads": self._threads,
             "gpu_offload_supported": gpu_offload_supported(),
             "extra_bufts": self._extra_bufts,
             "cpu_expert_layers": o.cpu_expert_layers if self._overrides is not None else 0,

@@ -44,6 +44,7 @@ from backends.torch_engine.threads import IdleCores, ThreadTuner
 from backends.torch_engine.tp.layers import pool_kv_heads as most_kv_heads
 from backends.torch_engine.tp.layers import shard_model
 from hwprobe.memory import torch_cpu_dense_copy_budget
+from hwprobe.spare_cores import SpareCores
 from kernels.attention import build_attention_metadata
 from kernels.dispatch import kernel_set
 from kernels.selfcheck import TOLERANCES
@@ -161,6 +162,7 @@ class ModelRunner:
         # gathered block each layer costs more than the memory it saves.
         self.kv_dtype = _KV_DTYPES[typed.kv_cache_type] if self.device.type == "cuda" else self.dtype
         self.thread_tuner: ThreadTuner | None = None
+        spare = SpareCores()  # what other processes leave free while this loads: the tuner's first count
         if self.device.type == "cpu" and options.adaptive_threads and tp is None:
             # the count each step runs with is measured, not fixed (threads.py); loading uses them all
             self.thread_tuner = ThreadTuner(
@@ -242,6 +244,9 @@ class ModelRunner:
         self.swap_cost: SwapCost | None = None
         if self.device.type == "cuda" and options.swap_space_bytes > 0 and tp is None:
             self.enable_swap(options.swap_space_bytes // self.kv_pool.block_bytes)
+        free = spare() if self.thread_tuner is not None else None
+        if free is not None and self.thread_tuner is not None:
+            self.thread_tuner.start_at(round(free))
         if self.weight_cache == "hit":
             # mapped from the cache: no loader temporaries to collect, and a full gc.collect() with torch loaded
             # took 0.07 s of the starter's warm start (RSS after it the same, 269 MiB; 37 objects freed)

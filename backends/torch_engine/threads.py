@@ -19,6 +19,9 @@ every moment, and the load changes while the engine runs, so the tuner measures 
   next trial finds it.
 - When the current count's steps suddenly take `distress` times the best median it has seen for that key (a
   process just took a core), the next step starts a trial at once.
+- It starts where the machine is (`start_at`): the cores other processes left free while the model loaded
+  (SpareCores).  Starting at every core and waiting for the trials cost the first steps on a busy machine: with
+  one core kept busy, a 2-thread step of the starter took ~1 s, and a prompt chunk (never timed) as much again.
 
 Pure Python: the clock, the idle measure and the call that sets the count are given, so tests drive it with
 fake times; the model runner passes torch.set_num_threads.  Changing the count changes which thread computes
@@ -83,6 +86,12 @@ class ThreadTuner:
         self._trial: _Trial | None = None
         self._up_next = False  # alternate the direction of trials where both exist
         set_threads(self.threads)
+
+    def start_at(self, threads: int) -> None:
+        """Run with `threads` (clamped to 1..max_threads) from the first step: the load's SpareCores figure.
+        Trials still move it either way afterwards."""
+        self.threads = max(1, min(self.max_threads, threads))
+        self._set(self.threads)
 
     # -- the two calls around a step ---------------------------------------------------------------------
     def before_step(self, key: int | None) -> None:

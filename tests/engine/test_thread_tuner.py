@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from backends.torch_engine.threads import IdleCores, ThreadTuner
+from hwprobe.spare_cores import SpareCores
 
 
 class Machine:
@@ -127,3 +128,70 @@ def test_it_refuses_zero_threads_and_idle_cores_measures_the_machine() -> None:
     assert idle() is None  # no interval yet
     second = idle()
     assert second is None or second >= 0.0
+
+
+def test_started_where_the_load_found_the_machine_a_busy_core_costs_no_collapsed_step() -> None:
+    m = Machine(two_core_cost)
+    m.busy = True
+    t = m.tuner()
+    t.start_at(1)
+    used = m.run(t, 300)
+    assert used.count(2) == 0 and t.threads == 1
+    t.start_at(0)  # clamped: never below one thread, never above the cores
+    assert t.threads == 1
+    t.start_at(9)
+    assert t.threads == 2 and m.current == 2
+
+
+def _fake_psutil(monkeypatch, cores: int, samples: list[tuple[float, float]]) -> None:
+    """psutil as SpareCores reads it: `cores` cores; each sample is (machine idle seconds, own CPU seconds)."""
+    import types
+
+    from hwprobe import spare_cores as threads
+
+    feed = iter(samples)
+    current: dict[str, float] = {}
+
+    def cpu_times():
+        current["idle"], current["own"] = next(feed)
+        return types.SimpleNamespace(idle=current["idle"], iowait=0.0)
+
+    class Process:
+        def cpu_times(self):
+            return types.SimpleNamespace(user=current["own"], system=0.0)
+
+    fake = types.SimpleNamespace(cpu_times=cpu_times, Process=Process, cpu_count=lambda: cores)
+    monkeypatch.setattr(threads, "psutil", fake)
+
+
+def test_spare_cores_are_the_cores_less_what_other_processes_used(monkeypatch) -> None:
+    clock = iter([0.0, 1.0]).__next__
+    # 1 s on 2 cores: 0.9 s idle, this process used 1.0 s: the others used 0.1 s, 1.9 cores are spare
+    _fake_psutil(monkeypatch, 2, [(10.0, 5.0), (10.9, 6.0)])
+    assert SpareCores(clock=clock)() == pytest.approx(1.9)
+    # another process spun on one core all along: the machine was never idle, this process used 1 s
+    _fake_psutil(monkeypatch, 2, [(10.0, 5.0), (10.0, 6.0)])
+    assert SpareCores(clock=iter([0.0, 1.0]).__next__)() == pytest.approx(1.0)
+    # too short an interval to tell
+    _fake_psutil(monkeypatch, 2, [(10.0, 5.0), (10.0, 5.0)])
+    assert SpareCores(clock=iter([0.0, 0.01]).__next__)() is None
+
+
+def test_spare_cores_see_a_real_spinning_process() -> None:
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    cores = psutil.cpu_count() or 1
+    spinner = subprocess.Popen([sys.executable, "-S", "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # the spinner is running
+        spare = SpareCores()
+        time.sleep(1.0)
+        free = spare()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert free is not None and free <= cores - 0.7  # one core was taken (other load only takes more)
