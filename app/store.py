@@ -18,7 +18,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 from app.paths import Paths, get_paths
 from app.starter import STARTER_FILE, STARTER_NAME, STARTER_PACKAGE, extracted_path, fetch_starter
+from backends.atomic_write import write_text_atomically
 from backends.errors import ConfigError, ModelFormatError, ModelNotFoundError
 from backends.gguf_reader import open_regular
 from backends.modelspec import SCHEMA_VERSION, ModelSpec, load_spec
@@ -87,10 +87,7 @@ class ModelStore:
             "models": {n: {k: v for k, v in e.as_dict().items() if k != "name"} for n, e in sorted(entries.items())},
         }
         # Write atomically: a crash mid-write must never leave a half registry.
-        fd, tmp = tempfile.mkstemp(dir=self.paths.data_dir, prefix=".registry-", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2)
-        os.replace(tmp, self.paths.registry_file)
+        write_text_atomically(self.paths.registry_file, json.dumps(data, indent=2))
 
     def entries(self) -> list[ModelEntry]:
         """Every known model: the starter first (when installed), then the registry by name."""
@@ -207,10 +204,7 @@ class ModelStore:
                 pass  # a damaged cache entry is rebuilt below
         spec = load_spec(path)
         try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(spec.as_dict(with_tensors=True)), encoding="utf-8")
-            os.replace(tmp, cache)
+            write_text_atomically(cache, json.dumps(spec.as_dict(with_tensors=True)))
         except OSError:
             pass  # a read-only cache dir only costs speed
         return spec
@@ -225,9 +219,7 @@ class ModelStore:
     def update_state(self, **values: Any) -> None:
         state = {**self.state(), **values}
         self.paths.ensure()
-        tmp = self.paths.state_file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(state), encoding="utf-8")
-        os.replace(tmp, self.paths.state_file)
+        write_text_atomically(self.paths.state_file, json.dumps(state))
 
 
 def _existing(p: Path) -> Path:

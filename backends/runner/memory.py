@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from backends.atomic_write import write_text_atomically
 from backends.modelspec import ModelSpec
 from hwprobe.cpu import cpu_identity, has_amx
 
@@ -86,11 +87,8 @@ class ConfigMemory:
         with _lock:
             data = self._read()
             data[key] = value
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = self.path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(data, indent=1))
-                os.replace(tmp, self.path)
+            try:  # a unique temporary name: two hearth processes may remember at once
+                write_text_atomically(self.path, json.dumps(data, indent=1))
             except OSError:
                 pass  # remembering is an optimisation: a read-only cache costs one more crash next time
 

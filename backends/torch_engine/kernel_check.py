@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from backends.atomic_write import write_text_atomically
 from backends.modelspec import ModelSpec
 from backends.torch_engine.quantize import QuantLinear
 from kernels import selfcheck
@@ -124,12 +125,8 @@ def _write_record(path: str | os.PathLike[str], key: dict[str, str], update: dic
         entry.setdefault("kernels", {}).update(update.pop("kernels", {}))
         entry.update(update, when=time.strftime("%Y-%m-%d %H:%M:%S"))
         data[key_string(key)] = entry
-        try:
-            p = Path(path)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data, indent=1))
-            os.replace(tmp, p)
+        try:  # a unique temporary name: two runners (tensor-parallel ranks) may record at once
+            write_text_atomically(path, json.dumps(data, indent=1))
         except OSError:
             pass  # a read-only cache: the check runs again at the next load
 

@@ -21,10 +21,11 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from backends.atomic_write import write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -83,24 +84,11 @@ def store_entry(folder: str | os.PathLike[str], key: str, fields: dict[str, Any]
     folder = Path(folder)
     path = folder / f"{key}{SUFFIX}"
     blob = {**fields, "token_bytes": [b.hex() for b in fields["token_bytes"]], "key": key, "format": TOKENIZER_FORMAT}
-    tmp = None
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=folder)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(blob, f)
-        os.replace(tmp, path)
-        tmp = None
+        return write_text_atomically(path, json.dumps(blob))
     except OSError as exc:
         log.warning("could not write the tokenizer cache entry %s: %s", path, exc)
         return None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-    return path
 
 
 def drop_entry(folder: str | os.PathLike[str], key: str) -> None:

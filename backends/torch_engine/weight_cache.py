@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from typing import Any
 
 import torch
 
+from backends.atomic_write import write_atomically
 from backends.torch_engine.tokenizer_cache import SUFFIX as TOKENIZER_SUFFIX
 from backends.torch_engine.tokenizer_cache import file_stamps
 
@@ -138,21 +138,12 @@ class WeightCache:
             log.info("prepared weights (%d bytes) exceed the cache bound (%d): not cached", need, self.max_bytes)
             return None
         path = self.path(key)
-        tmp = None
+        blob = {"meta": json.dumps({**meta, "key": key, "format": PREPARE_FORMAT}), "tensors": tensors}
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=self.folder)
-            blob = {"meta": json.dumps({**meta, "key": key, "format": PREPARE_FORMAT}), "tensors": tensors}
-            with os.fdopen(fd, "wb") as f:
-                torch.save(blob, f)
-            os.replace(tmp, path)
-            tmp = None
+            write_atomically(path, lambda f: torch.save(blob, f))
         except (OSError, RuntimeError) as exc:
             log.warning("could not write the prepared-weight cache entry %s: %s", path, exc)
             return None
-        finally:
-            if tmp is not None:
-                self._remove(Path(tmp))
         self.evict(keep=path)
         return path
 
