@@ -42,9 +42,9 @@ class LoadOptions:
     kv_cache_type: str = "f16"  # "f16" | "q8_0" | "q4_0" (torch engine: "f16"/"bf16"/"fp32")
     flash_attn: bool = False
     n_threads: int | None = None  # CPU threads; None = physical cores
-    # torch engine on CPU: n_threads (None: physical cores) is a ceiling and the engine picks the count its steps
-    # run fastest with, by timing them (backends/torch_engine/threads.py); False = exactly n_threads.  The app sets
-    # it when the user gave no --threads
+    # on CPU (both engines): n_threads (None: physical cores) is a ceiling and the engine picks the count its
+    # steps run fastest with, by timing them (backends/thread_tuner.py); False = exactly n_threads.  The app
+    # sets it when the user gave no --threads
     adaptive_threads: bool = False
     n_batch: int = 512  # prompt tokens per forward (llama.cpp n_batch; torch engine token budget)
     max_num_seqs: int = 16  # torch engine: most sequences in one batch

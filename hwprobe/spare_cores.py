@@ -4,8 +4,8 @@ An OpenMP or ggml thread team whose threads outnumber the free cores collapses: 
 every op and the one that shares a core with another process waits a time slice each time.  Measured on the
 2-core Xeon with one core kept busy by a spinning process: the starter's torch decode step took ~1 s at 2
 threads and ~25 ms at one; llama.cpp decoded 0.4 tok/s at 2 threads.  So an engine measures, over its own load,
-how much CPU the other processes used, and starts with the cores they left (backends/torch_engine/threads.py
-then keeps adapting; llama.cpp keeps that count).
+how much CPU the other processes used, and starts with the cores they left (backends/thread_tuner.py
+then keeps adapting).
 """
 
 from __future__ import annotations

@@ -320,9 +320,14 @@ def format_baseline(mib: float | None) -> str:
 
 
 def format_busy(n: int, results: list[dict]) -> str:
-    """The line under the table that says the CPU was busy, with the torch engine's thread counts."""
-    threads = sorted({r["cpu_threads"] for r in results if r.get("cpu_threads")})
-    chosen = f"; the torch engine ran with {'/'.join(map(str, threads))} CPU threads" if threads else ""
+    """The line under the table that says the CPU was busy, with each backend's CPU threads at the end of its
+    runs (both engines adapt them: backends/thread_tuner.py)."""
+    by_backend: dict[str, set[int]] = {}
+    for r in results:
+        if r.get("cpu_threads"):
+            by_backend.setdefault(r["backend"], set()).add(r["cpu_threads"])
+    ran = ", ".join(f"{b} {'/'.join(map(str, sorted(t)))}" for b, t in by_backend.items())
+    chosen = f"; CPU threads at the end of the runs: {ran}" if ran else ""
     return (
         f"busy CPU: {n} other process{'es' if n > 1 else ''} kept {'a core' if n == 1 else f'{n} cores'} busy "
         f"(a spinning loop each) during every run{chosen}"

@@ -51,7 +51,7 @@ from backends.llama_cpp.extra_bufts import extra_bufts_default
 from backends.llama_cpp.no_templates import templates_skipped
 from backends.llama_cpp.one_thread import OneThread
 from backends.llama_cpp.overrides import cpu_expert_overrides
-from backends.llama_cpp.threads import threads_to_use
+from backends.llama_cpp.threads import LlamaThreads, threads_to_use
 from backends.llama_cpp.tokens import tokenize
 from backends.modelspec import ModelSpec
 from backends.textstream import TextStream
@@ -137,7 +137,7 @@ class LlamaCppBackend(Backend):
         self._aborted: set[str] = set()
         self._abort_lock = threading.Lock()
         self._notes: list[str] = []
-        self._threads = self.options.n_threads  # the count llama.cpp computes with, once loaded (threads.py)
+        self._threads: LlamaThreads | None = None  # the count llama.cpp computes with, once loaded (threads.py)
         self._running: str | None = None  # the request holding the context
         self._worker = OneThread("hearth-llama-cpp")
         self._extra_bufts: bool | None = None  # as loaded
@@ -239,16 +239,26 @@ class LlamaCppBackend(Backend):
             progress(1.0, "ready")
 
     def _use_threads(self, spare: float | None) -> None:
-        asked = self.options.n_threads or self._llm.n_threads
-        threads, note = threads_to_use(asked, self.options.adaptive_threads, spare)
-        self._threads = threads
-        if note is None:
-            return
-        self._notes.append(note)
-        llm = self._llm
-        self._worker.call(lambda: llm._ctx.set_n_threads(threads, threads))
-        llm.n_threads = llm.n_threads_batch = threads  # what llama-cpp-python reports and copies into a reload
-        llm.context_params.n_threads = llm.context_params.n_threads_batch = threads
+        llm, adaptive = self._llm, self.options.adaptive_threads
+        asked = self.options.n_threads or llm.n_threads
+        start, note = threads_to_use(asked, adaptive, spare)
+        if note is not None:
+            self._notes.append(note)
+        self._threads = self._worker.call(LlamaThreads, llm, asked, adaptive, start)
+
+    def _describe_threads(self) -> dict[str, Any]:
+        """The same keys as the torch engine's (hearth bench reads cpu_threads)."""
+        tuner = self._threads.tuner if self._threads is not None else None
+        if tuner is None:
+            return {"cpu_threads": self._thread_count(), "cpu_threads_policy": "fixed"}
+        return {
+            "cpu_threads": tuner.threads,
+            "cpu_threads_policy": f"adaptive (1 to {tuner.max_threads})",
+            "cpu_thread_switches": tuner.switches,
+        }
+
+    def _thread_count(self) -> int | None:
+        return self._threads.threads if self._threads is not None else self.options.n_threads
 
     def close(self) -> None:
         llm, self._llm = self._llm, None
@@ -337,7 +347,12 @@ class LlamaCppBackend(Backend):
                 o = self.options
                 try:
                     self._embedder = self._worker.call(
-                        EmbeddingContext.new, llm._model, self.n_ctx, pooling_type(self.spec), self._threads, o.verbose
+                        EmbeddingContext.new,
+                        llm._model,
+                        self.n_ctx,
+                        pooling_type(self.spec),
+                        self._thread_count(),
+                        o.verbose,
                     )
                 except ValueError as exc:  # llama.cpp could not make the context: memory, most likely
                     raise OutOfMemoryError(
@@ -484,7 +499,12 @@ class LlamaCppBackend(Backend):
         reason = FinishReason.LENGTH
         end = object()
         try:
-            while (token := self._worker.call(next, gen, end)) is not end:
+            threads = self._threads
+            while (
+                token := self._worker.call(next, gen, end)
+                if threads is None
+                else self._worker.call(threads.step, stats.completion_tokens > 0, lambda: next(gen, end))
+            ) is not end:
                 if stats.completion_tokens == 0:
                     stats.ttft_s = time.perf_counter() - submitted
                 stats.completion_tokens += 1
@@ -531,7 +551,8 @@ class LlamaCppBackend(Backend):
             "n_gpu_layers": o.n_gpu_layers,
             "split_mode": o.split_mode,
             "kv_cache_type": o.kv_cache_type,
-            "threads": self._threads,
+            "threads": self._thread_count(),
+            **self._describe_threads(),
             "gpu_offload_supported": gpu_offload_supported(),
             "extra_bufts": self._extra_bufts,
             "cpu_expert_layers": o.cpu_expert_layers if self._overrides is not None else 0,

@@ -27,6 +27,7 @@ from backends.api import LoadOptions
 from backends.engine_options import TorchOptions
 from backends.errors import ConfigError
 from backends.modelspec import ModelSpec
+from backends.thread_tuner import IdleCores, ThreadTuner
 from backends.torch_engine.cpu_head import Int8RowsHead, install_int8_head
 from backends.torch_engine.cpu_load import load_for_cpu
 from backends.torch_engine.cuda_graphs import DecodeGraphs, graph_sizes, unavailable_reason
@@ -40,7 +41,6 @@ from backends.torch_engine.parts import kv_pool_blocks
 from backends.torch_engine.quantize import DENSE_MIN_ROWS, QUANTIZED_ROWS, QuantLinear, prepare_for_cpu
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
 from backends.torch_engine.swap_cost import SwapCost
-from backends.torch_engine.threads import IdleCores, ThreadTuner
 from backends.torch_engine.tp.layers import pool_kv_heads as most_kv_heads
 from backends.torch_engine.tp.layers import shard_model
 from hwprobe.memory import torch_cpu_dense_copy_budget

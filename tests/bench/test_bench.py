@@ -211,14 +211,19 @@ def test_busy_cores_is_passed_on_reported_and_checked(monkeypatch, capsys):
 
     def fake_run_bench(workload, backends, progress=None):
         seen["busy"] = workload.busy_cores
-        return [{"backend": "torch", "concurrency": 1, "decode_tokens_per_s": 9.0, "cpu_threads": 1}]
+        return [
+            {"backend": "llama.cpp", "concurrency": 1, "decode_tokens_per_s": 9.0, "cpu_threads": 1},
+            {"backend": "torch", "concurrency": 1, "decode_tokens_per_s": 9.0, "cpu_threads": 1},
+            {"backend": "torch", "concurrency": 16, "decode_tokens_per_s": 9.0, "cpu_threads": 2},
+        ]
 
     monkeypatch.setattr(app.bench, "run_bench", fake_run_bench)
     monkeypatch.setattr("app.commands.bench.runtime_baseline_mib", lambda: 100.0)
     assert main(["bench", "--backends", "torch", "--concurrency", "1", "--busy-cores", "1"]) == 0
     out = capsys.readouterr().out
     assert seen["busy"] == 1
-    assert "busy CPU: 1 other process kept a core busy" in out and "ran with 1 CPU threads" in out
+    assert "busy CPU: 1 other process kept a core busy" in out
+    assert "CPU threads at the end of the runs: llama.cpp 1, torch 1/2" in out
     assert main(["bench", "--backends", "torch", "--busy-cores", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["workload"]["busy_cores"] == 1
     too_many = (os.cpu_count() or 1) + 1

@@ -1,4 +1,4 @@
-"""ThreadTuner (backends/torch_engine/threads.py) on a simulated machine: step times per thread count, a fake
+"""ThreadTuner (backends/thread_tuner.py) on a simulated machine: step times per thread count, a fake
 clock the steps advance, and other processes that come and go."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from backends.torch_engine.threads import IdleCores, ThreadTuner
+from backends.thread_tuner import IdleCores, ThreadTuner
 from hwprobe.spare_cores import SpareCores
 
 

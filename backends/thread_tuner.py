@@ -1,11 +1,14 @@
-"""How many CPU threads the torch engine's steps use: chosen by timing the steps themselves (issue 24 item 4).
+"""How many CPU threads an engine's steps use: chosen by timing the steps themselves (issue 24 item 4).  Both
+engines use it on CPU: the torch engine around each forward (model_runner.py), llama.cpp around each decoded
+token (backends/llama_cpp/threads.py).
 
-Why a tuner and not a number.  torch's CPU ops run on an OpenMP team whose threads meet at the end of every op
-(~600 ops in a starter-model decode step) and spin while they wait for each other.  When another process takes
-one of the cores, the team's thread that shares a core with it waits for its time slice at every op while the
-other one spins: measured on the 2-core Xeon while other jobs kept the load at ~10, a starter decode step took
-0.9-1.2 s with 2 threads and 75-140 ms with one; on a quiet machine 2 threads are the faster.  No count suits
-every moment, and the load changes while the engine runs, so the tuner measures instead of guessing:
+Why a tuner and not a number. torch's CPU ops run on an OpenMP team (ggml's on its own, which spins alike) whose
+threads meet at the end of every op (~600 ops in a starter-model decode step) and spin while they wait for each
+other.  When another process takes one of the cores, the team's thread that shares a core with it waits for its time
+slice at every op while the other one spins: measured on the 2-core Xeon while other jobs kept the load at ~10, a
+starter decode step took 0.9-1.2 s with 2 threads and 75-140 ms with one; on a quiet machine 2 threads are the
+faster.  No count suits every moment, and the load changes while the engine runs, so the tuner measures instead of
+guessing:
 
 - It times decode-only steps (`key`: the number of rows; a step with prompt tokens is never timed, its size
   varies too much) and keeps the last `window` times at the current count.
