@@ -96,6 +96,14 @@ class ThreadTuner:
         self.threads = max(1, min(self.max_threads, threads))
         self._set(self.threads)
 
+    def describe(self) -> dict[str, object]:
+        """What both engines' describe() say about an adaptive count (hearth bench reads cpu_threads)."""
+        return {
+            "cpu_threads": self.threads,  # an int read from another thread: always a whole value
+            "cpu_threads_policy": f"adaptive (1 to {self.max_threads})",
+            "cpu_thread_switches": self.switches,
+        }
+
     # -- the two calls around a step ---------------------------------------------------------------------
     def before_step(self, key: int | None) -> None:
         if self._trial is not None or key is None or self._clock() < self._next_trial_at:

@@ -15,6 +15,7 @@ backend's own (backends/llama_cpp/one_thread.py explains the 2x it saves).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import threading
@@ -251,11 +252,11 @@ class LlamaCppBackend(Backend):
         tuner = self._threads.tuner if self._threads is not None else None
         if tuner is None:
             return {"cpu_threads": self._thread_count(), "cpu_threads_policy": "fixed"}
-        return {
-            "cpu_threads": tuner.threads,
-            "cpu_threads_policy": f"adaptive (1 to {tuner.max_threads})",
-            "cpu_thread_switches": tuner.switches,
-        }
+        return tuner.describe()
+
+    def _require_threads(self) -> LlamaThreads:
+        assert self._threads is not None, "generate after load"
+        return self._threads
 
     def _thread_count(self) -> int | None:
         return self._threads.threads if self._threads is not None else self.options.n_threads
@@ -499,12 +500,9 @@ class LlamaCppBackend(Backend):
         reason = FinishReason.LENGTH
         end = object()
         try:
-            threads = self._threads
-            while (
-                token := self._worker.call(next, gen, end)
-                if threads is None
-                else self._worker.call(threads.step, stats.completion_tokens > 0, lambda: next(gen, end))
-            ) is not end:
+            threads, next_token = self._require_threads(), functools.partial(next, gen, end)
+            # each call decodes a token; the first also evaluates the prompt (timed apart: threads.py)
+            while (token := self._worker.call(threads.step, stats.completion_tokens > 0, next_token)) is not end:
                 if stats.completion_tokens == 0:
                     stats.ttft_s = time.perf_counter() - submitted
                 stats.completion_tokens += 1

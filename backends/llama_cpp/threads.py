@@ -40,11 +40,9 @@ class LlamaThreads:
     def __init__(self, llm: Any, asked: int, adaptive: bool, start: int) -> None:
         self._llm = llm
         self.tuner: ThreadTuner | None = None
-        if adaptive:
+        if adaptive:  # a fixed count is the one the context was made with: nothing to set
             self.tuner = ThreadTuner(asked, self._set, idle_cores=IdleCores())
             self.tuner.start_at(start)
-        elif start != getattr(llm, "n_threads", start):
-            self._set(start)
 
     @property
     def threads(self) -> int:
@@ -52,8 +50,8 @@ class LlamaThreads:
 
     def _set(self, n: int) -> None:
         llm = self._llm
-        if getattr(llm, "n_threads", None) == n and getattr(llm, "n_threads_batch", None) == n:
-            return
+        if llm.n_threads == n and llm.n_threads_batch == n:
+            return  # the tuner sets its first count twice (at construction and start_at)
         llm._ctx.set_n_threads(n, n)
         llm.n_threads = llm.n_threads_batch = n  # what llama-cpp-python reports and copies into a reload
         llm.context_params.n_threads = llm.context_params.n_threads_batch = n

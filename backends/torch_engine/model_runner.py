@@ -162,8 +162,9 @@ class ModelRunner:
         # gathered block each layer costs more than the memory it saves.
         self.kv_dtype = _KV_DTYPES[typed.kv_cache_type] if self.device.type == "cuda" else self.dtype
         self.thread_tuner: ThreadTuner | None = None
-        spare = SpareCores()  # what other processes leave free while this loads: the tuner's first count
+        spare: SpareCores | None = None
         if self.device.type == "cpu" and options.adaptive_threads and tp is None:
+            spare = SpareCores()  # what other processes leave free while this loads: the tuner's first count
             # the count each step runs with is measured, not fixed (threads.py); loading uses them all
             self.thread_tuner = ThreadTuner(
                 options.n_threads or torch.get_num_threads(), torch.set_num_threads, idle_cores=IdleCores()
@@ -244,8 +245,7 @@ class ModelRunner:
         self.swap_cost: SwapCost | None = None
         if self.device.type == "cuda" and options.swap_space_bytes > 0 and tp is None:
             self.enable_swap(options.swap_space_bytes // self.kv_pool.block_bytes)
-        free = spare() if self.thread_tuner is not None else None
-        if free is not None and self.thread_tuner is not None:
+        if spare is not None and self.thread_tuner is not None and (free := spare()) is not None:
             self.thread_tuner.start_at(round(free))
         if self.weight_cache == "hit":
             # mapped from the cache: no loader temporaries to collect, and a full gc.collect() with torch loaded
@@ -560,11 +560,7 @@ class ModelRunner:
         tuner = self.thread_tuner
         if tuner is None:
             return {"cpu_threads": self._fixed_threads, "cpu_threads_policy": "fixed"}
-        return {
-            "cpu_threads": tuner.threads,  # an int read from another thread: always a whole value
-            "cpu_threads_policy": f"adaptive (1 to {tuner.max_threads})",
-            "cpu_thread_switches": tuner.switches,
-        }
+        return tuner.describe()
 
     def _describe_kernel_check(self) -> dict[str, Any]:
         if self.kernel_check_error is not None:
