@@ -19,7 +19,7 @@ from app.loaded import Decision, Loaded
 from app.paths import get_paths
 from app.remote import open_remote
 from app.runner_start import in_process, prestart
-from app.settings import Settings
+from app.settings import Settings, keep_alive_seconds
 from app.speculative import decide_speculative
 from app.store import ModelStore
 from backends.api import Backend, LoadOptions, ProgressCallback
@@ -27,6 +27,7 @@ from backends.embeddings import is_embedding_model
 from backends.modelspec import ModelSpec
 from backends.registry import LOCAL_BACKENDS, backend_class, get_backend_info
 from backends.runner.client import ConfigMemory, Prestarted, RunnerBackend, config_memory_at
+from backends.runner.resident import evict_all, resident_dir
 from backends.templates import renderer
 from hwprobe import plan as make_plan
 from hwprobe import probe
@@ -232,6 +233,7 @@ def make_backend(
     logits_all: bool = False,
     command: str | None = None,
     prestarted: Prestarted | None = None,
+    model_name: str | None = None,
 ) -> Backend:
     """The Backend for a decision: in a runner process (the default), or in this process (HEARTH_IN_PROCESS=1).
     HEARTH_BACKEND_CLASS=module:Class loads that Backend class instead of the planned one (tests, plugins).
@@ -259,7 +261,20 @@ def make_backend(
         log_dir=get_paths().log_dir / "runners",
         fallback=_fallback(spec, settings, hardware_file, logits_all, memory, command),
         prestarted=prestarted,
+        resident_dir=resident_dir(get_paths().data_dir),
+        keep_alive_s=keep_alive_for(command, settings),
+        model_name=model_name,
     )
+
+
+LINGERING_COMMANDS = ("run", "chat")  # what a person types again and again; serve, bench and ppl never linger
+
+
+def keep_alive_for(command: str | None, settings: Settings) -> float | None:
+    """How long the runner of `command` stays loaded after it ends (backends/runner/resident.py): the settings'
+    keep_alive for `hearth run` and the chat app, none for the rest (a server has its own keep_alive; a
+    benchmark must measure its own load; ppl is run once)."""
+    return keep_alive_seconds(settings) if command in LINGERING_COMMANDS else 0.0
 
 
 EXTRA_BUFTS_CHECK = "llama.cpp extra_bufts"
@@ -282,6 +297,15 @@ def llama_extra_bufts(memory: ConfigMemory) -> bool:
     some builds crash in the repack path), with what `hearth doctor` recorded for this build here."""
     rule = get_backend_info("llama.cpp").extra_bufts_default
     return rule(lambda: memory.check_passed(EXTRA_BUFTS_CHECK) is True)[0]
+
+
+def _decide(
+    spec: ModelSpec, settings: Settings, hardware_file: str | None, serving: bool, command: str | None, logits_all: bool
+) -> Decision:
+    decision = decide(spec, settings, hardware_file, serving=serving, command=command)
+    if logits_all:
+        decision.options = dataclasses.replace(decision.options, logits_all=True)
+    return decision
 
 
 def open_backend(
@@ -311,14 +335,19 @@ def open_backend(
             prestarted.discard()
         return open_remote(settings, progress=progress, load=load)
     # the runner starts first: its imports overlap resolving and planning the model here (prestart)
-    started = prestarted if prestarted is not None else prestart(settings) if load else None
+    started = prestarted
+    if started is None and load:
+        started = prestart(settings, command in LINGERING_COMMANDS)
     try:
         store = store or ModelStore()
         entry, spec = store.spec(settings.model)
-        decision = decide(spec, settings, hardware_file, serving=serving, command=command)
-        if logits_all:
-            decision.options = dataclasses.replace(decision.options, logits_all=True)
-        elif load and spec.chat_template:
+        if load:
+            # runners left loaded by earlier commands hold memory the plan would count as taken: end those
+            # this command cannot use (another model, or any when it keeps no runner) before the probe
+            keep = spec.path if keep_alive_for(command, settings) != 0 else None
+            evict_all(resident_dir(get_paths().data_dir), keep_model=keep)
+        decision = _decide(spec, settings, hardware_file, serving, command, logits_all)
+        if load and spec.chat_template and not logits_all:
             # the chat template renders in a worker process (backends/template_process.py): start it now, on the
             # core the runner's start leaves idle, instead of after the load, before the first prompt
             renderer().start_in_background()
@@ -334,7 +363,22 @@ def open_backend(
         logits_all=logits_all,
         command=command,
         prestarted=started,
+        model_name=entry.name,
     )
+    if load and isinstance(backend, RunnerBackend) and backend.end_other_residents():
+        # an earlier command's runner held this model with another plan (engine, context, sequences): the plan
+        # counted its memory as taken; that memory is free now, so plan again (backends/runner/resident.py)
+        decision = _decide(spec, settings, hardware_file, serving, command, logits_all)
+        backend = make_backend(
+            spec,
+            decision,
+            settings,
+            hardware_file=hardware_file,
+            logits_all=logits_all,
+            command=command,
+            prestarted=backend.release_prestarted(),
+            model_name=entry.name,
+        )
     if load:
         backend.load(progress)
         if entry.source != "path":

@@ -13,9 +13,10 @@ import os
 import time
 
 from app.paths import get_paths
-from app.settings import Settings
+from app.settings import Settings, keep_alive_seconds
 from backends.registry import LOCAL_BACKENDS
 from backends.runner.prestart import Prestarted
+from backends.runner.resident import resident_dir, residents
 
 
 def in_process() -> bool:
@@ -24,13 +25,17 @@ def in_process() -> bool:
     return os.environ.get("HEARTH_IN_PROCESS", "") not in ("", "0")
 
 
-def prestart(settings: Settings) -> Prestarted | None:
+def prestart(settings: Settings, lingers: bool = False) -> Prestarted | None:
     """A runner started now, importing the engine --backend / HEARTH_BACKEND_CLASS names (with `auto`, none: the
     plan has not chosen one yet), for open_backend to hand to the first load; None where no runner will run
     (HEARTH_IN_PROCESS=1, a remote backend) or it could not start (the load then starts one the usual way).
-    The caller hands it to open_backend or discards it."""
+    The caller hands it to open_backend or discards it.  `lingers`: the command keeps its runner loaded after it
+    ends (`hearth run`, the chat app: app/loading.keep_alive_for); none starts then while an earlier command's
+    runner lingers, since that one most likely serves this command."""
     if in_process() or settings.backend == "remote":
         return None
+    if lingers and keep_alive_seconds(settings) != 0 and residents(resident_dir(get_paths().data_dir)):
+        return None  # a runner an earlier command left loaded will most likely serve this one, already loaded
     name = os.environ.get("HEARTH_BACKEND_CLASS") or settings.backend
     preload = name if name in LOCAL_BACKENDS or ":" in name else None
     log_dir = get_paths().log_dir / "runners"

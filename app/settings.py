@@ -13,8 +13,8 @@ Unknown keys and wrong types are a ConfigError naming the key, never silently dr
 HEARTH_MODEL, HEARTH_BACKEND, HEARTH_CTX, HEARTH_THREADS, HEARTH_TEMPERATURE, HEARTH_SEED, HEARTH_HOST,
 HEARTH_PORT, HEARTH_API_KEY, HEARTH_SPECULATIVE, HEARTH_DRAFT_MODEL,
 HEARTH_REMOTE_URL, HEARTH_REMOTE_MODEL, HEARTH_REMOTE_API_KEY.  Flags win over both
-HEARTH_PORT, HEARTH_API_KEY, HEARTH_REMOTE_URL, HEARTH_REMOTE_MODEL, HEARTH_REMOTE_API_KEY, HEARTH_TTFT_TARGET_MS.
-Flags win over both
+HEARTH_PORT, HEARTH_API_KEY, HEARTH_REMOTE_URL, HEARTH_REMOTE_MODEL, HEARTH_REMOTE_API_KEY, HEARTH_TTFT_TARGET_MS,
+HEARTH_KEEP_ALIVE.  Flags win over both
 (the CLI passes only the flags the user actually gave).
 """
 
@@ -29,9 +29,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from app.defaults import APP_PRIORITY, BACKEND_CHOICES, REPLY_MAX_TOKENS, SAMPLING, SYSTEM_PROMPT, TTFT_TARGET_MS
+from app.durations import duration_seconds
 from app.paths import get_paths
 from backends.api import PRIORITY_MAX, PRIORITY_MIN, SEED_MAX, SEED_MIN
 from hwprobe.errors import ConfigError
+
+KEEP_ALIVE = "5m"  # Ollama's default keep_alive
+
+
+def keep_alive_seconds(settings: Settings) -> float | None:
+    """Settings.keep_alive in seconds (None: until ended; 0: none)."""
+    return duration_seconds(settings.keep_alive if settings.keep_alive is not None else KEEP_ALIVE)
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,11 @@ class Settings:
     # API's default is 0), and the torch engine's time-to-first-token target in ms (0 = no plan)
     priority: int = APP_PRIORITY
     ttft_target_ms: float = TTFT_TARGET_MS
+    # how long `hearth run` and the chat app leave their runner loaded after they end, so the next one with the
+    # same model and plan starts at once (backends/runner/resident.py): a duration ("5m", "30s", seconds; 0: none;
+    # negative: until `hearth stop`); None = KEEP_ALIVE.  `hearth serve --keep-alive` is the server's own (idle
+    # unload while it runs)
+    keep_alive: str | None = None
 
     def merged(self, **overrides: Any) -> Settings:
         """A copy with the given values (None values are ignored: 'flag not given')."""
@@ -98,6 +111,7 @@ _ENV = {
     "HEARTH_REMOTE_MODEL": ("remote_model", str),
     "HEARTH_REMOTE_API_KEY": ("remote_api_key", str),
     "HEARTH_TTFT_TARGET_MS": ("ttft_target_ms", float),
+    "HEARTH_KEEP_ALIVE": ("keep_alive", str),
 }
 
 # TOML sections flatten into the fields above: [server] port -> port, [sampling] temperature -> temperature,
@@ -115,6 +129,8 @@ def _types() -> dict[str, Any]:
 
 
 def _check_type(key: str, value: Any, source: str) -> Any:
+    if key == "keep_alive" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)  # keep_alive = 300 (seconds) as well as "5m"
     want = _types()[key]
     ok = {
         "str | None": isinstance(value, str),
@@ -198,6 +214,12 @@ def _validated(s: Settings) -> Settings:
             f"ttft_target_ms must be from 0 (no plan) to 3600000, got {s.ttft_target_ms}",
             f"the default is {TTFT_TARGET_MS:g} ms",
         )
+    if s.keep_alive is not None:
+        try:
+            duration_seconds(s.keep_alive)
+        except ValueError as exc:
+            hint = "0 unloads the model when the command ends; -1 keeps it until `hearth stop`"
+            raise ConfigError(str(exc), hint) from None
     if s.max_concurrency < 1:
         raise ConfigError(f"max_concurrency must be >= 1, got {s.max_concurrency}")
     if s.url is not None:

@@ -10,6 +10,11 @@ whichever peaked higher), as `/usr/bin/time -v` reports it; CPU seconds are user
 1.5x of llama.cpp's median wall time; the script reports, it never fails on speed (figures belong to the
 machine: README "Cold start").
 
+Every start but "resident" runs with --keep-alive 0 (a new runner each time: the cold start proper).
+"resident" is what a later `hearth run` meets within --keep-alive (default 5m) of an earlier one with the same
+model and plan (backends/runner/resident.py): one unmeasured run leaves its runner loaded, the measured run
+answers from it, `hearth stop` ends it.  Its peak RSS is hearth's own process (the runner is not its child).
+
     python scripts/cold_start_bench.py                       # starter model, 5 rounds
     python scripts/cold_start_bench.py --rounds 3 --json out.json --model PATH
     python scripts/cold_start_bench.py --baseline /path/to/other/checkout   # + its torch engine, same rounds
@@ -29,7 +34,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-KINDS = (("torch", "cold cache"), ("torch", "warm cache"), ("llama.cpp", ""))
+KINDS = (
+    ("torch", "cold cache"),
+    ("torch", "warm cache"),
+    ("llama.cpp", ""),
+    ("torch", "resident"),
+    ("llama.cpp", "resident"),
+)
 
 
 def run_once(cmd: list[str], env: dict[str, str], cwd: str | None = None) -> tuple[float, float, int, int]:
@@ -76,7 +87,12 @@ def main(argv: list[str] | None = None) -> int:
             if cache == "baseline":
                 cwd = str(Path(args.baseline).resolve())
                 cmd[0] = str(Path(cwd) / ".venv" / "bin" / "python")
-            wall, cpu, rss, rc = run_once(cmd, env, cwd)
+            run_env = env | {"HEARTH_KEEP_ALIVE": "60s" if cache == "resident" else "0"}
+            if cache == "resident":
+                run_once(cmd, run_env, cwd)  # leaves its runner loaded
+            wall, cpu, rss, rc = run_once(cmd, run_env, cwd)
+            if cache == "resident":
+                subprocess.run([sys.executable, "-m", "app", "stop"], env=env, stdout=subprocess.DEVNULL, check=False)
             run = {"round": r, "backend": backend, "cache": cache, "wall_s": wall, "cpu_s": cpu, "peak_rss": rss}
             runs.append(run | {"rc": rc})
             print(

@@ -14,6 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests that need the hub start th
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 # no prepared-weight cache under every test's HEARTH_HOME (~300 MiB a starter entry); its own tests opt back in
 os.environ.setdefault("HEARTH_WEIGHT_CACHE", "0")
+# no runner outlives its test (a resident holds ~0.7 GiB for 5 minutes); the resident runner tests opt back in
+os.environ.setdefault("HEARTH_KEEP_ALIVE", "0")
 
 from pathlib import Path  # noqa: E402
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.commands.common import add_model_arguments, settings_from_args
+from app.commands.common import KEEP_ALIVE, add_model_arguments, settings_from_args
 
 NAME = "chat"
 HELP = "open the chat (the default when `hearth` runs with no command)"
@@ -20,6 +20,7 @@ ORDER = 5
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p, remote=True)
+    KEEP_ALIVE.add(p)
 
 
 def run(args: argparse.Namespace) -> int:

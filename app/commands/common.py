@@ -86,6 +86,16 @@ TTFT_TARGET = Option(
         "as needed (default 500; 0 = no plan)",
     },
 )
+KEEP_ALIVE = Option(
+    ("--keep-alive",),
+    {
+        "dest": "keep_alive",
+        "metavar": "DURATION",
+        "help": "leave the model loaded this long after the command ends (5m, 30s, 1h, or seconds; default 5m; 0: "
+        "unload at exit; -1: until `hearth stop`), so the next run or chat with the same model and plan starts at "
+        "once; `hearth ps` lists what stays loaded",
+    },
+)
 HARDWARE = Option(
     ("--hardware",),
     {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.commands.common import add_model_arguments, add_sampling_arguments, settings_from_args
+from app.commands.common import KEEP_ALIVE, add_model_arguments, add_sampling_arguments, settings_from_args
 from app.defaults import SYSTEM_PROMPT
 from backends.errors import InvalidRequestError
 
@@ -50,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--json", dest="json_output", action="store_const", const="object", help="reply with a JSON object (any keys)"
     )
     add_model_arguments(p, remote=True)
+    KEEP_ALIVE.add(p)
     add_sampling_arguments(p)
 
 
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     # the runner first: its interpreter and engine imports run on the other core while this process imports the
     # rest and plans (app/runner_start.py); open_backend sends it the model
-    started = prestart(settings)
+    started = prestart(settings, lingers=True)
     try:
         # lazy: keeps `hearth --help` light (+atexit, base64, concurrent, 46 hearth modules)
         from app.chat_session import ChatSession, print_stats

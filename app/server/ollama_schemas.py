@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from app.durations import duration_seconds
+
 Number = StrictFloat | StrictInt
 
 # Ollama's load-time options (api/types.go Runner): accepted, ignored (hearth's plan decides the load)
@@ -196,32 +198,7 @@ class ModelBody(BaseModel):
 
 def keep_alive_seconds(value: KeepAlive | None) -> float | None:
     """Ollama's keep_alive as seconds: a number is seconds, a string a Go duration ("5m", "1h30m", "300ms", "10s");
-    negative keeps the model loaded forever (None here); ValueError for anything else."""
+    negative keeps the model loaded forever (None here); ValueError for anything else (app/durations.py)."""
     if value is None:
         return None
-    if isinstance(value, (int, float)):
-        return None if value < 0 else float(value)
-    text = value.strip()
-    if text.lstrip("-").replace(".", "", 1).isdigit():
-        seconds = float(text)
-        return None if seconds < 0 else seconds
-    if text.startswith("-"):
-        return None
-    units = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-    total, number = 0.0, ""
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if c.isdigit() or c == ".":
-            number += c
-            i += 1
-            continue
-        unit = next((u for u in ("ns", "us", "µs", "ms", "s", "m", "h") if text.startswith(u, i)), None)
-        if unit is None or not number:
-            raise ValueError(f"keep_alive {value!r} is not a duration (e.g. 5m, 30s, 1h) or a number of seconds")
-        total += float(number) * units[unit]
-        number = ""
-        i += len(unit)
-    if number:
-        raise ValueError(f"keep_alive {value!r} is not a duration (e.g. 5m, 30s, 1h) or a number of seconds")
-    return total
+    return duration_seconds(value)

@@ -277,12 +277,14 @@ class HearthApp(ScreenActions, App[None]):
             return
         stats = {**(msg.stats.as_dict() if msg.stats is not None else {}), "finish_reason": msg.finish_reason}
         self.store.add_message(turn.conversation_id, "assistant", turn.text, stats)
+        # the status says "ready" as soon as the turn is over, not after the awaits below (a test saw "writing"
+        # with the reply done: the turn had ended while the reply box was still finishing)
+        self.status.set(state="ready", stats=msg.stats, memory=msg.memory)
         note = finish_note(stats)
         if turn.box is not None and turn.box.is_attached:
             await turn.box.finish(note)
         if msg.finish_reason == "error":
             self.notify(f"the backend failed mid-reply: {msg.error}", severity="error", timeout=10)
-        self.status.set(state="ready", stats=msg.stats, memory=msg.memory)
         if turn.conversation_id == self.conv.id:
             await self.show_conversation(self.conv.id)
 

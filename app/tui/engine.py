@@ -56,7 +56,11 @@ def load_model(loader: Callable[..., Any], settings: Settings, post: Post) -> No
 
 
 def close_model(loaded: Loaded) -> None:
-    """Free the old model before the next one loads (close() releases the weights; gc drops the wrappers)."""
+    """Free the old model before the next one loads (close() releases the weights; gc drops the wrappers).  Its
+    runner does not stay loaded for a later command (--keep-alive): the next load's plan must see that memory
+    free, and would end the runner anyway (backends/runner/resident.py)."""
+    if hasattr(loaded.backend, "keep_alive_s"):  # a RunnerBackend
+        loaded.backend.keep_alive_s = 0
     loaded.backend.close()
     del loaded
     gc.collect()

@@ -8,8 +8,9 @@ sends every event that other streams queued meanwhile in one `Events` frame (a b
 stream a token at once: a few frames, and as few wake-ups of hearth's reader, instead of one per stream); a
 heartbeat thread says "alive" every HEARTBEAT_S, so hearth can tell a frozen runner from a busy one.  When
 hearth's end of the socket closes (hearth exited or was killed), the runner exits at once: it never outlives
-the app.  (Not PR_SET_PDEATHSIG: it fires when the *thread* that started the runner ends, and runners are
-started from worker threads.)
+the app, except when its owner asked it to linger (a Linger message: it then waits, loaded, for the next
+command on a socket of its own, backends/runner/resident.py).  (Not PR_SET_PDEATHSIG: it fires when the
+*thread* that started the runner ends, and runners are started from worker threads.)
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ import socket
 import sys
 import threading
 from collections import deque
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 from backends.api import EventKind, FinishReason, GenerationEvent, RequestStats
 from backends.registry import backend_class, get_backend_info
 from backends.runner import protocol as p
 
 HEARTBEAT_S = 0.5
+RESIDENT_MISMATCH = "ResidentMismatch"  # a resident runner asked for a load other than the one it holds
 
 
 class RunnerServer:
@@ -37,9 +40,13 @@ class RunnerServer:
         self._send_lock = threading.Lock()
         self._closing = threading.Event()
         self._outbox: deque = deque()  # stream events not sent yet (append/popleft are atomic)
+        self._loaded_with: p.Load | None = None  # the Load this runner answered (a resident compares the next)
+        self._lingering = False  # between owners (Linger): nothing is sent
 
     def send(self, message: p.FromRunner) -> None:
         with self._send_lock:
+            if self._lingering:
+                return
             try:
                 self.channel.send(message)
             except OSError:  # hearth is gone: nothing left to tell
@@ -54,6 +61,9 @@ class RunnerServer:
                 message = None
             if message is None:  # hearth closed the socket or died: do not outlive it
                 os._exit(0)
+            if isinstance(message, p.Linger):
+                self._linger(message)  # on this thread: nothing is read until the next owner connects
+                continue
             self.handle(message)
 
     def _heartbeat(self) -> None:
@@ -92,11 +102,17 @@ class RunnerServer:
             self._spawn(self._call, m)
 
     def _load(self, m: p.Load) -> None:
+        if self.backend is not None:  # a resident runner's next owner: only the very same load is served here
+            if m == self._loaded_with:
+                self.send(p.Loaded(self.backend.n_ctx, dict(self.backend.describe())))
+            else:
+                self.send(p.LoadFailed(p.ErrorInfo(RESIDENT_MISMATCH, "this runner holds another load")))
+            return
         try:
             cls = backend_class(m.backend)
             backend = cls(m.spec, m.options)
             backend.load(lambda fraction, what: self.send(p.Progress(float(fraction), str(what))))
-            self.backend = backend
+            self.backend, self._loaded_with = backend, m
             self.send(p.Loaded(backend.n_ctx, dict(backend.describe())))
         except Exception as exc:  # noqa: BLE001 - every load failure goes back to hearth, typed
             self.send(p.LoadFailed(p.error_info(exc)))
@@ -151,7 +167,48 @@ class RunnerServer:
             reply = p.CallFailed(m.call_id, p.error_info(exc))
         self.send(reply)
 
-    def _close(self) -> None:
+    def _linger(self, m: p.Linger) -> None:
+        """Stay loaded for the next command (backends/runner/resident.py): listen at m.path, tell this owner
+        (Lingering) and leave its socket; serve whoever connects within m.seconds as its owner, else exit."""
+        from backends.runner import resident  # lazy: only a lingering runner needs it
+
+        path = Path(m.path)
+        if self.backend is None or self._loaded_with is None:
+            self._close()
+        try:
+            listening = resident.listening(path)
+            listener = listening.__enter__()
+        except OSError as exc:
+            print(f"runner: cannot listen at {path}: {exc}; exiting instead of lingering", file=sys.stderr)
+            self._close()
+        resident.describe_file(path, self._loaded_with.backend, m.model, m.seconds)  # before the owner leaves
+        with self._send_lock:
+            try:
+                self.channel.send(p.Lingering())
+            except OSError:
+                pass
+            self._lingering = True
+            try:
+                self.channel.sock.close()
+            except OSError:
+                pass
+        print(f"runner: lingering for {'ever' if m.seconds is None else f'{m.seconds:g} s'} at {path}", file=sys.stderr)
+        sys.stderr.flush()
+        try:
+            conn = resident.wait_for_owner(listener, m.seconds)
+        finally:
+            listening.__exit__(None, None, None)
+        if conn is None:
+            print("runner: nobody came back; exiting", file=sys.stderr)
+            self._close()
+        with self._send_lock:
+            self.channel = p.Channel(conn, p.ToRunner)
+            self._lingering = False
+        self.send(p.Resumed(os.getpid(), m.log_path))
+        print("runner: resumed by the next command", file=sys.stderr)
+        sys.stderr.flush()
+
+    def _close(self) -> NoReturn:
         self._closing.set()
         if self.backend is not None:
             try:

@@ -49,6 +49,7 @@ from backends.errors import HearthError, RunnerCrashedError
 from backends.modelspec import ModelSpec
 from backends.registry import backend_class, get_backend_info
 from backends.runner import protocol as p
+from backends.runner import resident
 from backends.runner.ladder import Fallback, RunnerConfig, next_config
 from backends.runner.memory import ConfigMemory, machine_key
 from backends.runner.process import Prestarted, RunnerProcess  # Prestarted: for the app (app/loading.py)
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 DEFAULT_HANG_TIMEOUT_S = 30.0  # no heartbeat for this long = frozen (HEARTH_RUNNER_TIMEOUT overrides)
 MAX_CRASHES_IN_A_ROW = 4
 CLOSE_TIMEOUT_S = 10.0  # a runner that does not exit this long after Close is killed
+LINGER_TIMEOUT_S = 5.0  # a runner that does not take Linger this long is stopped instead
 _LOGS_KEPT = 20
 
 
@@ -96,6 +98,9 @@ class RunnerBackend(Backend):
         log_dir: str | os.PathLike[str] | None = None,
         hang_timeout_s: float | None = None,
         prestarted: Prestarted | None = None,
+        resident_dir: Path | None = None,
+        keep_alive_s: float | None = 0.0,
+        model_name: str | None = None,
     ) -> None:
         super().__init__(spec, options)
         self.config = RunnerConfig(backend, self.options)
@@ -122,6 +127,13 @@ class RunnerBackend(Backend):
         self._reloading = False  # a thread is starting that runner now; the others wait for it
         # a runner started before the model was planned (process.Prestarted): the first load adopts it
         self._prestarted = prestarted
+        # resident runners (backends/runner/resident.py): `resident_dir` is where they listen; with keep_alive_s
+        # other than 0 this backend takes one over that holds its very load, and its own runner lingers that long
+        # (None: until ended) after close(); with 0 it ends any it meets before it starts a runner (their memory)
+        self.resident_dir = resident_dir
+        self.keep_alive_s = keep_alive_s
+        self._code_stamp: str | None = None
+        self.model_name = model_name or spec.name  # as the user calls it (`hearth ps`)
         if memory is not None:
             self._apply_memory(memory)
 
@@ -245,6 +257,10 @@ class RunnerBackend(Backend):
             if self._closed:
                 raise RunnerCrashedError("the backend was closed while its runner was starting")
             self._tried_backends.add(config.backend)
+            if attempts == 0:
+                taken = self._take_resident(config)
+                if taken is not None:
+                    return taken, config
             self._progress = progress
             runner = RunnerProcess(self, config, self._take_prestarted(config))
             runner.send(p.Load(config.backend, self.spec, config.options), "load")
@@ -272,6 +288,54 @@ class RunnerBackend(Backend):
             if progress:
                 progress(0.0, f"retrying {nxt.why}")
             config = nxt
+
+    def _resident_path(self, config: RunnerConfig) -> Path | None:
+        """Where a resident runner holding exactly this configuration's load listens (None: no residents here;
+        a verbose runner writes to its command's terminal, so it never lingers and is never taken over)."""
+        if self.resident_dir is None or config.options.verbose:
+            return None
+        if self._code_stamp is None:
+            self._code_stamp = resident.code_stamp()
+        load = p.Load(config.backend, self.spec, config.options)
+        return self.resident_dir / resident.socket_name(load, self._code_stamp)
+
+    def _take_resident(self, config: RunnerConfig) -> RunnerProcess | None:
+        """A resident runner that holds this very load, taken over (loaded already), when this backend keeps
+        runners (keep_alive_s != 0); otherwise, or when none holds it, every resident is ended first: they hold
+        memory that this load's plan counted as free."""
+        if self.resident_dir is None:
+            return None
+        path = self._resident_path(config)
+        if path is not None and self.keep_alive_s != 0:
+            attached = resident.attach(path) if path.exists() else None
+            if attached is not None:
+                runner = RunnerProcess(self, config, attached=attached)
+                runner.send(p.Load(config.backend, self.spec, config.options), "load")
+                outcome = runner.outcome.get()
+                if isinstance(outcome, p.Loaded):
+                    runner.loaded = True
+                    self._n_ctx, self._describe = outcome.n_ctx, dict(outcome.describe)
+                    started, self._prestarted = self._prestarted, None
+                    if started is not None:
+                        started.discard()
+                    return runner
+                if not isinstance(outcome, Crash):
+                    runner.stop(CLOSE_TIMEOUT_S)
+        resident.evict_all(self.resident_dir)
+        return None
+
+    def end_other_residents(self) -> int:
+        """End every resident runner but one that holds this backend's very load (app/loading.open_backend: the
+        plan counted their memory as taken, so it plans again after this); how many were ended."""
+        if self.resident_dir is None:
+            return 0
+        mine = self._resident_path(self.config) if self.keep_alive_s != 0 else None
+        return sum(resident.evict(r) for r in resident.residents(self.resident_dir) if r.path != mine)
+
+    def release_prestarted(self) -> Prestarted | None:
+        """The prestarted runner, handed to another backend (this one is then dropped unloaded)."""
+        started, self._prestarted = self._prestarted, None
+        return started
 
     def _take_prestarted(self, config: RunnerConfig) -> Prestarted | None:
         """The prestarted runner when it can serve `config` (once); one that cannot is ended."""
@@ -316,8 +380,21 @@ class RunnerBackend(Backend):
                 state,
                 aborted_event(state.request.request_id),
             )
-        if runner is not None:
+        if runner is not None and (states or not self._linger(runner)):
             runner.stop(CLOSE_TIMEOUT_S)
+
+    def _linger(self, runner: RunnerProcess) -> bool:
+        """Leave `runner` loaded for the next command (keep_alive_s; backends/runner/resident.py); False when it
+        must stop instead (keep-alive 0, a runner that died or never loaded, supervision gave up)."""
+        if self.keep_alive_s == 0 or runner.dead or not runner.loaded or self._gave_up is not None:
+            return False
+        path = self._resident_path(self.config)
+        if path is None or not resident.make_private(path.parent):
+            return False
+        try:
+            return runner.linger(self.keep_alive_s, str(path), self.model_name, LINGER_TIMEOUT_S)
+        except OSError:
+            return False
 
     def _current(self) -> RunnerProcess:
         """The loaded runner, waiting while one restarts; raises once supervision gave up or after close()."""
@@ -365,6 +442,8 @@ class RunnerBackend(Backend):
             runner.outcome.put(m)
         elif isinstance(m, p.Closed):
             runner.closed.set()
+        elif isinstance(m, p.Lingering):
+            runner.lingered.set()
         else:  # a reply to a call
             future = runner.calls.pop(m.call_id, None)
             if future is not None:
@@ -372,6 +451,8 @@ class RunnerBackend(Backend):
 
     def on_death(self, runner: RunnerProcess) -> None:
         """The runner's socket ended: a planned close, or a crash to recover from."""
+        if runner.lingering:  # it stays, loaded, for the next command
+            return
         if runner.closing:
             runner.proc.wait()
             return
@@ -566,6 +647,8 @@ class RunnerBackend(Backend):
             info = dict(self._describe)
         runner = self._runner
         info["runner_pid"] = runner.pid if runner is not None else None
+        if runner is not None and runner.resident:  # left loaded by an earlier command (resident.py)
+            info["runner_reused"] = True
         if self.config.why:
             info["runner_config"] = self.config.why
         return Description.from_mapping(info)

@@ -8,6 +8,7 @@ the reader thread) and `on_death(process)` (once, from the reader thread, when t
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import socket
@@ -20,12 +21,49 @@ from typing import Any
 from backends.runner import protocol as p
 from backends.runner.ladder import RunnerConfig
 from backends.runner.prestart import Prestarted, spawn
+from backends.runner.resident import Attached, process_alive
+
+
+class ResidentProcess:
+    """The Popen-like handle of a resident runner another command started (backends/runner/resident.py): not
+    this process's child, so its exit status cannot be known (wait() gives None)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._gone = False  # seen gone: never signal that pid again (it may be another process's by now)
+
+    def poll(self) -> int | None:
+        if self._gone or not process_alive(self.pid):
+            self._gone = True
+            return 0
+        return None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            time.sleep(0.01)
+        return None
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 class RunnerProcess:
     """One runner process: its socket, its reader thread and its watchdog."""
 
-    def __init__(self, owner: Any, config: RunnerConfig, prestarted: Prestarted | None = None) -> None:
+    def __init__(
+        self,
+        owner: Any,
+        config: RunnerConfig,
+        prestarted: Prestarted | None = None,
+        attached: Attached | None = None,
+    ) -> None:
         self.owner = owner
         self.config = config
         self.outcome: queue.SimpleQueue = queue.SimpleQueue()  # Loaded | LoadFailed | Crash (streams.py)
@@ -34,11 +72,17 @@ class RunnerProcess:
         self.dead = False  # set (under the owner's lock) as soon as its socket ended
         self.hung = False
         self.closing = False
+        self.lingering = False  # left loaded for the next command (linger): its end is not a death
+        self.resident = attached is not None  # a lingering runner of an earlier command, taken over
+        self.lingered = threading.Event()
         self.closed = threading.Event()
         self.last_seen = time.monotonic()
         self.last_sent = "start"
         self._send_lock = threading.Lock()
-        if prestarted is not None:  # started before the model was planned (app/loading.open_backend)
+        self.proc: Any
+        if attached is not None:  # a resident runner (backends/runner/resident.py), its handshake done
+            self.proc, parent, self.log_path = ResidentProcess(attached.pid), attached.sock, attached.log_path
+        elif prestarted is not None:  # started before the model was planned (app/loading.open_backend)
             self.proc, parent, self.log_path = prestarted.adopt()
         else:
             self.log_path = owner.new_log_path()
@@ -89,6 +133,21 @@ class RunnerProcess:
         self.closed.set()
         self.kill()  # ends the reader thread
 
+    def linger(self, seconds: float | None, path: str, model: str, timeout_s: float) -> bool:
+        """Leave the runner loaded for the next command (backends/runner/resident.py) and let go of it; False
+        when it did not take the Linger message within timeout_s (then stop it)."""
+        self.lingering = True
+        self.send(p.Linger(seconds, path, str(self.log_path), model), "linger")
+        if not self.lingered.wait(timeout_s):
+            self.lingering = False  # the caller stops it
+            return False
+        self.closed.set()  # the watchdog stops
+        try:
+            self.channel.sock.close()
+        except OSError:
+            pass
+        return True
+
     def kill(self) -> None:
         try:
             self.proc.kill()
@@ -107,6 +166,8 @@ class RunnerProcess:
             rc = self.proc.wait()
         if self.hung:
             return f"stopped answering for {self.owner.hang_timeout_s:g} s and was killed"
+        if rc is None:
+            return "ended (a resident runner: its exit status is in its log)"
         if rc < 0:
             try:
                 sig = signal.Signals(-rc)

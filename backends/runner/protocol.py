@@ -99,6 +99,16 @@ class Close(msgspec.Struct, tag="close", frozen=True):
     pass
 
 
+class Linger(msgspec.Struct, tag="linger", frozen=True):
+    """Stay loaded after this owner leaves: listen at `path` for the next command for `seconds` (None: no limit),
+    then exit (backends/runner/resident.py).  Answered with Lingering, after which the owner closes its end."""
+
+    seconds: float | None
+    path: str
+    log_path: str  # the runner's log, told to its next owner (Resumed)
+    model: str  # the model's name as the user knows it (`hearth ps`)
+
+
 # -- runner -> hearth -----------------------------------------------------------------------------------------
 class Heartbeat(msgspec.Struct, tag="heartbeat", frozen=True):
     pid: int  # sent every HEARTBEAT_S by its own thread, so a frozen runner is told from a busy one
@@ -178,7 +188,20 @@ class Closed(msgspec.Struct, tag="closed", frozen=True):
     pass
 
 
-ToRunner = Load | Stream | Abort | Tokenize | Detokenize | Logits | Embed | Describe | Stats | KernelReportCall | Close
+class Lingering(msgspec.Struct, tag="lingering", frozen=True):
+    """Linger taken: the runner no longer writes to this owner's socket."""
+
+
+class Resumed(msgspec.Struct, tag="resumed", frozen=True):
+    """A lingering runner's first message to a command that connected to it."""
+
+    pid: int
+    log_path: str
+
+
+ToRunner = (
+    Load | Stream | Abort | Tokenize | Detokenize | Logits | Embed | Describe | Stats | KernelReportCall | Close
+) | Linger
 FromRunner = (
     Heartbeat
     | Progress
@@ -195,6 +218,8 @@ FromRunner = (
     | KernelReportReply
     | CallFailed
     | Closed
+    | Lingering
+    | Resumed
 )
 Reply = TokensReply | TextReply | ArrayReply | DescribeReply | StatsReply | KernelReportReply | CallFailed
 
@@ -205,6 +230,11 @@ def _enc_hook(obj: Any) -> Any:
     if tolist is not None:
         return tolist()
     raise NotImplementedError(f"cannot send a {type(obj).__name__} to a runner")
+
+
+def encode(message: ToRunner | FromRunner) -> bytes:
+    """A message's body as a Channel sends it (backends/runner/resident.py hashes a Load with it)."""
+    return msgspec.msgpack.encode(message, enc_hook=_enc_hook)
 
 
 class ProtocolError(Exception):

@@ -93,7 +93,7 @@ def test_open_backend_ends_it_when_the_model_cannot_be_resolved(tmp_path, monkey
     monkeypatch.delenv("HEARTH_IN_PROCESS", raising=False)
     made: list[Prestarted] = []
     real = loading.prestart
-    monkeypatch.setattr(loading, "prestart", lambda settings: made.append(real(settings)) or made[-1])
+    monkeypatch.setattr(loading, "prestart", lambda settings, *a: made.append(real(settings, *a)) or made[-1])
     with pytest.raises(HearthError):
         loading.open_backend(Settings(model=str(tmp_path / "missing.gguf"), backend="torch"))
     assert len(made) == 1 and made[0] is not None and made[0].preload == "torch"

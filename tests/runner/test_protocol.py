@@ -41,6 +41,8 @@ TO_RUNNER = [
     p.Stats(5),
     p.KernelReportCall(6, "torch", fake_spec(), "/tmp/kernel_checks.json", check_now=True),
     p.Close(),
+    p.Linger(300.0, "/run/user/1000/hearth/0123/torch-a-b.sock", "/tmp/runner.log", "smollm2-135m-instruct"),
+    p.Linger(None, "/tmp/x.sock", "/tmp/runner.log", "m"),  # no limit: until `hearth stop`
 ]
 FROM_RUNNER = [
     p.Heartbeat(123),
@@ -76,6 +78,8 @@ FROM_RUNNER = [
     ),
     p.CallFailed(6, p.ErrorInfo("X", "y")),
     p.Closed(),
+    p.Lingering(),
+    p.Resumed(4242, "/tmp/runner.log"),
 ]
 
 
