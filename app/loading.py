@@ -27,13 +27,13 @@ from backends.embeddings import is_embedding_model
 from backends.modelspec import ModelSpec
 from backends.registry import LOCAL_BACKENDS, backend_class, get_backend_info
 from backends.runner.client import ConfigMemory, Prestarted, RunnerBackend, config_memory_at
-from backends.runner.resident import evict_all, resident_dir
+from backends.runner.resident import evict_all, resident_dir, residents
 from backends.templates import renderer
 from hwprobe import plan as make_plan
 from hwprobe import probe
 from hwprobe.errors import ConfigError, HearthError
 from hwprobe.plan_types import Plan, Prefs
-from hwprobe.report import HardwareReport, load_report
+from hwprobe.report import HardwareReport, load_report, with_memory_back
 from hwprobe.support import BF16_MIN_CC, torch_engine_refusal
 
 __all__ = ["Decision", "Loaded", "decide", "make_backend", "open_backend", "sequences_for"]
@@ -69,11 +69,23 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
-def hardware_report(hardware_file: str | None = None) -> HardwareReport:
-    """The HardwareReport to plan for: the saved one in `hardware_file`, else a probe of this machine."""
+def hardware_report(hardware_file: str | None = None, reused: frozenset[int] = frozenset()) -> HardwareReport:
+    """The HardwareReport to plan for: the saved one in `hardware_file`, else a probe of this machine, with the
+    memory of `reused` (runners an earlier command left loaded with this model, which this one may take over)
+    counted as free: their memory is this model's, and the plan must come out as theirs did."""
     if hardware_file:
         return load_report(hardware_file)
-    return probe(get_paths().models_dir)
+    report = probe(get_paths().models_dir)
+    if not reused:
+        return report
+    ram = 0
+    for pid in reused:
+        try:
+            info = psutil.Process(pid).memory_info()
+        except psutil.Error:
+            continue
+        ram += max(0, info.rss - getattr(info, "shared", 0)) >> 20  # its own pages, not the mapped model file
+    return with_memory_back(report, reused, ram)
 
 
 _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -103,14 +115,15 @@ def decide(
     *,
     serving: bool = False,
     command: str | None = None,
+    reused: frozenset[int] = frozenset(),
 ) -> Decision:
     """Choose backend and LoadOptions for this model on this machine: hwprobe.plan() decides, and the flags the
     user gave in `settings` (backend, ctx, n_gpu_layers, kv_cache_type, threads) always override it.
     `serving` (`hearth serve`): concurrent clients are expected, so with backend auto and max_concurrency > 1
     the plan prefers the engine that batches them (hwprobe.planner.serving).  `command` ("run", "chat",
     "serve", ...): what will run, which sets the sequences the KV pool is planned for (sequences_for); None =
-    the settings' max_concurrency."""
-    report = hardware_report(hardware_file)
+    the settings' max_concurrency.  `reused`: pids of runners this command may take over (hardware_report)."""
+    report = hardware_report(hardware_file, reused)
     sequences, why = sequences_for(command, settings) if command else (settings.max_concurrency, "")
     tp = settings.tensor_parallel
     # an embedding model is planned small: one sequence (an embedding is one forward, with no KV kept after it),
@@ -300,9 +313,15 @@ def llama_extra_bufts(memory: ConfigMemory) -> bool:
 
 
 def _decide(
-    spec: ModelSpec, settings: Settings, hardware_file: str | None, serving: bool, command: str | None, logits_all: bool
+    spec: ModelSpec,
+    settings: Settings,
+    hardware_file: str | None,
+    serving: bool,
+    command: str | None,
+    logits_all: bool,
+    reused: frozenset[int] = frozenset(),
 ) -> Decision:
-    decision = decide(spec, settings, hardware_file, serving=serving, command=command)
+    decision = decide(spec, settings, hardware_file, serving=serving, command=command, reused=reused)
     if logits_all:
         decision.options = dataclasses.replace(decision.options, logits_all=True)
     return decision
@@ -341,12 +360,16 @@ def open_backend(
     try:
         store = store or ModelStore()
         entry, spec = store.spec(settings.model)
+        reused: frozenset[int] = frozenset()
         if load:
             # runners left loaded by earlier commands hold memory the plan would count as taken: end those
-            # this command cannot use (another model, or any when it keeps no runner) before the probe
+            # this command cannot use (another model, or any when it keeps no runner) before the probe, and
+            # count the memory of those it may take over as this model's
             keep = spec.path if keep_alive_for(command, settings) != 0 else None
-            evict_all(resident_dir(get_paths().data_dir), keep_model=keep)
-        decision = _decide(spec, settings, hardware_file, serving, command, logits_all)
+            folder = resident_dir(get_paths().data_dir)
+            evict_all(folder, keep_model=keep)
+            reused = frozenset(r.pid for r in residents(folder) if r.pid)
+        decision = _decide(spec, settings, hardware_file, serving, command, logits_all, reused)
         if load and spec.chat_template and not logits_all:
             # the chat template renders in a worker process (backends/template_process.py): start it now, on the
             # core the runner's start leaves idle, instead of after the load, before the first prompt

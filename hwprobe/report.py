@@ -21,7 +21,7 @@ Peers that name a GPU not in the report are dropped with a note (the issue's one
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +231,27 @@ def report_from_dict(data: Any) -> HardwareReport:
     src.setdefault("ram_available_mib", "hardware-file" if "ram_available_mib" in data else "default")
     vals["ram_bandwidth_gbps"] = float(vals["ram_bandwidth_gbps"])
     return HardwareReport(gpus=tuple(cleaned), **vals, sources=src, notes=tuple(notes))
+
+
+def with_memory_back(report: HardwareReport, pids: frozenset[int], ram_mib: int = 0) -> HardwareReport:
+    """The report as if the processes `pids` held none of their GPU memory and `ram_mib` more RAM were
+    available: hearth's own runners that the command will reuse (backends/runner/resident.py), whose memory the
+    plan must count as the model's, not as taken, or it would plan another load than the one they hold."""
+    if not pids and not ram_mib:
+        return report
+    gpus = []
+    for g in report.gpus:
+        back = sum(p.used_mib for p in g.other_processes if p.pid in pids)
+        gpus.append(
+            replace(
+                g,
+                memory_free_mib=min(g.memory_total_mib, g.memory_free_mib + back),
+                memory_used_mib=max(0, g.memory_used_mib - back),
+                other_processes=tuple(p for p in g.other_processes if p.pid not in pids),
+            )
+        )
+    ram = min(report.ram_total_mib, report.ram_available_mib + ram_mib)
+    return replace(report, gpus=tuple(gpus), ram_available_mib=ram)
 
 
 def load_report(path: str | Path) -> HardwareReport:

@@ -110,3 +110,39 @@ def test_serving_plans_the_batching_engine_unless_one_client_or_a_backend_is_giv
     assert d.reasons[0].startswith("serving: up to 16 requests at once, batched by the torch engine")
     assert decide(starter_spec, Settings(max_concurrency=1), serving=True).backend == "llama.cpp"
     assert decide(starter_spec, Settings(backend="llama.cpp"), serving=True).backend == "llama.cpp"
+
+
+def test_a_runner_the_command_may_reuse_counts_as_free_memory(monkeypatch) -> None:
+    """A runner an earlier `hearth run` left loaded holds 18 GiB of the card; the next `hearth run` may take it
+    over (backends/runner/resident.py), so it must plan as if that memory were free: the same plan the runner
+    was loaded with, or it would never match and reuse it."""
+    import dataclasses
+
+    from app import loading
+    from hwprobe.report import ProcessUse, load_report
+
+    spec = q4_0_llama_spec("llama-13b-q4_0", 40, 5120, 13824)
+    card = load_report(FIXTURES / "rtx3090_24gb.json")
+    gpu = card.gpus[0]
+    held = dataclasses.replace(
+        gpu,
+        memory_free_mib=gpu.memory_free_mib - 18432,
+        memory_used_mib=gpu.memory_used_mib + 18432,
+        other_processes=(ProcessUse(4242, 18432), ProcessUse(777, 100)),
+    )
+    busy = dataclasses.replace(card, gpus=(held,))
+    monkeypatch.setattr(loading, "probe", lambda _models_dir: busy)
+
+    def no_such_process(pid: int):
+        raise loading.psutil.NoSuchProcess(pid)  # pid 4242 may be anything on this machine: its RAM is not asked
+
+    monkeypatch.setattr(loading.psutil, "Process", no_such_process)
+
+    alone = decide(spec, Settings(), str(FIXTURES / "rtx3090_24gb.json"), command="run")
+    blind = decide(spec, Settings(), command="run")
+    seen = decide(spec, Settings(), command="run", reused=frozenset({4242}))
+    assert blind.options.n_gpu_layers != alone.options.n_gpu_layers  # the held memory changes the plan...
+    assert seen.options == alone.options  # ...unless it is counted as the model's
+    report = loading.hardware_report(None, frozenset({4242}))
+    assert report.gpus[0].memory_free_mib == gpu.memory_free_mib
+    assert [p.pid for p in report.gpus[0].other_processes] == [777]  # another program's memory stays taken
