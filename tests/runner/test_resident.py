@@ -154,7 +154,7 @@ def test_a_taken_over_runner_that_crashes_is_supervised_like_any(folder, tmp_pat
     b.load()
     assert b.pid == old
     result = b.generate(Request(prompt="CRASH please"))
-    assert result.finish_reason.value == "error" and "resident runner" in (result.error or "")
+    assert result.finish_reason.value == "error" and "resident runner" in (result.error or ""), (old, b.notices)
     assert _wait_gone(old)
     assert b.generate(Request(prompt="fine")).text  # a new runner of its own started
     assert b.pid != old
