@@ -51,6 +51,7 @@ HANDSHAKE_TIMEOUT_S = 5.0  # a resident answers a connection at once; one that d
 EVICT_TIMEOUT_S = 10.0  # an evicted resident frees its memory by exiting; wait this long for it
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux
 _PEERCRED = struct.Struct("3i")
+_WAIT_SLICE_S = 3600.0  # a listening runner wakes at least this often (a keep-alive of any size is then just a loop)
 
 
 def resident_dir(data_dir: Path) -> Path | None:
@@ -327,11 +328,11 @@ def wait_for_owner(listener: socket.socket, seconds: float | None) -> socket.soc
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             return None
-        listener.settimeout(left)
+        listener.settimeout(_WAIT_SLICE_S if left is None else min(left, _WAIT_SLICE_S))  # any keep-alive, even 1e12 s
         try:
             conn, _ = listener.accept()
         except TimeoutError:
-            return None
+            continue
         except OSError:
             return None
         try:
