@@ -289,15 +289,14 @@ class RunnerBackend(Backend):
                 progress(0.0, f"retrying {nxt.why}")
             config = nxt
 
-    def _resident_path(self, config: RunnerConfig) -> Path | None:
-        """Where a resident runner holding exactly this configuration's load listens (None: no residents here;
-        a verbose runner writes to its command's terminal, so it never lingers and is never taken over)."""
+    def _resident_stem(self, config: RunnerConfig) -> str | None:
+        """The key of this configuration's load among resident runners (resident.load_stem); None: no residents
+        here (a verbose runner writes to its command's terminal, so it never lingers and is never taken over)."""
         if self.resident_dir is None or config.options.verbose:
             return None
         if self._code_stamp is None:
             self._code_stamp = resident.code_stamp()
-        load = p.Load(config.backend, self.spec, config.options)
-        return self.resident_dir / resident.socket_name(load, self._code_stamp)
+        return resident.load_stem(p.Load(config.backend, self.spec, config.options), self._code_stamp)
 
     def _take_resident(self, config: RunnerConfig) -> RunnerProcess | None:
         """A resident runner that holds this very load, taken over (loaded already), when this backend keeps
@@ -305,32 +304,42 @@ class RunnerBackend(Backend):
         memory that this load's plan counted as free."""
         if self.resident_dir is None:
             return None
-        path = self._resident_path(config)
-        if path is not None and self.keep_alive_s != 0:
-            attached = resident.attach(path) if path.exists() else None
-            if attached is not None:
-                runner = RunnerProcess(self, config, attached=attached)
-                runner.send(p.Load(config.backend, self.spec, config.options), "load")
-                outcome = runner.outcome.get()
-                if isinstance(outcome, p.Loaded):
-                    runner.loaded = True
-                    self._n_ctx, self._describe = outcome.n_ctx, dict(outcome.describe)
-                    started, self._prestarted = self._prestarted, None
-                    if started is not None:
-                        started.discard()
+        stem = self._resident_stem(config)
+        if stem is not None and self.keep_alive_s != 0:
+            for found in resident.residents(self.resident_dir):
+                if found.stem != stem:
+                    continue
+                runner = self._attach(found.path, config)
+                if runner is not None:
                     return runner
-                if not isinstance(outcome, Crash):
-                    runner.stop(CLOSE_TIMEOUT_S)
         resident.evict_all(self.resident_dir)
         return None
 
+    def _attach(self, path: Path, config: RunnerConfig) -> RunnerProcess | None:
+        attached = resident.attach(path)
+        if attached is None:
+            return None
+        runner = RunnerProcess(self, config, attached=attached)
+        runner.send(p.Load(config.backend, self.spec, config.options), "load")
+        outcome = runner.outcome.get()
+        if not isinstance(outcome, p.Loaded):
+            if not isinstance(outcome, Crash):
+                runner.stop(CLOSE_TIMEOUT_S)
+            return None
+        runner.loaded = True
+        self._n_ctx, self._describe = outcome.n_ctx, dict(outcome.describe)
+        started, self._prestarted = self._prestarted, None
+        if started is not None:
+            started.discard()
+        return runner
+
     def end_other_residents(self) -> int:
-        """End every resident runner but one that holds this backend's very load (app/loading.open_backend: the
+        """End every resident runner but those that hold this backend's very load (app/loading.open_backend: the
         plan counted their memory as taken, so it plans again after this); how many were ended."""
         if self.resident_dir is None:
             return 0
-        mine = self._resident_path(self.config) if self.keep_alive_s != 0 else None
-        return sum(resident.evict(r) for r in resident.residents(self.resident_dir) if r.path != mine)
+        mine = self._resident_stem(self.config) if self.keep_alive_s != 0 else None
+        return sum(resident.evict(r) for r in resident.residents(self.resident_dir) if r.stem != mine)
 
     def release_prestarted(self) -> Prestarted | None:
         """The prestarted runner, handed to another backend (this one is then dropped unloaded)."""
@@ -388,9 +397,12 @@ class RunnerBackend(Backend):
         must stop instead (keep-alive 0, a runner that died or never loaded, supervision gave up)."""
         if self.keep_alive_s == 0 or runner.dead or not runner.loaded or self._gave_up is not None:
             return False
-        path = self._resident_path(self.config)
-        if path is None or not resident.make_private(path.parent):
+        stem = self._resident_stem(self.config)
+        if stem is None or self.resident_dir is None or not resident.make_private(self.resident_dir):
             return False
+        if any(r.stem == stem for r in resident.residents(self.resident_dir)):
+            return False  # another command's runner holds this load already: one is enough
+        path = self.resident_dir / f"{stem}-{runner.pid}{resident.SUFFIX}"
         try:
             return runner.linger(self.keep_alive_s, str(path), self.model_name, LINGER_TIMEOUT_S)
         except OSError:

@@ -7,8 +7,9 @@ the chat app ends, its runner stays (lingers) for `keep_alive` with the model lo
 of its own; the next command that would send it the very same Load message (same engine, model file, plan,
 options and hearth code) connects and sends its requests there, and no interpreter, import or load runs again.
 
-The socket's file name is the key: `<backend>-<model>-<load>.sock`, `<load>` a hash of the encoded Load
-message and of hearth's own source files (a runner of other code never serves a newer hearth).  A listening
+The socket's file name holds the key: `<backend>-<model>-<load>-<pid>.sock`, `<load>` a hash of the encoded Load
+message and of hearth's own source files (a runner of other code never serves a newer hearth).  One runner per
+key lingers: a command whose load already has one ends its own runner instead.  A listening
 runner accepts one connection, removes its socket file and serves that command as if it had started it; when
 its time runs out with nobody connecting, it exits.  Beside the socket, `<name>.json` says what it holds (for
 `hearth ps`).  A resident whose key does not match is ended before a plan (its memory would skew what the plan
@@ -120,13 +121,14 @@ def _slug(text: str, n: int) -> str:
     return re.sub(r"[^A-Za-z0-9_.]+", "_", text)[:n] or "x"
 
 
-def socket_name(load: p.Load, stamp: str) -> str:
-    """The file name a runner holding exactly `load` listens on (the key)."""
+def load_stem(load: p.Load, stamp: str) -> str:
+    """The start of the socket name of every runner holding exactly `load` (the key); each one's socket is
+    `<stem>-<pid>.sock`, so a second runner lingering with the same load never takes the first one's name."""
     from backends.runner import protocol as p  # lazy: heavy: msgspec and the contract (prestart lists residents)
 
     body = p.encode(load)
     key = hashlib.sha256(stamp.encode() + b"\0" + body).hexdigest()[:16]
-    return f"{_slug(load.backend, 24)}-{model_tag(load.spec.path)}-{key}{SUFFIX}"
+    return f"{_slug(load.backend, 24)}-{model_tag(load.spec.path)}-{key}"
 
 
 def model_tag(model_path: str) -> str:
@@ -197,7 +199,12 @@ class Resident:
 
     @property
     def model_tag(self) -> str:
-        return self.path.name.split("-")[-2]
+        return self.path.name.split("-")[-3]
+
+    @property
+    def stem(self) -> str:
+        """The name without its pid (load_stem)."""
+        return self.path.name.rsplit("-", 1)[0]
 
 
 def residents(folder: Path | None) -> list[Resident]:

@@ -183,7 +183,7 @@ def test_only_one_of_two_commands_takes_a_resident(folder, tmp_path, monkeypatch
 
 def test_a_stale_socket_is_removed(folder):
     assert resident.make_private(folder)
-    path = folder / "fake-00000000-0000000000000000.sock"
+    path = folder / "fake-00000000-0000000000000000-1.sock"
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(str(path))
     s.close()  # bound, never listening: as a runner killed by SIGKILL leaves it
@@ -206,3 +206,22 @@ def test_the_folder_must_be_the_users_own(monkeypatch):
         assert not resident.make_private(folder)
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_one_runner_lingers_per_load(folder, tmp_path, monkeypatch):
+    """Two commands with the same load ran at once (two runners): when both end, one stays and the other exits;
+    neither hides the other's socket (a runner nobody could reach would hold its memory for its whole time)."""
+    monkeypatch.setenv("HEARTH_FAKE_TOKEN_DELAY", "0")
+    a, b = _backend(folder, tmp_path), _backend(folder, tmp_path)
+    a.load()
+    b.load()
+    pids = (a.pid, b.pid)
+    assert pids[0] != pids[1]
+    a.close()
+    b.close()
+    assert [r.pid for r in resident.residents(folder)] == [pids[0]]
+    assert _wait_gone(pids[1])
+    c = _backend(folder, tmp_path)
+    c.load()
+    assert c.pid == pids[0]
+    c.close()
