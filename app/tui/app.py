@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,8 @@ from app.tui.widgets.sidebar import Sidebar
 from app.tui.widgets.status import StatusBar
 
 Loader = Callable[..., Loaded]  # (settings, progress=...) -> Loaded
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -367,12 +370,19 @@ class HearthApp(ScreenActions, App[None]):
         self.start_loading(self.settings)  # the worker closes the old backend before loading the new one
 
     async def on_unmount(self) -> None:
-        """Quitting mid-reply keeps what was written, like Esc (only a killed process loses it)."""
+        """Quitting mid-reply keeps what was written, like Esc (only a killed process loses it).  Quitting between
+        replies closes the model, so that its runner stays loaded for --keep-alive (backends/runner/resident.py):
+        the next `hearth` or `hearth run` with it starts at once.  Mid-reply the runner simply ends with the app."""
         turn = self.turn
         if turn is not None and self.loaded is not None:
             self.loaded.backend.abort(self._request_id)
             if turn.text:
                 self.store.add_message(turn.conversation_id, "assistant", turn.text, {"finish_reason": "abort"})
+        elif self.loaded is not None:
+            try:
+                self.loaded.backend.close()
+            except Exception:  # noqa: BLE001 - quitting must never fail; the runner ends with the app anyway
+                log.debug("closing the model at exit failed", exc_info=True)
 
 
 def finish_note(stats: dict[str, Any] | None) -> str:

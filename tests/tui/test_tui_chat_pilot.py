@@ -190,3 +190,15 @@ async def test_quitting_mid_reply_keeps_what_was_written(make_app, backend) -> N
         conv_id = app.conv.id
     reply = app.store.get(conv_id).messages[-1]
     assert reply.role == "assistant" and reply.content.startswith("word") and reply.stats["finish_reason"] == "abort"
+    assert not backend.closed  # mid-reply the model is not closed: its runner ends with the app
+
+
+async def test_quitting_between_replies_closes_the_model(make_app, backend) -> None:
+    """So that a runner stays loaded for --keep-alive (backends/runner/resident.py) and the next start is quick."""
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: app.turn is None and len(chat_text(app)) == 2)
+        assert not backend.closed
+    assert backend.closed
