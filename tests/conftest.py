@@ -23,12 +23,17 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def hearth_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+def hearth_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
     home = tmp_path_factory.mktemp("hearth-home")
     monkeypatch.setenv("HEARTH_HOME", str(home))
     for var in ("HEARTH_MODEL", "HEARTH_BACKEND", "HEARTH_CTX", "HEARTH_API_KEY", "HEARTH_THREADS"):
         monkeypatch.delenv(var, raising=False)
-    return home
+    yield home
+    # a runner a test left loaded (Settings built in the test, not read from HEARTH_KEEP_ALIVE) ends with the test
+    from app.paths import get_paths
+    from backends.runner.resident import evict_all, resident_dir
+
+    evict_all(resident_dir(get_paths().data_dir))
 
 
 @pytest.fixture(scope="session")

@@ -324,6 +324,8 @@ def listening(path: Path) -> Iterator[socket.socket]:
         with contextlib.suppress(OSError):
             if os.stat(path).st_ino == inode:  # never another runner's socket made since
                 _remove(path)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()  # the last one leaves no folder behind (one that still holds a runner stays)
 
 
 def wait_for_owner(listener: socket.socket, seconds: float | None) -> socket.socket | None:

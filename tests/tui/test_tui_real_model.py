@@ -19,7 +19,7 @@ async def test_capital_of_france_with_the_starter_model(starter_path) -> None:
     from app.store import ModelStore
 
     ModelStore().update_state(last_conversation=conv.id)
-    app = HearthApp(Settings(ctx=1024), conversations=store)  # default loader: app.loading.open_backend
+    app = HearthApp(Settings(ctx=1024, keep_alive="0"), conversations=store)  # default loader: app.loading.open_backend
     async with app.run_test(size=(100, 30)) as pilot:
         app.prompt_box.load_text("What is the capital of France?")
         await pilot.press("enter")
