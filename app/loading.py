@@ -378,30 +378,25 @@ def open_backend(
         if started is not None:
             started.discard()
         raise
-    backend = make_backend(
-        spec,
-        decision,
-        settings,
-        hardware_file=hardware_file,
-        logits_all=logits_all,
-        command=command,
-        prestarted=started,
-        model_name=entry.name,
-    )
-    if load and isinstance(backend, RunnerBackend) and backend.end_other_residents():
-        # an earlier command's runner held this model with another plan (engine, context, sequences): the plan
-        # counted its memory as taken; that memory is free now, so plan again (backends/runner/resident.py)
-        decision = _decide(spec, settings, hardware_file, serving, command, logits_all)
-        backend = make_backend(
+
+    def build(decision: Decision, started: Prestarted | None) -> Backend:
+        return make_backend(
             spec,
             decision,
             settings,
             hardware_file=hardware_file,
             logits_all=logits_all,
             command=command,
-            prestarted=backend.release_prestarted(),
+            prestarted=started,
             model_name=entry.name,
         )
+
+    backend = build(decision, started)
+    if load and isinstance(backend, RunnerBackend) and backend.end_other_residents():
+        # an earlier command's runner held this model with another plan (engine, context, sequences): the plan
+        # counted its memory as taken; that memory is free now, so plan again (backends/runner/resident.py)
+        decision = _decide(spec, settings, hardware_file, serving, command, logits_all)
+        backend = build(decision, backend.release_prestarted())
     if load:
         backend.load(progress)
         if entry.source != "path":

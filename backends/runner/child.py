@@ -16,6 +16,7 @@ command on a socket of its own, backends/runner/resident.py).  (Not PR_SET_PDEAT
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import os
 import socket
@@ -175,29 +176,27 @@ class RunnerServer:
         path = Path(m.path)
         if self.backend is None or self._loaded_with is None:
             self._close()
-        try:
-            listening = resident.listening(path)
-            listener = listening.__enter__()
-        except OSError as exc:
-            print(f"runner: cannot listen at {path}: {exc}; exiting instead of lingering", file=sys.stderr)
-            self._close()
-        resident.describe_file(path, self._loaded_with.backend, m.model, m.seconds)  # before the owner leaves
-        with self._send_lock:
+        with contextlib.ExitStack() as stack:
             try:
-                self.channel.send(p.Lingering())
-            except OSError:
-                pass
-            self._lingering = True
-            try:
-                self.channel.sock.close()
-            except OSError:
-                pass
-        print(f"runner: lingering for {'ever' if m.seconds is None else f'{m.seconds:g} s'} at {path}", file=sys.stderr)
-        sys.stderr.flush()
-        try:
+                listener = stack.enter_context(resident.listening(path))
+            except OSError as exc:
+                print(f"runner: cannot listen at {path}: {exc}; exiting instead of lingering", file=sys.stderr)
+                self._close()
+            resident.describe_file(path, self._loaded_with.backend, m.model, m.seconds)  # before the owner leaves
+            with self._send_lock:
+                try:
+                    self.channel.send(p.Lingering())
+                except OSError:
+                    pass
+                self._lingering = True
+                try:
+                    self.channel.sock.close()
+                except OSError:
+                    pass
+            seconds = "ever" if m.seconds is None else f"{m.seconds:g} s"
+            print(f"runner: lingering for {seconds} at {path}", file=sys.stderr)
+            sys.stderr.flush()
             conn = resident.wait_for_owner(listener, m.seconds)
-        finally:
-            listening.__exit__(None, None, None)
         if conn is None:
             print("runner: nobody came back; exiting", file=sys.stderr)
             self._close()

@@ -21,7 +21,7 @@ from typing import Any
 from backends.runner import protocol as p
 from backends.runner.ladder import RunnerConfig
 from backends.runner.prestart import Prestarted, spawn
-from backends.runner.resident import Attached, process_alive
+from backends.runner.resident import Attached, process_alive, wait_gone
 
 
 class ResidentProcess:
@@ -39,11 +39,9 @@ class ResidentProcess:
         return None
 
     def wait(self, timeout: float | None = None) -> int | None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
-            time.sleep(0.01)
+        if not (self._gone or wait_gone(self.pid, timeout)):
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+        self._gone = True
         return None
 
     def kill(self) -> None:

@@ -256,7 +256,7 @@ def evict(resident: Resident | Path) -> bool:
         pass
     finally:
         attached.sock.close()
-    _wait_gone(attached.pid, EVICT_TIMEOUT_S)
+    wait_gone(attached.pid, EVICT_TIMEOUT_S)
     return True
 
 
@@ -275,10 +275,14 @@ def process_alive(pid: int) -> bool:
         return True
 
 
-def _wait_gone(pid: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and process_alive(pid):
+def wait_gone(pid: int, timeout_s: float | None) -> bool:
+    """Wait until `pid` has exited (None: no limit); whether it did."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while process_alive(pid):
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
         time.sleep(0.01)
+    return True
 
 
 def evict_all(folder: Path | None, keep_model: str | None = None) -> int:

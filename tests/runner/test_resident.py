@@ -63,6 +63,15 @@ def _backend(folder, tmp_path, keep_alive_s=30.0, n_ctx=2048, backend=FAKE) -> R
     )
 
 
+def _left_loaded(folder, tmp_path) -> int:
+    """A command that loaded the fake and ended: the pid of the runner it left loaded."""
+    first = _backend(folder, tmp_path)
+    first.load()
+    pid = first.pid
+    first.close()
+    return pid
+
+
 def test_a_runner_left_loaded_serves_the_next_backend_with_the_same_load(folder, tmp_path, monkeypatch):
     monkeypatch.setenv("HEARTH_FAKE_TOKEN_DELAY", "0")
     first = _backend(folder, tmp_path)
@@ -92,10 +101,7 @@ def test_a_runner_left_loaded_serves_the_next_backend_with_the_same_load(folder,
 
 def test_another_load_ends_the_resident_and_starts_its_own(folder, tmp_path, monkeypatch):
     monkeypatch.setenv("HEARTH_FAKE_TOKEN_DELAY", "0")
-    first = _backend(folder, tmp_path)
-    first.load()
-    old = first.pid
-    first.close()
+    old = _left_loaded(folder, tmp_path)
     assert _alive(old)
 
     other = _backend(folder, tmp_path, n_ctx=4096)  # another plan: another key
@@ -109,10 +115,7 @@ def test_another_load_ends_the_resident_and_starts_its_own(folder, tmp_path, mon
 
 def test_keep_alive_zero_never_lingers_and_ends_residents_it_meets(folder, tmp_path, monkeypatch):
     monkeypatch.setenv("HEARTH_FAKE_TOKEN_DELAY", "0")
-    lingering = _backend(folder, tmp_path)
-    lingering.load()
-    old = lingering.pid
-    lingering.close()
+    old = _left_loaded(folder, tmp_path)
 
     plain = _backend(folder, tmp_path, keep_alive_s=0)  # a server or a benchmark: never takes one over
     plain.load()
@@ -145,10 +148,7 @@ def test_a_runner_closed_mid_reply_does_not_linger(folder, tmp_path, monkeypatch
 
 def test_a_taken_over_runner_that_crashes_is_supervised_like_any(folder, tmp_path, monkeypatch):
     monkeypatch.setenv("HEARTH_FAKE_TOKEN_DELAY", "0")
-    first = _backend(folder, tmp_path)
-    first.load()
-    old = first.pid
-    first.close()
+    old = _left_loaded(folder, tmp_path)
 
     b = _backend(folder, tmp_path)
     b.load()
@@ -163,10 +163,7 @@ def test_a_taken_over_runner_that_crashes_is_supervised_like_any(folder, tmp_pat
 
 def test_only_one_of_two_commands_takes_a_resident(folder, tmp_path, monkeypatch):
     monkeypatch.setenv("HEARTH_FAKE_TOKEN_DELAY", "0")
-    first = _backend(folder, tmp_path)
-    first.load()
-    pid = first.pid
-    first.close()
+    pid = _left_loaded(folder, tmp_path)
     (r,) = resident.residents(folder)
 
     got: list[object] = []
