@@ -39,6 +39,8 @@ from backends.torch_engine.kv_swap import HostKVStore, KVSwapper, measure_bandwi
 from backends.torch_engine.offload import offload_layers
 from backends.torch_engine.parts import kv_pool_blocks
 from backends.torch_engine.quantize import DENSE_MIN_ROWS, QUANTIZED_ROWS, QuantLinear, prepare_for_cpu
+from backends.torch_engine.scripted_decode import ScriptedDecode
+from backends.torch_engine.scripted_decode import unavailable_reason as scripted_unavailable
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
 from backends.torch_engine.swap_cost import SwapCost
 from backends.torch_engine.tp.layers import pool_kv_heads as most_kv_heads
@@ -245,6 +247,7 @@ class ModelRunner:
         self.swap_cost: SwapCost | None = None
         if self.device.type == "cuda" and options.swap_space_bytes > 0 and tp is None:
             self.enable_swap(options.swap_space_bytes // self.kv_pool.block_bytes)
+        self.scripted_decode_off = self._script_decode(tp)
         if spare is not None and self.thread_tuner is not None and (free := spare()) is not None:
             self.thread_tuner.start_at(round(free))
         if self.weight_cache == "hit":
@@ -253,6 +256,18 @@ class ModelRunner:
             _trim_heap()
         else:
             _release_freed_memory()
+
+    def _script_decode(self, tp: Comm | None) -> str | None:
+        """Give the model its scripted CPU decode loop (scripted_decode.py) where it applies; returns why not."""
+        if tp is not None:
+            return "off (tensor parallel)"
+        off = scripted_unavailable(self.model, self.ops.name, self.dtype, self.device)
+        if off is None:
+            try:
+                self.model.scripted_decode = ScriptedDecode(self.model, self.kv_caches)
+            except Exception as e:  # noqa: BLE001 - a torch without TorchScript, or one that cannot script it
+                return f"off (TorchScript could not script the layer loop: {type(e).__name__}: {e})"
+        return off
 
     def _wants_int8_head(self) -> bool:
         """Whether decode rows take the int8 head (cpu_head.py): the bf16 CPU path on torch's kernels."""
@@ -551,6 +566,7 @@ class ModelRunner:
             **self._describe_offload(),
             **self._describe_experts(),
             **self._describe_graphs(),
+            **self._describe_scripted(),
             **self._describe_kernel_check(),
         }
 
@@ -591,6 +607,17 @@ class ModelRunner:
             }
         return {"cuda_graphs": off}
 
+    def _describe_scripted(self) -> dict[str, Any]:
+        if self.device.type != "cpu":
+            return {}
+        scripted = getattr(self.model, "scripted_decode", None)
+        if scripted is None:
+            return {"scripted_decode": self.scripted_decode_off or "off"}
+        check = scripted.check
+        if check is not None and check["verdict"] != "ok":
+            return {"scripted_decode": f"off (its first step differed from the eager one: {check.get('detail')})"}
+        return {"scripted_decode": "on", "scripted_decode_check": check["verdict"] if check else "pending"}
+
     def _describe_offload(self) -> dict[str, Any]:
         streamer = self.offload
         if streamer is None:
@@ -603,6 +630,8 @@ class ModelRunner:
 
     def close(self) -> None:
         self.decode_graphs = None  # the graphs write into the KV pool: they go first
+        if self.model is not None:
+            self.model.scripted_decode = None  # so does the scripted loop (it holds views of the pool)
         self.kv_pool.close()
         self.kv_caches = []
         self.model = None  # type: ignore[assignment]

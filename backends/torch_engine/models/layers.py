@@ -29,6 +29,7 @@ from kernels.rope import rope_cos_sin
 
 if TYPE_CHECKING:
     from backends.torch_engine.offload import LayerStreamer
+    from backends.torch_engine.scripted_decode import ScriptedDecode
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,9 @@ class DecoderModel(nn.Module):
         self.register_buffer("inv_freq_local", torch.ones(rot // 2) if cfg.rope_base_local else None, persistent=False)
         # set by backends.torch_engine.offload.offload_layers when some blocks' weights live in host memory
         self.offload: LayerStreamer | None = None
+        # set by the runner when the layer loop of CPU decode steps can run as one TorchScript call
+        # (backends/torch_engine/scripted_decode.py): same ops, same bits, without the Python between them
+        self.scripted_decode: ScriptedDecode | None = None
 
     def forward(
         self,
@@ -226,6 +230,25 @@ class DecoderModel(nn.Module):
         x = self.embed(input_ids)  # (num_tokens, hidden)
         if self.cfg.embed_scale != 1.0:  # rounded to the compute dtype first, as Hugging Face's Gemma does
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+        scripted = self.scripted_decode
+        if scripted is not None and self.offload is None and scripted.accepts(meta, x.shape[0]):
+            x, residual = scripted.layers(x, cos, sin, meta, lambda: self._layers(x, cos, sin, local, kv_caches, meta))
+        else:
+            x, residual = self._layers(x, cos, sin, local, kv_caches, meta)
+        if residual is None:  # no layers
+            return self.norm(x)
+        return self.norm.add_forward(x, residual)[0]
+
+    def _layers(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        local: tuple[torch.Tensor, torch.Tensor],
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layer loop: (last block's MLP output, the residual stream before it; None without layers)."""
         residual: torch.Tensor | None = None
         streamer = self.offload
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
@@ -235,9 +258,7 @@ class DecoderModel(nn.Module):
             x, residual = layer.forward(x, residual, c, s, k_cache, v_cache, meta)
             if streamer is not None:
                 streamer.after_layer(i)
-        if residual is None:  # no layers
-            return self.norm(x)
-        return self.norm.add_forward(x, residual)[0]
+        return x, residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, hidden) -> (n, vocab) float32."""

@@ -1,0 +1,256 @@
+"""The CPU decode step's layer loop as one TorchScript call: the CPU's counterpart of cuda_graphs.py.
+
+Why (issue 24 item 3).  A batch-1 CPU decode step of the starter spends ~4 ms of its ~13.6 ms (2 threads, Zen 4)
+in Python: 30 layers x ~60 Python calls around ~30 small ops each (Block.forward, the norms, RoPE, the KV write,
+the attention's gathers, QuantLinear.forward).  A second thread shortens the matmuls but not that, which is why
+the engine gained 1.17x from its second thread against llama.cpp's 1.63x.  Scripted, the loop runs in
+TorchScript's C++ interpreter: the same ATen ops in the same order on the same tensors, without the Python
+around them.
+
+Bit for bit the eager step.  The script calls exactly the ops the eager decode path calls (kernels/rmsnorm.py
+rms_norm_torch's layer_norm of [x, -x], rope_torch's roll and addcmul, write_kv's head-major index_copy_,
+paged_attention_torch's gathers and one masked SDPA, QuantLinear's packed-kernel call, silu_and_mul_torch), so a
+decode row gets the same bits here as in a step that runs eagerly (one with prompt chunks beside it): a seeded
+request's text does not depend on which steps were scripted.  The runner checks it on the first scripted step
+(both run, their outputs must be equal) and runs eagerly from then on if they differ; tests check it too.
+
+Where it applies (`unavailable_reason` says why not): CPU, the "torch" kernel set, bf16, the shared pre-norm
+`Block` (Llama, Mistral, Qwen2, SmolLM2) with SiLU, no QK-norm, no biases, no sliding window, full rotary
+dimensions, every projection on torch's packed int4/int8 kernels, head-major KV caches, no offload.  Steps it
+takes (`accepts`): decode-only, every row on the quantized kernels (quantize.QUANTIZED_ROWS).
+HEARTH_SCRIPTED_DECODE=0 turns it off.  TorchScript is deprecated in torch 2.x (it warns once; the warning is
+silenced here) but still ships; if a torch drops it, scripting fails and the engine runs eagerly, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from backends.torch_engine.quantize import QUANTIZED_ROWS, QuantLinear
+from kernels.attention import AttentionMetadata, _head_major_memory, _mask_bias
+from kernels.rmsnorm import _padded_weight
+from kernels.rope import _full_tables
+
+ENV_VAR = "HEARTH_SCRIPTED_DECODE"
+INT4, INT8_SPLIT, INT8 = 0, 1, 2  # a projection's packed kind (kernels/quant_matmul_cpu.py CpuPackedWeight.kind)
+_KINDS = {"int4": INT4, "int8-split": INT8_SPLIT, "int8": INT8}
+
+
+class _Layers(nn.Module):
+    """The decoder layers of one model, flattened into lists the script indexes (4 projections a layer:
+    qkv, o, gate_up, down).  Scripted by `ScriptedDecode`; `forward` mirrors models/layers.py Block.forward
+    on the eager CPU kernels op for op (see the module docstring)."""
+
+    def __init__(
+        self,
+        packed: list[torch.Tensor],
+        packed_lo: list[torch.Tensor],
+        scales: list[torch.Tensor],
+        scales_lo: list[torch.Tensor],
+        kinds: list[int],
+        groups: list[int],
+        norms: list[torch.Tensor],
+        k_memory: list[torch.Tensor],
+        v_memory: list[torch.Tensor],
+        dims: tuple[int, int, int, int, int],
+        eps: float,
+        scale: float,
+    ) -> None:
+        super().__init__()
+        self.packed, self.packed_lo, self.scales, self.scales_lo = packed, packed_lo, scales, scales_lo
+        self.kinds, self.groups = kinds, groups
+        self.norms = norms  # per layer: input norm, post-attention norm ([weight, 0] float32: rms_norm_torch)
+        self.k_memory, self.v_memory = k_memory, v_memory  # (num_blocks * kv_heads * block_size, D) per layer
+        self.n_layers = len(k_memory)
+        self.hidden, self.n_heads, self.n_kv_heads, self.head_dim, self.block_size = dims
+        self.eps, self.scale = eps, scale
+
+    def linear(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """QuantLinear's decode path: cpu_rows_kernel(w)(x.contiguous())."""
+        x = x.contiguous()
+        kind = self.kinds[i]
+        if kind == 0:
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed[i], self.groups[i], self.scales[i])
+        if kind == 1:
+            hi = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed[i], self.groups[i], self.scales[i])
+            lo = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed_lo[i], self.groups[i], self.scales_lo[i])
+            return hi.add_(lo)
+        return torch.ops.aten._weight_int8pack_mm(x, self.packed[i], self.scales[i])
+
+    def norm(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """kernels/rmsnorm.py rms_norm_torch on CPU."""
+        doubled = torch.cat([x, -x], dim=-1)
+        out = torch.nn.functional.layer_norm(doubled, [2 * self.hidden], self.norms[i], None, self.eps)
+        return out[:, : self.hidden].to(x.dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_full: torch.Tensor,
+        sin_signed: torch.Tensor,
+        write_rows: torch.Tensor,
+        gather_rows: torch.Tensor,
+        bias: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (n, hidden) embeddings of n decode rows; cos_full, sin_signed: rope_torch's (n, 1, D) tables;
+        write_rows: (n * kv_heads,) memory rows of the new K/V (write_kv); gather_rows: (n, kv_heads, blocks)
+        memory blocks of each row's context (paged_attention_torch); bias: (n, 1, 1, blocks * block_size)
+        float32 mask.  Returns (last layer's MLP output, the residual stream before it)."""
+        n = x.shape[0]
+        heads, kv_heads, d, bs = self.n_heads, self.n_kv_heads, self.head_dim, self.block_size
+        length = gather_rows.shape[2] * bs
+        residual = x
+        h = self.norm(x, 0)
+        for layer in range(self.n_layers):
+            if layer > 0:
+                residual = x + residual
+                h = self.norm(residual, 2 * layer)
+            qkv = self.linear(h, 4 * layer).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+            q = qkv[0].reshape(n, heads, d)
+            k = qkv[1].reshape(n, kv_heads, d)
+            v = qkv[2].view(n, kv_heads, d)
+            qk = torch.cat([q, k], dim=1).float()
+            qk = (qk * cos_full).addcmul_(qk.roll(d // 2, -1), sin_signed).to(q.dtype)
+            q, k = qk[:, :heads], qk[:, heads:]
+            k_memory, v_memory = self.k_memory[layer], self.v_memory[layer]
+            k_memory.index_copy_(0, write_rows, k.reshape(-1, d).to(k_memory.dtype))
+            v_memory.index_copy_(0, write_rows, v.reshape(-1, d).to(v_memory.dtype))
+            flat_rows = gather_rows.reshape(-1)
+            keys = torch.index_select(k_memory.view(-1, bs * d), 0, flat_rows)
+            vals = torch.index_select(v_memory.view(-1, bs * d), 0, flat_rows)
+            keys = keys.view(n, kv_heads, length, d).to(q.dtype)
+            vals = vals.view(n, kv_heads, length, d).to(q.dtype)
+            qs = q.view(n, kv_heads, heads // kv_heads, d)
+            attn = torch.nn.functional.scaled_dot_product_attention(qs, keys, vals, attn_mask=bias, scale=self.scale)
+            attn = self.linear(attn.view(n, heads, d).reshape(n, -1), 4 * layer + 1)
+            residual = attn + residual
+            h = self.norm(residual, 2 * layer + 1)
+            gate_up = self.linear(h, 4 * layer + 2).chunk(2, dim=-1)
+            x = self.linear(torch.nn.functional.silu(gate_up[0]) * gate_up[1], 4 * layer + 3)
+        return x, residual
+
+
+def unavailable_reason(model: nn.Module, ops_name: str, dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why the scripted decode step cannot run this model (None: it can); see the module docstring."""
+    from backends.torch_engine.models.layers import Block, DecoderModel  # lazy: models import this package
+
+    if os.environ.get(ENV_VAR, "1") == "0":
+        return f"off ({ENV_VAR}=0)"
+    if device.type != "cpu" or ops_name != "torch" or dtype != torch.bfloat16:
+        return "off (only bf16 on the CPU's torch kernels)"
+    if not isinstance(model, DecoderModel) or getattr(model, "offload", None) is not None:
+        return "off (not a plain decoder model in memory)"
+    cfg = model.cfg
+    if cfg.qk_norm or cfg.sliding_window or (0 < cfg.rope_dim < cfg.head_dim) or cfg.activation != "silu":
+        return "off (QK-norm, sliding windows, partial RoPE or GeGLU: the eager path runs them)"
+    if cfg.rope_attn_factor != 1.0 or cfg.rope_base_local or cfg.embed_scale != 1.0 or cfg.n_heads % cfg.n_kv_heads:
+        return "off (this family's RoPE or embedding options run on the eager path)"
+    for layer in model.layers:
+        if type(layer) is not Block:
+            return f"off ({type(layer).__name__} layers run on the eager path)"
+        for proj in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            if not isinstance(proj, QuantLinear) or proj._cpu is None or proj._cpu_rows is None:
+                return "off (some projections are not on the packed int4/int8 CPU kernels)"
+    return None
+
+
+class ScriptedDecode:
+    """ScriptedDecode(model, kv_caches): the scripted layer loop of `model` over its head-major `kv_caches`.
+    `accepts(meta, num_rows)`, then `layers(x, cos, sin, meta, eager)` -> (MLP output, residual) as the eager
+    loop returns them.  Raises RuntimeError when the caches are not head-major or TorchScript cannot script it.
+
+    `check`: the first step's comparison with the eager loop (None before it), {"verdict": "ok"|"mismatch", ...};
+    after a mismatch `accepts` says no from then on."""
+
+    check: dict[str, Any] | None = None
+
+    def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        cfg = model.cfg
+        packed, packed_lo, scales, scales_lo, kinds, groups, norms = [], [], [], [], [], [], []
+        empty = torch.empty(0)
+        for layer in model.layers:
+            norms += [_padded_weight(layer.input_norm.weight), _padded_weight(layer.post_norm.weight)]
+            for proj in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+                w = proj._cpu
+                split = w.kind == "int8-split"
+                packed.append(w.packed[0] if split else w.packed)
+                scales.append(w.scales[0] if split else w.scales)
+                packed_lo.append(w.packed[1] if split else empty)
+                scales_lo.append(w.scales[1] if split else empty)
+                kinds.append(_KINDS[w.kind])
+                groups.append(w.group_size)
+        k_memory, v_memory = [], []
+        for k_cache, v_cache in kv_caches:
+            km, vm = _head_major_memory(k_cache), _head_major_memory(v_cache)
+            if km is None or vm is None:
+                raise RuntimeError("the KV caches are not head-major")
+            k_memory.append(km)
+            v_memory.append(vm)
+        self.block_size = kv_caches[0][0].shape[1]
+        self.n_kv_heads = cfg.n_kv_heads
+        eps = model.layers[0].input_norm.eps
+        dims = (cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.block_size)
+        scale = model.layers[0].attn.scale
+        module = _Layers(
+            packed, packed_lo, scales, scales_lo, kinds, groups, norms, k_memory, v_memory, dims, eps, scale
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script's own; see the docstring
+            self.script = torch.jit.script(module.eval())
+
+    def accepts(self, meta: AttentionMetadata, num_rows: int) -> bool:
+        """A decode-only step (one group of one-token rows, in order) whose rows all take the quantized kernels."""
+        if len(meta.groups) != 1 or meta.window or (self.check is not None and self.check["verdict"] != "ok"):
+            return False
+        g = meta.groups[0]
+        quantized = QUANTIZED_ROWS.get()
+        return g.q_len == 1 and g.token_index.shape[0] == num_rows and quantized is not None and quantized >= num_rows
+
+    def layers(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        eager: Callable[[], tuple[torch.Tensor, torch.Tensor | None]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The eager layer loop's (x, residual) for an accepted step; x (n, hidden) embeddings, cos/sin the
+        step's (n, 1, D/2) RoPE tables; `eager()` runs the eager loop on the same step.  The first step runs both
+        (the script first: the eager loop's K/V writes are the ones kept) and returns the eager result; they
+        must be equal, or the script is not used again (`check`)."""
+        out = self._run(x, cos, sin, meta)
+        if self.check is None:
+            want = eager()
+            same = want[1] is not None and torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
+            detail = "" if same else f"max difference {float((out[0] - want[0]).abs().max()):.3g} at {x.shape[0]} rows"
+            self.check = {"verdict": "ok" if same else "mismatch", "rows": x.shape[0]} | (
+                {"detail": detail} if detail else {}
+            )
+            return want  # type: ignore[return-value]
+        return out
+
+    def _run(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Builds the step's rows, mask and full RoPE tables the way the eager kernels do (kept in the step's
+        memo, where the eager ops find them too), then calls the script."""
+        g = meta.groups[0]
+        kv, bs = self.n_kv_heads, self.block_size
+        write_rows = meta.memo.get(("write_rows", bs, kv))
+        if write_rows is None:  # kernels/attention.py write_kv's rows
+            slots = meta.slot_mapping
+            base = (slots // bs) * (kv * bs) + slots % bs
+            write_rows = (base[:, None] + torch.arange(kv)[None, :] * bs).reshape(-1)
+            meta.memo[("write_rows", bs, kv)] = write_rows
+        gather_rows = g.memo.get(("rows", kv))
+        if gather_rows is None:  # paged_attention_torch's rows
+            gather_rows = g.block_tables[:, None, :] * kv + torch.arange(kv)[None, :, None]
+            g.memo[("rows", kv)] = gather_rows
+        cos_full, sin_signed = _full_tables(cos, sin)
+        return self.script(x, cos_full, sin_signed, write_rows, gather_rows, _mask_bias(g))

@@ -1,0 +1,122 @@
+"""The scripted CPU decode loop (backends/torch_engine/scripted_decode.py) on tiny GGUFs in a real runner: the same
+bits as the eager loop for int4 (Q4_1), group-wise int8 (Q8_0, two int4 halves) and per-channel int8 weights, at
+one and at several rows; only decode-only steps take it; a mismatch on the first step turns it off; it stays off
+where it does not apply, and says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends.api import LoadOptions
+from backends.modelspec import load_spec
+from backends.torch_engine import scripted_decode
+from backends.torch_engine.model_runner import ModelRunner
+from tests.gguf_factory import write_tiny_llama
+
+PROMPTS = [[5, 17, 200, 3, 99, 42, 7, 300, 12, 64, 81, 150, 9, 33, 71, 2, 8], [11, 23, 57, 140, 260, 31]]
+TABLES = [[0, 1, 2], [3, 4, 5]]
+
+
+def _spec(tmp_path, weight_type: str = "Q4_1"):  # type: ignore[no-untyped-def]
+    # head_dim 32 (hidden 128, 4 heads), 2 KV heads: the GQA fold of the eager path; 3 layers
+    return load_spec(
+        write_tiny_llama(tmp_path / f"{weight_type}.gguf", weight_type=weight_type, hidden=128, ffn=256, n_layers=3)
+    )
+
+
+def _runner(spec, weight_quant: str = "gguf", kernels: str | None = None) -> ModelRunner:  # type: ignore[no-untyped-def]
+    options = LoadOptions(
+        n_ctx=64, max_num_seqs=2, dtype="bfloat16", device="cpu", adaptive_threads=False, weight_quant=weight_quant
+    )
+    return ModelRunner(spec, options, kernels)
+
+
+def _decode(runner: ModelRunner, rows: int, steps: int = 6) -> list[torch.Tensor]:
+    """Prefill `rows` prompts, then `steps` greedy decode-only steps; the logits of each step."""
+    seqs = [(PROMPTS[i], 0, TABLES[i]) for i in range(rows)]
+    logits = runner.forward(seqs, "last", num_decodes=0)
+    out = []
+    for step in range(steps):
+        toks = [int(t) for t in logits.argmax(-1)]
+        logits = runner.forward(
+            [([toks[i]], len(PROMPTS[i]) + step, TABLES[i]) for i in range(rows)], "last", num_decodes=rows
+        )
+        out.append(logits)
+    return out
+
+
+@pytest.mark.parametrize(("weight_type", "weight_quant"), [("Q4_1", "gguf"), ("Q8_0", "gguf"), ("F16", "int8")])
+def test_the_scripted_loop_gives_the_eager_bits(tmp_path, weight_type: str, weight_quant: str) -> None:  # type: ignore[no-untyped-def]
+    spec = _spec(tmp_path, weight_type)
+    runner = _runner(spec, weight_quant)
+    scripted = runner.model.scripted_decode
+    assert scripted is not None, runner.describe()["scripted_decode"]
+    kinds = {proj._cpu.kind for layer in runner.model.layers for proj in (layer.attn.qkv_proj, layer.mlp.down_proj)}
+    assert kinds == {{"Q4_1": "int4", "Q8_0": "int8-split", "F16": "int8"}[weight_type]}
+    for rows in (1, 2):
+        calls = []
+        original = scripted._run
+        scripted._run = lambda *a: calls.append(1) or original(*a)  # type: ignore[method-assign]
+        got = _decode(runner, rows)
+        scripted._run = original  # type: ignore[method-assign]
+        assert len(calls) == len(got)  # every decode step took the script (the prefill did not)
+        runner.model.scripted_decode = None
+        want = _decode(runner, rows)
+        runner.model.scripted_decode = scripted
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+    assert scripted.check == {"verdict": "ok", "rows": 1}
+    assert runner.describe()["scripted_decode"] == "on"
+    runner.close()
+
+
+def test_a_step_with_a_prompt_chunk_runs_eagerly(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    runner = _runner(_spec(tmp_path))
+    scripted = runner.model.scripted_decode
+    runner.forward([(PROMPTS[0], 0, TABLES[0])], "last", num_decodes=0)
+    calls = []
+    original = scripted._run
+    scripted._run = lambda *a: calls.append(1) or original(*a)  # type: ignore[method-assign]
+    # one decode row beside a prompt chunk: a mixed step, the eager loop
+    runner.forward([([7], len(PROMPTS[0]), TABLES[0]), (PROMPTS[1], 0, TABLES[1])], "last", num_decodes=1)
+    # a decode row on the dense copies (num_decodes 0): eager too
+    runner.forward([([7], len(PROMPTS[0]) + 1, TABLES[0])], "last", num_decodes=0)
+    assert calls == []
+    runner.forward([([7], len(PROMPTS[0]) + 2, TABLES[0])], "last", num_decodes=1)
+    assert calls == [1]
+    runner.close()
+
+
+def test_a_first_step_that_differs_turns_it_off(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    runner = _runner(_spec(tmp_path))
+    scripted = runner.model.scripted_decode
+    runner.model.scripted_decode = None
+    want = _decode(runner, 1, steps=3)
+    runner.model.scripted_decode = scripted
+    original = scripted._run
+
+    def off_by_a_bit(*args):  # type: ignore[no-untyped-def]
+        x, residual = original(*args)
+        return x + 1, residual
+
+    scripted._run = off_by_a_bit  # type: ignore[method-assign]
+    got = _decode(runner, 1, steps=3)
+    for a, b in zip(got, want, strict=True):  # the eager result is what the first step returned, and after it
+        assert torch.equal(a, b)
+    assert scripted.check["verdict"] == "mismatch"
+    assert runner.describe()["scripted_decode"].startswith("off (its first step differed")
+    runner.close()
+
+
+def test_where_it_does_not_apply_it_says_why(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    spec = _spec(tmp_path)
+    reference = _runner(spec, kernels="reference")
+    assert reference.model.scripted_decode is None
+    assert reference.describe()["scripted_decode"] == "off (only bf16 on the CPU's torch kernels)"
+    reference.close()
+    monkeypatch.setenv(scripted_decode.ENV_VAR, "0")
+    runner = _runner(spec)
+    assert runner.model.scripted_decode is None
+    assert runner.describe()["scripted_decode"] == f"off ({scripted_decode.ENV_VAR}=0)"
+    runner.close()
