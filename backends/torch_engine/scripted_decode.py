@@ -156,7 +156,7 @@ def unavailable_reason(model: nn.Module, ops_name: str, dtype: torch.dtype, devi
             return f"off ({type(layer).__name__} layers run on the eager path)"
         for proj in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             if not isinstance(proj, QuantLinear) or proj._cpu is None or proj._cpu_rows is None:
-                return "off (some projections are not on the packed int4/int8 CPU kernels)"
+                return "off (some projections have biases or input scales, or are not on the packed CPU kernels)"
     return None
 
 
