@@ -11,7 +11,9 @@ order under a token budget (`max_num_batched_tokens`, LoadOptions.n_batch):
   (they wait their turn, oldest first).  When no request can make room, nothing ranked below it is admitted.
 - a running request that needs a block the pool lacks preempts the worst-ranked running request not yet
   scheduled this step (possibly itself).
-A preempted request goes back to waiting with everything it generated, and its KV either is freed or, where
+A preempted request goes back to waiting with everything it generated (and is admitted again only when the pool
+can hold all of its tokens, so it is not preempted again mid-recompute by its own growth), and its KV either is
+freed or, where
 the engine has swap space (a GPU, `swap_cost` set), is swapped out to host RAM, whichever way back is cheaper
 for its length (swap_cost.py).  When it comes back its tokens (prompt and outputs) are recomputed, taking what
 is still in the prefix cache, or its blocks are swapped in (fresh device blocks, its block table rewritten), and
@@ -240,7 +242,12 @@ class Scheduler:
                     cached = bm.find_cached_prefix(request) if fresh else []
                     start = request.num_computed_tokens + len(cached) * bm.block_size
                     num_new = min(request.num_tokens - start, room)
-                    if bm.allocate(request, num_new, cached):
+                    # A request coming back from a recompute returns only when all of it fits the pool: admitted
+                    # a chunk at a time, two that each needed most of the pool took turns preempting each other
+                    # mid-recompute and neither ever finished (the property test found it: 3 blocks, ~33 tokens
+                    # each).  New requests still come in a chunk at a time.
+                    whole = request.num_preemptions == 0 or bm.can_allocate(request, request.num_tokens - start, cached)
+                    if whole and bm.allocate(request, num_new, cached):
                         break
             victim = self._victim(taken, now=now, newcomer=request)
             if victim is None and self._drop_swapped(request, now):

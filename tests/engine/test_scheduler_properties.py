@@ -8,7 +8,7 @@ and prefix-cache hits never change a request's tokens (each equals the fake mode
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torch_engine_fakes import FakePagedKV, fake_step, reference_continuation
 
@@ -43,6 +43,23 @@ workload = st.fixed_dictionaries(
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(w=workload)
+@example(  # two recomputes that each needed most of the pool preempted each other forever (a CI run found it)
+    w={
+        "num_blocks": 3,
+        "budget": 4,
+        "max_num_seqs": 2,
+        "prefix": [0, 0, 0, 0],
+        "requests": [
+            ([0], False, 33, 1, -2),
+            ([0], True, 18, 1, 2),
+            ([0, 0], False, 29, 1, -1),
+            ([0, 0, 0], True, 16, 0, 0),
+            ([0, 0, 0, 0, 0, 0, 0], True, 23, 0, -1),
+        ],
+        "aborts": [],
+        "ttft_s": None,
+    }
+)
 def test_invariants_hold_and_outputs_never_change(w: dict) -> None:
     bm = BlockManager(w["num_blocks"])
     clock = [0.0]
