@@ -615,7 +615,7 @@ class ModelRunner:
             return {"scripted_decode": self.scripted_decode_off or "off"}
         check = scripted.check
         if check is not None and check["verdict"] != "ok":
-            return {"scripted_decode": f"off (its first step differed from the eager one: {check.get('detail')})"}
+            return {"scripted_decode": f"off (checked against the eager loop on its first step: {check.get('detail')})"}
         return {"scripted_decode": "on", "scripted_decode_check": check["verdict"] if check else "pending"}
 
     def _describe_offload(self) -> dict[str, Any]:

@@ -105,7 +105,27 @@ def test_a_first_step_that_differs_turns_it_off(tmp_path) -> None:  # type: igno
     for a, b in zip(got, want, strict=True):  # the eager result is what the first step returned, and after it
         assert torch.equal(a, b)
     assert scripted.check["verdict"] == "mismatch"
-    assert runner.describe()["scripted_decode"].startswith("off (its first step differed")
+    said = runner.describe()["scripted_decode"]
+    assert said.startswith("off (checked against the eager loop on its first step: max difference")
+    runner.close()
+
+
+def test_a_script_that_raises_on_its_first_step_turns_it_off(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    runner = _runner(_spec(tmp_path))
+    scripted = runner.model.scripted_decode
+    runner.model.scripted_decode = None
+    want = _decode(runner, 1, steps=2)
+    runner.model.scripted_decode = scripted
+
+    def broken(*args):  # type: ignore[no-untyped-def]
+        raise RuntimeError("no such op")
+
+    scripted._run = broken  # type: ignore[method-assign]
+    got = _decode(runner, 1, steps=2)  # the request goes on, eagerly
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    assert scripted.check == {"verdict": "mismatch", "rows": 1, "detail": "the script failed: RuntimeError: no such op"}
+    assert "the script failed" in runner.describe()["scripted_decode"]
     runner.close()
 
 
