@@ -15,7 +15,7 @@ request's text does not depend on which steps were scripted.  The runner checks 
 (both run, their outputs must be equal) and runs eagerly from then on if they differ; tests check it too.
 
 Where it applies (`unavailable_reason` says why not): CPU, the "torch" kernel set, bf16, the shared pre-norm
-`Block` (Llama, Mistral, Qwen2, SmolLM2) with SiLU, no QK-norm, no biases, no sliding window, full rotary
+`Block` (Llama, Mistral, SmolLM2, Qwen3 with its QK-norm) with SiLU, no biases, no sliding window, full rotary
 dimensions, every projection on torch's packed int4/int8 kernels, head-major KV caches, no offload.  Steps it
 takes (`accepts`): decode-only, every row on the quantized kernels (quantize.QUANTIZED_ROWS).
 HEARTH_SCRIPTED_DECODE=0 turns it off.  TorchScript is deprecated in torch 2.x (it warns once; the warning is
@@ -56,6 +56,7 @@ class _Layers(nn.Module):
         kinds: list[int],
         groups: list[int],
         norms: list[torch.Tensor],
+        qk_norms: list[torch.Tensor],
         k_memory: list[torch.Tensor],
         v_memory: list[torch.Tensor],
         dims: tuple[int, int, int, int, int],
@@ -66,6 +67,10 @@ class _Layers(nn.Module):
         self.packed, self.packed_lo, self.scales, self.scales_lo = packed, packed_lo, scales, scales_lo
         self.kinds, self.groups = kinds, groups
         self.norms = norms  # per layer: input norm, post-attention norm ([weight, 0] float32: rms_norm_torch)
+        # per layer: Q's and K's per-head norms (Qwen3), as norms; without QK-norm one unused tensor (TorchScript
+        # cannot type an empty list)
+        self.qk_norm = len(qk_norms) > 0
+        self.qk_norms = qk_norms if qk_norms else [torch.empty(0)]
         self.k_memory, self.v_memory = k_memory, v_memory  # (num_blocks * kv_heads * block_size, D) per layer
         self.n_layers = len(k_memory)
         self.hidden, self.n_heads, self.n_kv_heads, self.head_dim, self.block_size = dims
@@ -83,11 +88,12 @@ class _Layers(nn.Module):
             return hi.add_(lo)
         return torch.ops.aten._weight_int8pack_mm(x, self.packed[i], self.scales[i])
 
-    def norm(self, x: torch.Tensor, i: int) -> torch.Tensor:
-        """kernels/rmsnorm.py rms_norm_torch on CPU."""
+    def norm(self, x: torch.Tensor, padded: torch.Tensor) -> torch.Tensor:
+        """kernels/rmsnorm.py rms_norm_torch on CPU: x (rows, width), padded its [weight, 0]."""
+        width = x.shape[-1]
         doubled = torch.cat([x, -x], dim=-1)
-        out = torch.nn.functional.layer_norm(doubled, [2 * self.hidden], self.norms[i], None, self.eps)
-        return out[:, : self.hidden].to(x.dtype)
+        out = torch.nn.functional.layer_norm(doubled, [2 * width], padded, None, self.eps)
+        return out[:, :width].to(x.dtype)
 
     def forward(
         self,
@@ -106,15 +112,18 @@ class _Layers(nn.Module):
         heads, kv_heads, d, bs = self.n_heads, self.n_kv_heads, self.head_dim, self.block_size
         length = gather_rows.shape[2] * bs
         residual = x
-        h = self.norm(x, 0)
+        h = self.norm(x, self.norms[0])
         for layer in range(self.n_layers):
             if layer > 0:
                 residual = x + residual
-                h = self.norm(residual, 2 * layer)
+                h = self.norm(residual, self.norms[2 * layer])
             qkv = self.linear(h, 4 * layer).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
             q = qkv[0].reshape(n, heads, d)
             k = qkv[1].reshape(n, kv_heads, d)
             v = qkv[2].view(n, kv_heads, d)
+            if self.qk_norm:  # Attention.forward's q_norm / k_norm over each head's vector
+                q = self.norm(q.reshape(-1, d), self.qk_norms[2 * layer]).view(n, heads, d)
+                k = self.norm(k.reshape(-1, d), self.qk_norms[2 * layer + 1]).view(n, kv_heads, d)
             qk = torch.cat([q, k], dim=1).float()
             qk = (qk * cos_full).addcmul_(qk.roll(d // 2, -1), sin_signed).to(q.dtype)
             q, k = qk[:, :heads], qk[:, heads:]
@@ -130,7 +139,7 @@ class _Layers(nn.Module):
             attn = torch.nn.functional.scaled_dot_product_attention(qs, keys, vals, attn_mask=bias, scale=self.scale)
             attn = self.linear(attn.view(n, heads, d).reshape(n, -1), 4 * layer + 1)
             residual = attn + residual
-            h = self.norm(residual, 2 * layer + 1)
+            h = self.norm(residual, self.norms[2 * layer + 1])
             gate_up = self.linear(h, 4 * layer + 2).chunk(2, dim=-1)
             x = self.linear(torch.nn.functional.silu(gate_up[0]) * gate_up[1], 4 * layer + 3)
         return x, residual
@@ -147,8 +156,8 @@ def unavailable_reason(model: nn.Module, ops_name: str, dtype: torch.dtype, devi
     if not isinstance(model, DecoderModel) or getattr(model, "offload", None) is not None:
         return "off (not a plain decoder model in memory)"
     cfg = model.cfg
-    if cfg.qk_norm or cfg.sliding_window or (0 < cfg.rope_dim < cfg.head_dim) or cfg.activation != "silu":
-        return "off (QK-norm, sliding windows, partial RoPE or GeGLU: the eager path runs them)"
+    if cfg.sliding_window or (0 < cfg.rope_dim < cfg.head_dim) or cfg.activation != "silu":
+        return "off (sliding windows, partial RoPE or GeGLU: the eager path runs them)"
     if cfg.rope_attn_factor != 1.0 or cfg.rope_base_local or cfg.embed_scale != 1.0 or cfg.n_heads % cfg.n_kv_heads:
         return "off (this family's RoPE or embedding options run on the eager path)"
     for layer in model.layers:
@@ -172,10 +181,12 @@ class ScriptedDecode:
 
     def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         cfg = model.cfg
-        packed, packed_lo, scales, scales_lo, kinds, groups, norms = [], [], [], [], [], [], []
+        packed, packed_lo, scales, scales_lo, kinds, groups, norms, qk_norms = [], [], [], [], [], [], [], []
         empty = torch.empty(0)
         for layer in model.layers:
             norms += [_padded_weight(layer.input_norm.weight), _padded_weight(layer.post_norm.weight)]
+            if cfg.qk_norm:
+                qk_norms += [_padded_weight(layer.attn.q_norm.weight), _padded_weight(layer.attn.k_norm.weight)]
             for proj in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
                 w = proj._cpu
                 split = w.kind == "int8-split"
@@ -198,7 +209,7 @@ class ScriptedDecode:
         dims = (cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.block_size)
         scale = model.layers[0].attn.scale
         module = _Layers(
-            packed, packed_lo, scales, scales_lo, kinds, groups, norms, k_memory, v_memory, dims, eps, scale
+            packed, packed_lo, scales, scales_lo, kinds, groups, norms, qk_norms, k_memory, v_memory, dims, eps, scale
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script's own; see the docstring

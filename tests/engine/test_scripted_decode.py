@@ -1,7 +1,7 @@
 """The scripted CPU decode loop (backends/torch_engine/scripted_decode.py) on tiny GGUFs in a real runner: the same
 bits as the eager loop for int4 (Q4_1), group-wise int8 (Q8_0, two int4 halves) and per-channel int8 weights, at
 one and at several rows; only decode-only steps take it; a mismatch on the first step turns it off; it stays off
-where it does not apply, and says why."""
+where it does not apply, and says why; Qwen3's QK-norm runs in it too."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from backends.api import LoadOptions
 from backends.modelspec import load_spec
 from backends.torch_engine import scripted_decode
 from backends.torch_engine.model_runner import ModelRunner
+from tests.arch_factory import write_tiny_arch
 from tests.gguf_factory import write_tiny_llama
 
 PROMPTS = [[5, 17, 200, 3, 99, 42, 7, 300, 12, 64, 81, 150, 9, 33, 71, 2, 8], [11, 23, 57, 140, 260, 31]]
@@ -68,6 +69,23 @@ def test_the_scripted_loop_gives_the_eager_bits(tmp_path, weight_type: str, weig
             assert torch.equal(a, b)
     assert scripted.check == {"verdict": "ok", "rows": 1}
     assert runner.describe()["scripted_decode"] == "on"
+    runner.close()
+
+
+def test_qwen3_qk_norm_gives_the_eager_bits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # head_dim 64 with hidden 128 and 4 heads: Qwen3's head size is its own, not hidden / heads
+    path = write_tiny_arch(tmp_path / "qwen3.gguf", "qwen3", hidden=128, ffn=256, head_dim=64, weight_type="Q8_0")
+    runner = _runner(load_spec(path))
+    scripted = runner.model.scripted_decode
+    assert runner.model.cfg.qk_norm and scripted is not None, runner.describe()["scripted_decode"]
+    for rows in (1, 2):
+        got = _decode(runner, rows)
+        runner.model.scripted_decode = None
+        want = _decode(runner, rows)
+        runner.model.scripted_decode = scripted
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+    assert scripted.check == {"verdict": "ok", "rows": 1}
     runner.close()
 
 
