@@ -80,6 +80,9 @@ class Prestarted:
             self.sock.close()  # the runner sees the end of its socket and exits (child.py)
         except OSError:
             pass
+        # A runner never given a Load holds nothing: it is ended now, not left to finish its `import torch` (~0.7 s
+        # of CPU) before it notices its socket closed; a command refused early (a corrupt GGUF) waited for that.
+        self.proc.terminate()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.hostile.clirun import compiled_tree
 from tests.hostile.ggufraw import RawGGUF
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _bytecode() -> None:
+    """The suite measures CPU time of whole hearth commands as an installed hearth runs them: with bytecode."""
+    compiled_tree()
 
 
 @pytest.fixture(scope="session")
