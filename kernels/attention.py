@@ -159,6 +159,33 @@ def _head_major_memory(cache: torch.Tensor) -> torch.Tensor | None:
     return memory
 
 
+def head_major_write_rows(
+    slot_mapping: torch.Tensor, block_size: int, kv_heads: int, memo: dict[object, torch.Tensor] | None = None
+) -> torch.Tensor:
+    """(num_tokens * kv_heads,) the head-major memory row of each new token's K/V heads, token-major:
+    (block * kv_heads + head) * block_size + offset.  Kept in `memo` (the step's AttentionMetadata.memo): built
+    by the first layer, reused by the others (~10 small ops a layer, ~0.5 ms of a 30-layer batch-1 CPU step)."""
+    key = ("write_rows", block_size, kv_heads)
+    rows = None if memo is None else memo.get(key)
+    if rows is None:
+        base = (slot_mapping // block_size) * (kv_heads * block_size) + slot_mapping % block_size
+        rows = (base[:, None] + torch.arange(kv_heads, device=base.device)[None, :] * block_size).reshape(-1)
+        if memo is not None:
+            memo[key] = rows
+    return rows
+
+
+def head_major_gather_rows(g: AttentionGroup, kv_heads: int) -> torch.Tensor:
+    """(n, kv_heads, max_blocks) the rows (block, head) of a head-major (num_blocks * kv_heads, block, D) memory
+    that hold the group's sequences' blocks, in order; kept in the group's memo (built by the first layer)."""
+    rows = g.memo.get(("rows", kv_heads))
+    if rows is None:
+        heads = torch.arange(kv_heads, device=g.block_tables.device)
+        rows = g.block_tables[:, None, :] * kv_heads + heads[None, :, None]
+        g.memo[("rows", kv_heads)] = rows
+    return rows
+
+
 def write_kv(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -169,7 +196,7 @@ def write_kv(
 ) -> None:
     """Store the new tokens' K/V: k, v (num_tokens, kv_heads, D) into their slots of the caches.
     memo: the step's AttentionMetadata.memo; a head-major cache's memory rows are computed once per step
-    there instead of once per layer (~10 small ops a layer, ~0.5 ms of a 30-layer batch-1 CPU step)."""
+    there instead of once per layer (head_major_write_rows)."""
     if k_cache.is_contiguous() and v_cache.is_contiguous():
         kv_heads, head_dim = k_cache.shape[-2:]
         k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
@@ -178,13 +205,7 @@ def write_kv(
     k_memory, v_memory = _head_major_memory(k_cache), _head_major_memory(v_cache)
     if k_memory is not None and v_memory is not None:
         nb, bs, kv_heads, head_dim = k_cache.shape
-        key = ("write_rows", bs, kv_heads)
-        rows = None if memo is None else memo.get(key)
-        if rows is None:  # memory row of (token, head): (block * kv_heads + head) * block_size + offset
-            base = (slot_mapping // bs) * (kv_heads * bs) + slot_mapping % bs
-            rows = (base[:, None] + torch.arange(kv_heads, device=base.device)[None, :] * bs).reshape(-1)
-            if memo is not None:
-                memo[key] = rows
+        rows = head_major_write_rows(slot_mapping, bs, kv_heads, memo)
         k_memory.index_copy_(0, rows, k.reshape(-1, head_dim).to(k_memory.dtype))
         v_memory.index_copy_(0, rows, v.reshape(-1, head_dim).to(v_memory.dtype))
         return
@@ -239,10 +260,7 @@ def paged_attention_torch(
         length = g.block_tables.shape[1] * meta.block_size
         if k_memory is not None and v_memory is not None:
             # head-major: rows (block, head) of the (num_blocks * kv_heads, block, D) memory, gathered in order
-            rows = g.memo.get(("rows", kv_heads))
-            if rows is None:  # built by the first layer, reused by the others: (n, kv_heads, max_blocks)
-                rows = g.block_tables[:, None, :] * kv_heads + torch.arange(kv_heads, device=q.device)[None, :, None]
-                g.memo[("rows", kv_heads)] = rows
+            rows = head_major_gather_rows(g, kv_heads)
             bs = meta.block_size
             keys = _gather(k_memory.view(-1, bs, head_dim), rows).view(n, kv_heads, length, head_dim).to(q.dtype)
             vals = _gather(v_memory.view(-1, bs, head_dim), rows).view(n, kv_heads, length, head_dim).to(q.dtype)

@@ -33,7 +33,13 @@ import torch
 from torch import nn
 
 from backends.torch_engine.quantize import QUANTIZED_ROWS, QuantLinear
-from kernels.attention import AttentionMetadata, _head_major_memory, _mask_bias
+from kernels.attention import (
+    AttentionMetadata,
+    _head_major_memory,
+    _mask_bias,
+    head_major_gather_rows,
+    head_major_write_rows,
+)
 from kernels.rmsnorm import _padded_weight
 from kernels.rope import _full_tables
 
@@ -256,16 +262,7 @@ class ScriptedDecode:
         """Builds the step's rows, mask and full RoPE tables the way the eager kernels do (kept in the step's
         memo, where the eager ops find them too), then calls the script."""
         g = meta.groups[0]
-        kv, bs = self.n_kv_heads, self.block_size
-        write_rows = meta.memo.get(("write_rows", bs, kv))
-        if write_rows is None:  # kernels/attention.py write_kv's rows
-            slots = meta.slot_mapping
-            base = (slots // bs) * (kv * bs) + slots % bs
-            write_rows = (base[:, None] + torch.arange(kv)[None, :] * bs).reshape(-1)
-            meta.memo[("write_rows", bs, kv)] = write_rows
-        gather_rows = g.memo.get(("rows", kv))
-        if gather_rows is None:  # paged_attention_torch's rows
-            gather_rows = g.block_tables[:, None, :] * kv + torch.arange(kv)[None, :, None]
-            g.memo[("rows", kv)] = gather_rows
+        write_rows = head_major_write_rows(meta.slot_mapping, self.block_size, self.n_kv_heads, meta.memo)
+        gather_rows = head_major_gather_rows(g, self.n_kv_heads)
         cos_full, sin_signed = _full_tables(cos, sin)
         return self.script(x, cos_full, sin_signed, write_rows, gather_rows, _mask_bias(g))
