@@ -47,6 +47,28 @@ def _decode(runner: ModelRunner, rows: int, steps: int = 6) -> list[torch.Tensor
     return out
 
 
+def _eager_decode(runner: ModelRunner, rows: int, steps: int = 6) -> list[torch.Tensor]:
+    """_decode with the scripted loop taken away for the call (the eager loop's logits)."""
+    scripted, runner.model.scripted_decode = runner.model.scripted_decode, None
+    try:
+        return _decode(runner, rows, steps)
+    finally:
+        runner.model.scripted_decode = scripted
+
+
+def _assert_same(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
+def _count_runs(scripted) -> list[int]:  # type: ignore[no-untyped-def]
+    """A list that gets an entry each time the script runs."""
+    calls: list[int] = []
+    original = scripted._run
+    scripted._run = lambda *a: calls.append(1) or original(*a)  # type: ignore[method-assign]
+    return calls
+
+
 @pytest.mark.parametrize(("weight_type", "weight_quant"), [("Q4_1", "gguf"), ("Q8_0", "gguf"), ("F16", "int8")])
 def test_the_scripted_loop_gives_the_eager_bits(tmp_path, weight_type: str, weight_quant: str) -> None:  # type: ignore[no-untyped-def]
     spec = _spec(tmp_path, weight_type)
@@ -55,18 +77,12 @@ def test_the_scripted_loop_gives_the_eager_bits(tmp_path, weight_type: str, weig
     assert scripted is not None, runner.describe()["scripted_decode"]
     kinds = {proj._cpu.kind for layer in runner.model.layers for proj in (layer.attn.qkv_proj, layer.mlp.down_proj)}
     assert kinds == {{"Q4_1": "int4", "Q8_0": "int8-split", "F16": "int8"}[weight_type]}
+    calls = _count_runs(scripted)
     for rows in (1, 2):
-        calls = []
-        original = scripted._run
-        scripted._run = lambda *a: calls.append(1) or original(*a)  # type: ignore[method-assign]
+        calls.clear()
         got = _decode(runner, rows)
-        scripted._run = original  # type: ignore[method-assign]
         assert len(calls) == len(got)  # every decode step took the script (the prefill did not)
-        runner.model.scripted_decode = None
-        want = _decode(runner, rows)
-        runner.model.scripted_decode = scripted
-        for a, b in zip(got, want, strict=True):
-            assert torch.equal(a, b)
+        _assert_same(got, _eager_decode(runner, rows))
     assert scripted.check == {"verdict": "ok", "rows": 1}
     assert runner.describe()["scripted_decode"] == "on"
     runner.close()
@@ -79,12 +95,7 @@ def test_qwen3_qk_norm_gives_the_eager_bits(tmp_path) -> None:  # type: ignore[n
     scripted = runner.model.scripted_decode
     assert runner.model.cfg.qk_norm and scripted is not None, runner.describe()["scripted_decode"]
     for rows in (1, 2):
-        got = _decode(runner, rows)
-        runner.model.scripted_decode = None
-        want = _decode(runner, rows)
-        runner.model.scripted_decode = scripted
-        for a, b in zip(got, want, strict=True):
-            assert torch.equal(a, b)
+        _assert_same(_decode(runner, rows), _eager_decode(runner, rows))
     assert scripted.check == {"verdict": "ok", "rows": 1}
     runner.close()
 
@@ -93,9 +104,7 @@ def test_a_step_with_a_prompt_chunk_runs_eagerly(tmp_path) -> None:  # type: ign
     runner = _runner(_spec(tmp_path))
     scripted = runner.model.scripted_decode
     runner.forward([(PROMPTS[0], 0, TABLES[0])], "last", num_decodes=0)
-    calls = []
-    original = scripted._run
-    scripted._run = lambda *a: calls.append(1) or original(*a)  # type: ignore[method-assign]
+    calls = _count_runs(scripted)
     # one decode row beside a prompt chunk: a mixed step, the eager loop
     runner.forward([([7], len(PROMPTS[0]), TABLES[0]), (PROMPTS[1], 0, TABLES[1])], "last", num_decodes=1)
     # a decode row on the dense copies (num_decodes 0): eager too
@@ -109,9 +118,7 @@ def test_a_step_with_a_prompt_chunk_runs_eagerly(tmp_path) -> None:  # type: ign
 def test_a_first_step_that_differs_turns_it_off(tmp_path) -> None:  # type: ignore[no-untyped-def]
     runner = _runner(_spec(tmp_path))
     scripted = runner.model.scripted_decode
-    runner.model.scripted_decode = None
-    want = _decode(runner, 1, steps=3)
-    runner.model.scripted_decode = scripted
+    want = _eager_decode(runner, 1, steps=3)
     original = scripted._run
 
     def off_by_a_bit(*args):  # type: ignore[no-untyped-def]
@@ -119,9 +126,7 @@ def test_a_first_step_that_differs_turns_it_off(tmp_path) -> None:  # type: igno
         return x + 1, residual
 
     scripted._run = off_by_a_bit  # type: ignore[method-assign]
-    got = _decode(runner, 1, steps=3)
-    for a, b in zip(got, want, strict=True):  # the eager result is what the first step returned, and after it
-        assert torch.equal(a, b)
+    _assert_same(_decode(runner, 1, steps=3), want)  # the eager result is what the first step returned, and after
     assert scripted.check["verdict"] == "mismatch"
     said = runner.describe()["scripted_decode"]
     assert said.startswith("off (checked against the eager loop on its first step: max difference")
@@ -131,17 +136,13 @@ def test_a_first_step_that_differs_turns_it_off(tmp_path) -> None:  # type: igno
 def test_a_script_that_raises_on_its_first_step_turns_it_off(tmp_path) -> None:  # type: ignore[no-untyped-def]
     runner = _runner(_spec(tmp_path))
     scripted = runner.model.scripted_decode
-    runner.model.scripted_decode = None
-    want = _decode(runner, 1, steps=2)
-    runner.model.scripted_decode = scripted
+    want = _eager_decode(runner, 1, steps=2)
 
     def broken(*args):  # type: ignore[no-untyped-def]
         raise RuntimeError("no such op")
 
     scripted._run = broken  # type: ignore[method-assign]
-    got = _decode(runner, 1, steps=2)  # the request goes on, eagerly
-    for a, b in zip(got, want, strict=True):
-        assert torch.equal(a, b)
+    _assert_same(_decode(runner, 1, steps=2), want)  # the request goes on, eagerly
     assert scripted.check == {"verdict": "mismatch", "rows": 1, "detail": "the script failed: RuntimeError: no such op"}
     assert "the script failed" in runner.describe()["scripted_decode"]
     runner.close()
