@@ -39,8 +39,8 @@ from backends.torch_engine.kv_swap import HostKVStore, KVSwapper, measure_bandwi
 from backends.torch_engine.offload import offload_layers
 from backends.torch_engine.parts import kv_pool_blocks
 from backends.torch_engine.quantize import DENSE_MIN_ROWS, QUANTIZED_ROWS, QuantLinear, prepare_for_cpu
-from backends.torch_engine.scripted_decode import ScriptedDecode
-from backends.torch_engine.scripted_decode import unavailable_reason as scripted_unavailable
+from backends.torch_engine.scripted_decode import describe as describe_scripted
+from backends.torch_engine.scripted_decode import install as install_scripted
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
 from backends.torch_engine.swap_cost import SwapCost
 from backends.torch_engine.tp.layers import pool_kv_heads as most_kv_heads
@@ -247,7 +247,8 @@ class ModelRunner:
         self.swap_cost: SwapCost | None = None
         if self.device.type == "cuda" and options.swap_space_bytes > 0 and tp is None:
             self.enable_swap(options.swap_space_bytes // self.kv_pool.block_bytes)
-        self.scripted_decode_off = self._script_decode(tp)
+        # the scripted CPU decode loop (scripted_decode.py) where it applies, else why not
+        self.scripted_decode_off = "off (tensor parallel)" if tp is not None else install_scripted(self)
         if spare is not None and self.thread_tuner is not None and (free := spare()) is not None:
             self.thread_tuner.start_at(round(free))
         if self.weight_cache == "hit":
@@ -256,18 +257,6 @@ class ModelRunner:
             _trim_heap()
         else:
             _release_freed_memory()
-
-    def _script_decode(self, tp: Comm | None) -> str | None:
-        """Give the model its scripted CPU decode loop (scripted_decode.py) where it applies; returns why not."""
-        if tp is not None:
-            return "off (tensor parallel)"
-        off = scripted_unavailable(self.model, self.ops.name, self.dtype, self.device)
-        if off is None:
-            try:
-                self.model.scripted_decode = ScriptedDecode(self.model, self.kv_caches)
-            except Exception as e:  # noqa: BLE001 - a torch without TorchScript, or one that cannot script it
-                return f"off (TorchScript could not script the layer loop: {type(e).__name__}: {e})"
-        return off
 
     def _wants_int8_head(self) -> bool:
         """Whether decode rows take the int8 head (cpu_head.py): the bf16 CPU path on torch's kernels."""
@@ -566,7 +555,7 @@ class ModelRunner:
             **self._describe_offload(),
             **self._describe_experts(),
             **self._describe_graphs(),
-            **self._describe_scripted(),
+            **describe_scripted(self.model, self.device, self.scripted_decode_off),
             **self._describe_kernel_check(),
         }
 
@@ -606,17 +595,6 @@ class ModelRunner:
                 "cuda_graphs_captured": (),
             }
         return {"cuda_graphs": off}
-
-    def _describe_scripted(self) -> dict[str, Any]:
-        if self.device.type != "cpu":
-            return {}
-        scripted = getattr(self.model, "scripted_decode", None)
-        if scripted is None:
-            return {"scripted_decode": self.scripted_decode_off or "off"}
-        check = scripted.check
-        if check is not None and check["verdict"] != "ok":
-            return {"scripted_decode": f"off (checked against the eager loop on its first step: {check.get('detail')})"}
-        return {"scripted_decode": "on", "scripted_decode_check": check["verdict"] if check else "pending"}
 
     def _describe_offload(self) -> dict[str, Any]:
         streamer = self.offload

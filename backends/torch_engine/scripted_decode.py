@@ -266,3 +266,29 @@ class ScriptedDecode:
         gather_rows = head_major_gather_rows(g, self.n_kv_heads)
         cos_full, sin_signed = _full_tables(cos, sin)
         return self.script(x, cos_full, sin_signed, write_rows, gather_rows, _mask_bias(g))
+
+
+def install(runner: Any) -> str | None:
+    """Give `runner`'s model (a ModelRunner's) its scripted decode loop over the runner's KV caches where it
+    applies; returns why not (None: installed)."""
+    off = unavailable_reason(runner.model, runner.ops.name, runner.dtype, runner.device)
+    if off is None:
+        try:
+            runner.model.scripted_decode = ScriptedDecode(runner.model, runner.kv_caches)
+        except Exception as e:  # noqa: BLE001 - a torch without TorchScript, or one that cannot script it
+            return f"off (TorchScript could not script the layer loop: {type(e).__name__}: {e})"
+    return off
+
+
+def describe(model: Any, device: torch.device, off: str | None) -> dict[str, Any]:
+    """The runner's describe() keys: `scripted_decode` (on, or off and why) and, while on, the first step's
+    check (pending, ok); nothing off the CPU.  `off`: what `install` returned."""
+    if device.type != "cpu":
+        return {}
+    scripted = getattr(model, "scripted_decode", None)
+    if scripted is None:
+        return {"scripted_decode": off or "off"}
+    check = scripted.check
+    if check is not None and check["verdict"] != "ok":
+        return {"scripted_decode": f"off (checked against the eager loop on its first step: {check.get('detail')})"}
+    return {"scripted_decode": "on", "scripted_decode_check": check["verdict"] if check else "pending"}
