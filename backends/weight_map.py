@@ -92,8 +92,8 @@ def names(architecture: str, file_format: str) -> dict[str, tuple[str, str | Non
 SHARDS = {"q": 0, "k": 1, "v": 2, "gate": 0, "up": 1}  # order of shards inside a merged parameter
 
 # GGUF block types whose projections weight_quant "gguf" keeps, and the layout kernels/quant_matmul.py gets
-# from quantize.repack_gguf (group size 32 for all; Q4_K's 256-value blocks are 8 groups of 32).
-REPACK_KIND = {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q8_0": "int8"}
+# from gguf_repack.repack_gguf (group size 32 for all; the K-quants' 256-value blocks are 8 groups of 32).
+REPACK_KIND = {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q8_0": "int8", "Q5_0": "int8", "Q6_K": "int8"}
 
 _LAYER = re.compile(r"\.(\d+)\.")
 
@@ -121,9 +121,10 @@ def is_projection_param(target: str) -> bool:
 def repacked_params(
     tensors: Iterable[_Tensor], n_layers: int, architecture: str = "llama"
 ) -> tuple[tuple[int, int], ...]:
-    """Per layer, (weights kept as int4, weights kept as int8) when a GGUF loads with weight_quant "gguf" on a
-    GPU: a projection keeps its blocks when every shard of its merged parameter is of one REPACK_KIND kind (the
-    loader's _merge rule); the others are dequantized to the compute dtype."""
+    """Per layer, (weights kept as int4, weights kept as int8) when a GGUF loads with weight_quant "gguf": a
+    projection keeps its blocks when every shard of its merged parameter has a REPACK_KIND, as int8 when they
+    mix int4 and int8 (the loader's _merge rule, gguf_repack.merge_kept); the others are dequantized to the
+    compute dtype."""
     groups: dict[tuple[int, str], list[_Tensor]] = {}
     name_map = names(architecture, "gguf")
     for t in tensors:
@@ -134,6 +135,6 @@ def repacked_params(
     kept = [[0, 0] for _ in range(n_layers)]
     for (layer, _), parts in groups.items():
         kinds = {REPACK_KIND.get(t.ggml_type) for t in parts}
-        if len(kinds) == 1 and None not in kinds:
+        if None not in kinds:
             kept[layer][0 if kinds == {"int4"} else 1] += sum(t.n_elements for t in parts)
     return tuple((a, b) for a, b in kept)

@@ -37,21 +37,26 @@ _TORCH_FORMAT_WHAT = {
 def _torch_weights(shape: ModelShape, c: Candidate, tried: tuple[str, ...]) -> str:
     """One sentence: the torch format chosen, what it is, and which better ones did not fit."""
     if c.quant == m.TORCH_GGUF:
-        int4, int8 = m.gguf_repacked_shares(shape)
-        kept = " and ".join(
-            f"{100 * share:.0f} % as {kind}"
-            for share, kind in ((int4, "int4 (5.0 bits)"), (int8, "int8 (8.5 bits)"))
-            if share
-        )
-        dense = "" if int4 + int8 > 0.999 else ", the rest dequantized to 16 bits (types that do not repack)"
         what = (
             f"GGUF, the file's own {shape.quant} blocks repacked for the engine's kernels (the weights llama.cpp "
-            f"runs): projections {kept}{dense}"
+            f"runs; Q6_K's within half an int8 level): {_kept_projections(shape)}"
         )
     else:
         what = _TORCH_FORMAT_WHAT.get(c.quant, c.quant)
     sizes = ", ".join(f"{f} {m.weights(shape, f).total_bytes / 2**30:.1f} GiB" for f in tried)
     return f"weights {what}" + (f"; better formats do not fit ({sizes})" if tried else "")
+
+
+def _kept_projections(shape: ModelShape) -> str:
+    """Which share of the projections a TORCH_GGUF load keeps as int4 and int8 blocks, and what is left dense."""
+    int4, int8 = m.gguf_repacked_shares(shape)
+    kept = " and ".join(
+        f"{100 * share:.0f} % as {kind}"
+        for share, kind in ((int4, "int4 (5.0 bits)"), (int8, "int8 (8.5 bits)"))
+        if share
+    )
+    dense = "" if int4 + int8 > 0.999 else ", the rest dequantized to 16 bits (types that do not repack)"
+    return f"projections {kept}{dense}"
 
 
 def _link(report: HardwareReport, c: Candidate) -> tuple[str, float, bool]:
@@ -296,7 +301,8 @@ def _backend_reasons(
         elif c.quant == m.TORCH_GGUF:
             copies = c.layout.prefill_copy_bytes
             out.append(
-                f"weights: the file's own {shape.quant} blocks repacked for torch's int4 CPU kernel"
+                f"weights: the file's own {shape.quant} blocks repacked for torch's CPU kernels, "
+                + _kept_projections(shape)
                 + (
                     f", plus bf16 copies of them for prompt rows ({_gib(copies / m.MIB)})"
                     if copies

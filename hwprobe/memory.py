@@ -22,9 +22,9 @@ allocates, checked against its own log on this machine (tests/hwprobe/test_estim
   max_num_seqs full-context sequences and never below one (then the candidate does not fit); the engine
   allocates exactly that (LoadOptions.kv_cache_bytes).
 - the torch engine on the CPU (torch_cpu_weights): what it holds after loading, measured on the starter: a
-  GGUF's Q4_0/Q4_1/Q4_K projections repacked for torch's int4 CPU kernel (0.625 bytes a weight), Q8_0 ones as
-  two int4 halves (1.25), the rest and the embedding (a tied head is the same tensor) in bf16, norms in
-  float32, and bf16 dense copies of every repacked projection for prompt rows when they fit
+  GGUF's Q4_0/Q4_1/Q4_K projections repacked for torch's int4 CPU kernel (0.625 bytes a weight), Q8_0, Q5_0
+  and Q6_K ones as int8 read in two int4 halves (1.25), the rest and the embedding (a tied head is the same
+  tensor) in bf16, norms in float32, and bf16 dense copies of every repacked projection for prompt rows when they fit
   torch_cpu_dense_copy_budget; plus its tokenizer (TORCH_TOKENIZER_BYTES_PER_TOKEN); its compute buffers are
   llama.cpp's formula for a prompt chunk (an upper bound there: the starter's 512-token chunks at up to 8192
   tokens of context peaked 53-67 MiB above the loaded model, the formula says 167) plus the K and V its
@@ -70,11 +70,12 @@ LOWEST_DEFAULT_QUANT = "Q4_K_M"  # below this only when the user asks (quality d
 # W8A16: int8 + one fp16 scale per output channel; W4A16: int4 in groups of 128 with fp16 scale and zero;
 # FP8: e4m3 + a per-channel scale, native on compute capability 8.9+.
 TORCH_FORMAT_BPW = {"fp32": 32.0, "bf16": 16.0, "fp16": 16.0, "FP8": 8.0, "W8A16": 8.0, "W4A16": 4.25}
-# "GGUF": the torch engine keeps a GGUF's own Q4_0/Q4_1/Q4_K/Q8_0 projection blocks (weight_quant "gguf"),
-# repacked into groups of 32 with scales (and int4 offsets) in the 16-bit compute dtype: int4 0.5 + 2 x 2/32
-# bytes per weight (5.0 bits: Q4_0's 4.5 gains an offset, Q4_K's 4.5 loses its 6-bit sub-block packing), int8
-# 1 + 2/32 (8.5 bits, Q8_0's own size).  Projections that do not repack, embedding and head are 16-bit; RMSNorm
-# weights float32.  Which projections repack comes from the file (shape.extra["gguf_repacked"]).
+# "GGUF": the torch engine keeps a GGUF's own Q4_0/Q4_1/Q4_K/Q8_0/Q5_0/Q6_K projection blocks (weight_quant
+# "gguf"), repacked into groups of 32 with scales (and int4 offsets) in the 16-bit compute dtype: int4
+# 0.5 + 2 x 2/32 bytes per weight (5.0 bits: Q4_0's 4.5 gains an offset, Q4_K's 4.5 loses its 6-bit sub-block
+# packing), int8 1 + 2/32 (8.5 bits: Q8_0's own size; Q5_0's 5.5 and Q6_K's 6.56 grow to it).  Projections
+# that do not repack, embedding and head are 16-bit; RMSNorm weights float32.  Which projections repack comes
+# from the file (shape.extra["gguf_repacked"]).
 TORCH_GGUF = "GGUF"
 GGUF_REPACKED_INT4_BYTES = 0.5 + 2 * 2 / 32
 GGUF_REPACKED_INT8_BYTES = 1 + 2 / 32
@@ -205,16 +206,19 @@ def torch_cpu_dense_copy_budget(ram_total_bytes: int) -> int:
 def _cpu_head_kind(shape: ModelShape) -> str | None:
     """The repacked kind of an untied GGUF head on the CPU ("int4" / "int8"), or None when it stays bf16.  The
     shape has the head's bytes, not its type: 4.5 or 5.0 bits a weight is Q4_0/Q4_K/Q4_1 (IQ4_NL, also 4.5,
-    does not repack: counted as int4, 0.6 of its bf16 size), 8.5 is Q8_0."""
+    does not repack: counted as int4, 0.6 of its bf16 size), 8.5 is Q8_0, 5.5 Q5_0 and 6.5625 Q6_K (both kept
+    as int8: backends/torch_engine/gguf_repack.py)."""
     if shape.tied_embeddings or not shape.output_bytes:
         return None
     bits = 8 * shape.output_bytes / max(shape.vocab_size * shape.hidden_size, 1)
-    return "int4" if abs(bits - 4.5) < 0.01 or abs(bits - 5.0) < 0.01 else "int8" if abs(bits - 8.5) < 0.01 else None
+    if any(abs(bits - b) < 0.01 for b in (4.5, 5.0)):
+        return "int4"
+    return "int8" if any(abs(bits - b) < 0.01 for b in (8.5, 5.5, 6.5625)) else None
 
 
 def torch_cpu_weights(shape: ModelShape, fmt: str, ram_total_bytes: int) -> WeightLayout:
     """What the torch engine holds in host RAM running on the CPU in `fmt`: TORCH_GGUF (bf16 compute, a GGUF's
-    Q4_0/Q4_1/Q4_K/Q8_0 projection blocks repacked, backends/torch_engine/model_runner.resolve_weight_quant
+    Q4_0/Q4_1/Q4_K/Q8_0/Q5_0/Q6_K projection blocks repacked, backends/torch_engine/model_runner.resolve_weight_quant
     "auto"), "bf16" or "fp32" (dense).  Each term as the engine holds it (module docstring)."""
     if fmt != TORCH_GGUF:
         return weights(shape, fmt)

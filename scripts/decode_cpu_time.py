@@ -1,13 +1,13 @@
 """Process CPU time per decoded token, llama.cpp against the torch engine's runner, in one process, interleaved.
 
-    .venv/bin/python scripts/decode_cpu_time.py [--threads 1] [--rounds 3] [--gen 128] [--eager]
+    .venv/bin/python scripts/decode_cpu_time.py [--threads 1] [--rounds 3] [--gen 128] [--eager] [--model PATH]
 
 Both engines decode the same 128-token prompt greedily, `--rounds` times each, alternating, so both see the same
 minutes of a shared machine.  CPU time (not wall time) is what a loaded machine distorts least; the README's
 "Where a single-stream decode step's time goes (CPU)" quotes it.  Wall time per token is printed beside it: with
 more than one thread, OpenMP's and ggml's waiting threads spin, so CPU time there counts the spinning too.
 --eager runs the torch engine without its scripted decode loop (HEARTH_SCRIPTED_DECODE=0), for comparison.
-Needs the starter model and llama-cpp-python.
+--model: another GGUF file (default: the starter model).  Needs llama-cpp-python.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--eager", action="store_true", help="the torch engine without its scripted decode loop")
+    ap.add_argument("--model", default=None, help="a GGUF file (default: the starter model)")
     args = ap.parse_args()
     if args.eager:
         os.environ["HEARTH_SCRIPTED_DECODE"] = "0"
@@ -36,7 +37,7 @@ def main() -> None:
     from backends.torch_engine.model_runner import ModelRunner
 
     torch.set_num_threads(args.threads)
-    path = str(starter_model_path())
+    path = args.model or str(starter_model_path())
     # open_llama: this machine's extra-buffer rule (a bare Llama segfaults at the first decode on an AMX CPU)
     llm = open_llama(path, n_ctx=512, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
     options = LoadOptions(n_ctx=512, max_num_seqs=1, device="cpu", adaptive_threads=False, n_threads=args.threads)

@@ -13,12 +13,14 @@ dequantized with gguf.quants.dequantize (F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1, Q
 
 Weight quantization happens while loading, tensor by tensor (`load_model`'s weight_quant), so neither host nor
 device ever holds the dense model whole when the plan asked for a quantized one:
-- "gguf": projection weights stored as Q4_0 / Q4_1 / Q4_K / Q8_0 are not dequantized: their blocks are
-  repacked (backends.torch_engine.quantize.repack_gguf, integer ops only) into hearth's int4 / int8 layout with
-  group size 32 and the projection becomes a QuantLinear.  That keeps exactly the weights llama.cpp runs, at
-  5 (int4) or 8.5 (int8) bits each instead of 16.  A merged projection (Q/K/V, gate/up) stays quantized only
-  when all its parts repack to the same kind; otherwise (e.g. Q4_K_M's Q6_K attn_v) that projection is
-  dequantized like the rest (weight_map.repacked_params is the same rule for the planner's arithmetic).
+- "gguf": projection weights stored as Q4_0 / Q4_1 / Q4_K / Q8_0 / Q5_0 / Q6_K are not dequantized: their
+  blocks are repacked (backends.torch_engine.gguf_repack, integer ops) into hearth's int4 / int8 layout with
+  group size 32 and the projection becomes a QuantLinear.  That keeps exactly the weights llama.cpp runs
+  (Q6_K: requantized to int8 per 32, within half a level; gguf_repack says why), at 5 (int4) or 8.5 (int8)
+  bits each instead of 16.  A merged projection (Q/K/V, gate/up) stays quantized only when all its parts
+  repack (int4 beside int8, as Q4_K_M's Q4_K Q and K beside a Q6_K V: int8, gguf_repack.merge_kept);
+  otherwise that projection is dequantized like the rest (weight_map.repacked_params is the same rule for
+  the planner's arithmetic).
 - "int8" / "int4" / "fp8": each projection weight is quantized by round-to-nearest (quantize.quantize_rows,
   the same quantizer quantize_model uses, hence the same weights bit for bit) right after it is read and
   converted to the compute dtype, on the device the model will run on, a few MiB of rows at a time; only the
@@ -40,10 +42,10 @@ from torch import nn
 from backends.errors import ConfigError, ModelFormatError, UnsupportedArchitectureError
 from backends.modelspec import ModelSpec
 from backends.torch_engine import quantize
+from backends.torch_engine.gguf_repack import GGUF_BLOCKS, merge_kept
 from backends.torch_engine.models import FAMILIES, family
 from backends.torch_engine.models.layers import DecoderConfig, DecoderModel
 from backends.torch_engine.quantize import (
-    GGUF_BLOCKS,
     HEAD_DENSE_MIN_ROWS,
     QuantConfig,
     QuantLinear,
@@ -56,7 +58,7 @@ from backends.torch_engine.weights import FREQ_FACTORS, ROPE_FACTOR_TENSORS, Sel
 from backends.weight_map import SHARDS, is_projection_param, template
 from backends.weight_map import names as weight_names
 from kernels.dispatch import KernelSet
-from kernels.quant_matmul import QuantWeight, concat_rows, dequantize
+from kernels.quant_matmul import QuantWeight, dequantize
 from kernels.rope import rope_inv_freq
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -119,13 +121,13 @@ def _unreorder_any(w: torch.Tensor | QuantWeight, n_heads: int) -> torch.Tensor 
 
 
 def _merge(parts: list[torch.Tensor | QuantWeight], dtype: torch.dtype) -> torch.Tensor | QuantWeight:
-    """Concatenate the shards of a merged projection along the outputs: quantized when every shard is the same
-    kind and group size, else dense in `dtype` (quantized shards dequantized)."""
-    first = parts[0]
-    if all(isinstance(p, QuantWeight) for p in parts) and all(
-        p.kind == first.kind and p.group_size == first.group_size for p in parts
-    ):
-        return concat_rows(parts)  # type: ignore[arg-type]
+    """Concatenate the shards of a merged projection along the outputs: quantized when every shard is
+    (gguf_repack.merge_kept: one kind, or int4 beside int8 as int8), else dense in `dtype` (quantized shards
+    dequantized)."""
+    if all(isinstance(p, QuantWeight) for p in parts):
+        kept = merge_kept(parts)  # type: ignore[arg-type]
+        if kept is not None:
+            return kept
     dense = [p if isinstance(p, torch.Tensor) else dequantize(p).to(dtype) for p in parts]
     return torch.cat(dense, dim=0)
 
@@ -225,7 +227,7 @@ def load_model(
     tp: a tensor-parallel rank: the model is this rank's share, read as such (only its rows and columns leave
     the file, before dequantizing and before the copy to the device: tp/layers.ReadPlan), with its collectives.
     weight_quant (one of LOAD_QUANTS): "none" dense in `dtype`; "gguf" keeps a GGUF's Q4_0 / Q4_1 / Q4_K / Q8_0
-    projection blocks; "int8" / "int4" / "fp8" quantize each projection as it is read (module docstring).
+    / Q5_0 / Q6_K projection blocks; "int8" / "int4" / "fp8" quantize each projection as it is read (module docstring).
     host_layers: the first so many blocks will stream from host RAM (offload.py): their weights never stay on
     `device`, and the model is returned on the host for offload.offload_layers to place (a model that needs
     offload does not fit on the device whole, even for a moment).  n_ctx: the context the engine runs, which

@@ -6,8 +6,7 @@ The model code never knows about quantization (gpt-fast's idea).  Three ways to 
 - the same with `calibration=` activations (see `collect_calibration`): activation-aware scaling in the spirit
   of AWQ: input channels that carry large activations are scaled up before rounding (so they lose less
   precision) and the inverse scale is applied to the activations; the exponent is searched per layer.
-- `repack_gguf(raw_blocks, ggml_type, ...)`: GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 blocks re-laid into the kernels'
-  int4 / int8 layouts with integer ops on whatever device the bytes are on; no dense fp16 copy is made.
+- gguf_repack.repack_gguf: a GGUF file's own blocks re-laid into the kernels' int4 / int8 layouts.
 
 The layouts and the matmul live in kernels/quant_matmul.py (references) and kernels/quant_matmul_triton.py.
 """
@@ -27,7 +26,6 @@ from kernels.quant_matmul import (
     QuantWeight,
     concat_rows,
     dequantize,
-    pack_int4,
     quant_matmul_torch,
     quantize_fp8,
     quantize_int4,
@@ -355,85 +353,3 @@ def awq_quantize(
             best = (err, qw, None if i == 0 else (1.0 / s).to(weight.dtype))
     assert best is not None
     return best[1], best[2]
-
-
-# ---- GGUF block repacking ------------------------------------------------------------------------------------
-
-# bytes per block, values per block
-GGUF_BLOCKS = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q8_0": (34, 32), "Q4_K": (144, 256)}
-
-
-def _f16(raw: torch.Tensor) -> torch.Tensor:
-    """(..., 2) uint8 little-endian -> (...) float16."""
-    return raw.contiguous().view(torch.float16).squeeze(-1)
-
-
-def _relayout_nibbles(qs: torch.Tensor, run: int) -> torch.Tensor:
-    """GGUF packs `run` consecutive values in low nibbles, then the next `run` in high nibbles, per 2*run chunk:
-    (rows, bytes) uint8 -> values (rows, 2 * bytes) uint8 in order."""
-    rows = qs.shape[0]
-    chunks = qs.reshape(rows, -1, run)
-    return torch.cat([chunks & 0x0F, chunks >> 4], dim=-1).reshape(rows, -1)
-
-
-def repack_gguf(
-    raw: torch.Tensor, ggml_type: str, out_features: int, in_features: int, scale_dtype: torch.dtype = torch.float16
-) -> QuantWeight:
-    """GGUF blocks of an (out_features, in_features) weight -> QuantWeight (int4 or int8, group size 32).
-
-    raw: uint8, (out_features, bytes_per_row) or flat, exactly as stored in the file (gguf's reader gives it).
-    Only integer ops touch the weights; scales come from the blocks' fp16 fields (Q4_K: d * sc and dmin * m).
-    """
-    if ggml_type not in GGUF_BLOCKS:
-        raise ValueError(f"cannot repack GGUF {ggml_type}; supported: {', '.join(GGUF_BLOCKS)}")
-    block_bytes, block_values = GGUF_BLOCKS[ggml_type]
-    if in_features % block_values:
-        raise ValueError(f"{ggml_type} rows must be a multiple of {block_values} values, got {in_features}")
-    n_blocks = in_features // block_values
-    expected = out_features * n_blocks * block_bytes
-    if raw.dtype != torch.uint8 or raw.numel() != expected:
-        raise ValueError(
-            f"{ggml_type} weight {out_features}x{in_features} needs {expected} uint8 bytes, "
-            f"got {raw.numel()} {raw.dtype}"
-        )
-    blocks = raw.reshape(out_features * n_blocks, block_bytes)
-    groups = (out_features, in_features // 32)
-    if ggml_type == "Q8_0":
-        d = _f16(blocks[:, 0:2].reshape(-1, 1, 2))
-        q = blocks[:, 2:].contiguous().view(torch.int8).reshape(out_features, in_features)
-        return QuantWeight("int8", q, d.reshape(groups).to(scale_dtype), None, 32, in_features, out_features)
-    if ggml_type in ("Q4_0", "Q4_1"):
-        d = _f16(blocks[:, 0:2].reshape(-1, 1, 2)).float()
-        if ggml_type == "Q4_0":
-            offsets, qs = -8.0 * d, blocks[:, 2:]
-        else:
-            offsets, qs = _f16(blocks[:, 2:4].reshape(-1, 1, 2)).float(), blocks[:, 4:]
-        values = _relayout_nibbles(qs, 16)  # (N * n_blocks, 32)
-        scales = d
-    else:  # Q4_K: 8 sub-blocks of 32, 6-bit scales and mins packed in 12 bytes
-        d = _f16(blocks[:, 0:2].reshape(-1, 1, 2)).float()  # (blocks, 1)
-        dmin = _f16(blocks[:, 2:4].reshape(-1, 1, 2)).float()
-        sc, mn = _q4k_scale_min(blocks[:, 4:16])
-        scales = (d * sc.float()).reshape(-1)
-        offsets = (-dmin * mn.float()).reshape(-1)
-        values = _relayout_nibbles(blocks[:, 16:], 32)  # (N * n_blocks, 256)
-    q = pack_int4(values.reshape(out_features, in_features))
-    return QuantWeight(
-        "int4",
-        q,
-        scales.reshape(groups).to(scale_dtype),
-        offsets.reshape(groups).to(scale_dtype),
-        32,
-        in_features,
-        out_features,
-    )
-
-
-def _q4k_scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(blocks, 12) uint8 -> 6-bit scales and mins, each (blocks, 8): bytes 0-3 low 6 bits = sc[0:4],
-    4-7 = mn[0:4]; sc[4:8] = low nibble of bytes 8-11 | top 2 bits of bytes 0-3 << 4; mn[4:8] likewise with
-    the high nibbles and bytes 4-7."""
-    d, m, md = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
-    sc = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=1)
-    mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=1)
-    return sc, mn

@@ -16,7 +16,7 @@ import torch
 from backends.errors import ModelFormatError
 from backends.gguf_reader import read_model_header
 from backends.modelspec import ModelSpec
-from backends.torch_engine.quantize import GGUF_BLOCKS, repack_gguf
+from backends.torch_engine.gguf_repack import GGUF_BLOCKS, repack_gguf
 from backends.torch_engine.tp.layers import _cols
 from kernels.quant_matmul import QuantWeight
 

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from torch import nn
 
 from backends.api import LoadOptions
 from backends.modelspec import load_spec
 from backends.torch_engine.model_runner import ModelRunner
+from backends.torch_engine.quantize import QuantLinear
 from backends.torch_engine.tokenizer import load_tokenizer
 from tests.engine_model.test_starter_conformance import CORPUS, TEXT, _nll
 
@@ -53,6 +55,11 @@ def test_logits_and_perplexity_match_llama_cpp(gemma, gemma_path: Path) -> None:
     llm.close()
     runner = ModelRunner(spec, LoadOptions(n_ctx=N_TOKENS, max_num_seqs=1, dtype="bfloat16"))
     assert runner.weight_quant == "gguf"
+    # every projection on the packed CPU kernels: Q/K/V and gate/up are Q5_0 (attn_v Q8_0 in half the layers),
+    # down Q4_K or Q6_K, o Q4_K (gguf_repack.py); none dequantized to a dense nn.Linear
+    projections = [m for m in runner.model.layers.modules() if isinstance(m, (QuantLinear, nn.Linear))]
+    assert len(projections) == 4 * spec.n_layers
+    assert all(isinstance(m, QuantLinear) and m._cpu is not None for m in projections)
     assert [layer.attn.window for layer in runner.model.layers[:6]] == [512] * 5 + [0]
     ours = runner.prompt_logits(ids).numpy()
     assert np.abs(ours - ref).mean() < 0.25

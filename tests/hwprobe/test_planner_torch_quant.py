@@ -24,7 +24,7 @@ from hwprobe.report import load_report
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROJ_7B = 4 * 4096 * 4096 + 3 * 4096 * 11008  # projection weights of one Llama-2-7B block
-O_7B, GATE_UP_7B = 4096 * 4096, 2 * 4096 * 11008
+O_7B, GATE_UP_7B, DOWN_7B = 4096 * 4096, 2 * 4096 * 11008, 4096 * 11008
 
 
 def hw(name: str):
@@ -54,11 +54,16 @@ def gguf_7b(quant: str, bpw: float, kept: tuple[tuple[int, int], ...]):
 
 Q4_0_7B = gguf_7b("Q4_0", 4.5, ((PROJ_7B, 0),) * 32)
 Q8_0_7B = gguf_7b("Q8_0", 8.5, ((0, PROJ_7B),) * 32)
-Q6_K_7B = gguf_7b("Q6_K", 6.56, ((0, 0),) * 32)  # nothing repacks
+Q6_K_7B = gguf_7b("Q6_K", 6.56, ((0, PROJ_7B),) * 32)  # every block repacks, as int8 (gguf_repack.py)
+Q5_K_M_7B = gguf_7b("Q5_K_M", 5.69, ((0, 0),) * 32)  # Q5_K does not repack (its Q6_K layers left out here)
 # llama.cpp's Q4_K_M gives attn_v and ffn_down Q6_K in 16 of 32 layers ("use_more_bits"): there Q/K/V (one
-# merged parameter) and down are dequantized; o and gate/up stay Q4_K blocks.
+# merged parameter, Q4_K beside Q6_K) and down are kept as int8; o and gate/up stay Q4_K blocks.
 _MORE_BITS = [i < 4 or i >= 28 or (i - 4) % 3 == 2 for i in range(32)]
-Q4_K_M_7B = gguf_7b("Q4_K_M", 4.89, tuple(((O_7B + GATE_UP_7B) if more else PROJ_7B, 0) for more in _MORE_BITS))
+_INT8_7B = PROJ_7B - O_7B - GATE_UP_7B  # Q/K/V and down
+Q4_K_M_7B = gguf_7b(
+    "Q4_K_M", 4.89, tuple(((O_7B + GATE_UP_7B, _INT8_7B) if more else (PROJ_7B, 0)) for more in _MORE_BITS)
+)
+Q5_K_M_7B_PART = gguf_7b("Q5_K_M", 5.69, tuple(((0, DOWN_7B) if more else (0, 0)) for more in _MORE_BITS))
 
 
 @pytest.mark.parametrize("fixture", ["rtx3090_24gb", "rtx4090_24gb"])
@@ -104,14 +109,21 @@ def test_a_gguf_with_repackable_blocks_runs_as_its_own_blocks_where_bf16_does_no
     assert plan(hw("rtx3090_24gb"), Q4_0_7B).quant == "bf16"
 
 
-def test_a_q4_k_m_gguf_dequantizes_what_does_not_repack() -> None:
+def test_a_q4_k_m_gguf_keeps_its_q6_k_layers_as_int8() -> None:
     p = plan(hw("rtx3060_12gb"), Q4_K_M_7B)
     assert (p.backend, p.quant) == ("torch", "GGUF")
-    # 16 layers' Q/K/V and down (95.4 M weights) at 2 bytes instead of 0.625: +2.10 GB
+    # 16 layers' Q/K/V and down (95.4 M weights a layer) at int8's 1.0625 bytes instead of int4's 0.625
     extra = m.weights(Q4_K_M_7B, "GGUF").total_bytes - m.weights(Q4_0_7B, "GGUF").total_bytes
-    assert extra == pytest.approx(16 * (PROJ_7B - O_7B - GATE_UP_7B) * (2 - 0.625), abs=64)
-    assert any("the rest dequantized to 16 bits" in r for r in p.reasons)
-    assert any(r.startswith("weights GGUF") and "76 % as int4" in r for r in p.reasons)  # 16 half-kept layers
+    assert extra == pytest.approx(16 * _INT8_7B * (1.0625 - 0.625), abs=64)
+    assert not any("dequantized to 16 bits" in r for r in p.reasons)
+    assert any(r.startswith("weights GGUF") and "76 % as int4" in r and "24 % as int8" in r for r in p.reasons)
+
+
+def test_a_gguf_dequantizes_what_does_not_repack() -> None:
+    # a Q5_K_M file keeps only its Q6_K down projections (16 layers); its Q5_K tensors are dequantized to 16 bits
+    layers = m.weights(Q5_K_M_7B_PART, "GGUF").layer_bytes
+    assert layers[0] - layers[4] == pytest.approx(DOWN_7B * (1.0625 - 2), abs=1)  # layer 0 has more bits, 4 not
+    assert m.gguf_repacked_shares(Q5_K_M_7B_PART) == (0.0, pytest.approx(16 * DOWN_7B / (32 * PROJ_7B)))
 
 
 @pytest.mark.parametrize(
@@ -119,7 +131,8 @@ def test_a_q4_k_m_gguf_dequantizes_what_does_not_repack() -> None:
     [
         (Q8_0_7B, ["bf16", "GGUF"]),  # W8A16 (8.0) would be below its 8.5 bits
         (Q4_K_M_7B, ["bf16", "GGUF", "W8A16", "FP8"]),  # never W4A16 (4.25 < 4.89)
-        (Q6_K_7B, ["bf16", "W8A16", "FP8"]),  # no block of it repacks: no "GGUF"
+        (Q6_K_7B, ["bf16", "GGUF", "W8A16", "FP8"]),  # its blocks as int8 (8.5 bits): W8A16's 8.0 stays above 6.56
+        (Q5_K_M_7B, ["bf16", "W8A16", "FP8"]),  # no block of it repacks: no "GGUF"
     ],
 )
 def test_a_gguf_is_never_recut_below_its_own_bits(shape, want) -> None:
@@ -132,3 +145,17 @@ def test_a_gguf_whose_blocks_do_not_fit_goes_to_llama_cpp() -> None:
     # llama.cpp runs the file at its own 3.5 GiB
     p = plan(hw("rtx4060_laptop_8gb"), Q4_0_7B)
     assert (p.backend, p.quant, p.n_gpu_layers) == ("llama.cpp", "Q4_0", 32)
+
+
+@pytest.mark.parametrize(
+    "head_bits,kind",
+    [(4.5, "int4"), (5.0, "int4"), (5.5, "int8"), (6.5625, "int8"), (8.5, "int8"), (16.0, None)],
+)
+def test_an_untied_gguf_head_on_the_cpu_is_counted_as_the_loader_keeps_it(head_bits: float, kind) -> None:
+    """Q4_0/Q4_K/Q4_1 heads stay int4, Q8_0, Q5_0 and Q6_K ones int8 (gguf_repack.py), F16 bf16 (plus the int8
+    decode copy cpu_head.py makes): torch_cpu_weights' head term follows."""
+    shape = dataclasses.replace(Q4_0_7B, output_bytes=int(32000 * 4096 * head_bits / 8))
+    assert m._cpu_head_kind(shape) == kind
+    head = m.torch_cpu_weights(shape, m.TORCH_GGUF, 64 << 30).head_bytes
+    per_weight = {"int4": m.TORCH_CPU_INT4_BYTES, "int8": m.TORCH_CPU_INT8_BYTES, None: 2}[kind]
+    assert head == pytest.approx(32000 * 4096 * per_weight, abs=1)

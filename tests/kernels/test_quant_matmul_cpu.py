@@ -78,7 +78,7 @@ def test_quant_linear_packs_in_place_and_keeps_its_output() -> None:
 def test_group_wise_int8_runs_exactly_as_two_int4_halves(m: int) -> None:
     """GGUF Q8_0 (int8, group 32) has no CPU int8 kernel of its own: hi and lo nibbles of q + 128 through the
     int4 kernel reproduce d * q."""
-    from backends.torch_engine.quantize import repack_gguf
+    from backends.torch_engine.gguf_repack import repack_gguf
 
     g = torch.Generator().manual_seed(m)
     n, k = 48, 96

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from backends.torch_engine.gguf_repack import GGUF_BLOCKS, repack_gguf
 from backends.torch_engine.quantize import (
     QuantConfig,
     QuantLinear,
@@ -14,7 +17,6 @@ from backends.torch_engine.quantize import (
     collect_calibration,
     quantize_model,
     quantize_weight,
-    repack_gguf,
 )
 from kernels.quant_matmul import dequantize
 
@@ -75,7 +77,7 @@ def test_calibrated_model_runs_through_quantlinear() -> None:
     assert (model(x) - ref).norm() / ref.norm() < 0.15
 
 
-@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0", "Q5_0"])
 def test_repack_gguf_matches_gguf_dequantize(ggml_type: str) -> None:
     import gguf.quants
     from gguf.constants import GGMLQuantizationType as T
@@ -101,11 +103,68 @@ def test_repack_gguf_q4_k_from_real_file(gemma_path) -> None:
     np.testing.assert_allclose(dequantize(qw).numpy(), want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("ggml_type", ["Q5_0", "Q6_K"])
+def test_repack_gguf_from_real_file(gemma_path, ggml_type: str) -> None:
+    """Gemma 3 270M's Q5_0 (Q/K/V, gate/up) and Q6_K (9 down projections) tensors: Q5_0 exactly the file's
+    weights; Q6_K unpacked exactly, then requantized to int8 per 32 within half a level."""
+    import gguf
+    import gguf.quants
+
+    from backends.torch_engine.gguf_repack import q6_k_weights
+
+    reader = gguf.GGUFReader(str(gemma_path))
+    t = next(t for t in reader.tensors if t.tensor_type == gguf.GGMLQuantizationType[ggml_type])
+    raw = np.asarray(t.data)[:16].copy()
+    k = int(t.shape[0])
+    want = gguf.quants.dequantize(raw, t.tensor_type)
+    qw = repack_gguf(torch.from_numpy(raw), ggml_type, 16, k, scale_dtype=torch.float32)
+    assert (qw.kind, qw.group_size) == ("int8", 32)
+    if ggml_type == "Q5_0":
+        assert int(qw.qweight.min()) >= -16 and int(qw.qweight.max()) <= 15
+        np.testing.assert_array_equal(dequantize(qw).numpy(), want)
+        return
+    exact = q6_k_weights(torch.from_numpy(raw).reshape(-1, 210)).reshape(16, k).numpy()
+    np.testing.assert_array_equal(exact, want)
+    _assert_within_half_a_level(qw, want)
+
+
+def _assert_within_half_a_level(qw, want: np.ndarray) -> None:
+    """An int8 requantization of `want`: scales on the bf16 grid, every value within half its group's level."""
+    scales = qw.scales.float()
+    assert torch.equal(scales, scales.bfloat16().float())
+    level = np.repeat(scales.numpy(), 32, axis=1)
+    assert (np.abs(dequantize(qw).numpy() - want) <= 0.5 * level * (1 + 1e-6)).all()
+    assert int(qw.qweight.abs().max()) <= 127
+
+
+def _random_q6_k(rows: int, k: int, seed: int = 0) -> np.ndarray:
+    """Random but valid Q6_K blocks (gguf cannot quantize Q6_K): random ql/qh bytes and int8 scales (all of
+    -128..127), an fp16 d.  (rows, k // 256 * 210) uint8."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * (k // 256), 210), dtype=np.uint8)
+    blocks[:, 208:210] = np.float16(rng.uniform(1e-4, 1e-3, rows * (k // 256))).view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def test_repack_q6_k_on_synthetic_blocks() -> None:
+    import gguf.quants
+    from gguf.constants import GGMLQuantizationType as T
+
+    from backends.torch_engine.gguf_repack import q6_k_weights
+
+    raw = _random_q6_k(5, 512)
+    want = gguf.quants.dequantize(raw, T.Q6_K)
+    np.testing.assert_array_equal(q6_k_weights(torch.from_numpy(raw).reshape(-1, 210)).reshape(5, 512).numpy(), want)
+    _assert_within_half_a_level(repack_gguf(torch.from_numpy(raw), "Q6_K", 5, 512, torch.float32), want)
+
+
 def test_repack_gguf_rejects_wrong_sizes() -> None:
     with pytest.raises(ValueError, match="needs 36 uint8 bytes"):
         repack_gguf(torch.zeros(35, dtype=torch.uint8), "Q4_0", 2, 32)
+    with pytest.raises(ValueError, match="needs 420 uint8 bytes"):
+        repack_gguf(torch.zeros(210, dtype=torch.uint8), "Q6_K", 2, 256)
     with pytest.raises(ValueError, match="cannot repack"):
-        repack_gguf(torch.zeros(10, dtype=torch.uint8), "Q6_K", 1, 256)
+        repack_gguf(torch.zeros(10, dtype=torch.uint8), "Q5_K", 1, 256)
 
 
 # ---- on-load quantization helpers (backends/torch_engine/loader.py uses them) ---------------------------------
@@ -158,6 +217,8 @@ def _gguf_raw(ggml_type: str, n: int, k: int, seed: int = 0) -> np.ndarray:
 
     if ggml_type == "Q4_K":
         return _random_q4_k(n, k, seed)
+    if ggml_type == "Q6_K":
+        return _random_q6_k(n, k, seed)
     w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
     return gguf.quants.quantize(w, T[ggml_type])
 
@@ -182,6 +243,8 @@ def test_repack_q4_k_matches_gguf_dequantize_on_synthetic_blocks() -> None:
         ("Q8_0", 16, 24, 288),
         ("Q4_K", 2, 20, 256),
         ("Q4_K", 5, 36, 512),
+        ("Q5_0", 3, 40, 96),
+        ("Q6_K", 2, 24, 256),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])  # the interpreter does no bf16 arithmetic
@@ -195,7 +258,7 @@ def test_triton_runs_repacked_gguf_blocks(ggml_type: str, m: int, n: int, k: int
     qw = repack_gguf(
         torch.from_numpy(np.ascontiguousarray(_gguf_raw(ggml_type, n, k))), ggml_type, n, k, scale_dtype=dtype
     ).to(device())
-    assert qw.group_size == 32 and qw.kind == ("int8" if ggml_type == "Q8_0" else "int4")
+    assert qw.group_size == 32 and qw.kind == ("int4" if ggml_type.startswith("Q4") else "int8")
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + n)).to(dtype).to(device())
     want = quant_matmul_reference(x, qw).float()
     for blocks in ((16, 32, 64, 1), (16, 64, 128, 2)):  # a K tile of 2 groups, and one of 4 with split K
@@ -206,7 +269,6 @@ def test_triton_runs_repacked_gguf_blocks(ggml_type: str, m: int, n: int, k: int
 
 def test_weight_map_names_the_kinds_repack_gguf_gives() -> None:
     """The planner's rule (weight_map.REPACK_KIND) and the repacker agree on which types keep blocks, and as what."""
-    from backends.torch_engine.quantize import GGUF_BLOCKS
     from backends.weight_map import REPACK_KIND
 
     assert set(REPACK_KIND) == set(GGUF_BLOCKS)
@@ -215,3 +277,29 @@ def test_weight_map_names_the_kinds_repack_gguf_gives() -> None:
         raw = np.ascontiguousarray(_gguf_raw(ggml_type, 2, k))
         qw = repack_gguf(torch.from_numpy(raw), ggml_type, 2, k)
         assert (qw.kind, qw.group_size) == (kind, 32)
+
+
+def test_merged_int4_and_int8_shards_become_int8() -> None:
+    """A Q4_K_M layer's Q/K/V: Q4_K Q and K beside a Q6_K V.  The merged projection is int8: the int8 shard as
+    it was, the int4 ones requantized within half a level; shards of one kind stack as they are."""
+    from backends.torch_engine.gguf_repack import merge_kept
+    from backends.torch_engine.loader import _merge
+
+    q = repack_gguf(torch.from_numpy(_random_q4_k(8, 512, seed=1)), "Q4_K", 8, 512, torch.float32)
+    k = repack_gguf(torch.from_numpy(_random_q4_k(4, 512, seed=2)), "Q4_K", 4, 512, torch.float32)
+    v = repack_gguf(torch.from_numpy(_random_q6_k(4, 512, seed=3)), "Q6_K", 4, 512, torch.float32)
+    merged = _merge([q, k, v], torch.bfloat16)
+    assert (merged.kind, merged.group_size, merged.out_features) == ("int8", 32, 16)
+    rows = dequantize(merged)
+    assert torch.equal(rows[12:], dequantize(v))
+    for lo, part in ((0, q), (8, k)):
+        block = dataclasses.replace(
+            merged,
+            qweight=merged.qweight[lo : lo + part.out_features],
+            scales=merged.scales[lo : lo + part.out_features],
+        )
+        _assert_within_half_a_level(block, dequantize(part).numpy())
+    assert merge_kept([q, k]).kind == "int4" and torch.equal(dequantize(merge_kept([q, k]))[:8], dequantize(q))
+    fp8 = dataclasses.replace(v, kind="fp8")
+    assert merge_kept([q, fp8]) is None  # no rule for other mixes: the loader dequantizes them
+    assert _merge([q, fp8], torch.bfloat16).dtype == torch.bfloat16

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backends.torch_engine.quantize import QuantConfig, QuantLinear, collect_calibration, quantize_model, repack_gguf
+from backends.torch_engine.gguf_repack import repack_gguf
+from backends.torch_engine.quantize import QuantConfig, QuantLinear, collect_calibration, quantize_model
 
 pytestmark = [pytest.mark.kernels, pytest.mark.slow]
 

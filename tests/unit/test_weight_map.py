@@ -44,21 +44,27 @@ def test_template() -> None:
     assert template("output.weight") == ("output.weight", None)
 
 
-def test_merged_parameters_keep_their_blocks_only_when_all_shards_repack_to_one_kind() -> None:
+def test_merged_parameters_keep_their_blocks_only_when_every_shard_repacks() -> None:
     tensors = [
         *_layer(0),  # all Q4_K: 1140 int4
-        *_layer(1, v="Q6_K", down="Q6_K"),  # Q4_K_M's "more bits" layer: Q/K/V and down dequantized
+        *_layer(1, v="Q6_K", down="Q6_K"),  # Q4_K_M's "more bits" layer: Q/K/V (int4 beside int8) and down int8
         *_layer(2, q="Q4_0", k="Q4_1", v="Q4_K", gate="Q8_0", up="Q8_0", down="Q8_0"),  # int4 mixes; gate/up int8
-        *_layer(3, v="Q8_0", gate="F16"),  # int4 + int8 in one merged parameter: dense; F16 never repacks
+        *_layer(3, v="Q8_0", gate="F16"),  # F16 never repacks: gate/up dense
         *_layer(4),  # beyond n_layers (a stray tensor): ignored
         T("token_embd.weight", "Q4_K", 5000),
         T("output.weight", "Q6_K", 5000),  # not projections
     ]
-    assert repacked_params(tensors, 4) == ((1140, 0), (100 + 600, 0), (240, 900), (100 + 300, 0))
+    assert repacked_params(tensors, 4) == ((1140, 0), (100 + 600, 140 + 300), (240, 900), (100 + 300, 140))
 
 
 def test_a_file_without_repackable_types_keeps_nothing() -> None:
-    assert repacked_params(_layer(0, *["Q6_K"] * 7) + _layer(1, *["F16"] * 7), 2) == ((0, 0), (0, 0))
+    assert repacked_params(_layer(0, *["Q5_K"] * 7) + _layer(1, *["F16"] * 7), 2) == ((0, 0), (0, 0))
+
+
+def test_q5_0_and_q6_k_keep_their_blocks_as_int8() -> None:
+    # Gemma 3 270M's Q4_K_M: Q/K/V and gate/up Q5_0 (attn_v Q8_0 in half the layers), down Q4_K or Q6_K
+    tensors = _layer(0, "Q5_0", "Q5_0", "Q8_0", "Q4_K", "Q5_0", "Q5_0", "Q6_K")
+    assert repacked_params(tensors, 1) == ((100, 140 + 600 + 300),)
 
 
 def test_architecture_name_maps() -> None:
@@ -82,7 +88,7 @@ def test_phi3_fused_projections_keep_their_blocks() -> None:
         T("blk.0.attn_qkv.weight", "Q4_K", 300),
         T("blk.0.attn_output.weight", "Q4_K", 100),
         T("blk.0.ffn_up.weight", "Q8_0", 600),
-        T("blk.0.ffn_down.weight", "Q6_K", 300),
+        T("blk.0.ffn_down.weight", "Q5_K", 300),
     ]
     assert repacked_params(tensors, 1, "phi3") == ((400, 600),)
     assert repacked_params(tensors, 1) == ((100, 600),)  # read as Llama names, attn_qkv is no projection
