@@ -89,7 +89,7 @@ def hardware_report(hardware_file: str | None = None, reused: frozenset[int] = f
 
 
 _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-# plan.quant -> LoadOptions.weight_quant; "GGUF" is the file's own Q4_0/Q4_1/Q4_K/Q8_0/Q5_0/Q6_K blocks, repacked
+# plan.quant -> LoadOptions.weight_quant; "GGUF" is the file's own quantized (weight_map.REPACK_KIND) blocks, repacked
 _TORCH_QUANTS = {"W8A16": "int8", "W4A16": "int4", "FP8": "fp8", "GGUF": "gguf"}
 
 

@@ -54,7 +54,7 @@ class LoadOptions:
     swap_space_bytes: int = 0
     dtype: str = "auto"  # torch engine weights: "auto" | "float32" | "bfloat16" | "float16"
     # torch engine weights: "auto" (CPU + bf16 + GGUF -> "gguf", else "none") | "none" (dense in `dtype`) |
-    # "gguf" (keep a GGUF's Q4_0/Q4_1/Q4_K/Q8_0/Q5_0/Q6_K projection blocks) | "int8" | "int4" | "fp8"
+    # "gguf" (keep a GGUF's quantized (weight_map.REPACK_KIND) projection blocks) | "int8" | "int4" | "fp8"
     # (round-to-nearest, applied by the loader to each projection as it is read)
     weight_quant: str = "auto"
     device: str = "auto"  # torch engine: "auto" | "cpu" | "cuda" | "cuda:N"

@@ -93,7 +93,11 @@ SHARDS = {"q": 0, "k": 1, "v": 2, "gate": 0, "up": 1}  # order of shards inside 
 
 # GGUF block types whose projections weight_quant "gguf" keeps, and the layout kernels/quant_matmul.py gets
 # from gguf_repack.repack_gguf (group size 32 for all; the K-quants' 256-value blocks are 8 groups of 32).
-REPACK_KIND = {"Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q8_0": "int8", "Q5_0": "int8", "Q6_K": "int8"}
+REPACK_KIND = {
+    **dict.fromkeys(("Q4_0", "Q4_1", "Q4_K"), "int4"),
+    **dict.fromkeys(("Q8_0", "Q5_0", "Q6_K", "Q5_1", "Q5_K", "Q3_K", "Q2_K"), "int8"),
+    **dict.fromkeys(("IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S"), "int8"),
+}
 
 _LAYER = re.compile(r"\.(\d+)\.")
 

@@ -39,7 +39,8 @@ def _torch_weights(shape: ModelShape, c: Candidate, tried: tuple[str, ...]) -> s
     if c.quant == m.TORCH_GGUF:
         what = (
             f"GGUF, the file's own {shape.quant} blocks repacked for the engine's kernels (the weights llama.cpp "
-            f"runs; Q6_K's within half an int8 level): {_kept_projections(shape)}"
+            "runs; Q6_K, Q5_K and the rest without a layout of their own within half an int8 level): "
+            + _kept_projections(shape)
         )
     else:
         what = _TORCH_FORMAT_WHAT.get(c.quant, c.quant)

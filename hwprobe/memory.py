@@ -70,7 +70,7 @@ LOWEST_DEFAULT_QUANT = "Q4_K_M"  # below this only when the user asks (quality d
 # W8A16: int8 + one fp16 scale per output channel; W4A16: int4 in groups of 128 with fp16 scale and zero;
 # FP8: e4m3 + a per-channel scale, native on compute capability 8.9+.
 TORCH_FORMAT_BPW = {"fp32": 32.0, "bf16": 16.0, "fp16": 16.0, "FP8": 8.0, "W8A16": 8.0, "W4A16": 4.25}
-# "GGUF": the torch engine keeps a GGUF's own Q4_0/Q4_1/Q4_K/Q8_0/Q5_0/Q6_K projection blocks (weight_quant
+# "GGUF": the torch engine keeps a GGUF's own quantized (weight_map.REPACK_KIND) projection blocks (weight_quant
 # "gguf"), repacked into groups of 32 with scales (and int4 offsets) in the 16-bit compute dtype: int4
 # 0.5 + 2 x 2/32 bytes per weight (5.0 bits: Q4_0's 4.5 gains an offset, Q4_K's 4.5 loses its 6-bit sub-block
 # packing), int8 1 + 2/32 (8.5 bits: Q8_0's own size; Q5_0's 5.5 and Q6_K's 6.56 grow to it).  Projections
@@ -204,22 +204,25 @@ def torch_cpu_dense_copy_budget(ram_total_bytes: int) -> int:
 
 
 def _cpu_head_kind(shape: ModelShape) -> str | None:
-    """The repacked kind of an untied GGUF head on the CPU ("int4" / "int8"), or None when it stays bf16.  The
-    shape has the head's bytes, not its type: 4.5 or 5.0 bits a weight is Q4_0/Q4_K/Q4_1 (IQ4_NL, also 4.5,
-    does not repack: counted as int4, 0.6 of its bf16 size), 8.5 is Q8_0, 5.5 Q5_0 and 6.5625 Q6_K (both kept
-    as int8: backends/torch_engine/gguf_repack.py)."""
+    """The repacked kind of an untied GGUF head on the CPU ("int4" / "int8"), or None when it stays bf16: the
+    head's type's REPACK_KIND as ModelSpec.to_shape gives it (extra["gguf_head_kind"]).  A shape without it (a
+    hand-written one) is judged by its bytes: 4.5 or 5.0 bits a weight is Q4_0/Q4_K/Q4_1, 8.5 Q8_0, 5.5
+    Q5_0/Q5_K, 6.0 Q5_1 and 6.5625 Q6_K (int8: backends/torch_engine/gguf_repack.py)."""
     if shape.tied_embeddings or not shape.output_bytes:
         return None
+    if shape.extra and "gguf_head_kind" in shape.extra:
+        return shape.extra["gguf_head_kind"]
     bits = 8 * shape.output_bytes / max(shape.vocab_size * shape.hidden_size, 1)
     if any(abs(bits - b) < 0.01 for b in (4.5, 5.0)):
         return "int4"
-    return "int8" if any(abs(bits - b) < 0.01 for b in (8.5, 5.5, 6.5625)) else None
+    return "int8" if any(abs(bits - b) < 0.01 for b in (8.5, 5.5, 6.0, 6.5625)) else None
 
 
 def torch_cpu_weights(shape: ModelShape, fmt: str, ram_total_bytes: int) -> WeightLayout:
     """What the torch engine holds in host RAM running on the CPU in `fmt`: TORCH_GGUF (bf16 compute, a GGUF's
-    Q4_0/Q4_1/Q4_K/Q8_0/Q5_0/Q6_K projection blocks repacked, backends/torch_engine/model_runner.resolve_weight_quant
-    "auto"), "bf16" or "fp32" (dense).  Each term as the engine holds it (module docstring)."""
+    quantized projection blocks repacked (weight_map.REPACK_KIND),
+    backends/torch_engine/model_runner.resolve_weight_quant "auto"), "bf16" or "fp32" (dense).  Each term as the
+    engine holds it (module docstring)."""
     if fmt != TORCH_GGUF:
         return weights(shape, fmt)
     kept = shape.extra.get("gguf_repacked") if shape.extra else None

@@ -6,7 +6,7 @@ minus the safety margin of hwprobe.memory):
      hwprobe.support, in its best weight format that fits (`_torch_formats`), on one GPU, else (same format) in
      tensor parallelism across all the GPUs when NVLink/P2P joins them (quality first: bf16 over two joined
      cards beats W8A16 on one; the plan says what llama.cpp's split would have run, with both tokens/s):
-     bf16/fp16; for a GGUF whose projections are Q4_0/Q4_1/Q4_K/Q8_0/Q5_0/Q6_K then "GGUF", the file's own blocks
+     bf16/fp16; for a GGUF whose projections are quantized (weight_map.REPACK_KIND) then "GGUF", the file's own blocks
      repacked (the same weights, fewer bytes); then W8A16 and FP8 (8.9+) quantized while loading, never below a
      GGUF's own bits; W4A16 only where llama.cpp has no better 4-bit file to run (a safetensors folder, or
      --backend torch), since round-to-nearest int4 is below Q4_K_M, the ladder's floor;

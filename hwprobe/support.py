@@ -16,10 +16,10 @@ TORCH_ENGINE_ARCHITECTURES = ("gemma3", "llama", "mistral", "phi3", "qwen2", "qw
 # dense (no quantization), and the expert offload with its device cache has not been measured on a GPU.
 TORCH_ENGINE_MOE_ARCHITECTURES = ("llama", "qwen2moe", "qwen3moe")
 
-# What the torch engine can run on a GPU.  Its loader quantizes each projection as it reads it (int8 / int4 /
-# fp8 round-to-nearest, backends/torch_engine/loader.py), or keeps a GGUF's own Q4_0/Q4_1/Q4_K/Q8_0/Q5_0/Q6_K blocks
-# ("GGUF"), so a quantized plan never needs the full-precision bytes on the device.  Several GPUs only by tensor
-# parallelism (backends/torch_engine/tp: one rank per GPU), never by a layer split.
+# What the torch engine can run on a GPU.  Its loader quantizes each projection as it reads it (int8 / int4 / fp8
+# round-to-nearest, backends/torch_engine/loader.py), or keeps a GGUF's own quantized blocks
+# (weight_map.REPACK_KIND; "GGUF"), so a quantized plan never needs the full-precision bytes on the device.  Several
+# GPUs only by tensor parallelism (backends/torch_engine/tp: one rank per GPU), never by a layer split.
 TORCH_ENGINE_RUNNABLE_FORMATS = ("bf16", "fp16", "GGUF", "W8A16", "FP8", "W4A16")
 TORCH_ENGINE_MAX_GPUS = 8
 

@@ -110,7 +110,8 @@ def write_tiny_llama(
     ffn: int = 128,
     context_length: int = 256,
     rope_base: float = 10000.0,
-    weight_type: str = "F32",  # "F32" | "F16" | "Q8_0" | "Q4_0" | "Q4_1" (quantized via gguf.quants)
+    weight_type: str = "F32",  # "F32" | "F16" | "Q8_0" | "Q4_0" | "Q4_1" (quantized via gguf.quants; also Q5_0 / Q5_1
+    # in tensor_types)
     architecture: str = "llama",
     name: str = "tiny-llama",
     chat_template: str | None = "starter",  # "starter" copies SmolLM2's; None writes no template
@@ -169,7 +170,7 @@ def write_tiny_llama(
         elif wtype == "F16":
             w.add_tensor(name, data.astype(np.float16))
         else:
-            qtype = {"Q8_0": T.Q8_0, "Q4_0": T.Q4_0, "Q4_1": T.Q4_1}[wtype]
+            qtype = {"Q8_0": T.Q8_0, "Q4_0": T.Q4_0, "Q4_1": T.Q4_1, "Q5_0": T.Q5_0, "Q5_1": T.Q5_1}[wtype]
             q = gguf.quants.quantize(data, qtype)
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
 

@@ -15,26 +15,30 @@ whatever device they are on; no dense copy of the weight is made.  What each typ
   The added error is at most half a level, about a quarter of Q6_K's own rounding step (its 64 levels per
   16 values), so these are not bit for bit the weights llama.cpp runs.  Measured on Gemma 3 270M's Q6_K
   down projections: see the README ("Which GGUF types the torch engine keeps quantized").
+- The other K-quants and legacy types (Q5_1, Q5_K, Q3_K, Q2_K) and the IQ4/IQ3/IQ2 types -> int8 per 32 the
+  same way, from the exact values gguf's own dequantizer gives (`REQUANTIZED`): within half an int8 level,
+  a small fraction of their own step; 8.5 bits a weight where the file has 2-6, but half of the bf16 a
+  dequantized projection would take (the CPU's kernels read no narrower group-wise format).
 
-Other types (Q5_1, Q5_K, Q2_K/Q3_K, IQ*) are dequantized by the loader to the compute dtype, as before.
-A merged projection whose shards repack to int4 and int8 becomes int8 (`merge_kept`).
+Other types (IQ1_S/IQ1_M, the ternary TQ and the MXFP4/NVFP4 ones) are dequantized by the loader to the
+compute dtype.  A merged projection whose shards repack to int4 and int8 becomes int8 (`merge_kept`).
 backends/weight_map.REPACK_KIND and repacked_params are the same rules for the planner's arithmetic.
 """
 
 from __future__ import annotations
 
+import gguf.quants
 import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kernels.quant_matmul import QuantWeight, concat_rows, dequantize, pack_int4
 
-# bytes per block, values per block
+# requantized to int8 per 32 from gguf's own dequantizer's exact values (module docstring)
+REQUANTIZED = ("Q5_1", "Q5_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S")
+# bytes per block, values per block, for every type repack_gguf takes
 GGUF_BLOCKS = {
-    "Q4_0": (18, 32),
-    "Q4_1": (20, 32),
-    "Q8_0": (34, 32),
-    "Q4_K": (144, 256),
-    "Q5_0": (22, 32),
-    "Q6_K": (210, 256),
+    name: (GGML_QUANT_SIZES[GGMLQuantizationType[name]][1], GGML_QUANT_SIZES[GGMLQuantizationType[name]][0])
+    for name in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_0", "Q6_K", *REQUANTIZED)
 }
 GROUP = 32
 
@@ -71,6 +75,10 @@ def repack_gguf(
         return QuantWeight("int8", q, d.reshape(groups).to(scale_dtype), None, GROUP, in_features, out_features)
     if ggml_type == "Q6_K":
         w = q6_k_weights(blocks).reshape(out_features, in_features)
+        return requantize_int8(w, scale_dtype)
+    if ggml_type in REQUANTIZED:
+        values = gguf.quants.dequantize(blocks.reshape(out_features, -1).cpu().numpy(), GGMLQuantizationType[ggml_type])
+        w = torch.from_numpy(values.reshape(out_features, in_features)).to(blocks.device)
         return requantize_int8(w, scale_dtype)
     if ggml_type in ("Q4_0", "Q4_1"):
         d = _f16(blocks[:, 0:2]).float()

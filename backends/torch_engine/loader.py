@@ -13,14 +13,14 @@ dequantized with gguf.quants.dequantize (F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1, Q
 
 Weight quantization happens while loading, tensor by tensor (`load_model`'s weight_quant), so neither host nor
 device ever holds the dense model whole when the plan asked for a quantized one:
-- "gguf": projection weights stored as Q4_0 / Q4_1 / Q4_K / Q8_0 / Q5_0 / Q6_K are not dequantized: their
-  blocks are repacked (backends.torch_engine.gguf_repack, integer ops) into hearth's int4 / int8 layout with
-  group size 32 and the projection becomes a QuantLinear.  That keeps exactly the weights llama.cpp runs
-  (Q6_K: requantized to int8 per 32, within half a level; gguf_repack says why), at 5 (int4) or 8.5 (int8)
-  bits each instead of 16.  A merged projection (Q/K/V, gate/up) stays quantized only when all its parts
-  repack (int4 beside int8, as Q4_K_M's Q4_K Q and K beside a Q6_K V: int8, gguf_repack.merge_kept);
-  otherwise that projection is dequantized like the rest (weight_map.repacked_params is the same rule for
-  the planner's arithmetic).
+- "gguf": projection weights stored in a quantized GGUF type (weight_map.REPACK_KIND) are not dequantized to the
+  compute dtype: their blocks are repacked (backends.torch_engine.gguf_repack) into hearth's int4 / int8 layout with
+  group size 32 and the projection becomes a QuantLinear.  That keeps exactly the weights llama.cpp runs for
+  Q4_0/Q4_1/Q4_K/Q8_0/Q5_0 (the others, Q6_K for one, requantized to int8 per 32 within half a level; gguf_repack
+  says why), at 5 (int4) or 8.5 (int8) bits each instead of 16.  A merged projection (Q/K/V, gate/up) stays
+  quantized only when all its parts repack (int4 beside int8, as Q4_K_M's Q4_K Q and K beside a Q6_K V: int8,
+  gguf_repack.merge_kept); otherwise that projection is dequantized like the rest (weight_map.repacked_params is the
+  same rule for the planner's arithmetic).
 - "int8" / "int4" / "fp8": each projection weight is quantized by round-to-nearest (quantize.quantize_rows,
   the same quantizer quantize_model uses, hence the same weights bit for bit) right after it is read and
   converted to the compute dtype, on the device the model will run on, a few MiB of rows at a time; only the
@@ -226,8 +226,8 @@ def load_model(
     """Build the model and fill every parameter from the file; ModelFormatError if one is missing.
     tp: a tensor-parallel rank: the model is this rank's share, read as such (only its rows and columns leave
     the file, before dequantizing and before the copy to the device: tp/layers.ReadPlan), with its collectives.
-    weight_quant (one of LOAD_QUANTS): "none" dense in `dtype`; "gguf" keeps a GGUF's Q4_0 / Q4_1 / Q4_K / Q8_0
-    / Q5_0 / Q6_K projection blocks; "int8" / "int4" / "fp8" quantize each projection as it is read (module docstring).
+    weight_quant (one of LOAD_QUANTS): "none" dense in `dtype`; "gguf" keeps a GGUF's quantized projection
+    blocks (gguf_repack); "int8" / "int4" / "fp8" quantize each projection as it is read (module docstring).
     host_layers: the first so many blocks will stream from host RAM (offload.py): their weights never stay on
     `device`, and the model is returned on the host for offload.offload_layers to place (a model that needs
     offload does not fit on the device whole, even for a moment).  n_ctx: the context the engine runs, which

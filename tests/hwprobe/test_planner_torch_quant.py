@@ -55,7 +55,7 @@ def gguf_7b(quant: str, bpw: float, kept: tuple[tuple[int, int], ...]):
 Q4_0_7B = gguf_7b("Q4_0", 4.5, ((PROJ_7B, 0),) * 32)
 Q8_0_7B = gguf_7b("Q8_0", 8.5, ((0, PROJ_7B),) * 32)
 Q6_K_7B = gguf_7b("Q6_K", 6.56, ((0, PROJ_7B),) * 32)  # every block repacks, as int8 (gguf_repack.py)
-Q5_K_M_7B = gguf_7b("Q5_K_M", 5.69, ((0, 0),) * 32)  # Q5_K does not repack (its Q6_K layers left out here)
+IQ1_M_7B = gguf_7b("IQ1_M", 1.75, ((0, 0),) * 32)  # IQ1_M does not repack
 # llama.cpp's Q4_K_M gives attn_v and ffn_down Q6_K in 16 of 32 layers ("use_more_bits"): there Q/K/V (one
 # merged parameter, Q4_K beside Q6_K) and down are kept as int8; o and gate/up stay Q4_K blocks.
 _MORE_BITS = [i < 4 or i >= 28 or (i - 4) % 3 == 2 for i in range(32)]
@@ -63,7 +63,7 @@ _INT8_7B = PROJ_7B - O_7B - GATE_UP_7B  # Q/K/V and down
 Q4_K_M_7B = gguf_7b(
     "Q4_K_M", 4.89, tuple(((O_7B + GATE_UP_7B, _INT8_7B) if more else (PROJ_7B, 0)) for more in _MORE_BITS)
 )
-Q5_K_M_7B_PART = gguf_7b("Q5_K_M", 5.69, tuple(((0, DOWN_7B) if more else (0, 0)) for more in _MORE_BITS))
+IQ1_M_7B_PART = gguf_7b("IQ1_M", 2.1, tuple(((0, DOWN_7B) if more else (0, 0)) for more in _MORE_BITS))
 
 
 @pytest.mark.parametrize("fixture", ["rtx3090_24gb", "rtx4090_24gb"])
@@ -120,10 +120,10 @@ def test_a_q4_k_m_gguf_keeps_its_q6_k_layers_as_int8() -> None:
 
 
 def test_a_gguf_dequantizes_what_does_not_repack() -> None:
-    # a Q5_K_M file keeps only its Q6_K down projections (16 layers); its Q5_K tensors are dequantized to 16 bits
-    layers = m.weights(Q5_K_M_7B_PART, "GGUF").layer_bytes
+    # a file of IQ1_M tensors with Q6_K down projections in 16 layers keeps only those; IQ1_M is dequantized
+    layers = m.weights(IQ1_M_7B_PART, "GGUF").layer_bytes
     assert layers[0] - layers[4] == pytest.approx(DOWN_7B * (1.0625 - 2), abs=1)  # layer 0 has more bits, 4 not
-    assert m.gguf_repacked_shares(Q5_K_M_7B_PART) == (0.0, pytest.approx(16 * DOWN_7B / (32 * PROJ_7B)))
+    assert m.gguf_repacked_shares(IQ1_M_7B_PART) == (0.0, pytest.approx(16 * DOWN_7B / (32 * PROJ_7B)))
 
 
 @pytest.mark.parametrize(
@@ -132,12 +132,18 @@ def test_a_gguf_dequantizes_what_does_not_repack() -> None:
         (Q8_0_7B, ["bf16", "GGUF"]),  # W8A16 (8.0) would be below its 8.5 bits
         (Q4_K_M_7B, ["bf16", "GGUF", "W8A16", "FP8"]),  # never W4A16 (4.25 < 4.89)
         (Q6_K_7B, ["bf16", "GGUF", "W8A16", "FP8"]),  # its blocks as int8 (8.5 bits): W8A16's 8.0 stays above 6.56
-        (Q5_K_M_7B, ["bf16", "W8A16", "FP8"]),  # no block of it repacks: no "GGUF"
     ],
 )
 def test_a_gguf_is_never_recut_below_its_own_bits(shape, want) -> None:
     assert _torch_formats(hw("rtx4090_24gb").gpus, shape, Prefs()) == want
     assert _torch_formats(hw("rtx4090_24gb").gpus, shape, Prefs(backend="torch")) == want
+
+
+def test_a_gguf_without_repackable_blocks_has_no_gguf_format() -> None:
+    gpus = hw("rtx4090_24gb").gpus
+    assert _torch_formats(gpus, IQ1_M_7B, Prefs()) == ["bf16", "W8A16", "FP8"]
+    # asked for the torch engine, W4A16's 4.25 bits are above IQ1_M's 1.75: allowed
+    assert _torch_formats(gpus, IQ1_M_7B, Prefs(backend="torch")) == ["bf16", "W8A16", "FP8", "W4A16"]
 
 
 def test_a_gguf_whose_blocks_do_not_fit_goes_to_llama_cpp() -> None:
@@ -159,3 +165,14 @@ def test_an_untied_gguf_head_on_the_cpu_is_counted_as_the_loader_keeps_it(head_b
     head = m.torch_cpu_weights(shape, m.TORCH_GGUF, 64 << 30).head_bytes
     per_weight = {"int4": m.TORCH_CPU_INT4_BYTES, "int8": m.TORCH_CPU_INT8_BYTES, None: 2}[kind]
     assert head == pytest.approx(32000 * 4096 * per_weight, abs=1)
+
+
+def test_the_head_kind_from_the_file_wins_over_its_bytes() -> None:
+    # an IQ4_NL head has Q4_0's 4.5 bits but is kept as int8 (gguf_repack.REQUANTIZED): ModelSpec.to_shape says so
+    shape = dataclasses.replace(
+        Q4_0_7B,
+        output_bytes=int(32000 * 4096 * 4.5 / 8),
+        extra={**Q4_0_7B.extra, "gguf_head_kind": "int8"},
+    )
+    assert m._cpu_head_kind(shape) == "int8"
+    assert m._cpu_head_kind(dataclasses.replace(shape, extra={**Q4_0_7B.extra, "gguf_head_kind": None})) is None

@@ -158,13 +158,54 @@ def test_repack_q6_k_on_synthetic_blocks() -> None:
     _assert_within_half_a_level(repack_gguf(torch.from_numpy(raw), "Q6_K", 5, 512, torch.float32), want)
 
 
+# where each type keeps its fp16 scale fields (ggml-common.h): set to small finite values in random blocks
+_F16_FIELDS = {
+    "Q5_K": (0, 2),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+    "IQ3_XXS": (0,),
+    "IQ3_S": (0,),
+    "IQ2_XXS": (0,),
+    "IQ2_XS": (0,),
+    "IQ2_S": (0,),
+}
+
+
+@pytest.mark.parametrize("ggml_type", ["Q5_1", *_F16_FIELDS])
+def test_other_quant_types_are_requantized_to_int8_within_half_a_level(ggml_type: str) -> None:
+    """Every other type repack_gguf takes (gguf_repack.REQUANTIZED): int8 per 32 from gguf's exact values."""
+    import gguf.quants
+    from gguf.constants import GGMLQuantizationType as T
+
+    from backends.torch_engine.gguf_repack import REQUANTIZED
+
+    assert set(REQUANTIZED) == {"Q5_1", *_F16_FIELDS}
+    block_bytes, block_values = GGUF_BLOCKS[ggml_type]
+    rows, k = 4, 2 * max(block_values, 64)
+    rng = np.random.default_rng(7)
+    if ggml_type == "Q5_1":
+        raw = gguf.quants.quantize(rng.standard_normal((rows, k)).astype(np.float32), T.Q5_1)
+    else:
+        blocks = rng.integers(0, 256, size=(rows * k // block_values, block_bytes), dtype=np.uint8)
+        for at in _F16_FIELDS[ggml_type]:
+            blocks[:, at : at + 2] = np.float16(rng.uniform(1e-3, 1e-2, len(blocks))).view(np.uint8).reshape(-1, 2)
+        raw = blocks.reshape(rows, -1)
+    want = gguf.quants.dequantize(raw, T[ggml_type])
+    assert np.isfinite(want).all() and np.abs(want).max() > 0
+    qw = repack_gguf(torch.from_numpy(raw), ggml_type, rows, k, torch.float32)
+    assert (qw.kind, qw.group_size, qw.out_features, qw.in_features) == ("int8", 32, rows, k)
+    _assert_within_half_a_level(qw, want)
+
+
 def test_repack_gguf_rejects_wrong_sizes() -> None:
     with pytest.raises(ValueError, match="needs 36 uint8 bytes"):
         repack_gguf(torch.zeros(35, dtype=torch.uint8), "Q4_0", 2, 32)
     with pytest.raises(ValueError, match="needs 420 uint8 bytes"):
         repack_gguf(torch.zeros(210, dtype=torch.uint8), "Q6_K", 2, 256)
     with pytest.raises(ValueError, match="cannot repack"):
-        repack_gguf(torch.zeros(10, dtype=torch.uint8), "Q5_K", 1, 256)
+        repack_gguf(torch.zeros(10, dtype=torch.uint8), "IQ1_M", 1, 256)
 
 
 # ---- on-load quantization helpers (backends/torch_engine/loader.py uses them) ---------------------------------
@@ -273,6 +314,9 @@ def test_weight_map_names_the_kinds_repack_gguf_gives() -> None:
 
     assert set(REPACK_KIND) == set(GGUF_BLOCKS)
     for ggml_type, kind in REPACK_KIND.items():
+        if ggml_type in _F16_FIELDS or ggml_type == "Q5_1":
+            assert kind == "int8"  # repack_gguf's answer for them: the test above
+            continue
         k = GGUF_BLOCKS[ggml_type][1]
         raw = np.ascontiguousarray(_gguf_raw(ggml_type, 2, k))
         qw = repack_gguf(torch.from_numpy(raw), ggml_type, 2, k)

@@ -58,7 +58,7 @@ def test_merged_parameters_keep_their_blocks_only_when_every_shard_repacks() -> 
 
 
 def test_a_file_without_repackable_types_keeps_nothing() -> None:
-    assert repacked_params(_layer(0, *["Q5_K"] * 7) + _layer(1, *["F16"] * 7), 2) == ((0, 0), (0, 0))
+    assert repacked_params(_layer(0, *["IQ1_S"] * 7) + _layer(1, *["F16"] * 7), 2) == ((0, 0), (0, 0))
 
 
 def test_q5_0_and_q6_k_keep_their_blocks_as_int8() -> None:
@@ -88,7 +88,7 @@ def test_phi3_fused_projections_keep_their_blocks() -> None:
         T("blk.0.attn_qkv.weight", "Q4_K", 300),
         T("blk.0.attn_output.weight", "Q4_K", 100),
         T("blk.0.ffn_up.weight", "Q8_0", 600),
-        T("blk.0.ffn_down.weight", "Q5_K", 300),
+        T("blk.0.ffn_down.weight", "IQ1_M", 300),
     ]
     assert repacked_params(tensors, 1, "phi3") == ((400, 600),)
     assert repacked_params(tensors, 1) == ((100, 600),)  # read as Llama names, attn_qkv is no projection
