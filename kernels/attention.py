@@ -145,7 +145,11 @@ def allocate_kv_cache(
 
 
 def is_head_major(cache: torch.Tensor) -> bool:
-    return not cache.is_contiguous() and cache.permute(0, 2, 1, 3).is_contiguous()
+    """Whether the memory is (num_blocks, kv_heads, block_size, D).  With one KV head (Gemma 3 270M) both
+    layouts are the same memory: a contiguous cache counts as head-major, so the head-major paths (one gather
+    per block, and the scripted decode loop that mirrors them) serve it."""
+    head_major = cache.permute(0, 2, 1, 3).is_contiguous()
+    return head_major and (cache.shape[2] == 1 or not cache.is_contiguous())
 
 
 def _head_major_memory(cache: torch.Tensor) -> torch.Tensor | None:

@@ -15,8 +15,10 @@ request's text does not depend on which steps were scripted.  The runner checks 
 (both run, their outputs must be equal) and runs eagerly from then on if they differ; tests check it too.
 
 Where it applies (`unavailable_reason` says why not): CPU, the "torch" kernel set, bf16, the shared pre-norm
-`Block` (Llama, Mistral, SmolLM2, Qwen3 with its QK-norm) with SiLU, no biases, no sliding window, full rotary
-dimensions, every projection on torch's packed int4/int8 kernels, head-major KV caches, no offload.  Steps it
+`Block` (Llama, Mistral, SmolLM2, Qwen3 with its QK-norm) with SiLU, or Gemma 3's sandwich-norm `GemmaBlock`
+with GeGLU; sliding windows of one size (their layers' own RoPE tables and windowed mask, as
+with_sliding_window builds it for the eager path); no biases, full rotary dimensions, every projection on
+torch's packed int4/int8 kernels, head-major KV caches, no offload.  Steps it
 takes (`accepts`): decode-only, every row on the quantized kernels (quantize.QUANTIZED_ROWS).
 HEARTH_SCRIPTED_DECODE=0 turns it off.  TorchScript is deprecated in torch 2.x (it warns once; the warning is
 silenced here) but still ships; if a torch drops it, scripting fails and the engine runs eagerly, saying why.
@@ -39,6 +41,7 @@ from kernels.attention import (
     _mask_bias,
     head_major_gather_rows,
     head_major_write_rows,
+    with_sliding_window,
 )
 from kernels.rmsnorm import _padded_weight
 from kernels.rope import _full_tables
@@ -68,11 +71,21 @@ class _Layers(nn.Module):
         dims: tuple[int, int, int, int, int],
         eps: float,
         scale: float,
+        sandwich: bool,
+        gelu: bool,
+        local_rope: list[bool],
+        windowed: list[bool],
     ) -> None:
         super().__init__()
         self.packed, self.packed_lo, self.scales, self.scales_lo = packed, packed_lo, scales, scales_lo
         self.kinds, self.groups = kinds, groups
-        self.norms = norms  # per layer: input norm, post-attention norm ([weight, 0] float32: rms_norm_torch)
+        # per layer ([weight, 0] float32: rms_norm_torch): input norm, pre-MLP norm; with `sandwich` (Gemma 3's
+        # block) four: input, after attention, pre-MLP, after the MLP
+        self.norms = norms
+        self.sandwich, self.gelu = sandwich, gelu  # Gemma 3's block and GeGLU (gelu_tanh_and_mul_torch)
+        # per layer: whether it rotates with the sliding-window layers' RoPE tables (Block.local_rope) and
+        # attends through the window's mask (Attention.window)
+        self.local_rope, self.windowed = local_rope, windowed
         # per layer: Q's and K's per-head norms (Qwen3), as norms; without QK-norm one unused tensor (TorchScript
         # cannot type an empty list)
         self.qk_norm = len(qk_norms) > 0
@@ -106,23 +119,28 @@ class _Layers(nn.Module):
         x: torch.Tensor,
         cos_full: torch.Tensor,
         sin_signed: torch.Tensor,
+        cos_local: torch.Tensor,
+        sin_local: torch.Tensor,
         write_rows: torch.Tensor,
         gather_rows: torch.Tensor,
         bias: torch.Tensor,
+        bias_local: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (n, hidden) embeddings of n decode rows; cos_full, sin_signed: rope_torch's (n, 1, D) tables;
-        write_rows: (n * kv_heads,) memory rows of the new K/V (write_kv); gather_rows: (n, kv_heads, blocks)
-        memory blocks of each row's context (paged_attention_torch); bias: (n, 1, 1, blocks * block_size)
-        float32 mask.  Returns (last layer's MLP output, the residual stream before it)."""
+        """x: (n, hidden) embeddings of n decode rows; cos_full, sin_signed: rope_torch's (n, 1, D) tables
+        (cos_local, sin_local: the sliding-window layers'); write_rows: (n * kv_heads,) memory rows of the new
+        K/V (write_kv); gather_rows: (n, kv_heads, blocks) memory blocks of each row's context
+        (paged_attention_torch); bias: (n, 1, 1, blocks * block_size) float32 mask (bias_local: narrowed to the
+        window, with_sliding_window).  Returns (last layer's MLP output, the residual stream before it)."""
         n = x.shape[0]
         heads, kv_heads, d, bs = self.n_heads, self.n_kv_heads, self.head_dim, self.block_size
         length = gather_rows.shape[2] * bs
+        per = 4 if self.sandwich else 2  # norms a layer
         residual = x
         h = self.norm(x, self.norms[0])
         for layer in range(self.n_layers):
             if layer > 0:
                 residual = x + residual
-                h = self.norm(residual, self.norms[2 * layer])
+                h = self.norm(residual, self.norms[per * layer])
             qkv = self.linear(h, 4 * layer).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
             q = qkv[0].reshape(n, heads, d)
             k = qkv[1].reshape(n, kv_heads, d)
@@ -130,8 +148,9 @@ class _Layers(nn.Module):
             if self.qk_norm:  # Attention.forward's q_norm / k_norm over each head's vector
                 q = self.norm(q.reshape(-1, d), self.qk_norms[2 * layer]).view(n, heads, d)
                 k = self.norm(k.reshape(-1, d), self.qk_norms[2 * layer + 1]).view(n, kv_heads, d)
+            cos_t, sin_t = (cos_local, sin_local) if self.local_rope[layer] else (cos_full, sin_signed)
             qk = torch.cat([q, k], dim=1).float()
-            qk = (qk * cos_full).addcmul_(qk.roll(d // 2, -1), sin_signed).to(q.dtype)
+            qk = (qk * cos_t).addcmul_(qk.roll(d // 2, -1), sin_t).to(q.dtype)
             q, k = qk[:, :heads], qk[:, heads:]
             k_memory, v_memory = self.k_memory[layer], self.v_memory[layer]
             k_memory.index_copy_(0, write_rows, k.reshape(-1, d).to(k_memory.dtype))
@@ -142,18 +161,29 @@ class _Layers(nn.Module):
             keys = keys.view(n, kv_heads, length, d).to(q.dtype)
             vals = vals.view(n, kv_heads, length, d).to(q.dtype)
             qs = q.view(n, kv_heads, heads // kv_heads, d)
-            attn = torch.nn.functional.scaled_dot_product_attention(qs, keys, vals, attn_mask=bias, scale=self.scale)
+            mask = bias_local if self.windowed[layer] else bias
+            attn = torch.nn.functional.scaled_dot_product_attention(qs, keys, vals, attn_mask=mask, scale=self.scale)
             attn = self.linear(attn.view(n, heads, d).reshape(n, -1), 4 * layer + 1)
+            if self.sandwich:
+                attn = self.norm(attn, self.norms[per * layer + 1])
             residual = attn + residual
-            h = self.norm(residual, self.norms[2 * layer + 1])
+            h = self.norm(residual, self.norms[per * layer + per // 2])  # the pre-MLP norm: 1 of 2, 2 of 4
             gate_up = self.linear(h, 4 * layer + 2).chunk(2, dim=-1)
-            x = self.linear(torch.nn.functional.silu(gate_up[0]) * gate_up[1], 4 * layer + 3)
+            if self.gelu:
+                act = torch.nn.functional.gelu(gate_up[0], approximate="tanh") * gate_up[1]
+            else:
+                act = torch.nn.functional.silu(gate_up[0]) * gate_up[1]
+            x = self.linear(act, 4 * layer + 3)
+            if self.sandwich:
+                x = self.norm(x, self.norms[per * layer + 3])
         return x, residual
 
 
 def unavailable_reason(model: nn.Module, ops_name: str, dtype: torch.dtype, device: torch.device) -> str | None:
     """Why the scripted decode step cannot run this model (None: it can); see the module docstring."""
-    from backends.torch_engine.models.layers import Block, DecoderModel  # lazy: models import this package
+    # lazy: the models import this module (layers.py), so it cannot import them at its top
+    from backends.torch_engine.models.gemma3 import GemmaBlock
+    from backends.torch_engine.models.layers import Block, DecoderModel  # lazy: as above
 
     if os.environ.get(ENV_VAR, "1") == "0":
         return f"off ({ENV_VAR}=0)"
@@ -162,13 +192,17 @@ def unavailable_reason(model: nn.Module, ops_name: str, dtype: torch.dtype, devi
     if not isinstance(model, DecoderModel) or getattr(model, "offload", None) is not None:
         return "off (not a plain decoder model in memory)"
     cfg = model.cfg
-    if cfg.sliding_window or (0 < cfg.rope_dim < cfg.head_dim) or cfg.activation != "silu":
-        return "off (sliding windows, partial RoPE or GeGLU: the eager path runs them)"
-    if cfg.rope_attn_factor != 1.0 or cfg.rope_base_local or cfg.embed_scale != 1.0 or cfg.n_heads % cfg.n_kv_heads:
-        return "off (this family's RoPE or embedding options run on the eager path)"
+    if (0 < cfg.rope_dim < cfg.head_dim) or cfg.activation not in ("silu", "gelu_tanh"):
+        return "off (partial RoPE or this activation: the eager path runs them)"
+    if cfg.rope_attn_factor != 1.0 or cfg.n_heads % cfg.n_kv_heads:
+        return "off (this family's RoPE options run on the eager path)"
+    kinds = {type(layer) for layer in model.layers}
+    if len(kinds) != 1 or not kinds <= {Block, GemmaBlock}:
+        return f"off ({', '.join(sorted(k.__name__ for k in kinds))} layers run on the eager path)"
+    windows = {layer.attn.window for layer in model.layers} - {0}
+    if len(windows) > 1:
+        return "off (sliding windows of more than one size run on the eager path)"
     for layer in model.layers:
-        if type(layer) is not Block:
-            return f"off ({type(layer).__name__} layers run on the eager path)"
         for proj in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             if not isinstance(proj, QuantLinear) or proj._cpu is None or proj._cpu_rows is None:
                 return "off (some projections have biases or input scales, or are not on the packed CPU kernels)"
@@ -189,8 +223,13 @@ class ScriptedDecode:
         cfg = model.cfg
         packed, packed_lo, scales, scales_lo, kinds, groups, norms, qk_norms = [], [], [], [], [], [], [], []
         empty = torch.empty(0)
+        sandwich = hasattr(model.layers[0], "attn_post_norm")  # Gemma 3's block (unavailable_reason: one kind)
         for layer in model.layers:
-            norms += [_padded_weight(layer.input_norm.weight), _padded_weight(layer.post_norm.weight)]
+            if sandwich:
+                order = (layer.input_norm, layer.attn_post_norm, layer.post_norm, layer.ffn_post_norm)
+            else:
+                order = (layer.input_norm, layer.post_norm)
+            norms += [_padded_weight(norm.weight) for norm in order]
             if cfg.qk_norm:
                 qk_norms += [_padded_weight(layer.attn.q_norm.weight), _padded_weight(layer.attn.k_norm.weight)]
             for proj in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
@@ -214,8 +253,26 @@ class ScriptedDecode:
         eps = model.layers[0].input_norm.eps
         dims = (cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.block_size)
         scale = model.layers[0].attn.scale
+        windowed = [layer.attn.window > 0 for layer in model.layers]
+        self.window = max(layer.attn.window for layer in model.layers)  # one size (unavailable_reason)
         module = _Layers(
-            packed, packed_lo, scales, scales_lo, kinds, groups, norms, qk_norms, k_memory, v_memory, dims, eps, scale
+            packed,
+            packed_lo,
+            scales,
+            scales_lo,
+            kinds,
+            groups,
+            norms,
+            qk_norms,
+            k_memory,
+            v_memory,
+            dims,
+            eps,
+            scale,
+            sandwich,
+            cfg.activation == "gelu_tanh",
+            [bool(getattr(layer, "local_rope", False)) for layer in model.layers],
+            windowed,
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script's own; see the docstring
@@ -234,17 +291,19 @@ class ScriptedDecode:
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
+        local: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         eager: Callable[[], tuple[torch.Tensor, torch.Tensor | None]],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The eager layer loop's (x, residual) for an accepted step; x (n, hidden) embeddings, cos/sin the
-        step's (n, 1, D/2) RoPE tables; `eager()` runs the eager loop on the same step.  The first step runs both
+        step's (n, 1, D/2) RoPE tables, `local` the sliding-window layers' (the same ones where the model has no
+        local RoPE); `eager()` runs the eager loop on the same step.  The first step runs both
         (the script first: the eager loop's K/V writes are the ones kept) and returns the eager result; they
         must be equal (and the script must run), or the script is not used again (`check`)."""
         if self.check is not None:
-            return self._run(x, cos, sin, meta)
+            return self._run(x, cos, sin, local, meta)
         try:
-            out: tuple[torch.Tensor, torch.Tensor] | None = self._run(x, cos, sin, meta)
+            out: tuple[torch.Tensor, torch.Tensor] | None = self._run(x, cos, sin, local, meta)
             detail = ""
         except Exception as e:  # noqa: BLE001 - a script the interpreter cannot run: the eager loop runs instead
             out, detail = None, f"the script failed: {type(e).__name__}: {e}"
@@ -257,15 +316,23 @@ class ScriptedDecode:
         return want  # type: ignore[return-value]
 
     def _run(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        local: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Builds the step's rows, mask and full RoPE tables the way the eager kernels do (kept in the step's
-        memo, where the eager ops find them too), then calls the script."""
+        """Builds the step's rows, masks and full RoPE tables the way the eager kernels do (kept in the step's
+        memo and on the tables, where the eager ops find them too), then calls the script."""
         g = meta.groups[0]
         write_rows = head_major_write_rows(meta.slot_mapping, self.block_size, self.n_kv_heads, meta.memo)
         gather_rows = head_major_gather_rows(g, self.n_kv_heads)
         cos_full, sin_signed = _full_tables(cos, sin)
-        return self.script(x, cos_full, sin_signed, write_rows, gather_rows, _mask_bias(g))
+        cos_local, sin_local = _full_tables(*local)
+        bias = _mask_bias(g)
+        bias_local = _mask_bias(with_sliding_window(meta, self.window).groups[0]) if self.window else bias
+        return self.script(x, cos_full, sin_signed, cos_local, sin_local, write_rows, gather_rows, bias, bias_local)
 
 
 def install(runner: Any) -> str | None:

@@ -1,7 +1,8 @@
 """The scripted CPU decode loop (backends/torch_engine/scripted_decode.py) on tiny GGUFs in a real runner: the same
 bits as the eager loop for int4 (Q4_1), group-wise int8 (Q8_0, two int4 halves) and per-channel int8 weights, at
 one and at several rows; only decode-only steps take it; a mismatch on the first step turns it off; it stays off
-where it does not apply, and says why; Qwen3's QK-norm runs in it too."""
+where it does not apply, and says why; Qwen3's QK-norm and Gemma 3's block with its sliding windows run in it
+too."""
 
 from __future__ import annotations
 
@@ -96,6 +97,35 @@ def test_qwen3_qk_norm_gives_the_eager_bits(tmp_path) -> None:  # type: ignore[n
     assert runner.model.cfg.qk_norm and scripted is not None, runner.describe()["scripted_decode"]
     for rows in (1, 2):
         _assert_same(_decode(runner, rows), _eager_decode(runner, rows))
+    assert scripted.check == {"verdict": "ok", "rows": 1}
+    runner.close()
+
+
+def test_gemma3_block_and_sliding_window_give_the_eager_bits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Gemma 3: sandwich norms, GeGLU, QK-norm, head size 64 of hidden 128, five sliding layers (window 8, their
+    # own RoPE base) to one global; the 17-token prompt and 6 steps run past the window
+    path = write_tiny_arch(
+        tmp_path / "gemma3.gguf",
+        "gemma3",
+        n_layers=6,
+        hidden=128,
+        ffn=256,
+        head_dim=64,
+        sliding_window=8,
+        weight_type="Q8_0",
+    )
+    runner = _runner(load_spec(path))
+    cfg = runner.model.cfg
+    assert cfg.activation == "gelu_tanh" and cfg.rope_base_local and cfg.embed_scale != 1.0
+    assert [layer.attn.window for layer in runner.model.layers] == [8] * 5 + [0]
+    scripted = runner.model.scripted_decode
+    assert scripted is not None, runner.describe()["scripted_decode"]
+    calls = _count_runs(scripted)
+    for rows in (1, 2):
+        calls.clear()
+        got = _decode(runner, rows, steps=8)
+        assert len(calls) == len(got)
+        _assert_same(got, _eager_decode(runner, rows, steps=8))
     assert scripted.check == {"verdict": "ok", "rows": 1}
     runner.close()
 

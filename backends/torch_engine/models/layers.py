@@ -232,7 +232,9 @@ class DecoderModel(nn.Module):
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         scripted = self.scripted_decode
         if scripted is not None and self.offload is None and scripted.accepts(meta, x.shape[0]):
-            x, residual = scripted.layers(x, cos, sin, meta, lambda: self._layers(x, cos, sin, local, kv_caches, meta))
+            x, residual = scripted.layers(
+                x, cos, sin, local, meta, lambda: self._layers(x, cos, sin, local, kv_caches, meta)
+            )
         else:
             x, residual = self._layers(x, cos, sin, local, kv_caches, meta)
         if residual is None:  # no layers
