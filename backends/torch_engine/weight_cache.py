@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 # Bump when what the preparation produces changes (a new packed layout, another dense-copy rule, renamed tensors).
 # 2: entries of bf16 models with a plain tied/dense head also hold the int8 decode head's rows (cpu_load.py).
 # 3: GGUF Q5_0 and Q6_K projections are kept as int8 blocks (gguf_repack.py), no longer dequantized to bf16.
-PREPARE_FORMAT = 3
+# 4: the other K-quant, legacy and IQ4/IQ3/IQ2 types kept as int8 too (gguf_repack.REQUANTIZED).
+PREPARE_FORMAT = 4
 DEFAULT_MAX_BYTES = 8 << 30  # the whole cache folder; the starter's entry is ~290 MiB
 SUFFIX = ".pt"
 
