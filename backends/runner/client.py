@@ -49,18 +49,16 @@ from backends.errors import HearthError, RunnerCrashedError
 from backends.modelspec import ModelSpec
 from backends.registry import backend_class, get_backend_info
 from backends.runner import protocol as p
-from backends.runner import resident
 from backends.runner.ladder import Fallback, RunnerConfig, next_config
 from backends.runner.memory import ConfigMemory, machine_key
-from backends.runner.process import Prestarted, RunnerProcess  # Prestarted: for the app (app/loading.py)
+from backends.runner.process import CLOSE_TIMEOUT_S, Prestarted, RunnerProcess  # Prestarted: for app/loading.py
 from backends.runner.streams import Crash, StreamState, aborted_event, translate
+from backends.runner.takeover import ResidentTakeover
 
 log = logging.getLogger(__name__)
 
 DEFAULT_HANG_TIMEOUT_S = 30.0  # no heartbeat for this long = frozen (HEARTH_RUNNER_TIMEOUT overrides)
 MAX_CRASHES_IN_A_ROW = 4
-CLOSE_TIMEOUT_S = 10.0  # a runner that does not exit this long after Close is killed
-LINGER_TIMEOUT_S = 5.0  # a runner that does not take Linger this long is stopped instead
 _LOGS_KEPT = 20
 
 
@@ -82,7 +80,7 @@ def backend_facts(name: str) -> tuple[str, Capabilities]:
     return info.name, info.capabilities
 
 
-class RunnerBackend(Backend):
+class RunnerBackend(ResidentTakeover, Backend):
     """A Backend in a runner process.  `backend` is the registry name (or "module:Class") the runner loads;
     `fallback(name)` gives LoadOptions for another backend where it runs this model (the ladder's last rung);
     `memory` remembers what worked."""
@@ -289,58 +287,6 @@ class RunnerBackend(Backend):
                 progress(0.0, f"retrying {nxt.why}")
             config = nxt
 
-    def _resident_stem(self, config: RunnerConfig) -> str | None:
-        """The key of this configuration's load among resident runners (resident.load_stem); None: no residents
-        here (a verbose runner writes to its command's terminal, so it never lingers and is never taken over)."""
-        if self.resident_dir is None or config.options.verbose:
-            return None
-        if self._code_stamp is None:
-            self._code_stamp = resident.code_stamp()
-        return resident.load_stem(p.Load(config.backend, self.spec, config.options), self._code_stamp)
-
-    def _take_resident(self, config: RunnerConfig) -> RunnerProcess | None:
-        """A resident runner that holds this very load, taken over (loaded already), when this backend keeps
-        runners (keep_alive_s != 0); otherwise, or when none holds it, every resident is ended first: they hold
-        memory that this load's plan counted as free."""
-        if self.resident_dir is None:
-            return None
-        stem = self._resident_stem(config)
-        if stem is not None and self.keep_alive_s != 0:
-            for found in resident.residents(self.resident_dir):
-                if found.stem != stem:
-                    continue
-                runner = self._attach(found.path, config)
-                if runner is not None:
-                    return runner
-        resident.evict_all(self.resident_dir)
-        return None
-
-    def _attach(self, path: Path, config: RunnerConfig) -> RunnerProcess | None:
-        attached = resident.attach(path)
-        if attached is None:
-            return None
-        runner = RunnerProcess(self, config, attached=attached)
-        runner.send(p.Load(config.backend, self.spec, config.options), "load")
-        outcome = runner.outcome.get()
-        if not isinstance(outcome, p.Loaded):
-            if not isinstance(outcome, Crash):
-                runner.stop(CLOSE_TIMEOUT_S)
-            return None
-        runner.loaded = True
-        self._n_ctx, self._describe = outcome.n_ctx, dict(outcome.describe)
-        started, self._prestarted = self._prestarted, None
-        if started is not None:
-            started.discard()
-        return runner
-
-    def end_other_residents(self) -> int:
-        """End every resident runner but those that hold this backend's very load (app/loading.open_backend: the
-        plan counted their memory as taken, so it plans again after this); how many were ended."""
-        if self.resident_dir is None:
-            return 0
-        mine = self._resident_stem(self.config) if self.keep_alive_s != 0 else None
-        return sum(resident.evict(r) for r in resident.residents(self.resident_dir) if r.stem != mine)
-
     def release_prestarted(self) -> Prestarted | None:
         """The prestarted runner, handed to another backend (this one is then dropped unloaded)."""
         started, self._prestarted = self._prestarted, None
@@ -391,22 +337,6 @@ class RunnerBackend(Backend):
             )
         if runner is not None and (states or not self._linger(runner)):
             runner.stop(CLOSE_TIMEOUT_S)
-
-    def _linger(self, runner: RunnerProcess) -> bool:
-        """Leave `runner` loaded for the next command (keep_alive_s; backends/runner/resident.py); False when it
-        must stop instead (keep-alive 0, a runner that died or never loaded, supervision gave up)."""
-        if self.keep_alive_s == 0 or runner.dead or not runner.loaded or self._gave_up is not None:
-            return False
-        stem = self._resident_stem(self.config)
-        if stem is None or self.resident_dir is None or not resident.make_private(self.resident_dir):
-            return False
-        if any(r.stem == stem for r in resident.residents(self.resident_dir)):
-            return False  # another command's runner holds this load already: one is enough
-        path = self.resident_dir / f"{stem}-{runner.pid}{resident.SUFFIX}"
-        try:
-            return runner.linger(self.keep_alive_s, str(path), self.model_name, LINGER_TIMEOUT_S)
-        except OSError:
-            return False
 
     def _current(self) -> RunnerProcess:
         """The loaded runner, waiting while one restarts; raises once supervision gave up or after close()."""

@@ -21,9 +21,9 @@ from backends.errors import RunnerCrashedError
 from backends.kernel_report import KernelReport
 from backends.modelspec import ModelSpec
 from backends.runner import protocol as p
-from backends.runner.client import CLOSE_TIMEOUT_S, hang_timeout_from_env
+from backends.runner.client import hang_timeout_from_env
 from backends.runner.ladder import RunnerConfig
-from backends.runner.process import RunnerProcess
+from backends.runner.process import CLOSE_TIMEOUT_S, RunnerProcess
 
 
 class _OneCall:

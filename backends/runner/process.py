@@ -23,6 +23,9 @@ from backends.runner.ladder import RunnerConfig
 from backends.runner.prestart import Prestarted, spawn
 from backends.runner.resident import Attached, process_alive, wait_gone
 
+CLOSE_TIMEOUT_S = 10.0  # a runner that does not exit this long after Close is killed
+LINGER_TIMEOUT_S = 5.0  # a runner that does not take Linger this long is stopped instead
+
 
 class ResidentProcess:
     """The Popen-like handle of a resident runner another command started (backends/runner/resident.py): not
