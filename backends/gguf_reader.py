@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.errors import ModelFormatError
+from backends.gguf_constants import constants
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -275,11 +276,10 @@ def _type_name(cur: _Cursor, vtype: int, start: int) -> str:
 def _tensor_bytes(ggml_type: int, shape: tuple[int, ...], path: Path, name: str) -> tuple[int, int]:
     """(bytes, elements) of a tensor; refuses unknown types, empty dimensions and rows that are not whole
     blocks (llama.cpp's own checks)."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # lazy: heavy: gguf (numpy)
-
+    gguf = constants()
     try:
-        qtype = GGMLQuantizationType(ggml_type)
-        block, type_size = GGML_QUANT_SIZES[qtype]
+        qtype = gguf.GGMLQuantizationType(ggml_type)
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
     except (ValueError, KeyError):
         raise ModelFormatError(
             f"{path}: tensor {name} has unknown ggml type {ggml_type}",

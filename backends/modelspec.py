@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.gguf_checks import check_gguf
+from backends.gguf_constants import constants
 from backends.gguf_reader import SkippedArray, read_model_header, read_string_items
 from backends.hf_folder import spec_from_hf_folder
 from backends.spec_types import REMOTE_FORMAT, SCHEMA_VERSION, ModelSpec, TensorSpec
@@ -28,12 +29,10 @@ __all__ = ["REMOTE_FORMAT", "SCHEMA_VERSION", "ModelSpec", "TensorSpec", "load_s
 
 
 def _file_type_name(metadata: dict[str, Any], type_counts: Counter[str]) -> str:
-    from gguf.constants import LlamaFileType  # lazy: heavy: gguf (numpy)
-
     ft = metadata.get("general.file_type")
     if isinstance(ft, int):
         try:
-            name = LlamaFileType(ft).name
+            name = constants().LlamaFileType(ft).name
             return name.removeprefix("MOSTLY_").replace("ALL_F32", "F32")
         except ValueError:
             pass
@@ -48,8 +47,7 @@ def _first(value: Any, default: Any = None) -> Any:
 
 
 def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
-    from gguf.constants import GGMLQuantizationType  # lazy: heavy: gguf (numpy)
-
+    quant_type = constants().GGMLQuantizationType  # id -> type, for the tensors' type names
     header, shards = read_model_header(path)
     fig = check_gguf(header, shards)  # every key, limit, tokenizer and tensor shape, before anything uses them
     md = header.metadata
@@ -59,7 +57,7 @@ def spec_from_gguf(path: str | os.PathLike[str]) -> ModelSpec:
         return _first(md.get(f"{arch}.{key}"), default)
 
     tensors = tuple(
-        TensorSpec(t.name, GGMLQuantizationType(t.ggml_type).name, t.shape, t.n_bytes, t.n_elements)
+        TensorSpec(t.name, quant_type(t.ggml_type).name, t.shape, t.n_bytes, t.n_elements)
         for h in shards
         for t in h.tensors
     )
