@@ -133,14 +133,21 @@ def quant_matmul_torch(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | Non
 
 
 def quantize_int8(
-    weight: torch.Tensor, group_size: int | None = None, scale_dtype: torch.dtype | None = None
+    weight: torch.Tensor,
+    group_size: int | None = None,
+    scale_dtype: torch.dtype | None = None,
+    scale_grid: torch.dtype | None = None,
 ) -> QuantWeight:
-    """Symmetric round-to-nearest int8; per output channel when group_size is None."""
+    """Symmetric round-to-nearest int8; per output channel when group_size is None.  `scale_grid`: round the
+    scales to that dtype before the values are rounded (a kernel that holds its scales in bf16 then runs each
+    group with the scale its integers were chosen for; the largest value may land on 127.25: clamped to 127)."""
     n, k = weight.shape
     g = k if group_size is None else group_size
     _check_group(k, g)
     wf = weight.float().reshape(n, k // g, g)
     scales = wf.abs().amax(dim=-1).clamp(min=1e-10) / 127.0  # (N, K // G)
+    if scale_grid is not None:
+        scales = scales.to(scale_grid).float()
     q = torch.round(wf / scales[..., None]).clamp(-127, 127).to(torch.int8).reshape(n, k)
     return QuantWeight("int8", q, scales.to(scale_dtype or weight.dtype), None, g, k, n)
 

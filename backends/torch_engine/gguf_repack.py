@@ -31,7 +31,7 @@ import gguf.quants
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from kernels.quant_matmul import QuantWeight, concat_rows, dequantize, pack_int4
+from kernels.quant_matmul import QuantWeight, concat_rows, dequantize, pack_int4, quantize_int8
 
 # requantized to int8 per 32 from gguf's own dequantizer's exact values (module docstring)
 REQUANTIZED = ("Q5_1", "Q5_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S")
@@ -153,15 +153,9 @@ def merge_kept(parts: list[QuantWeight]) -> QuantWeight | None:
 
 
 def requantize_int8(w: torch.Tensor, scale_dtype: torch.dtype) -> QuantWeight:
-    """Round-to-nearest int8 per group of 32 (kernels/quant_matmul.quantize_int8's rule) with the scales put on
-    the bf16 grid first: the CPU kernel holds its scales in bf16, so rounding them before the values keeps each
-    group's integers the nearest ones for the scale it runs with (the largest value may land on 127.25 of the
-    rounded scale: it is clamped to 127)."""
-    n, k = w.shape
-    amax = w.reshape(n, k // GROUP, GROUP).abs().amax(dim=-1).clamp(min=1e-10)
-    scales = (amax / 127.0).to(torch.bfloat16).float()
-    q = torch.round(w.reshape(n, k // GROUP, GROUP) / scales[..., None]).clamp(-127, 127).to(torch.int8)
-    return QuantWeight("int8", q.reshape(n, k), scales.to(scale_dtype), None, GROUP, k, n)
+    """Round-to-nearest int8 per group of 32 with the scales on the bf16 grid (the CPU kernel holds its scales
+    in bf16): kernels/quant_matmul.quantize_int8 with scale_grid."""
+    return quantize_int8(w, GROUP, scale_dtype, scale_grid=torch.bfloat16)
 
 
 def _f16(raw: torch.Tensor) -> torch.Tensor:
