@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from backends.torch_engine.gguf_repack import GGUF_BLOCKS, repack_gguf
+from backends.torch_engine.gguf_repack import GGUF_BLOCKS, REQUANTIZED, repack_gguf
 from backends.torch_engine.quantize import (
     QuantConfig,
     QuantLinear,
@@ -137,13 +137,39 @@ def _assert_within_half_a_level(qw, want: np.ndarray) -> None:
     assert int(qw.qweight.abs().max()) <= 127
 
 
-def _random_q6_k(rows: int, k: int, seed: int = 0) -> np.ndarray:
-    """Random but valid Q6_K blocks (gguf cannot quantize Q6_K): random ql/qh bytes and int8 scales (all of
-    -128..127), an fp16 d.  (rows, k // 256 * 210) uint8."""
+# where each type keeps its fp16 scale fields (ggml-common.h): set to small finite values in random blocks
+_F16_FIELDS = {
+    "Q4_K": (0, 2),
+    "Q6_K": (208,),
+    "Q5_K": (0, 2),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+    "IQ3_XXS": (0,),
+    "IQ3_S": (0,),
+    "IQ2_XXS": (0,),
+    "IQ2_XS": (0,),
+    "IQ2_S": (0,),
+}
+
+
+def _random_blocks(
+    ggml_type: str, rows: int, k: int, seed: int = 0, scale: tuple[float, float] = (1e-3, 1e-2)
+) -> np.ndarray:
+    """Random but valid blocks of a type gguf cannot quantize: random bytes, the fp16 scale fields set to
+    values drawn from `scale`.  (rows, k // block values * block bytes) uint8."""
+    block_bytes, block_values = GGUF_BLOCKS[ggml_type]
     rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(rows * (k // 256), 210), dtype=np.uint8)
-    blocks[:, 208:210] = np.float16(rng.uniform(1e-4, 1e-3, rows * (k // 256))).view(np.uint8).reshape(-1, 2)
+    blocks = rng.integers(0, 256, size=(rows * k // block_values, block_bytes), dtype=np.uint8)
+    for at in _F16_FIELDS[ggml_type]:
+        blocks[:, at : at + 2] = np.float16(rng.uniform(*scale, len(blocks))).view(np.uint8).reshape(-1, 2)
     return blocks.reshape(rows, -1)
+
+
+def _random_q6_k(rows: int, k: int, seed: int = 0) -> np.ndarray:
+    """Q6_K blocks: random ql/qh bytes and int8 scales (all of -128..127), an fp16 d."""
+    return _random_blocks("Q6_K", rows, k, seed, scale=(1e-4, 1e-3))
 
 
 def test_repack_q6_k_on_synthetic_blocks() -> None:
@@ -158,40 +184,18 @@ def test_repack_q6_k_on_synthetic_blocks() -> None:
     _assert_within_half_a_level(repack_gguf(torch.from_numpy(raw), "Q6_K", 5, 512, torch.float32), want)
 
 
-# where each type keeps its fp16 scale fields (ggml-common.h): set to small finite values in random blocks
-_F16_FIELDS = {
-    "Q5_K": (0, 2),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "IQ4_NL": (0,),
-    "IQ4_XS": (0,),
-    "IQ3_XXS": (0,),
-    "IQ3_S": (0,),
-    "IQ2_XXS": (0,),
-    "IQ2_XS": (0,),
-    "IQ2_S": (0,),
-}
-
-
-@pytest.mark.parametrize("ggml_type", ["Q5_1", *_F16_FIELDS])
+@pytest.mark.parametrize("ggml_type", REQUANTIZED)
 def test_other_quant_types_are_requantized_to_int8_within_half_a_level(ggml_type: str) -> None:
     """Every other type repack_gguf takes (gguf_repack.REQUANTIZED): int8 per 32 from gguf's exact values."""
     import gguf.quants
     from gguf.constants import GGMLQuantizationType as T
 
-    from backends.torch_engine.gguf_repack import REQUANTIZED
-
-    assert set(REQUANTIZED) == {"Q5_1", *_F16_FIELDS}
-    block_bytes, block_values = GGUF_BLOCKS[ggml_type]
-    rows, k = 4, 2 * max(block_values, 64)
-    rng = np.random.default_rng(7)
-    if ggml_type == "Q5_1":
-        raw = gguf.quants.quantize(rng.standard_normal((rows, k)).astype(np.float32), T.Q5_1)
+    rows, k = 4, 2 * max(GGUF_BLOCKS[ggml_type][1], 64)
+    if ggml_type == "Q5_1":  # gguf quantizes this one
+        w = np.random.default_rng(7).standard_normal((rows, k)).astype(np.float32)
+        raw = gguf.quants.quantize(w, T.Q5_1)
     else:
-        blocks = rng.integers(0, 256, size=(rows * k // block_values, block_bytes), dtype=np.uint8)
-        for at in _F16_FIELDS[ggml_type]:
-            blocks[:, at : at + 2] = np.float16(rng.uniform(1e-3, 1e-2, len(blocks))).view(np.uint8).reshape(-1, 2)
-        raw = blocks.reshape(rows, -1)
+        raw = _random_blocks(ggml_type, rows, k, seed=7)
     want = gguf.quants.dequantize(raw, T[ggml_type])
     assert np.isfinite(want).all() and np.abs(want).max() > 0
     qw = repack_gguf(torch.from_numpy(raw), ggml_type, rows, k, torch.float32)
@@ -243,13 +247,8 @@ def test_layer_config_falls_back_to_smaller_groups_then_dense() -> None:
 
 
 def _random_q4_k(rows: int, k: int, seed: int = 0) -> np.ndarray:
-    """Random but valid Q4_K blocks (gguf cannot quantize Q4_K): fp16 d and dmin, then random 6-bit scale/min
-    bytes and nibbles.  (rows, k // 256 * 144) uint8."""
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(rows * (k // 256), 144), dtype=np.uint8)
-    blocks[:, 0:2] = np.float16(rng.uniform(0.001, 0.01, rows * (k // 256))).view(np.uint8).reshape(-1, 2)
-    blocks[:, 2:4] = np.float16(rng.uniform(0.001, 0.01, rows * (k // 256))).view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(rows, -1)
+    """Q4_K blocks: fp16 d and dmin, then random 6-bit scale/min bytes and nibbles."""
+    return _random_blocks("Q4_K", rows, k, seed)
 
 
 def _gguf_raw(ggml_type: str, n: int, k: int, seed: int = 0) -> np.ndarray:
@@ -314,7 +313,7 @@ def test_weight_map_names_the_kinds_repack_gguf_gives() -> None:
 
     assert set(REPACK_KIND) == set(GGUF_BLOCKS)
     for ggml_type, kind in REPACK_KIND.items():
-        if ggml_type in _F16_FIELDS or ggml_type == "Q5_1":
+        if ggml_type in REQUANTIZED:
             assert kind == "int8"  # repack_gguf's answer for them: the test above
             continue
         k = GGUF_BLOCKS[ggml_type][1]
