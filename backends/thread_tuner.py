@@ -11,7 +11,11 @@ faster.  No count suits every moment, and the load changes while the engine runs
 guessing:
 
 - It times decode-only steps (`key`: the number of rows; a step with prompt tokens is never timed, its size
-  varies too much) and keeps the last `window` times at the current count.
+  varies too much) and keeps the last `window` times at the current count.  The first `warmup` steps of each
+  key are not kept: they pay one-time costs (the torch engine's first decode step checks its scripted loop
+  against the eager one, the script's next call optimizes it: 58 and 21 ms against 8.4 on the starter), and a
+  window that held them made a 1-thread trial "win" on a quiet 2-core machine (11 ms steps beat the polluted
+  14.6 ms median), so the first request of a run decoded at 1 thread: 85 tok/s instead of 118.
 - Every `interval` it runs a trial: the next decode steps with the same key at a neighbouring count (one
   fewer on 2 cores; c ± max(1, c // 4) on larger machines).  The trial count wins when its median step is at
   least `margin` faster than the window's median; otherwise the tuner goes back and doubles the interval (up to
@@ -63,6 +67,7 @@ class ThreadTuner:
         idle_cores: Callable[[], float | None] | None = None,
         window: int = 4,
         trial_steps: int = 3,
+        warmup: int = 2,
         margin: float = 0.05,
         distress: float = 1.5,
         min_interval_s: float = 0.5,
@@ -78,6 +83,8 @@ class ThreadTuner:
         self._idle = idle_cores
         self._window = window
         self._trial_steps = trial_steps
+        self._warmup = warmup
+        self._warm: dict[int, int] = {}  # key -> its steps seen so far, up to `warmup` (those are not kept)
         self._margin = margin
         self._distress = distress
         self._min_interval = min_interval_s
@@ -140,6 +147,10 @@ class ThreadTuner:
         return [s for k, s in self._recent if k == key]
 
     def _record(self, key: int, seconds: float) -> None:
+        seen = self._warm.get(key, 0)
+        if seen < self._warmup:
+            self._warm[key] = seen + 1
+            return
         self._recent.append((key, seconds))
         times = self._times(key)
         if len(times) < self._window:
