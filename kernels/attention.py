@@ -35,6 +35,9 @@ class AttentionGroup:
     mask: torch.Tensor  # (num_seqs, 1, q_len, max_blocks * block_size) bool, True = may attend
     q_len: int  # new tokens per sequence in this group
     memo: dict[object, torch.Tensor] = field(default_factory=dict)  # per-step tensors the first layer builds
+    # a group of one sequence whose blocks are first_block, first_block + 1, ... (one run of the pool, as a
+    # growing pool hands them out): a head-major cache reads them in place (head_major_run), no gather; else -1
+    first_block: int = -1
 
 
 @dataclass
@@ -116,7 +119,12 @@ def _group(
     j = torch.arange(max_blocks * block_size)[None, None, :]  # key position
     mask = j <= (ctx - q_len + i)  # lower-right causal; also hides padding (j >= ctx)
     token_index = torch.cat([torch.arange(starts[s], starts[s] + q_len) for s in ids])
-    return AttentionGroup(token_index.to(device), tables.to(device), mask[:, None].to(device), q_len)
+    first = -1
+    if len(ids) == 1:
+        used = seqs[ids[0]][2][:max_blocks]
+        if used and all(b == used[0] + i for i, b in enumerate(used)):
+            first = used[0]
+    return AttentionGroup(token_index.to(device), tables.to(device), mask[:, None].to(device), q_len, first_block=first)
 
 
 def allocate_kv_cache(
@@ -134,60 +142,74 @@ def allocate_kv_cache(
     zeroed=False: torch.empty, address space without pages on the CPU; the caller zeroes blocks before their
     first use (backends/torch_engine/kv_pool.py commits a CPU pool that way, in steps).
 
-    head_major: the memory holds (num_blocks, kv_heads, block_size, D) and the tensor is a permuted view of it.
-    Then one gather of blocks per kv head yields (n, kv_heads, length, D) contiguous, which is what the decode
-    matmuls read; the token-major layout needs a transposing copy of every gathered K and V per layer on top
-    (on the 2-core CPU ~5 of 37 ms of a batch-16 decode step).  Everything here works on either layout."""
+    head_major: the memory holds (kv_heads, num_blocks, block_size, D), each KV head's positions one plane, and
+    the tensor is a permuted view of it.  Then one gather of blocks per kv head yields (n, kv_heads, length, D)
+    contiguous, which is what the decode matmuls read (the token-major layout needs a transposing copy of every
+    gathered K and V per layer on top: on the 2-core CPU ~5 of 37 ms of a batch-16 decode step); and a sequence
+    whose blocks are one run of the pool is already (kv_heads, length, D) in place, a strided view that SDPA reads
+    without any gather (head_major_run: 44 against 83 us a layer for the starter's one stream, 280 positions).
+    Everything here works on either layout."""
     make = torch.zeros if zeroed else torch.empty
     if head_major:
-        return make(num_blocks, kv_heads, block_size, head_dim, dtype=dtype, device=device).permute(0, 2, 1, 3)
+        return make(kv_heads, num_blocks, block_size, head_dim, dtype=dtype, device=device).permute(1, 2, 0, 3)
     return make(num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
 
 
 def is_head_major(cache: torch.Tensor) -> bool:
-    """Whether the memory is (num_blocks, kv_heads, block_size, D).  With one KV head (Gemma 3 270M) both
+    """Whether the memory is (kv_heads, num_blocks, block_size, D).  With one KV head (Gemma 3 270M) both
     layouts are the same memory: a contiguous cache counts as head-major, so the head-major paths (one gather
-    per block, and the scripted decode loop that mirrors them) serve it."""
-    head_major = cache.permute(0, 2, 1, 3).is_contiguous()
-    return head_major and (cache.shape[2] == 1 or not cache.is_contiguous())
+    per block, the in-place runs, and the scripted decode loop that mirrors them) serve it."""
+    return cache.permute(2, 0, 1, 3).is_contiguous()
 
 
 def _head_major_memory(cache: torch.Tensor) -> torch.Tensor | None:
-    """A head-major cache's memory as (num_blocks * kv_heads * block_size, D), else None.  Kept on the tensor
+    """A head-major cache's memory as (kv_heads * num_blocks * block_size, D), else None.  Kept on the tensor
     object: a pool's caches live as long as the runner, and every layer of every step asks (four times a layer
     the permute, view and layout checks were ~10 small ops)."""
     memory = getattr(cache, "_hearth_memory", False)
     if memory is False:
-        memory = cache.permute(0, 2, 1, 3).view(-1, cache.shape[-1]) if is_head_major(cache) else None
+        memory = cache.permute(2, 0, 1, 3).view(-1, cache.shape[-1]) if is_head_major(cache) else None
         cache._hearth_memory = memory
     return memory
 
 
 def head_major_write_rows(
-    slot_mapping: torch.Tensor, block_size: int, kv_heads: int, memo: dict[object, torch.Tensor] | None = None
+    slot_mapping: torch.Tensor,
+    num_blocks: int,
+    block_size: int,
+    kv_heads: int,
+    memo: dict[object, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """(num_tokens * kv_heads,) the head-major memory row of each new token's K/V heads, token-major:
-    (block * kv_heads + head) * block_size + offset.  Kept in `memo` (the step's AttentionMetadata.memo): built
-    by the first layer, reused by the others (~10 small ops a layer, ~0.5 ms of a 30-layer batch-1 CPU step)."""
-    key = ("write_rows", block_size, kv_heads)
+    head * (num_blocks * block_size) + slot.  Kept in `memo` (the step's AttentionMetadata.memo): built by the
+    first layer, reused by the others (~10 small ops a layer, ~0.5 ms of a 30-layer batch-1 CPU step)."""
+    key = ("write_rows", num_blocks, block_size, kv_heads)
     rows = None if memo is None else memo.get(key)
     if rows is None:
-        base = (slot_mapping // block_size) * (kv_heads * block_size) + slot_mapping % block_size
-        rows = (base[:, None] + torch.arange(kv_heads, device=base.device)[None, :] * block_size).reshape(-1)
+        plane = torch.arange(kv_heads, device=slot_mapping.device) * (num_blocks * block_size)
+        rows = (slot_mapping[:, None] + plane[None, :]).reshape(-1)
         if memo is not None:
             memo[key] = rows
     return rows
 
 
-def head_major_gather_rows(g: AttentionGroup, kv_heads: int) -> torch.Tensor:
-    """(n, kv_heads, max_blocks) the rows (block, head) of a head-major (num_blocks * kv_heads, block, D) memory
-    that hold the group's sequences' blocks, in order; kept in the group's memo (built by the first layer)."""
-    rows = g.memo.get(("rows", kv_heads))
+def head_major_gather_rows(g: AttentionGroup, kv_heads: int, num_blocks: int) -> torch.Tensor:
+    """(n, kv_heads, max_blocks) the rows head * num_blocks + block of a head-major (kv_heads * num_blocks,
+    block, D) memory that hold the group's sequences' blocks, in order; kept in the group's memo (built by the
+    first layer)."""
+    rows = g.memo.get(("rows", kv_heads, num_blocks))
     if rows is None:
-        heads = torch.arange(kv_heads, device=g.block_tables.device)
-        rows = g.block_tables[:, None, :] * kv_heads + heads[None, :, None]
-        g.memo[("rows", kv_heads)] = rows
+        heads = torch.arange(kv_heads, device=g.block_tables.device) * num_blocks
+        rows = g.block_tables[:, None, :] + heads[None, :, None]
+        g.memo[("rows", kv_heads, num_blocks)] = rows
     return rows
+
+
+def head_major_run(memory: torch.Tensor, kv_heads: int, first_block: int, length: int, block_size: int) -> torch.Tensor:
+    """(1, kv_heads, length, D): the positions first_block * block_size ... + length of a head-major memory
+    (_head_major_memory's), in place: a strided view, no copy (AttentionGroup.first_block)."""
+    planes = memory.view(kv_heads, -1, memory.shape[-1])
+    return planes.narrow(1, first_block * block_size, length).unsqueeze(0)
 
 
 def write_kv(
@@ -209,7 +231,7 @@ def write_kv(
     k_memory, v_memory = _head_major_memory(k_cache), _head_major_memory(v_cache)
     if k_memory is not None and v_memory is not None:
         nb, bs, kv_heads, head_dim = k_cache.shape
-        rows = head_major_write_rows(slot_mapping, bs, kv_heads, memo)
+        rows = head_major_write_rows(slot_mapping, nb, bs, kv_heads, memo)
         k_memory.index_copy_(0, rows, k.reshape(-1, head_dim).to(k_memory.dtype))
         v_memory.index_copy_(0, rows, v.reshape(-1, head_dim).to(v_memory.dtype))
         return
@@ -262,9 +284,13 @@ def paged_attention_torch(
     for g in meta.groups:
         n = g.block_tables.shape[0]
         length = g.block_tables.shape[1] * meta.block_size
-        if k_memory is not None and v_memory is not None:
-            # head-major: rows (block, head) of the (num_blocks * kv_heads, block, D) memory, gathered in order
-            rows = head_major_gather_rows(g, kv_heads)
+        if k_memory is not None and v_memory is not None and g.first_block >= 0:
+            # head-major, one run of blocks: read in place
+            keys = head_major_run(k_memory, kv_heads, g.first_block, length, meta.block_size).to(q.dtype)
+            vals = head_major_run(v_memory, kv_heads, g.first_block, length, meta.block_size).to(q.dtype)
+        elif k_memory is not None and v_memory is not None:
+            # head-major: rows (head, block) of the (kv_heads * num_blocks, block, D) memory, gathered in order
+            rows = head_major_gather_rows(g, kv_heads, k_cache.shape[0])
             bs = meta.block_size
             keys = _gather(k_memory.view(-1, bs, head_dim), rows).view(n, kv_heads, length, head_dim).to(q.dtype)
             vals = _gather(v_memory.view(-1, bs, head_dim), rows).view(n, kv_heads, length, head_dim).to(q.dtype)

@@ -96,5 +96,6 @@ class KVPool:
 
 
 def block_storage(cache: torch.Tensor) -> torch.Tensor:
-    """The cache's memory indexed by block first: the tensor itself (token-major), or its head-major memory."""
+    """The cache indexed (block, ...) in a fixed order, for copying and zeroing blocks: the tensor itself
+    (token-major), or its head-major memory (kv_heads, num_blocks, ...) with the block first (a strided view)."""
     return cache if cache.is_contiguous() else cache.permute(0, 2, 1, 3)

@@ -9,10 +9,11 @@ around them.
 
 Bit for bit the eager step.  The script calls exactly the ops the eager decode path calls (kernels/rmsnorm.py
 rms_norm_torch's layer_norm of [x, -x], rope_torch's roll and addcmul, write_kv's head-major index_copy_,
-paged_attention_torch's gathers and one masked SDPA, QuantLinear's packed-kernel call, silu_and_mul_torch), so a
-decode row gets the same bits here as in a step that runs eagerly (one with prompt chunks beside it): a seeded
-request's text does not depend on which steps were scripted.  The runner checks it on the first scripted step
-(both run, their outputs must be equal) and runs eagerly from then on if they differ; tests check it too.
+paged_attention_torch's gathers (or its in-place run of blocks) and one masked SDPA, QuantLinear's packed-kernel
+call, silu_and_mul_torch), so a decode row gets the same bits here as in a step that runs eagerly (one with
+prompt chunks beside it): a seeded request's text does not depend on which steps were scripted.  The runner
+checks it on the first scripted step (both run, their outputs must be equal) and runs eagerly from then on if
+they differ; tests check it too.
 
 Where it applies (`unavailable_reason` says why not): CPU, the "torch" kernel set, bf16, the shared pre-norm
 `Block` (Llama, Mistral, SmolLM2, Qwen3 with its QK-norm) with SiLU, or Gemma 3's sandwich-norm `GemmaBlock`
@@ -90,9 +91,12 @@ class _Layers(nn.Module):
         # cannot type an empty list)
         self.qk_norm = len(qk_norms) > 0
         self.qk_norms = qk_norms if qk_norms else [torch.empty(0)]
-        self.k_memory, self.v_memory = k_memory, v_memory  # (num_blocks * kv_heads * block_size, D) per layer
+        self.k_memory, self.v_memory = k_memory, v_memory  # (kv_heads * num_blocks * block_size, D) per layer
         self.n_layers = len(k_memory)
         self.hidden, self.n_heads, self.n_kv_heads, self.head_dim, self.block_size = dims
+        # the same memory as (kv_heads, num_blocks * block_size, D) planes: head_major_run's view
+        self.k_planes = [m.view(self.n_kv_heads, -1, self.head_dim) for m in k_memory]
+        self.v_planes = [m.view(self.n_kv_heads, -1, self.head_dim) for m in v_memory]
         self.eps, self.scale = eps, scale
 
     def linear(self, x: torch.Tensor, i: int) -> torch.Tensor:
@@ -123,17 +127,20 @@ class _Layers(nn.Module):
         sin_local: torch.Tensor,
         write_rows: torch.Tensor,
         gather_rows: torch.Tensor,
+        first_block: int,
+        length: int,
         bias: torch.Tensor,
         bias_local: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (n, hidden) embeddings of n decode rows; cos_full, sin_signed: rope_torch's (n, 1, D) tables
         (cos_local, sin_local: the sliding-window layers'); write_rows: (n * kv_heads,) memory rows of the new
         K/V (write_kv); gather_rows: (n, kv_heads, blocks) memory blocks of each row's context
-        (paged_attention_torch); bias: (n, 1, 1, blocks * block_size) float32 mask (bias_local: narrowed to the
-        window, with_sliding_window).  Returns (last layer's MLP output, the residual stream before it)."""
+        (paged_attention_torch), unread when first_block >= 0: one row whose blocks are one run from there,
+        read in place (head_major_run); length: blocks * block_size; bias: (n, 1, 1, length) float32 mask
+        (bias_local: narrowed to the window, with_sliding_window).  Returns (last layer's MLP output, the
+        residual stream before it)."""
         n = x.shape[0]
         heads, kv_heads, d, bs = self.n_heads, self.n_kv_heads, self.head_dim, self.block_size
-        length = gather_rows.shape[2] * bs
         per = 4 if self.sandwich else 2  # norms a layer
         residual = x
         h = self.norm(x, self.norms[0])
@@ -155,11 +162,15 @@ class _Layers(nn.Module):
             k_memory, v_memory = self.k_memory[layer], self.v_memory[layer]
             k_memory.index_copy_(0, write_rows, k.reshape(-1, d).to(k_memory.dtype))
             v_memory.index_copy_(0, write_rows, v.reshape(-1, d).to(v_memory.dtype))
-            flat_rows = gather_rows.reshape(-1)
-            keys = torch.index_select(k_memory.view(-1, bs * d), 0, flat_rows)
-            vals = torch.index_select(v_memory.view(-1, bs * d), 0, flat_rows)
-            keys = keys.view(n, kv_heads, length, d).to(q.dtype)
-            vals = vals.view(n, kv_heads, length, d).to(q.dtype)
+            if first_block >= 0:
+                keys = self.k_planes[layer].narrow(1, first_block * bs, length).unsqueeze(0).to(q.dtype)
+                vals = self.v_planes[layer].narrow(1, first_block * bs, length).unsqueeze(0).to(q.dtype)
+            else:
+                flat_rows = gather_rows.reshape(-1)
+                keys = torch.index_select(k_memory.view(-1, bs * d), 0, flat_rows)
+                vals = torch.index_select(v_memory.view(-1, bs * d), 0, flat_rows)
+                keys = keys.view(n, kv_heads, length, d).to(q.dtype)
+                vals = vals.view(n, kv_heads, length, d).to(q.dtype)
             qs = q.view(n, kv_heads, heads // kv_heads, d)
             mask = bias_local if self.windowed[layer] else bias
             attn = torch.nn.functional.scaled_dot_product_attention(qs, keys, vals, attn_mask=mask, scale=self.scale)
@@ -248,7 +259,8 @@ class ScriptedDecode:
                 raise RuntimeError("the KV caches are not head-major")
             k_memory.append(km)
             v_memory.append(vm)
-        self.block_size = kv_caches[0][0].shape[1]
+        self.num_blocks, self.block_size = kv_caches[0][0].shape[:2]
+        self._no_rows = torch.empty(0, dtype=torch.int64)  # gather_rows when a step reads one run in place
         self.n_kv_heads = cfg.n_kv_heads
         eps = model.layers[0].input_norm.eps
         dims = (cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.block_size)
@@ -326,13 +338,18 @@ class ScriptedDecode:
         """Builds the step's rows, masks and full RoPE tables the way the eager kernels do (kept in the step's
         memo and on the tables, where the eager ops find them too), then calls the script."""
         g = meta.groups[0]
-        write_rows = head_major_write_rows(meta.slot_mapping, self.block_size, self.n_kv_heads, meta.memo)
-        gather_rows = head_major_gather_rows(g, self.n_kv_heads)
+        nb, bs = self.num_blocks, self.block_size
+        write_rows = head_major_write_rows(meta.slot_mapping, nb, bs, self.n_kv_heads, meta.memo)
+        first = g.first_block
+        gather_rows = self._no_rows if first >= 0 else head_major_gather_rows(g, self.n_kv_heads, nb)
+        length = g.block_tables.shape[1] * bs
         cos_full, sin_signed = _full_tables(cos, sin)
         cos_local, sin_local = _full_tables(*local)
         bias = _mask_bias(g)
         bias_local = _mask_bias(with_sliding_window(meta, self.window).groups[0]) if self.window else bias
-        return self.script(x, cos_full, sin_signed, cos_local, sin_local, write_rows, gather_rows, bias, bias_local)
+        return self.script(
+            x, cos_full, sin_signed, cos_local, sin_local, write_rows, gather_rows, first, length, bias, bias_local
+        )
 
 
 def install(runner: Any) -> str | None:

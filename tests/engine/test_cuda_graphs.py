@@ -34,7 +34,13 @@ from backends.torch_engine.cuda_graphs import (
 )
 from backends.torch_engine.model_runner import ModelRunner
 from backends.torch_engine.seams import BLOCK_SIZE, ScheduledRequest, SchedulerOutput
-from kernels.attention import build_attention_metadata, paged_attention_reference, paged_attention_torch
+from kernels.attention import (
+    allocate_kv_cache,
+    build_attention_metadata,
+    is_head_major,
+    paged_attention_reference,
+    paged_attention_torch,
+)
 from tests.gguf_factory import write_tiny_llama
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -148,7 +154,8 @@ def test_padded_metadata_gives_the_same_attention_reference_and_torch(head_major
     torch.manual_seed(0)
     k, v, tables, poison = _pool(2, 32, torch.float32)
     if head_major:  # the CPU runner's layout
-        k, v = (t.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for t in (k, v))
+        k, v = (allocate_kv_cache(*t.shape, t.dtype, "cpu", head_major=True).copy_(t) for t in (k, v))
+        assert is_head_major(k) and is_head_major(v)
     size, width = 8, 6
     rows = _staged(tables, poison, size, width)
     padded = [

@@ -34,25 +34,28 @@ def _runner(spec, weight_quant: str = "gguf", kernels: str | None = None) -> Mod
     return ModelRunner(spec, options, kernels)
 
 
-def _decode(runner: ModelRunner, rows: int, steps: int = 6) -> list[torch.Tensor]:
-    """Prefill `rows` prompts, then `steps` greedy decode-only steps; the logits of each step."""
-    seqs = [(PROMPTS[i], 0, TABLES[i]) for i in range(rows)]
+def _decode(runner: ModelRunner, rows: int, steps: int = 6, tables: list[list[int]] = TABLES) -> list[torch.Tensor]:
+    """Prefill `rows` prompts, then `steps` greedy decode-only steps; the logits of each step.  `tables`: the
+    rows' blocks (TABLES: row 0's are one run of the pool, read in place, kernels.attention.head_major_run)."""
+    seqs = [(PROMPTS[i], 0, tables[i]) for i in range(rows)]
     logits = runner.forward(seqs, "last", num_decodes=0)
     out = []
     for step in range(steps):
         toks = [int(t) for t in logits.argmax(-1)]
         logits = runner.forward(
-            [([toks[i]], len(PROMPTS[i]) + step, TABLES[i]) for i in range(rows)], "last", num_decodes=rows
+            [([toks[i]], len(PROMPTS[i]) + step, tables[i]) for i in range(rows)], "last", num_decodes=rows
         )
         out.append(logits)
     return out
 
 
-def _eager_decode(runner: ModelRunner, rows: int, steps: int = 6) -> list[torch.Tensor]:
+def _eager_decode(
+    runner: ModelRunner, rows: int, steps: int = 6, tables: list[list[int]] = TABLES
+) -> list[torch.Tensor]:
     """_decode with the scripted loop taken away for the call (the eager loop's logits)."""
     scripted, runner.model.scripted_decode = runner.model.scripted_decode, None
     try:
-        return _decode(runner, rows, steps)
+        return _decode(runner, rows, steps, tables)
     finally:
         runner.model.scripted_decode = scripted
 
@@ -84,6 +87,10 @@ def test_the_scripted_loop_gives_the_eager_bits(tmp_path, weight_type: str, weig
         got = _decode(runner, rows)
         assert len(calls) == len(got)  # every decode step took the script (the prefill did not)
         _assert_same(got, _eager_decode(runner, rows))
+    # one row whose blocks are not one run: gathered, in the script and eagerly, with the bits of the run
+    scattered = [[5, 0, 3]]
+    _assert_same(_decode(runner, 1, tables=scattered), _eager_decode(runner, 1, tables=scattered))
+    _assert_same(_decode(runner, 1, tables=scattered), _decode(runner, 1))
     assert scripted.check == {"verdict": "ok", "rows": 1}
     assert runner.describe()["scripted_decode"] == "on"
     runner.close()

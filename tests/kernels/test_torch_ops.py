@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -205,6 +206,38 @@ def test_fast_decode_attention_gives_a_sequence_the_same_result_alone_and_in_a_b
         1,
         "sequence 0 alone vs in the batch",
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("start", "q_len"), [(40, 1), (0, 33), (32, 17)])
+def test_one_run_of_blocks_is_read_in_place_with_the_gathered_bits(dtype: torch.dtype, start: int, q_len: int) -> None:
+    """A one-sequence group whose blocks are one run of a head-major pool (first_block) is attended in place, a
+    strided view (head_major_run), with the bits of the gathered copy: the same positions, padding and mask, and
+    within a head the same row stride, so SDPA's GEMMs see the same operands (only the heads' base addresses
+    differ).  Blocks that are not one run, and groups of several sequences, are gathered."""
+    torch.manual_seed(3)
+    kv_heads, num_heads, head_dim, bs, num_blocks = 3, 9, 64, 16, 12
+    k_cache = attention.allocate_kv_cache(num_blocks, bs, kv_heads, head_dim, dtype, "cpu", head_major=True)
+    v_cache = attention.allocate_kv_cache(num_blocks, bs, kv_heads, head_dim, dtype, "cpu", head_major=True)
+    k_cache.copy_(torch.randn(k_cache.shape))
+    v_cache.copy_(torch.randn(v_cache.shape))
+    blocks = -(-(start + q_len) // bs)
+    run = tuple(range(4, 4 + blocks))
+    meta = attention.build_attention_metadata([(start, q_len, run)], bs)
+    assert [g.first_block for g in meta.groups] == [4]
+    gathered = dataclasses.replace(meta, groups=tuple(dataclasses.replace(g, first_block=-1) for g in meta.groups))
+    q = torch.randn(q_len, num_heads, head_dim).to(dtype)
+    in_place = attention.paged_attention_torch(q, k_cache, v_cache, meta, 0.125)
+    assert torch.equal(in_place, attention.paged_attention_torch(q, k_cache, v_cache, gathered, 0.125))
+    ref = attention.paged_attention_reference(q, k_cache, v_cache, meta, 0.125)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(in_place.float(), ref.float(), atol=tol, rtol=tol)
+    # not one run (out of order, or a hole): gathered
+    for table in (run[::-1], (0,) + run[1:]):
+        assert attention.build_attention_metadata([(start, q_len, table)], bs).groups[0].first_block == -1
+    # two decoding sequences share one group: gathered (a prompt chunk is a group of its own, still in place)
+    groups = attention.build_attention_metadata([(start, q_len, run), (3, 1, (11,))], bs).groups
+    assert [g.first_block for g in groups] == ([-1] if q_len == 1 else [11, 4])
 
 
 def test_reference_attention_is_causal_on_a_cached_prefix() -> None:
