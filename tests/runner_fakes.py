@@ -8,6 +8,9 @@ SIGSTOP freezes it.  What they do is chosen by the prompt, so one runner serves 
 - a prompt containing "HANG" freezes the runner (SIGSTOP) after two tokens;
 - HEARTH_FAKE_TOKEN_DELAY (seconds) slows every token, so requests overlap.
 
+EmbeddingFake also tokenizes and embeds, each call taking HEARTH_FAKE_CALL_DELAY seconds, so that a runner killed
+from outside dies with calls in flight.
+
 ExtraBuftsCrashFake crashes with SIGSEGV at its first token whenever LoadOptions.extra_bufts is not False, like
 llama.cpp's AMX repack path on the machines that hit it, and works otherwise.
 """
@@ -103,3 +106,31 @@ class UnsupportedOnLoadFake(CrashingFake):
         from backends.errors import UnsupportedArchitectureError
 
         raise UnsupportedArchitectureError("fake refuses architecture 'nope'", "use another backend")
+
+
+class EmbeddingFake(CrashingFake):
+    """CrashingFake that embeds too: each input's vector is made from its token ids (the same ids, the same
+    vector), and every tokenize and embed takes HEARTH_FAKE_CALL_DELAY seconds; tokenizing a text containing
+    "CRASH-CALL" kills the runner."""
+
+    name = "embedding-fake"
+    capabilities = Capabilities(logits=False, embeddings=True)
+
+    def _call_delay(self) -> None:
+        time.sleep(float(os.environ.get("HEARTH_FAKE_CALL_DELAY", "0") or 0))
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        self._call_delay()
+        if "CRASH-CALL" in text:  # a call that kills its runner every time
+            _die(signal.SIGSEGV)
+        return super().tokenize(text, add_special, parse_special)
+
+    def embed(self, inputs):  # type: ignore[no-untyped-def]
+        import numpy as np
+
+        self._call_delay()
+        out = np.zeros((len(inputs), self.spec.hidden_size), dtype=np.float32)
+        for row, ids in zip(out, inputs):
+            for i, t in enumerate(ids):
+                row[(t + i) % len(row)] += 1.0
+        return out / np.linalg.norm(out, axis=1, keepdims=True)

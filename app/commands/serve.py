@@ -160,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     backend = loaded.backend
     try:
         err = sys.stderr
+        _log_server_errors(err)
         why = [r for r in loaded.decision.reasons if r.startswith(("serving", "single user"))]
         for reason in loaded.decision.reasons:
             if reason not in why:
@@ -211,6 +212,18 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         backend.close()
+
+
+def _log_server_errors(err: Any) -> None:
+    """The server's own log (app/server/errors.py: an unexpected error's id and traceback) on stderr, with the
+    time, beside uvicorn's."""
+    import logging  # lazy: keeps `hearth --help` light (logging is only needed once serving)
+
+    log = logging.getLogger("hearth.server")
+    if not log.handlers:
+        handler = logging.StreamHandler(err)
+        handler.setFormatter(logging.Formatter("%(asctime)s hearth serve %(levelname)s: %(message)s"))
+        log.addHandler(handler)
 
 
 def _sockets(config: Any, host: str, ollama_port: int | None) -> list:

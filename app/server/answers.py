@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from app.server.choices import Choices
-from app.server.errors import APIError
+from app.server.errors import APIError, internal_error
 from app.server.logprobs import CompletionLogprobs, chat_logprobs
 from app.server.response_format import constraint_param, limit_error, named
 from app.server.runner import Generation
@@ -52,6 +52,11 @@ class Answer:
 
 def _sse(payload: dict) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+def sse_error(err: APIError) -> bytes:
+    """An error event of a stream, OpenAI's way (the openai client raises APIError on it)."""
+    return _sse(err.body())
 
 
 def _answer(
@@ -240,7 +245,7 @@ async def _events(choices: Choices, chunks: _ChatChunks | _CompletionChunks) -> 
         async for index, gen, item in events:
             param = chunks.answer.constraint_param
             if isinstance(item, APIError):
-                yield _sse(named(item, param).body())
+                yield sse_error(named(item, param))
             elif item is None:  # this choice started
                 gens[index] = gen
                 for chunk in chunks.started(index, gen):
@@ -252,13 +257,15 @@ async def _events(choices: Choices, chunks: _ChatChunks | _CompletionChunks) -> 
                 for chunk in chunks.token(index, "", final=True):
                     yield chunk
                 if item.finish_reason.value == "error":
-                    yield _sse(failed(item, param).body())
+                    yield sse_error(failed(item, param))
                 yield chunks.finished(index, gen)
         if chunks.answer.include_usage:
             yield chunks.answer.sse([], usage(gens))
-        yield b"data: [DONE]\n\n"
+    except Exception as exc:  # noqa: BLE001 - a bug mid-stream: the client reads an error event, then [DONE]
+        yield sse_error(internal_error(exc, f"the stream of {chunks.answer.id}"))
     finally:
         await events.aclose()  # cancels every choice still running (client gone): their requests abort
+    yield b"data: [DONE]\n\n"
 
 
 def chat_streamed(

@@ -21,11 +21,17 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from app.server.answers import chat_collected, chat_streamed, completion_collected, completion_streamed
+from app.server.answers import (
+    chat_collected,
+    chat_streamed,
+    completion_collected,
+    completion_streamed,
+    sse_error,
+)
 from app.server.choices import Choices, choice_requests
 from app.server.config import ServerConfig
 from app.server.embeddings import EmbeddingRequest, openai_embeddings
-from app.server.errors import APIError
+from app.server.errors import APIError, engine_error, internal_error
 from app.server.inputs import (
     build_chat_request,
     completion_request,
@@ -39,19 +45,20 @@ from app.server.inputs import (
 )
 from app.server.keep_alive import STATUS_PATHS, KeepAlive
 from app.server.metrics import ServerMetrics
-from app.server.ollama import add_ollama_routes, ollama_error
+from app.server.ollama import add_ollama_routes, ollama_error, ollama_stream_error
 from app.server.response_format import constraint_param, named
 from app.server.runner import Runner
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
 from backends.api import Backend
-from backends.errors import InvalidRequestError
+from backends.errors import HearthError
 
 __all__ = ["ServerConfig", "create_app"]
 
 
 class _Guard:
     """Pure ASGI middleware (streams and disconnects pass through untouched): API key, Content-Length limit,
-    and the requests-by-status counter."""
+    the requests-by-status counter, and the last resort that keeps an unexpected exception from becoming a bare
+    "Internal Server Error" (_last_resort)."""
 
     def __init__(self, app: Any, config: ServerConfig, metrics: ServerMetrics, keep_alive: KeepAlive) -> None:
         self.app, self.config, self.metrics, self.keep_alive = app, config, metrics, keep_alive
@@ -87,15 +94,33 @@ class _Guard:
         label = path if path in _KNOWN_PATHS else "other"
         try:
             if error is not None:
-                respond = ollama_error if path.startswith("/api/") else _json_error  # each API's error shape
-                await respond(error)(scope, receive, counting_send)
+                await error_response(path, error)(scope, receive, counting_send)
             elif path in STATUS_PATHS:
-                await self.app(scope, receive, counting_send)
+                await self._last_resort(scope, receive, counting_send, status_seen)
             else:
                 with self.keep_alive.busy():  # the model is in use: keep_alive counts from the last one's end
-                    await self.app(scope, receive, counting_send)
+                    await self._last_resort(scope, receive, counting_send, status_seen)
         finally:
             self.metrics.requests.labels(label, str(status_seen[0] if status_seen else 499)).inc()
+
+    async def _last_resort(self, scope: dict, receive: Any, send: Any, status_seen: list[int]) -> None:
+        """The app, and for an exception that escaped every handler a JSON 500 in the path's API shape, with an
+        id the log repeats beside the traceback (errors.internal_error).  Once a response has started its status
+        cannot change: a stream then ends with an error line in its own format (the answers' own loops write one
+        first wherever they can; this is for what escapes them)."""
+        path = scope.get("path", "")
+        try:
+            await self.app(scope, receive, send)
+        except Exception as exc:  # noqa: BLE001 - the last resort: whatever it is, the client gets JSON
+            error = internal_error(exc, f"{scope.get('method', '')} {path}".strip())
+            if not status_seen:
+                await error_response(path, error)(scope, receive, send)
+                return
+            line = ollama_stream_error(error) if path.startswith("/api/") else sse_error(error)
+            try:
+                await send({"type": "http.response.body", "body": line, "more_body": False})
+            except Exception:  # noqa: BLE001 - the body was complete already, or the client is gone
+                pass
 
 
 _KNOWN_PATHS = {
@@ -117,7 +142,10 @@ _KNOWN_PATHS = {
 }
 
 
-def _json_error(err: APIError) -> JSONResponse:
+def error_response(path: str, err: APIError) -> JSONResponse:
+    """`err` in the API's own shape: Ollama's `{"error": ...}` under /api/, OpenAI's elsewhere."""
+    if path.startswith("/api/"):
+        return ollama_error(err)
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
@@ -150,25 +178,27 @@ def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
 
 
 def _error_handlers(app: FastAPI) -> None:
-    """Every error is an OpenAI-style body with its status (Ollama's `{"error": ...}` under /api/)."""
+    """Every error is an OpenAI-style body with its status (Ollama's `{"error": ...}` under /api/).  What an
+    engine call raised on the request path (SamplingParams refusing a seed beyond 64 bits, a runner that crashed
+    under a detokenize or a load) is mapped by errors.engine_error; anything else reaches _Guard's last resort."""
 
     @app.exception_handler(APIError)
-    async def _api_error(_: HTTPRequest, exc: APIError) -> JSONResponse:
-        return _json_error(exc)
+    async def _api_error(request: HTTPRequest, exc: APIError) -> JSONResponse:
+        return error_response(request.url.path, exc)
 
-    @app.exception_handler(InvalidRequestError)
-    async def _invalid_request(_: HTTPRequest, exc: InvalidRequestError) -> JSONResponse:
-        return _json_error(APIError(400, str(exc)))  # SamplingParams refused a value (e.g. a seed beyond 64 bits)
+    @app.exception_handler(HearthError)
+    async def _engine_error(request: HTTPRequest, exc: HearthError) -> JSONResponse:
+        return error_response(request.url.path, engine_error(exc, f"{request.method} {request.url.path}"))
 
     @app.exception_handler(404)
     async def _not_found(request: HTTPRequest, _: Exception) -> JSONResponse:
-        respond = ollama_error if request.url.path.startswith("/api/") else _json_error
-        return respond(APIError(404, f"no such endpoint: {request.url.path}", code="not_found"))
+        return error_response(
+            request.url.path, APIError(404, f"no such endpoint: {request.url.path}", code="not_found")
+        )
 
     @app.exception_handler(405)
     async def _bad_method(request: HTTPRequest, _: Exception) -> JSONResponse:
-        respond = ollama_error if request.url.path.startswith("/api/") else _json_error
-        return respond(APIError(405, f"{request.method} is not allowed on {request.url.path}"))
+        return error_response(request.url.path, APIError(405, f"{request.method} is not allowed on {request.url.path}"))
 
 
 def _info_routes(app: FastAPI, backend: Backend, config: ServerConfig, metrics: ServerMetrics) -> None:

@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
-from app.server.errors import APIError
+from app.server.errors import APIError, internal_error
 from app.server.runner import Generation, Runner
 from backends.api import SEED_MAX, Request, seed_u64
 
@@ -68,6 +68,8 @@ class Choices:
                     queue.put_nowait((index, gen, event))
             except APIError as exc:
                 queue.put_nowait((index, None, exc))
+            except Exception as exc:  # noqa: BLE001 - a bug: the choice ends with a logged 500, never silently
+                queue.put_nowait((index, None, internal_error(exc, f"choice {index} of {self.requests[0].request_id}")))
             except asyncio.CancelledError:
                 if gen is not None:
                     gen.abort()  # idempotent: frees the slot even when events() never ran

@@ -20,9 +20,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from starlette.concurrency import run_in_threadpool
 
-from app.server.errors import APIError
+from app.server.errors import APIError, engine_error
 from backends.api import Backend
-from backends.errors import ContextOverflowError, HearthError, InvalidRequestError
 
 MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
 
@@ -68,9 +67,20 @@ def as_inputs(value: Any, param: str) -> list[str] | list[list[int]]:
 
 def embed_inputs(backend: Backend, inputs: list[str] | list[list[int]], truncate: bool, param: str) -> Embedded:
     """Tokenize (text) and embed.  `truncate`: cut each input to the context (Ollama's default) instead of a 400.
-    Blocking: call it on a worker thread."""
+    Blocking: call it on a worker thread.  What the engine calls raise (a runner that crashed under them, a
+    refusal, a bug) is mapped once, by engine_error, as for a generation."""
     if not backend.capabilities.embeddings:
         raise APIError(400, f"the {backend.name} backend does not compute embeddings", param=param)
+    try:
+        batch = _token_batch(backend, inputs, truncate, param)
+        vectors = backend.embed(batch)
+    except Exception as exc:  # noqa: BLE001 - every kind is mapped (APIError passes as it is)
+        raise engine_error(exc, "embeddings", param) from None
+    return Embedded(vectors, [len(ids) for ids in batch])
+
+
+def _token_batch(backend: Backend, inputs: list[str] | list[list[int]], truncate: bool, param: str) -> list[list[int]]:
+    """Each input's token ids, checked against the vocabulary and the context (cut to it with `truncate`)."""
     n_ctx = backend.n_ctx
     vocab = backend.spec.vocab_size
     batch: list[list[int]] = []
@@ -89,15 +99,7 @@ def embed_inputs(backend: Backend, inputs: list[str] | list[list[int]], truncate
                 )
             ids = ids[:n_ctx]
         batch.append(ids)
-    try:
-        vectors = backend.embed(batch)
-    except ContextOverflowError as exc:
-        raise APIError(400, exc.one_line(), param=param, code="context_length_exceeded") from None
-    except InvalidRequestError as exc:
-        raise APIError(400, exc.one_line(), param=param) from None
-    except HearthError as exc:
-        raise APIError(500, exc.one_line(), type="server_error") from None
-    return Embedded(vectors, [len(ids) for ids in batch])
+    return batch
 
 
 async def openai_embeddings(backend: Backend, body: EmbeddingRequest) -> dict:

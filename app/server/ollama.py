@@ -33,7 +33,7 @@ from starlette.concurrency import run_in_threadpool
 from app import __version__
 from app.defaults import SYSTEM_PROMPT
 from app.server.embeddings import embed_inputs
-from app.server.errors import APIError
+from app.server.errors import APIError, engine_error, internal_error
 from app.server.keep_alive import KeepAlive
 from app.server.ollama_models import (
     Catalog,
@@ -68,7 +68,6 @@ from app.server.response_format import limit_error, named
 from app.server.runner import Generation, Runner
 from app.server.tool_replies import ToolReply
 from backends.api import Backend, EventKind, Request
-from backends.errors import InvalidRequestError
 from backends.tools.render import ToolReading
 
 # The Ollama API version /api/version reports: the one whose docs/api.md these routes follow.  Clients compare
@@ -79,6 +78,11 @@ OLLAMA_API_VERSION = "0.12.0"
 def ollama_error(err: APIError) -> JSONResponse:
     """Ollama's error body: {"error": message}."""
     return JSONResponse({"error": err.message}, status_code=err.status, headers=err.headers)
+
+
+def ollama_stream_error(err: APIError) -> bytes:
+    """The error line of an NDJSON stream, Ollama's way (its client raises ResponseError on it)."""
+    return (json.dumps({"error": err.message}) + "\n").encode()
 
 
 def add_ollama_routes(
@@ -125,10 +129,8 @@ def add_ollama_routes(
         async def handler(request: HTTPRequest) -> Response:
             try:
                 return await route(request)
-            except APIError as exc:
-                return ollama_error(exc)
-            except InvalidRequestError as exc:
-                return ollama_error(APIError(400, exc.one_line()))
+            except Exception as exc:  # noqa: BLE001 - APIError as it is; engine errors and bugs by engine_error
+                return ollama_error(engine_error(exc, f"{request.method} {request.url.path}"))
 
         handler.__name__ = route.__name__
         return handler
@@ -487,13 +489,15 @@ async def _answer(
                     if th or text or calls:
                         yield (json.dumps(line(text, th, calls)) + "\n").encode()
                     if event.finish_reason.value == "error":
-                        yield (json.dumps({"error": _failed(event, param).message}) + "\n").encode()
+                        yield ollama_stream_error(_failed(event, param))
                         return
                     yield (
                         json.dumps(line("", "", None, _counters(gen, time.perf_counter() - arrived + load_s, load_s)))
                         + "\n"
                     ).encode()
         except APIError as exc:
-            yield (json.dumps({"error": exc.message}) + "\n").encode()
+            yield ollama_stream_error(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug mid-stream: the client reads an error line, never a cut
+            yield ollama_stream_error(internal_error(exc, f"the stream of {req.request_id}"))
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")

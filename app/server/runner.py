@@ -20,16 +20,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from app.server.admission import Admission
-from app.server.errors import APIError
+from app.server.errors import APIError, engine_error
 from app.server.metrics import ServerMetrics
 from backends.api import Backend, EventKind, GenerationEvent, Request
-from backends.errors import (
-    ConstraintError,
-    ContextOverflowError,
-    HearthError,
-    InvalidRequestError,
-    RunnerCrashedError,
-)
 
 _END = object()  # the thread's last item
 
@@ -149,7 +142,7 @@ class Generation:
                 self._put(exc, True)
         item = await self.queue.get()
         if isinstance(item, BaseException):
-            raise _as_api_error(item)
+            raise engine_error(item, f"generation {self.request.request_id}")
         assert isinstance(item, GenerationEvent) and item.kind is EventKind.STARTED, item
         self.started = item
         if item.stats is not None:
@@ -164,7 +157,7 @@ class Generation:
                 if item is _END:
                     return
                 if isinstance(item, BaseException):
-                    raise _as_api_error(item)
+                    raise engine_error(item, f"generation {self.request.request_id}")
                 now = time.perf_counter()
                 if item.kind is EventKind.TOKEN and item.token_ids:
                     m = self.runner.metrics
@@ -197,19 +190,3 @@ class Generation:
             self.runner.running -= 1
             self.runner._gauges()
             self.runner.admission.release(self.request.priority)
-
-
-def _as_api_error(exc: BaseException) -> APIError:
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, ContextOverflowError):
-        return APIError(400, str(exc), param="messages", code="context_length_exceeded")
-    if isinstance(exc, ConstraintError):  # app/server/response_format.named() says which field it came from
-        return APIError(400, str(exc), code="constraint_refused")
-    if isinstance(exc, InvalidRequestError):
-        return APIError(400, str(exc))
-    if isinstance(exc, RunnerCrashedError):  # the model's runner died: this request is lost, the server is not
-        return APIError(500, str(exc), type="server_error", code="runner_crashed")
-    if isinstance(exc, HearthError):
-        return APIError(500, str(exc), type="server_error")
-    return APIError(500, f"the backend failed: {type(exc).__name__}: {exc}", type="server_error")

@@ -549,16 +549,29 @@ class RunnerBackend(ResidentTakeover, Backend):
 
     # -- calls --------------------------------------------------------------------------------------------
     def _call(self, make: Callable[[int], Any], what: str) -> Any:
-        call_id = next(self._call_ids)
-        future: Future = Future()
-        with self._lock:  # registered before the runner can be marked dead, so on_death fails it if it dies
-            runner = self._current()
-            runner.calls[call_id] = future
-        runner.send(make(call_id), what)
-        reply = future.result()
-        if isinstance(reply, p.CallFailed):
-            p.raise_error(reply.error)
-        return reply
+        """One call to the runner, waiting while one restarts.  Every call is a pure read (tokenize, detokenize,
+        logits, embed, describe, stats), so a call the runner died under is sent once more to the runner that
+        replaces it, as a stream that had shown nothing is: it costs its caller time, not an error.  A second
+        death under the same call (the call may be what kills it), or supervision giving up, raises
+        RunnerCrashedError."""
+        deaths = 0
+        while True:
+            call_id = next(self._call_ids)
+            future: Future = Future()
+            with self._lock:  # registered before the runner can be marked dead, so on_death fails it if it dies
+                runner = self._current()
+                runner.calls[call_id] = future
+            runner.send(make(call_id), what)
+            try:
+                reply = future.result()
+            except RunnerCrashedError:
+                deaths += 1
+                if deaths > 1 or self._closed:
+                    raise
+                continue
+            if isinstance(reply, p.CallFailed):
+                p.raise_error(reply.error)
+            return reply
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return self._call(lambda i: p.Tokenize(i, text, add_special, parse_special), "tokenize()").token_ids

@@ -177,3 +177,28 @@ def test_a_runner_exits_when_hearth_dies(tmp_path):
     while psutil.pid_exists(runner_pid) and psutil.Process(runner_pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the runner outlived hearth"
         time.sleep(0.05)
+
+
+def test_a_call_the_runner_died_under_runs_again_on_the_new_runner(tmp_path, monkeypatch):
+    """tokenize and embed are pure reads: a call in flight when its runner is killed is sent once more to the
+    runner that replaces it (its caller sees only time); a call that kills the runner every time raises after
+    the second death, and the runner after it still serves."""
+    monkeypatch.setenv("HEARTH_FAKE_CALL_DELAY", "0.5")
+    b = _backend(tmp_path, name="tests.runner_fakes:EmbeddingFake")
+    b.load()
+    first = b.pid
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(b.tokenize("abc")))
+    t.start()
+    deadline = time.monotonic() + 5
+    while not b._runner.calls and time.monotonic() < deadline:  # the call is in the runner now
+        time.sleep(0.01)
+    assert b._runner.calls
+    os.kill(first, 9)
+    t.join(30)
+    assert got == [[97, 98, 99]] and b.pid not in (None, first)
+    monkeypatch.setenv("HEARTH_FAKE_CALL_DELAY", "0")
+    with pytest.raises(RunnerCrashedError, match="SIGSEGV.*tokenize"):
+        b.tokenize("CRASH-CALL")
+    assert b.tokenize("ok") == [111, 107]
+    b.close()
