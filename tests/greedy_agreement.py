@@ -17,8 +17,19 @@ top logit in [16, 32) (the starter's median top logit is ~26).  Measured on the 
 twice that.  After the first difference the replies are different contexts and are not compared further.
 
 Across backends (torch engine vs llama.cpp): the arithmetic differs for real (ggml quantizes activations to 8
-bits inside its quantized matmuls and keeps an f16 KV cache), which moves the starter's logits by up to ~0.8.
-There both backends' top two tokens must be the two that differ, within CROSS_TIE logits of each other.
+bits inside its quantized matmuls and keeps an f16 KV cache), so two engines may rank two close tokens
+differently.  Where engine A picks token a and engine B picks b, the disagreement is a near-tie when A's lead of
+a over b plus B's lead of b over a (`pair_margin`: how far the two engines disagree about that pair) is within
+CROSS_TIE, the kernels' known error on the gap between two logits; past it a clear winner differs, which is a
+bug.  Measured (Intel Xeon with AMX, 2026-12-07; torch engine vs llama.cpp on tests/data/english.txt, the
+reference's top two tokens at every position): the gap error's 99th percentile is 0.32-0.46 logits and its
+largest value 0.65-0.77 over 1922 starter positions (float32, bfloat16, bfloat16 with the file's blocks) and 1.27
+over 640 Gemma 3 270M positions; the disagreements themselves (4-7 % of positions, where the top two are often
+within a logit: the median top-2 gap is 0.8) added up to at most 0.77.  CROSS_TIE = 1.5 is above every gap error
+seen at any position; a token one engine prefers by more than that (4.5x the probability) and the other
+rejects is a clear winner.  Tiny random models in float32 agree to ~1e-3 of their logit range, so their tests pass
+their own, much smaller, tie (twice their logits tolerance: a pair's gap moves by at most twice the error of a
+logit).
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 NEAR_TIE_ULPS = 4  # bf16 ulps of the top logit (see above)
-CROSS_TIE = 0.5  # logits, torch engine vs llama.cpp
+CROSS_TIE = 1.5  # logits: the two engines' margins over a disputed pair of tokens, added (see above)
 BF16_MANTISSA_BITS = 7
 
 
@@ -162,6 +173,29 @@ def reference_run(backend, prompt: Sequence[int], max_tokens: int) -> tuple[tupl
     return c.token_ids, rows
 
 
+def pair_margin(row_a: np.ndarray, row_b: np.ndarray, token_a: int, token_b: int) -> float:
+    """How far two engines' logits rows disagree about two tokens: engine A's lead of token_a over token_b plus
+    engine B's lead of token_b over token_a (each as an absolute value, so the order of the rows is free).  Where
+    each engine picked its own token (its argmax), this is exactly the error of the pair's gap between them."""
+    return abs(float(row_a[token_a] - row_a[token_b])) + abs(float(row_b[token_b] - row_b[token_a]))
+
+
+def assert_argmax_agree(ours: np.ndarray, ref: np.ndarray, tie: float = CROSS_TIE, what: str = "") -> int:
+    """Two engines' logits for the same positions ((n, vocab) each) pick the same token at every position, or
+    differ only at near-ties: pair_margin within `tie`.  Returns how many positions were near-ties."""
+    picked_ours, picked_ref = ours.argmax(-1), ref.argmax(-1)
+    differ = np.nonzero(picked_ours != picked_ref)[0]
+    margins = [(pair_margin(ours[p], ref[p], int(picked_ours[p]), int(picked_ref[p])), int(p)) for p in differ]
+    clear = [(round(m, 3), p) for m, p in margins if m > tie]
+    worst = max((m for m, _ in margins), default=0.0)
+    print(f"{what}: {len(differ)} of {len(ours)} positions pick differently, largest pair margin {worst:.3f}")
+    assert not clear, (
+        f"{what}: a clear winner differs at {len(clear)} positions (pair margin, position): {clear[:5]}; "
+        f"a near-tie is within {tie} logits"
+    )
+    return len(differ)
+
+
 def assert_backends_agree(
     a: Sequence[int],
     b: Sequence[int],
@@ -169,17 +203,17 @@ def assert_backends_agree(
     logits: dict[str, Callable[[list[int]], np.ndarray]],
     tie: float = CROSS_TIE,
 ) -> None:
-    """Two backends' greedy replies are equal, or first differ where each backend's top two tokens are exactly
-    the two that differ, within `tie` logits.  logits: backend name -> ids -> (len(ids), vocab) array."""
+    """Two backends' greedy replies are equal, or first differ at a near-tie: the two backends' rows at that
+    step (logits: backend name -> ids -> (len(ids), vocab) array, two of them) have a pair_margin over the two
+    differing tokens within `tie`."""
     i = first_difference(a, b)
     if i is None:
         return
     assert i < min(len(a), len(b)), f"one reply is a prefix of the other ({len(a)} vs {len(b)} tokens)"
     ctx = list(prompt) + list(a[:i])
-    for name, fn in logits.items():
-        row = fn(ctx)[-1]
-        top2 = np.argsort(-row)[:2]
-        gap = float(row[top2[0]] - row[top2[1]])
-        assert set(top2.tolist()) == {a[i], b[i]} and gap < tie, (
-            f"tokens differ at {i} ({a[i]} vs {b[i]}); {name}'s top two are {top2.tolist()} {gap:.3f} apart"
-        )
+    (name_a, fn_a), (name_b, fn_b) = logits.items()
+    margin = pair_margin(fn_a(ctx)[-1], fn_b(ctx)[-1], a[i], b[i])
+    assert margin <= tie, (
+        f"tokens differ at {i} ({a[i]} vs {b[i]}) where {name_a} and {name_b} disagree about them by "
+        f"{margin:.3f} logits, more than a near-tie ({tie})"
+    )

@@ -15,6 +15,7 @@ from backends.torch_engine.model_runner import ModelRunner
 from backends.torch_engine.quantize import QuantLinear
 from backends.torch_engine.tokenizer import load_tokenizer
 from tests.engine_model.test_starter_conformance import CORPUS, TEXT, _nll
+from tests.greedy_agreement import assert_argmax_agree
 
 pytestmark = pytest.mark.slow
 N_TOKENS = 640  # past the 512-token window of its sliding layers; more costs ~40 ms a token on 2 busy cores
@@ -44,6 +45,9 @@ def test_token_ids_equal_llama_cpp(gemma) -> None:
 # measured on 1024 tokens (AMD EPYC, 2 cores): float32 max |dlogit| 2.45, mean 0.183, top-1 0.965, perplexity
 # 14.06; bfloat16 with the file's Q4_K / Q8_0 blocks kept (the CPU default) 2.77 / 0.191 / 0.948 / 14.05;
 # llama.cpp 14.17 (it rounds activations to 8 bits in its quantized dot products and keeps an f16 KV cache).
+# On 640 tokens, bfloat16 with the file's blocks: top-1 0.953 on that EPYC, 0.930 on an Intel Xeon with AMX (max
+# |dlogit| 2.00, mean 0.188), every one of its 45 disagreements a near-tie (pair margin at most 0.57:
+# tests/greedy_agreement.py), so the top-1 check is the near-tie rule rather than a rate.
 def test_logits_and_perplexity_match_llama_cpp(gemma, gemma_path: Path) -> None:
     from backends.llama_cpp.backend import open_llama
 
@@ -63,6 +67,6 @@ def test_logits_and_perplexity_match_llama_cpp(gemma, gemma_path: Path) -> None:
     assert [layer.attn.window for layer in runner.model.layers[:6]] == [512] * 5 + [0]
     ours = runner.prompt_logits(ids).numpy()
     assert np.abs(ours - ref).mean() < 0.25
-    assert (ours.argmax(-1) == ref.argmax(-1)).mean() > 0.93
+    assert_argmax_agree(ours, ref, what="Gemma 3 270M, torch vs llama.cpp")
     ppl_ours, ppl_ref = np.exp(_nll(ours, ids)), np.exp(_nll(ref, ids))
     assert abs(ppl_ours / ppl_ref - 1) < 0.02, (ppl_ours, ppl_ref)

@@ -5,7 +5,7 @@ independence, and one request's failure left to that request.  Marked slow; skip
 Where two token sequences differ, the test does not loosen equality: the first differing position must be a
 near-tie by the one rule in tests/greedy_agreement.py (same engine: within NEAR_TIE_ULPS bf16 ulps in the
 reference run's own logits, because CPUs' bf16 GEMM kernels round differently by row count; against llama.cpp:
-the same two tokens on top in both backends, within CROSS_TIE).
+the two backends' margins over the two differing tokens add up to at most CROSS_TIE).
 """
 
 from __future__ import annotations

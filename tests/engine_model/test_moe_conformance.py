@@ -73,8 +73,12 @@ def test_tiny_moe_logits_and_greedy_match_llama_cpp(moe_files: dict[str, Path], 
         chunked = runner.prompt_logits(IDS, chunk=7).numpy()  # chunks of 7 on cached blocks
         assert np.abs(chunked - ref).max() < TOL * scale
         a, b = _greedy(runner, IDS[:6], 8), ref_backend.greedy(IDS[:6], 8)
-        assert_backends_agree(
-            a, b, IDS[:6], {"torch": lambda ids: runner.prompt_logits(ids).numpy(), "llama.cpp": ref_backend.logits}
+        assert_backends_agree(  # a near-tie at float32's tolerance: twice a logit's (tests/greedy_agreement.py)
+            a,
+            b,
+            IDS[:6],
+            {"torch": lambda ids: runner.prompt_logits(ids).numpy(), "llama.cpp": ref_backend.logits},
+            2 * TOL * scale,
         )
     finally:
         ref_backend.close()

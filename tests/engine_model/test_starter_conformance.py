@@ -13,6 +13,7 @@ from backends.api import LoadOptions
 from backends.modelspec import load_spec
 from backends.torch_engine.model_runner import ModelRunner
 from backends.torch_engine.tokenizer import load_tokenizer
+from tests.greedy_agreement import assert_argmax_agree
 
 pytestmark = pytest.mark.slow
 TEXT = (Path(__file__).parent.parent / "data" / "english.txt").read_text()
@@ -77,7 +78,8 @@ def reference_logits(starter, starter_path: Path) -> tuple[list[int], np.ndarray
 # 1.35 / 2.87 / 1.65, mean 0.143 / 0.169 / 0.172, top-1 agreement 0.966 / 0.959 / 0.961, perplexity 14.926 /
 # 14.914 / 14.936 vs llama.cpp's 15.006.  llama.cpp rounds activations to 8 bits for its Q4_1/Q8_0 dot products
 # and keeps the KV cache in f16, which is where most of the difference comes from (tiny random GGUFs in F32
-# agree to 1e-3: test_tiny_conformance.py).
+# agree to 1e-3: test_tiny_conformance.py).  Top-1 on an Intel Xeon with AMX: 0.966 / 0.959 / 0.959, every
+# disagreement a near-tie (pair margin at most 0.77 / 0.45 / 0.45: tests/greedy_agreement.py).
 @pytest.mark.parametrize(
     "dtype,weight_quant,max_delta", [("float32", "none", 2.0), ("bfloat16", "none", 4.0), ("bfloat16", "gguf", 4.0)]
 )
@@ -91,7 +93,7 @@ def test_logits_and_perplexity_match_llama_cpp(
     ours = runner.prompt_logits(ids).numpy()
     assert np.abs(ours - ref).max() < max_delta
     assert np.abs(ours - ref).mean() < 0.25
-    assert (ours.argmax(-1) == ref.argmax(-1)).mean() > 0.94
+    assert_argmax_agree(ours, ref, what=f"starter {dtype} {weight_quant}, torch vs llama.cpp")
     ppl_ours, ppl_ref = np.exp(_nll(ours, ids)), np.exp(_nll(ref, ids))
     assert abs(ppl_ours / ppl_ref - 1) < 0.02, (ppl_ours, ppl_ref)
 
