@@ -25,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from app.loading import open_backend
+from app.loading import hardware_report, open_backend
+from app.measurements import record_bench_decode
 from app.requests import chat_request
 from app.server.background import BackgroundServer
 from app.settings import load_settings
@@ -329,7 +330,8 @@ def worker(w: Workload) -> None:
     total = len(modes) * len(w.concurrency) * w.requests
     done = 0
     lock = threading.Lock()
-    in_process: dict[int, float] = {}
+    in_process: dict[int, float] = {}  # aggregate tokens/s by concurrency, in this process
+    one_stream: float | None = None  # decode tokens/s of one stream, for this GPU's records (_record_decode)
     try:
         for mode, (name, run_one) in enumerate(modes):
             for level, conc in enumerate(w.concurrency):
@@ -395,13 +397,29 @@ def worker(w: Workload) -> None:
                 }
                 if mode == 0:
                     in_process[conc] = aggregate
+                    if conc == 1:
+                        one_stream = result["decode_tokens_per_s"]
                 elif conc in in_process:
                     result["http_vs_in_process"] = aggregate / in_process[conc]
                 _emit({"result": result})
+        if not remote and one_stream is not None:
+            _record_decode(loaded, one_stream, in_process.get(16))
     finally:
         if server is not None:
             server.stop()
         backend.close()
+
+
+def _record_decode(loaded: Any, tokens_per_s: float, tokens_per_s_16: float | None) -> None:
+    """Keep what this run measured on a GPU for the plans after it (app/measurements.py: the planner prefers a
+    card's own decode records to its table); nothing on a CPU.  A failure to record never fails the bench."""
+    plan = loaded.decision.plan
+    if plan is None or not plan.device.startswith("cuda"):
+        return
+    try:
+        record_bench_decode(hardware_report(), loaded.spec, plan, tokens_per_s, tokens_per_s_16)
+    except Exception as exc:  # noqa: BLE001 - a record is a bonus: say why it was skipped
+        print(f"hearth bench: decode speed not recorded: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _cpu_threads(backend: Any) -> int | None:

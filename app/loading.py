@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from app.loaded import Decision, Loaded
+from app.measurements import quality_records_for, with_decode_records
 from app.paths import get_paths
 from app.remote import open_remote
 from app.runner_start import in_process, prestart
@@ -75,7 +76,7 @@ def hardware_report(hardware_file: str | None = None, reused: frozenset[int] = f
     counted as free: their memory is this model's, and the plan must come out as theirs did."""
     if hardware_file:
         return load_report(hardware_file)
-    report = probe(get_paths().models_dir)
+    report = with_decode_records(probe(get_paths().models_dir))  # the decode speeds this machine's GPUs measured
     if not reused:
         return report
     ram = 0
@@ -145,6 +146,8 @@ def decide(
         sequences_for=why,
         tensor_parallel=tp,
         prefer_batching=serving and not embedding,
+        max_ppl_increase_pct=settings.max_ppl_increase,
+        quality_records=quality_records_for(spec.name),
     )
     plan = make_plan(report, spec.to_shape(), prefs)
     plan, draft_path = decide_speculative(plan, spec, settings)

@@ -33,6 +33,7 @@ from app.durations import duration_seconds
 from app.paths import get_paths
 from backends.api import PRIORITY_MAX, PRIORITY_MIN, SEED_MAX, SEED_MIN
 from hwprobe.errors import ConfigError
+from hwprobe.quality import DEFAULT_MAX_PPL_INCREASE_PCT
 
 KEEP_ALIVE = "5m"  # Ollama's default keep_alive
 
@@ -50,6 +51,9 @@ class Settings:
     threads: int | None = None  # CPU threads; None = physical cores
     n_gpu_layers: int | None = None  # None = the plan decides; -1 = all
     kv_cache_type: str | None = None  # None = the plan decides; f16 | q8_0 | q4_0
+    # the plan's quality budget (--max-ppl-increase): of the formats within this many % of the model's best
+    # format's perplexity, the plan takes the fastest; 0 = the best format only (hwprobe/race.py)
+    max_ppl_increase: float = DEFAULT_MAX_PPL_INCREASE_PCT
     tensor_parallel: int | None = None  # torch engine ranks; None = the plan decides, 1 = none (--tensor-parallel)
     # torch engine speculative decoding (--speculative): off | ngram (prompt lookup) | draft (--draft-model) | auto
     # (the plan decides).  Off by default, as in llama.cpp and vLLM: it changes no reply's distribution, but a
@@ -112,6 +116,7 @@ _ENV = {
     "HEARTH_REMOTE_API_KEY": ("remote_api_key", str),
     "HEARTH_TTFT_TARGET_MS": ("ttft_target_ms", float),
     "HEARTH_KEEP_ALIVE": ("keep_alive", str),
+    "HEARTH_MAX_PPL_INCREASE": ("max_ppl_increase", float),
 }
 
 # TOML sections flatten into the fields above: [server] port -> port, [sampling] temperature -> temperature,
@@ -190,6 +195,12 @@ def _validated(s: Settings) -> Settings:
         raise ConfigError(f"seed must be a 64-bit integer ({SEED_MIN} .. {SEED_MAX}), got {s.seed}")
     if s.kv_cache_type not in (None, "f16", "q8_0", "q4_0"):
         raise ConfigError(f"kv_cache_type must be f16, q8_0 or q4_0, got {s.kv_cache_type!r}")
+    if not (math.isfinite(s.max_ppl_increase) and 0 <= s.max_ppl_increase <= 100):
+        raise ConfigError(
+            f"max_ppl_increase must be a percentage from 0 to 100, got {s.max_ppl_increase}",
+            f"the default {DEFAULT_MAX_PPL_INCREASE_PCT:g} keeps formats within 1 % of the best one's perplexity; "
+            "0 = the best format only",
+        )
     if s.tensor_parallel is not None and not 1 <= s.tensor_parallel <= MAX_TENSOR_PARALLEL:
         raise ConfigError(
             f"tensor_parallel must be between 1 and {MAX_TENSOR_PARALLEL} ranks, got {s.tensor_parallel}",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backends.weight_map import REPACK_KIND, repacked_params
+from backends.weight_map import REPACK_KIND, repacked_params, unkept_types
 from hwprobe.shape import ModelShape
 
 SCHEMA_VERSION = 3  # bump when the fields or the checks change: the store's metadata cache keys on it
@@ -107,6 +107,7 @@ class ModelSpec:
         extra: dict[str, Any] = {"rope_scaling": self.rope_scaling, "file_format": self.format}
         if self.format == "gguf":  # per layer (int4, int8) weights the torch engine keeps as the file's blocks
             extra["gguf_repacked"] = repacked_params(self.tensors, self.n_layers, self.architecture)
+            extra["gguf_unkept_types"] = unkept_types(self.tensors, self.n_layers, self.architecture)
             if out is not None and out is not embed:  # an untied head: kept as int4 / int8 on the CPU, or None
                 extra["gguf_head_kind"] = REPACK_KIND.get(out.ggml_type)
         return ModelShape(

@@ -122,6 +122,23 @@ def is_projection_param(target: str) -> bool:
     return target.startswith("layers.") and target.endswith("proj.weight")
 
 
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def unkept_types(tensors: Iterable[_Tensor], n_layers: int, architecture: str = "llama") -> tuple[str, ...]:
+    """The quantized GGUF types of the blocks' projections that have no layout of the engine's own (no
+    REPACK_KIND: IQ1_S, TQ1_0, MXFP4 ...), which a load dequantizes to 16 bits; sorted, () when none."""
+    name_map = names(architecture, "gguf")
+    found = set()
+    for t in tensors:
+        key, layer = template(t.name)
+        target = name_map.get(key, ("", None))[0]
+        if layer is not None and layer < n_layers and is_projection_param(target):
+            if t.ggml_type not in REPACK_KIND and t.ggml_type not in FLOAT_TYPES:
+                found.add(t.ggml_type)
+    return tuple(sorted(found))
+
+
 def repacked_params(
     tensors: Iterable[_Tensor], n_layers: int, architecture: str = "llama"
 ) -> tuple[tuple[int, int], ...]:

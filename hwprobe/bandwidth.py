@@ -1,8 +1,7 @@
-"""How much of a device's peak memory bandwidth a decode reaches, and the fixed cost per layer: the speed
-model's constants, in their own module so that placement.py and experts.py both read them without importing
-each other."""
+"""The speed model's constants, in their own module so that placement.py, experts.py and decode_speed.py read them
+without importing each other.  A GPU's share of its bandwidth is measured, per engine and weight kind:
+hwprobe.decode_speed."""
 
-GPU_BANDWIDTH_EFFICIENCY = 0.75  # decode reaches about this share of peak bandwidth
 CPU_BANDWIDTH_EFFICIENCY = 0.6
 UNKNOWN_GPU_BANDWIDTH_GBPS = 300.0  # a GPU missing from the known-GPU table
 # Per layer and token a GPU also pays kernel launches and syncs (~10 kernels x ~2 us): small models are

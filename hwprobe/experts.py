@@ -10,8 +10,8 @@ whole layers: their attention over a KV cache that also lives in host RAM, and t
 
 Assumed for the estimate (expert_tokens_per_s), on the same terms as placement.expected_tokens_per_s:
 - the GPU reads, per token, everything it holds except the routed experts, plus n_experts_used / n_experts of
-  the routed experts it holds, and the KV cache, at GPU bandwidth x GPU_BANDWIDTH_EFFICIENCY, plus
-  GPU_SECONDS_PER_LAYER for every layer;
+  the routed experts it holds, and the KV cache, at GPU bandwidth x llama.cpp's measured share there
+  (hwprobe.decode_speed), plus GPU_SECONDS_PER_LAYER for every layer;
 - the CPU reads n_experts_used / n_experts of the routed experts in host RAM at RAM bandwidth x
   CPU_BANDWIDTH_EFFICIENCY;
 - each layer whose experts are on the CPU hands the hidden state over and back (HOP_SECONDS: two small copies
@@ -27,10 +27,10 @@ from dataclasses import replace
 from hwprobe import memory as m
 from hwprobe.bandwidth import (
     CPU_BANDWIDTH_EFFICIENCY,
-    GPU_BANDWIDTH_EFFICIENCY,
     GPU_SECONDS_PER_LAYER,
     UNKNOWN_GPU_BANDWIDTH_GBPS,
 )
+from hwprobe.decode_speed import efficiency
 from hwprobe.plan_types import DeviceMemory
 from hwprobe.report import HardwareReport
 from hwprobe.shape import ModelShape
@@ -93,7 +93,8 @@ def expert_tokens_per_s(
     k = cpu_expert_layers
     dense = sum(layout.layer_bytes) - sum(experts) + layout.head_bytes + layout.other_bytes
     gpu_bytes = dense + used * sum(experts[k:]) + kv_bytes
-    t = gpu_bytes / ((gpu.memory_bandwidth_gbps or UNKNOWN_GPU_BANDWIDTH_GBPS) * GPU_BANDWIDTH_EFFICIENCY * 1e9)
+    share = efficiency("llama.cpp", "ggml", gpu.cc, gpu.decode_records).share
+    t = gpu_bytes / ((gpu.memory_bandwidth_gbps or UNKNOWN_GPU_BANDWIDTH_GBPS) * share * 1e9)
     t += GPU_SECONDS_PER_LAYER * shape.n_layers
     t += used * sum(experts[:k]) / (report.ram_bandwidth_gbps * CPU_BANDWIDTH_EFFICIENCY * 1e9)
     t += HOP_SECONDS * k

@@ -10,11 +10,12 @@ from hwprobe.placement import (
     CPU_BANDWIDTH_EFFICIENCY,
     TORCH_OFFLOAD_BUFFERS,
     Candidate,
+    decode_efficiency,
     is_torch_offload,
     pcie_gbps,
     pcie_link,
 )
-from hwprobe.plan_types import DeviceMemory, Prefs
+from hwprobe.plan_types import DeviceMemory, PlanCandidate, Prefs
 from hwprobe.report import HardwareReport
 from hwprobe.shape import ModelShape
 from hwprobe.support import torch_engine_refusal
@@ -36,7 +37,13 @@ _TORCH_FORMAT_WHAT = {
 
 def _torch_weights(shape: ModelShape, c: Candidate, tried: tuple[str, ...]) -> str:
     """One sentence: the torch format chosen, what it is, and which better ones did not fit."""
-    if c.quant == m.TORCH_GGUF:
+    quantized_file = shape.quant is not None and shape.quant not in ("F32", "F16", "BF16")
+    if c.quant in ("bf16", "fp16") and quantized_file:  # only where no projection type has a kernel (planner)
+        no_kernel = ", ".join(_unkept(shape)) or shape.quant
+        what = (
+            f"{c.quant}, decoded to 16 bits: no kernel for {no_kernel} (the file's {shape.quant} values, 16-bit bytes)"
+        )
+    elif c.quant == m.TORCH_GGUF:
         what = (
             f"GGUF, the file's own {shape.quant} blocks repacked for the engine's kernels (the weights llama.cpp "
             "runs; Q6_K, Q5_K and the rest without a layout of their own within half an int8 level): "
@@ -56,8 +63,20 @@ def _kept_projections(shape: ModelShape) -> str:
         for share, kind in ((int4, "int4 (5.0 bits)"), (int8, "int8 (8.5 bits)"))
         if share
     )
-    dense = "" if int4 + int8 > 0.999 else ", the rest dequantized to 16 bits (types that do not repack)"
+    unkept = _unkept(shape)
+    dense = (
+        ""
+        if int4 + int8 > 0.999
+        else f", the rest decoded to 16 bits: no kernel for {', '.join(unkept)}"
+        if unkept
+        else ", the rest 16-bit as in the file"
+    )
     return f"projections {kept}{dense}"
+
+
+def _unkept(shape: ModelShape) -> tuple[str, ...]:
+    """The file's projection types without a kernel of the engine's (decoded to 16 bits)."""
+    return tuple(shape.extra.get("gguf_unkept_types", ())) if shape.extra else ()
 
 
 def _link(report: HardwareReport, c: Candidate) -> tuple[str, float, bool]:
@@ -198,12 +217,14 @@ def reasons(
     rival: tuple[Candidate, float] | None = None,
     expert_race: tuple[Candidate, float, Candidate, float] | None = None,
     single: tuple[Candidate, float] | None = None,
+    raced: tuple[PlanCandidate, ...] = (),
 ) -> tuple[str, ...]:
     """torch_tried: the torch formats better than c's that did not fit (GPU plans of the torch engine; every
-    format for one streaming blocks); rival: the partial offload of the other engine that c was faster than (or
-    c lost to nothing: None), with its tokens/s; expert_race: (expert placement, its tokens/s, the layer offload
-    it raced, its tokens/s) for a MoE model that did not fit whole (hwprobe.experts); single: when serving put
-    the torch engine on the CPU, the llama.cpp plan it replaced with its single-stream tokens/s."""
+    format for one streaming blocks); raced: what the speed race weighed (hwprobe.race), when it ran; rival: the
+    partial offload of the other engine that c was faster than (or c lost to nothing: None), with its tokens/s;
+    expert_race: (expert placement, its tokens/s, the layer offload it raced, its tokens/s) for a MoE model that
+    did not fit whole (hwprobe.experts); single: when serving put the torch engine on the CPU, the llama.cpp plan
+    it replaced with its single-stream tokens/s."""
     out: list[str] = []
     serve = serving_reason(shape, prefs, c, tps, single)
     if serve:
@@ -219,7 +240,7 @@ def reasons(
             f"{m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) // m.MIB} MiB after the safety margin"
         )
     used = [d for d in devices if d.kind == "gpu" and d.used]
-    out += _backend_reasons(report, shape, prefs, c, torch_tried, single, offload)
+    out += _backend_reasons(report, shape, prefs, c, torch_tried, single, offload, raced)
     if rival is not None:
         out.append(_offload_race(report, shape, c, tps, rival))
     if expert_race is not None:
@@ -250,7 +271,7 @@ def reasons(
     out += _placement_reasons(shape, c, offload)
     out += _memory_reasons(shape, prefs, c, devices)
     if used or not report.gpus or c.gpus == ():
-        out.append(_speed_reason(report, c, offload, tps))
+        out.append(_speed_reason(report, shape, c, offload, tps))
     return tuple(out)
 
 
@@ -262,6 +283,7 @@ def _backend_reasons(
     torch_tried: tuple[str, ...],
     single: tuple[Candidate, float] | None,
     offload: bool,
+    raced: tuple[PlanCandidate, ...] = (),
 ) -> list[str]:
     """Which engine runs the model and why, and what its weights are (reasons()'s arguments)."""
     out: list[str] = []
@@ -315,6 +337,11 @@ def _backend_reasons(
         refusal = torch_engine_refusal(shape)
         if refusal and prefs.backend != "llama.cpp":
             out.append(f"backend llama.cpp: {refusal}")
+        elif any(r.backend == "torch" for r in raced):
+            out.append(
+                f"backend llama.cpp: the torch engine runs {shape.architecture} too and fits, but llama.cpp is "
+                "the faster within the quality budget (engine race below)"
+            )
         elif report.gpus and prefs.backend == "auto":
             out.append(
                 "backend llama.cpp: the torch engine's formats do not fit entirely in VRAM"
@@ -402,9 +429,13 @@ def _memory_reasons(shape: ModelShape, prefs: Prefs, c: Candidate, devices: tupl
     return out
 
 
-def _speed_reason(report: HardwareReport, c: Candidate, offload: bool, tps: float) -> str:
-    """The expected decode speed and the bandwidth it comes from."""
-    bw = ", ".join(f"{g.memory_bandwidth_gbps or 'unknown'} GB/s" for g in report.gpus if g.index in c.gpus)
+def _speed_reason(report: HardwareReport, shape: ModelShape, c: Candidate, offload: bool, tps: float) -> str:
+    """The expected decode speed, the bandwidth it comes from and the measured share of it (decode_speed)."""
+    bw = ", ".join(
+        f"{g.memory_bandwidth_gbps or 'unknown'} GB/s at {100 * decode_efficiency(shape, c, g).share:.0f} %"
+        for g in report.gpus
+        if g.index in c.gpus
+    )
     if offload:
         link, link_gbps, _ = _link(report, c)
         bw += f"; blocks over {link}, ~{link_gbps:.0f} GB/s"

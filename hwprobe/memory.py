@@ -254,12 +254,17 @@ def torch_tokenizer_bytes(shape: ModelShape) -> int:
     return TORCH_TOKENIZER_BYTES_PER_TOKEN * shape.vocab_size
 
 
+def projection_params(shape: ModelShape) -> int:
+    """Weights of one block's projections (its parameters but the norms)."""
+    return _params_per_layer(shape) - 2 * shape.hidden_size
+
+
 def gguf_repacked_shares(shape: ModelShape) -> tuple[float, float]:
     """Shares of the projection weights a TORCH_GGUF load keeps as int4 and as int8 blocks (for the reasons)."""
     kept = shape.extra.get("gguf_repacked") if shape.extra else None
     if not kept:
         return 0.0, 0.0
-    projections = max((_params_per_layer(shape) - 2 * shape.hidden_size) * shape.n_layers, 1)
+    projections = max(projection_params(shape) * shape.n_layers, 1)
     return sum(n4 for n4, _ in kept) / projections, sum(n8 for _, n8 in kept) / projections
 
 

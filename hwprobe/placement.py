@@ -10,10 +10,10 @@ from dataclasses import dataclass, replace
 from hwprobe import memory as m
 from hwprobe.bandwidth import (
     CPU_BANDWIDTH_EFFICIENCY,
-    GPU_BANDWIDTH_EFFICIENCY,
     GPU_SECONDS_PER_LAYER,
     UNKNOWN_GPU_BANDWIDTH_GBPS,
 )
+from hwprobe.decode_speed import Efficiency, efficiency, mixed_share
 from hwprobe.experts import expert_tokens_per_s, with_host_experts
 from hwprobe.plan_types import DeviceMemory
 from hwprobe.report import GpuInfo, HardwareReport
@@ -240,6 +240,33 @@ def _price_torch_offload(report: HardwareReport, shape: ModelShape, c: Candidate
     return tuple(devices)
 
 
+# the kind of weights each torch format's projections are, for the measured efficiencies (hwprobe.decode_speed)
+_TORCH_KIND = {"bf16": "16bit", "fp16": "16bit", "fp32": "16bit", "W8A16": "int8", "FP8": "fp8", "W4A16": "int4"}
+
+
+def decode_efficiency(shape: ModelShape, c: Candidate, gpu: GpuInfo) -> Efficiency:
+    """The measured share of `gpu`'s bandwidth candidate c's decode reaches there (hwprobe.decode_speed): llama.cpp's
+    kernels as one figure; the torch engine's by the bytes of each kind its format holds (the projections in the
+    format's kind, the rest 16-bit; the GGUF layout's int4 and int8 blocks each at their own kernel's share)."""
+    records, cc = gpu.decode_records, gpu.cc
+    if c.backend != "torch":
+        return efficiency("llama.cpp", "ggml", cc, records)
+    sixteen = efficiency("torch", "16bit", cc, records)
+    total = sum(c.layout.layer_bytes) + c.layout.head_bytes + c.layout.other_bytes
+    if c.quant == m.TORCH_GGUF:
+        int4, int8 = m.gguf_repacked_shares(shape)
+        projections = m.projection_params(shape) * shape.n_layers
+        b4 = int4 * projections * m.GGUF_REPACKED_INT4_BYTES
+        b8 = int8 * projections * m.GGUF_REPACKED_INT8_BYTES
+        parts = [(b4, efficiency("torch", "int4", cc, records)), (b8, efficiency("torch", "int8", cc, records))]
+        return mixed_share([*parts, (max(total - b4 - b8, 0), sixteen)])
+    kind = _TORCH_KIND.get(c.quant, "16bit")
+    if kind == "16bit":
+        return sixteen
+    quantized = sum(c.layout.layer_bytes)
+    return mixed_share([(quantized, efficiency("torch", kind, cc, records)), (total - quantized, sixteen)])
+
+
 def expected_tokens_per_s(
     report: HardwareReport, shape: ModelShape, c: Candidate, devices: tuple[DeviceMemory, ...]
 ) -> float:
@@ -262,7 +289,7 @@ def expected_tokens_per_s(
             # one embedding row per token; the torch engine's dense prefill copies are not read by a decode
             weights = max(d.weights_mib * m.MIB - c.layout.embedding_bytes - c.layout.prefill_copy_bytes, 0)
         else:
-            bw = (g.memory_bandwidth_gbps or UNKNOWN_GPU_BANDWIDTH_GBPS) * GPU_BANDWIDTH_EFFICIENCY
+            bw = (g.memory_bandwidth_gbps or UNKNOWN_GPU_BANDWIDTH_GBPS) * decode_efficiency(shape, c, g).share
             weights = d.weights_mib * m.MIB - (c.layout.embedding_bytes if c.backend == "torch" else 0)
         # a single stream reads its own sequence's KV, not the torch engine's whole pool
         kv = d.kv_mib * m.MIB * (min(c.ctx / d.kv_pool_tokens, 1.0) if d.kv_pool_tokens else 1.0)
@@ -312,7 +339,8 @@ def torch_offload_tokens_per_s(report: HardwareReport, shape: ModelShape, c: Can
 
     Assumed (each block j's compute time t_c and copy time t_x):
     - t_c as in expected_tokens_per_s: the block's weights (active experts only) and its KV cache at full
-      context read at GPU bandwidth x GPU_BANDWIDTH_EFFICIENCY, plus GPU_SECONDS_PER_LAYER of launches;
+      context read at GPU bandwidth x the format's measured share (decode_efficiency), plus
+      GPU_SECONDS_PER_LAYER of launches;
     - t_x: the whole block (every expert: which ones are routed is known only after the router ran) at
       pcie_gbps(gpu), or at the host's RAM bandwidth if that is lower;
     - double buffering: block j+1 crosses while block j computes, so each pair costs max(t_x(j+1), t_c(j)); the
@@ -325,7 +353,7 @@ def torch_offload_tokens_per_s(report: HardwareReport, shape: ModelShape, c: Can
     lay = c.layout
     n = shape.n_layers
     streamed = n - max(0, min(c.n_gpu_layers, n))
-    hbm = (gpu.memory_bandwidth_gbps or UNKNOWN_GPU_BANDWIDTH_GBPS) * GPU_BANDWIDTH_EFFICIENCY * 1e9
+    hbm = (gpu.memory_bandwidth_gbps or UNKNOWN_GPU_BANDWIDTH_GBPS) * decode_efficiency(shape, c, gpu).share * 1e9
     link = min(pcie_gbps(gpu), report.ram_bandwidth_gbps) * 1e9
     layers = sum(lay.layer_bytes)
     read_ratio = (m.decode_bytes_per_token(lay, shape) - lay.head_bytes) / max(layers, 1)  # MoE: experts used

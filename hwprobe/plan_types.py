@@ -20,6 +20,12 @@ class Prefs:
     target_ctx: int = 8192  # a useful context: the first goal, capped by the model's training context
     min_ctx: int = 4096  # the planner lowers the context down to this before quantizing anything
     n_batch: int = 512  # prompt tokens per forward (llama.cpp n_batch = n_ubatch)
+    # the quality budget (`--max-ppl-increase`): formats whose perplexity increase over the model's best format is
+    # at most this many %, of which the plan takes the fastest; 0 = the best format only
+    max_ppl_increase_pct: float = 1.0
+    # this model's measured quality per format (format -> (pct, source)), from `hearth ppl --compare`; they win
+    # over hwprobe.quality's defaults
+    quality_records: tuple[tuple[str, float, str], ...] = ()
     # `hearth serve` expecting concurrent clients (with backend auto and max_num_seqs > 1): the torch engine,
     # which batches them, wherever it runs the model (GPU, streaming blocks, or the CPU) over llama.cpp's one
     # request at a time (hwprobe.planner.serving)
@@ -56,6 +62,43 @@ class SpeculativePlan:
             "draft_weights_mib": self.draft_weights_mib,
             "draft_kv_mib": self.draft_kv_mib,
             "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class PlanCandidate:
+    """One engine and format the planner raced (hwprobe.race): what it would run at, how fast by the measured
+    efficiencies, and what it costs in quality.  `hearth plan --json` lists them under "candidates"."""
+
+    backend: str  # "llama.cpp" | "torch"
+    quant: str  # as Plan.quant
+    gpus: tuple[int, ...]  # GPUs it runs on; () = CPU
+    ctx: int
+    kv_cache_type: str
+    expected_tokens_per_s: float  # one stream
+    expected_aggregate_tokens_per_s: float  # all streams of the command's concurrency together
+    efficiency: float  # share of the GPU's bandwidth its decode reaches (of RAM's on the CPU)
+    efficiency_source: str  # "measured on this GPU: ...", "table: ...", "assumed: ..."
+    ppl_increase_pct: float  # perplexity increase over the model's best format
+    quality_source: str
+    within_budget: bool  # ppl_increase_pct within --max-ppl-increase
+    chosen: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "quant": self.quant,
+            "gpus": list(self.gpus),
+            "ctx": self.ctx,
+            "kv_cache_type": self.kv_cache_type,
+            "expected_tokens_per_s": self.expected_tokens_per_s,
+            "expected_aggregate_tokens_per_s": self.expected_aggregate_tokens_per_s,
+            "efficiency": self.efficiency,
+            "efficiency_source": self.efficiency_source,
+            "ppl_increase_pct": self.ppl_increase_pct,
+            "quality_source": self.quality_source,
+            "within_budget": self.within_budget,
+            "chosen": self.chosen,
         }
 
 
@@ -140,6 +183,11 @@ class Plan:
     # torch engine on one GPU: pinned host RAM for preempted requests' KV blocks (hwprobe/swap_space.py; the
     # host's DeviceMemory.swap_mib), what LoadOptions.swap_space_bytes makes it pin; 0 without a GPU
     swap_space_bytes: int = 0
+    # the engines and formats raced for this plan, the chosen one marked (hwprobe.race); one entry where there
+    # was no race (a fixed --backend with one format, partial offload, the CPU)
+    candidates: tuple[PlanCandidate, ...] = ()
+    # all streams of the command's concurrency together (`hearth serve`: --max-concurrency; else one stream)
+    expected_aggregate_tokens_per_s: float = 0.0
 
     @property
     def fits(self) -> bool:
@@ -167,4 +215,6 @@ class Plan:
             "kv_pool_tokens": self.kv_pool_tokens,
             "speculative": self.speculative.as_dict(),
             "swap_space_bytes": self.swap_space_bytes,
+            "expected_aggregate_tokens_per_s": self.expected_aggregate_tokens_per_s,
+            "candidates": [c.as_dict() for c in self.candidates],
         }

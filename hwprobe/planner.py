@@ -1,30 +1,31 @@
-"""plan(report, shape, prefs) -> Plan: a pure function, highest quality first, never more than fits.
+"""plan(report, shape, prefs) -> Plan: a pure function; the fastest that fits within the quality budget.
 
-Policy (issue 3, item 4), tried in this order until something fits entirely in the GPUs' budgets (free VRAM
-minus the safety margin of hwprobe.memory):
-  1. the torch engine, on NVIDIA GPUs it supports (compute capability >= 7.5) for the architectures in
-     hwprobe.support, in its best weight format that fits (`_torch_formats`), on one GPU, else (same format) in
-     tensor parallelism across all the GPUs when NVLink/P2P joins them (quality first: bf16 over two joined
-     cards beats W8A16 on one; the plan says what llama.cpp's split would have run, with both tokens/s):
-     bf16/fp16; for a GGUF whose projections are quantized (weight_map.REPACK_KIND) then "GGUF", the file's own blocks
-     repacked (the same weights, fewer bytes); then W8A16 and FP8 (8.9+) quantized while loading, never below a
-     GGUF's own bits; W4A16 only where llama.cpp has no better 4-bit file to run (a safetensors folder, or
-     --backend torch), since round-to-nearest int4 is below Q4_K_M, the ladder's floor;
-  2. llama.cpp with every layer on the GPUs: for each quant of the ladder (a GGUF file has just its own), the
-     largest context up to the target (8192, capped by the training context) with an f16 KV cache, then down
-     to 4096; then a q8_0 and a q4_0 KV cache (the largest context they allow); then the next quant, down to
-     Q4_K_M (lower ones only when asked, with a warning);
-  3. partial offload, the faster of two by estimated tokens/s: llama.cpp with as many layers on the GPUs as fit
+Policy (issues 3 and 41), in this order (budgets: free VRAM minus the safety margin of hwprobe.memory):
+  1. the engine race (hwprobe/race.py) among everything that fits entirely on the GPUs at a useful context
+     (target 8192 capped by the training context, down to 4096, then a q8_0 and a q4_0 KV cache for llama.cpp):
+     - each torch-engine format (`_torch_full`, on NVIDIA GPUs it supports, compute capability >= 7.5, for the
+       architectures in hwprobe.support) on the fewest GPUs it fits: one, else all of them in tensor
+       parallelism when NVLink/P2P joins them.  Formats (`_torch_formats`): bf16/fp16 of a 16-bit source; for a
+       quantized GGUF its own blocks ("GGUF", weight_map.REPACK_KIND), never decoded to 16 bits where its types
+       have a kernel (16 bits only where none has, said so); W8A16 and FP8 (8.9+) quantized while loading,
+       never below a GGUF's own bits; W4A16 only where llama.cpp has no better 4-bit file to run (a safetensors
+       folder, or --backend torch);
+     - each llama.cpp quant (`_llama_full`): a GGUF file's own, or the ladder's for a config.json down to
+       Q4_K_M (lower ones only when asked, with a warning);
+     each with its expected speed from measured efficiencies (hwprobe/decode_speed.py) and its perplexity cost
+     (hwprobe/quality.py); of those within Prefs.max_ppl_increase_pct the fastest for the command (one stream,
+     or all of a server's streams: hwprobe.race.winner), else the best quality that fits;
+  2. partial offload, the faster of two by estimated tokens/s: llama.cpp with as many layers on the GPUs as fit
      and the rest computed on the CPU from host RAM, at the lowest allowed quant; and the torch engine (where
      step 1 could run the model) keeping as many blocks on one GPU as fit and streaming the others from pinned
      host RAM over PCIe for every token (`_torch_offload`);
-     For a mixture-of-experts model a third contender joins step 3's race (`_expert_placement`, hwprobe.experts):
+     For a mixture-of-experts model a third contender joins step 2's race (`_expert_placement`, hwprobe.experts):
      llama.cpp with every layer's attention, norms, shared experts and KV on one GPU, filled up with routed
      experts, and only the first blocks' overflow experts in host RAM (`cpu_expert_layers`); it wins when its
      estimate is higher, and the reasons give both numbers;
-  4. CPU only.
+  3. CPU only.
 One GPU is tried before several; several are tensor-split when all are P2P-joined, layer-split otherwise.
-A safetensors folder (no file llama.cpp reads) or --backend torch that fits no GPU whole streams (step 3's torch
+A safetensors folder (no file llama.cpp reads) or --backend torch that fits no GPU whole streams (step 2's torch
 half, no race), else runs the torch engine on the CPU.
 A user-fixed value (ctx, KV type, backend, quant, n_gpu_layers) is taken as given and the plan says what it costs;
 --backend torch with --n-gpu-layers N (0 < N < layers) is planned as that streaming, with N blocks resident.
@@ -36,9 +37,10 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 
 from hwprobe import memory as m
+from hwprobe import race
 from hwprobe.errors import ConfigError, PlanError
 from hwprobe.placement import Candidate, expected_tokens_per_s, price, shares, torch_offload_tokens_per_s
-from hwprobe.plan_types import PLANNED_BACKENDS, Plan, Prefs
+from hwprobe.plan_types import PLANNED_BACKENDS, Plan, PlanCandidate, Prefs
 from hwprobe.report import GpuInfo, HardwareReport
 from hwprobe.shape import ModelShape
 from hwprobe.support import (
@@ -116,7 +118,8 @@ def _best_ctx(
 
 
 def _torch_formats(gpus: Iterable[GpuInfo], shape: ModelShape, prefs: Prefs) -> list[str]:
-    """The torch engine's weight formats for these GPUs, best quality first (the module docstring's step 1).
+    """The torch engine's weight formats for these GPUs, best quality first (the module docstring's step 1; the
+    race then weighs them by speed within the quality budget).
 
     W8A16 before FP8: the same bytes, and int8 per channel keeps more of the weights than e4m3 (measured on the
     starter, 1024 tokens of tests/data/english.txt: perplexity 14.76 dense, 14.72 W8A16, 14.98 FP8), and the
@@ -129,13 +132,15 @@ def _torch_formats(gpus: Iterable[GpuInfo], shape: ModelShape, prefs: Prefs) -> 
     eight = ["W8A16"] + (["FP8"] if all(cc >= FP8_MIN_CC for cc in ccs) else [])  # type: ignore[operator]
     # W4A16 only where llama.cpp cannot run a better 4-bit file instead (see the module docstring)
     int4 = ["W4A16"] if prefs.backend == "torch" or (shape.extra or {}).get("file_format") == "safetensors" else []
-    if shape.quant:  # a GGUF source: its own blocks, or a format of at least its bits
+    if shape.quant:  # a GGUF source: its own blocks, or a format of at least its bits; never decoded to 16 bits
         own = [m.TORCH_GGUF] if m.torch_gguf_weights(shape) is not None else []
         requant = eight + int4
         if shape.weight_bytes and shape.param_count:
             source_bpw = 8 * shape.weight_bytes / shape.param_count
             requant = [f for f in requant if m.TORCH_FORMAT_BPW[f] >= source_bpw - 0.01]
-        formats = [half, *own, *requant]
+        # 16 bits only for a 16-bit file, or where no projection type of the file has a kernel (the reason says
+        # which: explain.py): decoding 4.9 bits to 16 adds no quality, only bytes
+        formats = [*own, *requant] if own else [half, *requant]
     else:
         formats = [half, *eight, *int4]
     return [f for f in formats if f in TORCH_ENGINE_RUNNABLE_FORMATS]
@@ -173,15 +178,19 @@ def _torch_gpu_sets(report: HardwareReport, shape: ModelShape, prefs: Prefs) -> 
     ]
 
 
-def _try_torch(report, shape, prefs, lo, hi) -> Candidate | None:  # noqa: ANN001 - internal
-    """Quality first, then fewer GPUs: bf16 over two joined cards beats W8A16 on one (issue 19)."""
+def _torch_full(report, shape, prefs, lo, hi) -> list[Candidate]:  # noqa: ANN001 - internal
+    """Each torch format that fits whole on GPUs, best quality first, on the fewest GPUs it fits (one, else all of
+    them joined: bf16 over two joined cards is a candidate beside W8A16 on one, issue 19), at its best context."""
     if torch_engine_refusal(shape) or prefs.kv_cache_type not in (None, "f16"):
-        return None
+        return []
     options = []
     for order, (gpus, split) in enumerate(_torch_gpu_sets(report, shape, prefs)):
         for fmt in _torch_formats([g for g in report.gpus if g.index in gpus], shape, prefs):
             options.append((TORCH_QUALITY.get(fmt, 9), order, fmt, gpus, split))
+    found: dict[str, Candidate] = {}
     for _, _, fmt, gpus, split in sorted(options, key=lambda o: o[:2]):
+        if fmt in found:
+            continue
         layout = m.weights(shape, fmt)
 
         def make(ctx: int, fmt: str = fmt, layout: m.WeightLayout = layout, gpus=gpus, split=split) -> Candidate:
@@ -189,8 +198,8 @@ def _try_torch(report, shape, prefs, lo, hi) -> Candidate | None:  # noqa: ANN00
 
         ctx = _best_ctx(report, shape, make, lo, hi)
         if ctx is not None:
-            return make(ctx)
-    return None
+            found[fmt] = make(ctx)
+    return list(found.values())
 
 
 def _tp_race(
@@ -203,20 +212,39 @@ def _tp_race(
 
 
 def _try_llama_full(report, shape, prefs, lo, hi, quants) -> Candidate | None:  # noqa: ANN001 - internal
+    """The best quant of `quants` (best first) that fits whole on GPUs (the order of _llama_full)."""
+    fits = (_llama_full(report, shape, prefs, lo, hi, quant, layout) for quant, layout in quants)
+    return next((c for c in fits if c is not None), None)
+
+
+def _llama_full(report, shape, prefs, lo, hi, quant, layout) -> Candidate | None:  # noqa: ANN001 - internal
+    """llama.cpp with every layer on GPUs in `quant`: one GPU, else all; an f16 KV cache at the largest context
+    down to the minimum, then a q8_0 and a q4_0 one; None when none fits."""
     kvs = (prefs.kv_cache_type,) if prefs.kv_cache_type else KV_LADDER
-    for quant, layout in quants:
-        for gpus, split in _gpu_sets(report):
-            for kv in kvs:
+    for gpus, split in _gpu_sets(report):
+        for kv in kvs:
 
-                def make(ctx: int, kv: str = kv) -> Candidate:
-                    return Candidate(
-                        "llama.cpp", quant, layout, ctx, kv, True, gpus, split, shape.n_layers, prefs.n_batch
-                    )
+            def make(ctx: int, kv: str = kv, gpus=gpus, split=split) -> Candidate:
+                return Candidate("llama.cpp", quant, layout, ctx, kv, True, gpus, split, shape.n_layers, prefs.n_batch)
 
-                ctx = _best_ctx(report, shape, make, lo, hi)
-                if ctx is not None:
-                    return make(ctx)
+            ctx = _best_ctx(report, shape, make, lo, hi)
+            if ctx is not None:
+                return make(ctx)
     return None
+
+
+def _full_gpu_race(report, shape, prefs, lo, hi, quants, torch_ok: bool, llama_ok: bool):  # noqa: ANN001, ANN202
+    """The speed race (hwprobe.race) among everything that fits whole on GPUs: each torch format (_torch_full) and
+    each llama.cpp quant (_llama_full); None when nothing fits.  Returns (chosen, candidate summaries, reason)."""
+    cands = _torch_full(report, shape, prefs, lo, hi) if torch_ok and prefs.backend in ("auto", "torch") else []
+    if llama_ok and prefs.backend in ("auto", "llama.cpp"):
+        cands += [c for q, layout in quants if (c := _llama_full(report, shape, prefs, lo, hi, q, layout))]
+    if not cands:
+        return None
+    entries = [race.entry(report, shape, c, prefs, serving(prefs)) for c in cands]
+    win = race.winner(entries, serving(prefs), hi)
+    why = race.race_reason(entries, win, serving(prefs), prefs.max_ppl_increase_pct) if len(entries) > 1 else None
+    return win.candidate, race.summaries(entries, win), why
 
 
 def _partial(report, shape, prefs, lo, quants) -> Candidate:  # noqa: ANN001 - internal
@@ -344,13 +372,25 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     chosen: Candidate | None = None
     rival: tuple[Candidate, float] | None = None  # the partial offload that lost the race (step 3)
     expert_race: tuple[Candidate, float, Candidate, float] | None = None  # (experts, tps, layer offload, tps)
-    if prefs.backend in ("auto", "torch") and prefs.n_gpu_layers in (None, -1, shape.n_layers):
-        chosen = _try_torch(report, shape, prefs, lo, hi)
+    tp_asked = prefs.tensor_parallel is not None and prefs.tensor_parallel > 1
+    raced: tuple[PlanCandidate, ...] = ()  # what the speed race weighed (hwprobe.race), the chosen one marked
+    race_why: str | None = None
+    found = _full_gpu_race(
+        report,
+        shape,
+        prefs,
+        lo,
+        hi,
+        quants,
+        torch_ok=prefs.n_gpu_layers in (None, -1, shape.n_layers),
+        llama_ok=file_format != "safetensors" and not tp_asked,
+    )
+    if found is not None:
+        chosen, raced, race_why = found
     fixed = prefs.n_gpu_layers if prefs.n_gpu_layers is not None and 0 < prefs.n_gpu_layers < shape.n_layers else None
     torch_only = prefs.backend == "torch" or (prefs.backend == "auto" and file_format == "safetensors")
     if chosen is None and torch_only and (prefs.n_gpu_layers is None or fixed is not None):
         chosen = _torch_offload(report, shape, prefs, lo, hi, fixed)
-    tp_asked = prefs.tensor_parallel is not None and prefs.tensor_parallel > 1
     if tp_asked and chosen is None:
         if report.gpus:
             raise no_tp_error(report, shape, prefs.tensor_parallel)  # type: ignore[arg-type]
@@ -358,32 +398,30 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     if chosen is None and prefs.backend == "torch" or (chosen is None and file_format == "safetensors"):
         chosen = _torch_cpu(report, shape, prefs, lo, hi)
     single: tuple[Candidate, float] | None = None  # serving: the one-at-a-time plan the batching one replaced
-    if chosen is None:
-        chosen = _try_llama_full(report, shape, prefs, lo, hi, quants)
-        if chosen is None:
-            chosen = _partial(report, shape, prefs, lo, quants)
-            if not chosen.gpus:  # CPU only: RAM is cheap, so the best quant at the target context if it fits
-                chosen = _cpu_only(report, shape, prefs, lo, hi, quants) or chosen
-            if prefs.backend == "auto" and prefs.n_gpu_layers is None:
-                chosen, rival = _faster(
-                    report, shape, chosen, _torch_offload(report, shape, prefs, lo, hi), batching=serving(prefs)
-                )
-                if not chosen.gpus and serving(prefs):
-                    chosen, single = _serve_on_cpu(report, shape, prefs, lo, hi, chosen)
-            # serving keeps the batching torch engine it chose; expert placement races llama.cpp's plans
-            experts = (
-                _expert_placement(report, shape, prefs, lo, quants)
-                if chosen.gpus
-                and prefs.backend in ("auto", "llama.cpp")
-                and prefs.n_gpu_layers is None
-                and not (serving(prefs) and chosen.backend == "torch")
-                else None
+    if chosen is None:  # nothing fits whole on the GPUs (the race above tried every llama.cpp quant too)
+        chosen = _partial(report, shape, prefs, lo, quants)
+        if not chosen.gpus:  # CPU only: RAM is cheap, so the best quant at the target context if it fits
+            chosen = _cpu_only(report, shape, prefs, lo, hi, quants) or chosen
+        if prefs.backend == "auto" and prefs.n_gpu_layers is None:
+            chosen, rival = _faster(
+                report, shape, chosen, _torch_offload(report, shape, prefs, lo, hi), batching=serving(prefs)
             )
-            if experts is not None:
-                by_experts, by_layers = _score(report, shape, experts), _score(report, shape, chosen)
-                expert_race = (experts, by_experts[1], chosen, by_layers[1])
-                if by_experts > by_layers:
-                    chosen, rival = experts, None
+            if not chosen.gpus and serving(prefs):
+                chosen, single = _serve_on_cpu(report, shape, prefs, lo, hi, chosen)
+        # serving keeps the batching torch engine it chose; expert placement races llama.cpp's plans
+        experts = (
+            _expert_placement(report, shape, prefs, lo, quants)
+            if chosen.gpus
+            and prefs.backend in ("auto", "llama.cpp")
+            and prefs.n_gpu_layers is None
+            and not (serving(prefs) and chosen.backend == "torch")
+            else None
+        )
+        if experts is not None:
+            by_experts, by_layers = _score(report, shape, experts), _score(report, shape, chosen)
+            expert_race = (experts, by_experts[1], chosen, by_layers[1])
+            if by_experts > by_layers:
+                chosen, rival = experts, None
     chosen = _with_flags(report, shape, prefs, chosen)
     if chosen.backend == "torch":  # fitting needed one sequence; the pool takes up to max_num_seqs
         chosen = dataclasses.replace(chosen, max_num_seqs=prefs.max_num_seqs)
@@ -401,8 +439,15 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     )
     device = "cpu" if not chosen.gpus else ("cuda" if len(chosen.gpus) > 1 else f"cuda:{chosen.gpus[0]}")
     tps = expected_tokens_per_s(report, shape, chosen, devices)
+    final = race.entry(report, shape, chosen, prefs, serving(prefs))
+    if raced and prefs.n_gpu_layers in (None, -1, shape.n_layers):
+        candidates = raced
+    else:  # no race, or the flags changed what it chose: the plan as it is
+        candidates = (dataclasses.replace(final.summary, chosen=True),)
     tried = _torch_tried(report, shape, prefs, chosen)
-    why = reasons(report, shape, prefs, chosen, devices, tps, quants, tried, rival, expert_race, single)
+    why = reasons(report, shape, prefs, chosen, devices, tps, quants, tried, rival, expert_race, single, raced)
+    if race_why is not None:
+        why = (*why, race_why)
     tensor_parallel = 1
     if chosen.backend == "torch" and chosen.split_mode == "tensor" and len(chosen.gpus) > 1:
         tensor_parallel = len(chosen.gpus)
@@ -444,6 +489,8 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
         serving=serving(prefs),
         kv_pool_tokens=_kv_pool_tokens(chosen, devices),
         swap_space_bytes=swap,
+        candidates=candidates,
+        expected_aggregate_tokens_per_s=round(tps * final.aggregate / max(final.tokens_per_s, 1e-9), 1),
     )
 
 

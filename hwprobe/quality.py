@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # Perplexity increase above which generation quality may suffer noticeably: an absolute 2 points, or 5% of the
 # base perplexity, whichever is hit first.
 DELTA_PPL_ABS_LIMIT = 2.0
@@ -19,3 +21,68 @@ def delta_ppl_warning(base_ppl: float, other_ppl: float) -> str | None:
             "generation quality may suffer noticeably"
         )
     return None
+
+
+# ---- the quality a weight format costs, for the planner's budget (`--max-ppl-increase`) -------------------------
+
+DEFAULT_MAX_PPL_INCREASE_PCT = 1.0  # the plan's default budget: formats within 1 % of the best one's perplexity
+
+_LLAMA_CPP_SCOREBOARD = (
+    "llama.cpp's tools/perplexity README, LLaMA 3 8B scoreboard (Wikitext-2, F16 perplexity 6.2332; the copy "
+    "vendored in llama-cpp-python 0.3.36)"
+)
+_STARTER = "hearth's measurement on the starter (SmolLM2-135M), README 'The torch engine and kernels'"
+# llama.cpp's quant types (file types) against F16 of the same model, % of perplexity
+LLAMA_CPP_PPL_INCREASE_PCT = {
+    "F32": 0.0,
+    "F16": 0.0,
+    "BF16": 0.0,
+    "Q8_0": 0.04,
+    "Q6_K": 0.35,
+    "Q5_K_M": 0.91,
+    "Q5_K_S": 1.68,
+    "Q5_1": 1.70,
+    "Q5_0": 2.11,
+    "Q4_K_M": 2.82,
+    "Q4_K_S": 4.31,
+    "Q4_1": 7.24,
+    "Q4_0": 7.52,
+    "Q3_K_L": 8.92,
+    "Q3_K_M": 10.54,
+    "Q3_K_S": 26.2,
+    "Q2_K": 56.5,  # +3.5199 at Llama-3-8B: llama.cpp's tools/quantize listing (not in the scoreboard)
+}
+# the torch engine's formats quantized while loading, against the 16-bit weights they were made from
+TORCH_PPL_INCREASE_PCT = {
+    "W8A16": (0.2, _STARTER + ": 16.83 -> 16.86 on 209 tokens"),
+    "FP8": (1.5, _STARTER + ": 14.76 -> 14.98 on 1024 tokens"),
+    "W4A16": (12.0, _STARTER + ": 16.83 -> 18.8 on 209 tokens (AWQ-style clip search)"),
+}
+
+
+@dataclass(frozen=True)
+class QualityLoss:
+    pct: float  # perplexity increase over the model's best format, %
+    source: str  # "measured: hearth ppl --compare ...", "default: ..."
+
+
+def format_quality(fmt: str, backend: str, source_quant: str | None, records: dict | None = None) -> QualityLoss:
+    """The perplexity increase of running a model as `fmt` on `backend`, against the model's best format: its
+    own file for a GGUF (`source_quant`, the file type: its own blocks, in either engine, cost nothing more), the
+    16-bit weights otherwise.  `records`: this model's measured figures, format -> (pct, source), from `hearth
+    ppl --compare` (app/quality_records.py); they win over the defaults, whose sources are named."""
+    if records and fmt in records:
+        pct, source = records[fmt]
+        return QualityLoss(float(pct), f"measured: {source}")
+    own = source_quant is not None and (fmt == source_quant or fmt == "GGUF" or fmt in ("bf16", "fp16"))
+    if own:  # the file's own weights (a 16-bit copy of a GGUF holds its values exactly)
+        return QualityLoss(0.0, f"the file's own {source_quant} weights")
+    if fmt in ("bf16", "fp16", "fp32"):
+        return QualityLoss(0.0, "the model's own 16-bit weights")
+    if fmt in TORCH_PPL_INCREASE_PCT:
+        pct, source = TORCH_PPL_INCREASE_PCT[fmt]
+        more = f" (on top of the file's {source_quant})" if source_quant else ""
+        return QualityLoss(pct, f"default: {source}{more}")
+    if fmt in LLAMA_CPP_PPL_INCREASE_PCT:
+        return QualityLoss(LLAMA_CPP_PPL_INCREASE_PCT[fmt], f"default: {_LLAMA_CPP_SCOREBOARD}")
+    return QualityLoss(100.0, f"unknown: no figure for {fmt}")

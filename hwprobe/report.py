@@ -39,6 +39,18 @@ class ProcessUse:
 
 
 @dataclass(frozen=True)
+class DecodeRecord:
+    """A decode speed measured on this GPU (`hearth bench` keeps them per device: app/decode_records.py), which the
+    planner prefers to its table of measured figures per GPU generation (hwprobe.decode_speed)."""
+
+    engine: str  # "torch" | "llama.cpp"
+    kind: str  # what the weights were: hwprobe.decode_speed.ENGINE_KINDS ("16bit", "int8", "int4", "fp8", "ggml")
+    share: float  # of the GPU's peak bandwidth its weight reads reached at one stream (launch cost taken out)
+    batch16: float = 1.0  # aggregate tokens/s at 16 streams over one stream's (1.0: not measured)
+    source: str = ""  # what was run, and when
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     index: int  # CUDA/NVML index
     name: str  # "NVIDIA GeForce RTX 3090"
@@ -54,6 +66,7 @@ class GpuInfo:
     other_processes: tuple[ProcessUse, ...] = ()  # other programs holding memory on it
     memory_bandwidth_gbps: float | None = None  # peak, GB/s (known-GPU table); None = unknown
     sources: dict[str, str] = field(default_factory=dict)  # field name -> "nvml" | "torch.cuda" | ...
+    decode_records: tuple[DecodeRecord, ...] = ()  # decode speeds measured on this GPU (best first)
 
     @property
     def cc(self) -> tuple[int, int] | None:
@@ -155,6 +168,7 @@ def _gpu_from_dict(d: Any, pos: int) -> tuple[GpuInfo, list[str]]:
     vals["other_processes"] = tuple(
         ProcessUse(int(p["pid"]), int(p.get("used_mib", 0))) for p in d.get("other_processes", ())
     )
+    vals["decode_records"] = decode_records_from(d.get("decode_records") or [], where)
     bw = d.get("memory_bandwidth_gbps")
     if bw is None:
         bw = known_bandwidth_gbps(str(vals["name"]))
@@ -172,6 +186,30 @@ def _gpu_from_dict(d: Any, pos: int) -> tuple[GpuInfo, list[str]]:
     ):
         src.setdefault(key, "hardware-file")
     return GpuInfo(**vals, sources=src), notes
+
+
+def decode_records_from(raw: Any, where: str) -> tuple[DecodeRecord, ...]:
+    """DecodeRecords from their JSON form (a list of objects); HardwareReportError naming the bad entry."""
+    if not isinstance(raw, list):
+        raise HardwareReportError(f"{where}: decode_records must be a list, got {raw!r}", "see `hearth probe --json`")
+    out = []
+    for i, r in enumerate(raw):
+        try:
+            share, batch16 = float(r["share"]), float(r.get("batch16", 1.0))
+            rec = DecodeRecord(str(r["engine"]), str(r["kind"]), share, batch16, str(r.get("source", "")))
+        except (KeyError, TypeError, ValueError):
+            raise HardwareReportError(
+                f"{where}: decode_records[{i}] needs engine, kind and share (a number), got {r!r}",
+                "fix the entry or remove it",
+            ) from None
+        if not 0 < rec.share <= 1 or rec.batch16 < 1:
+            raise HardwareReportError(
+                f"{where}: decode_records[{i}]: share must be in (0, 1] and batch16 >= 1, got {rec.share}, "
+                f"{rec.batch16}",
+                "fix the entry or remove it",
+            )
+        out.append(rec)
+    return tuple(out)
 
 
 def report_from_dict(data: Any) -> HardwareReport:

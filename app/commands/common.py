@@ -96,6 +96,17 @@ KEEP_ALIVE = Option(
         "once; `hearth ps` lists what stays loaded",
     },
 )
+MAX_PPL_INCREASE = Option(
+    ("--max-ppl-increase",),
+    {
+        "dest": "max_ppl_increase",
+        "type": float,
+        "metavar": "PCT",
+        "help": "the plan's quality budget: of the engines and formats within PCT %% of the best format's "
+        "perplexity (measured with `hearth ppl --compare`, else documented figures), the fastest (default 1.0; "
+        "0 = the best format only; settings key max_ppl_increase)",
+    },
+)
 HARDWARE = Option(
     ("--hardware",),
     {
@@ -121,6 +132,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, rem
     CTX.add(g)
     N_GPU_LAYERS.add(g)
     KV_CACHE_TYPE.add(g)
+    MAX_PPL_INCREASE.add(g)
     THREADS.add(g)
     TENSOR_PARALLEL.add(g)
     SPECULATIVE.add(g)

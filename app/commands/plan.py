@@ -7,7 +7,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.commands.common import CTX, DRAFT_MODEL, HARDWARE, KV_CACHE_TYPE, N_GPU_LAYERS, SPECULATIVE, TENSOR_PARALLEL
+from app.commands.common import (
+    CTX,
+    DRAFT_MODEL,
+    HARDWARE,
+    KV_CACHE_TYPE,
+    MAX_PPL_INCREASE,
+    N_GPU_LAYERS,
+    SPECULATIVE,
+    TENSOR_PARALLEL,
+)
 from app.defaults import LOCAL_BACKENDS
 from backends.errors import ModelFormatError
 from hwprobe import plan as make_plan
@@ -52,6 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     CTX.add(p, help="context length in tokens (fixed)")
     p.add_argument("--backend", "-b", choices=("auto", *LOCAL_BACKENDS), default="auto")
     KV_CACHE_TYPE.add(p)
+    MAX_PPL_INCREASE.add(p)
     N_GPU_LAYERS.add(p)
     p.add_argument("--quant", metavar="Q", help="GGUF quant to plan for a config.json (F16, Q8_0, ... Q2_K)")
     p.add_argument(
@@ -108,6 +118,7 @@ def _config_shape(path: Path) -> Any:
 def run(args: argparse.Namespace) -> int:
     # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
     from app.loading import hardware_report, sequences_for
+    from app.measurements import quality_records_for  # lazy: keeps `hearth --help` light
     from app.settings import load_settings  # lazy: keeps `hearth --help` light (+platformdirs, 2 hearth modules)
     from app.store import ModelStore  # lazy: keeps `hearth --help` light (+base64, hashlib, mmap, 10 hearth modules)
     from hwprobe.render import plan_text  # lazy: keeps `hearth --help` light (+1 hearth modules)
@@ -127,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
     if args.serve and args.for_command not in (None, "serve"):
         raise ConfigError(f"--serve plans for `hearth serve`, but --for says {args.for_command}", "give one of the two")
     command = "serve" if args.serve else args.for_command or "chat"
-    settings = load_settings(max_concurrency=args.max_concurrency)  # checked as `serve` checks it
+    # checked as `serve` checks them
+    settings = load_settings(max_concurrency=args.max_concurrency, max_ppl_increase=args.max_ppl_increase)
     max_num_seqs, why = sequences_for(command, settings)  # as `run`, the chat app and `serve` load
     if args.max_concurrency is not None and command != "serve":  # an explicit count wins, as before --for
         max_num_seqs, why = args.max_concurrency, f"--max-concurrency {args.max_concurrency}"
@@ -144,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
         sequences_for=why,
         tensor_parallel=tp,
         prefer_batching=command == "serve",
+        max_ppl_increase_pct=settings.max_ppl_increase,
+        quality_records=quality_records_for(shape.name),
     )
     try:
         p = make_plan(report, shape, prefs)

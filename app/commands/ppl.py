@@ -90,8 +90,10 @@ def run(args: argparse.Namespace) -> int:
         "stride": res.stride,
     }
     warning = None
+    recorded = None
     if res2 is not None and other is not None:
         warning = delta_ppl_warning(res.perplexity, res2.perplexity)
+        recorded = _record(base, other, res.perplexity, res2.perplexity, res.kl_mean, args.file, res.tokens_scored)
         out["compare"] = {
             "model": other.entry.name,
             "backend": other.backend.name,
@@ -99,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             "delta_ppl": res2.perplexity - res.perplexity,
             "kl_mean": res.kl_mean,
             "warning": warning,
+            "recorded": recorded,
         }
     if args.json:
         print(json.dumps(out, indent=2))
@@ -112,6 +115,28 @@ def run(args: argparse.Namespace) -> int:
                 f"{other.entry.name} ({other.backend.name}): perplexity {res2.perplexity:.4f}  "
                 f"ΔPPL {res2.perplexity - res.perplexity:+.4f}  mean KL {res.kl_mean:.6f} nats"
             )
+        if recorded is not None:
+            print(
+                f"recorded for the planner: {recorded['model']} as {recorded['format']} "
+                f"{recorded['ppl_increase_pct']:+.3f} % perplexity (its --max-ppl-increase budget reads it)"
+            )
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _record(base, other, ppl: float, ppl2: float, kl: float | None, file: str, tokens: int) -> dict | None:  # noqa: ANN001
+    """Keep the compared format's perplexity increase for the planner (app/measurements.py), when the base ran
+    the model at its best (its own weights: the plan's chosen candidate costs nothing) and the other run is
+    planned (not a remote model): the record is `base`'s model, in `other`'s format."""
+    from app.measurements import record_quality  # lazy: keeps `hearth --help` light
+
+    plan, plan2 = base.decision.plan, other.decision.plan
+    if plan is None or plan2 is None or not ppl > 0:
+        return None
+    if any(c.chosen and c.ppl_increase_pct > 0 for c in plan.candidates):
+        return None  # the base is itself a lossy format: a difference against it is no loss against the best
+    pct = 100 * (ppl2 - ppl) / ppl
+    source = f"hearth ppl --compare on {file} ({tokens} tokens), against {plan.quant} on {base.backend.name}"
+    record_quality(base.spec.name, plan2.quant, pct, kl, source)
+    return {"model": base.spec.name, "format": plan2.quant, "ppl_increase_pct": round(pct, 3), "source": source}

@@ -91,8 +91,12 @@ def fake_loaded(monkeypatch):
     backend = FakeBackend(replies=["a b c"])
     backend.load()
 
+    from app.loaded import Decision
+    from backends.api import LoadOptions
+
     class Loaded:
         spec = fake_spec()
+        decision = Decision("torch", LoadOptions())  # no plan: nothing for the decode records
 
     Loaded.backend = backend
     for module in (app.bench, app.bench_qos):  # where bench looks the loader up
@@ -307,3 +311,39 @@ def test_a_negative_temperature_is_refused_before_anything_loads(capsys):
 
     assert main(["bench", "--temperature", "-1"]) == 2
     assert "--temperature must be >= 0" in capsys.readouterr().err
+
+
+def test_a_gpu_run_is_kept_as_that_cards_decode_record(monkeypatch, capsys):
+    """What `hearth bench` measured on a GPU is kept for the next plan (app/measurements.py); a failure to keep it
+    is said and never fails the bench."""
+    import sys
+    from pathlib import Path
+
+    import app.bench
+    from app.loaded import Decision
+    from app.measurements import with_decode_records
+    from backends.api import LoadOptions
+    from hwprobe import plan
+    from hwprobe.report import load_report
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "hwprobe"))
+    from hw_shapes import llama3_8b_q4_k_m
+
+    report = load_report(Path(__file__).parent.parent / "hwprobe" / "fixtures" / "rtx4090_24gb.json")
+    spec = llama3_8b_q4_k_m()
+
+    class Loaded:
+        decision = Decision("llama.cpp", LoadOptions(), plan(report, spec.to_shape()))
+
+    Loaded.spec = spec
+    monkeypatch.setattr(app.bench, "hardware_report", lambda *a: report)
+    app.bench._record_decode(Loaded, 120.0, None)
+    (rec,) = with_decode_records(report).gpus[0].decode_records
+    assert (rec.engine, rec.kind) == ("llama.cpp", "ggml") and rec.source.startswith("hearth bench, Llama-3-8B")
+
+    def broken(*a):
+        raise RuntimeError("NVML went away")
+
+    monkeypatch.setattr(app.bench, "hardware_report", broken)
+    app.bench._record_decode(Loaded, 120.0, None)
+    assert "decode speed not recorded: RuntimeError: NVML went away" in capsys.readouterr().err

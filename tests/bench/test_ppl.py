@@ -110,6 +110,17 @@ def test_ppl_command_json(tmp_path, capsys):
     assert out["compare"]["delta_ppl"] == pytest.approx(0.0, abs=1e-6)
     assert out["compare"]["kl_mean"] == pytest.approx(0.0, abs=1e-6)
     assert out["compare"]["warning"] is None
+    # the comparison is kept for the planner: the base model, in the compared run's format (its own Q4_1 here)
+    from app.measurements import quality_records_for
+
+    rec = out["compare"]["recorded"]
+    assert rec["format"] == "Q4_1" and rec["ppl_increase_pct"] == pytest.approx(0.0, abs=1e-4)
+    ((fmt, pct, source),) = quality_records_for(rec["model"])
+    assert (fmt, pct) == ("Q4_1", rec["ppl_increase_pct"]) and source.startswith("hearth ppl --compare on")
+    # and the plan names it as the quality figure it used
+    assert main(["plan", "--json"]) == 0
+    chosen = next(c for c in json.loads(capsys.readouterr().out)["candidates"] if c["chosen"])
+    assert chosen["quant"] == "Q4_1" and chosen["quality_source"].startswith("measured: hearth ppl --compare on")
 
 
 def test_ppl_command_refuses_a_missing_file(tmp_path, capsys):

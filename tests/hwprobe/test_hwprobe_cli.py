@@ -60,8 +60,50 @@ def test_plan_from_a_config_json_on_a_fixture(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert "Qwen2.5-14B: llama.cpp" in res.stdout and "why:" in res.stdout
     res = hearth("plan", str(folder / "config.json"), "--hardware", str(FIXTURES / "rtx4090_24gb.json"), "--json")
-    # bf16 (29 GiB) does not fit; the torch engine's int8 weights, quantized while loading, do
+    # bf16 (29 GiB) does not fit; of what does, within +1 % perplexity, llama.cpp's Q5_K_M is the fastest (the
+    # engine race); every candidate is listed with its speed, its figures' sources and its quality cost
+    plan = json.loads(res.stdout)
+    assert (plan["backend"], plan["quant"]) == ("llama.cpp", "Q5_K_M")
+    listed = {(c["backend"], c["quant"]): c for c in plan["candidates"]}
+    assert {("llama.cpp", "Q5_K_M"), ("llama.cpp", "Q8_0"), ("torch", "W8A16")} <= set(listed)
+    chosen = [c for c in plan["candidates"] if c["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["quant"] == "Q5_K_M" and chosen[0]["within_budget"]
+    for c in plan["candidates"]:
+        assert set(c) >= {
+            "backend",
+            "quant",
+            "expected_tokens_per_s",
+            "expected_aggregate_tokens_per_s",
+            "efficiency",
+            "efficiency_source",
+            "ppl_increase_pct",
+            "quality_source",
+        }
+    assert plan["expected_aggregate_tokens_per_s"] == plan["expected_tokens_per_s"]  # one stream for the chat app
+    # bf16 does not fit, and the torch engine's int8 weights, quantized while loading, do
+    res = hearth(
+        "plan",
+        str(folder / "config.json"),
+        "--hardware",
+        str(FIXTURES / "rtx4090_24gb.json"),
+        "--json",
+        "--backend",
+        "torch",
+    )
     assert (json.loads(res.stdout)["backend"], json.loads(res.stdout)["quant"]) == ("torch", "W8A16")
+    # the budget: 0 keeps the best quality only; a bad value is one line and exit 2
+    res = hearth(
+        "plan",
+        str(folder / "config.json"),
+        "--hardware",
+        str(FIXTURES / "rtx4090_24gb.json"),
+        "--json",
+        "--max-ppl-increase",
+        "0",
+    )
+    assert json.loads(res.stdout)["quant"] in ("Q8_0", "F16")
+    res = hearth("plan", str(folder / "config.json"), "--max-ppl-increase", "-3")
+    assert res.returncode == 2 and "max_ppl_increase must be a percentage" in res.stderr
 
 
 def test_bad_hardware_file_is_one_line_and_exit_2(tmp_path: Path) -> None:

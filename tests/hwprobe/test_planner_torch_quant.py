@@ -98,24 +98,29 @@ def test_a_4_bit_one_where_8_bit_does_not_fit() -> None:
     assert plan(hw("rtx3060_12gb"), LLAMA2_13B, Prefs(backend="torch")).quant == "W4A16"
 
 
-def test_a_gguf_with_repackable_blocks_runs_as_its_own_blocks_where_bf16_does_not_fit() -> None:
-    p = plan(hw("rtx3060_12gb"), Q4_0_7B)
+OWN_BLOCKS = Prefs(backend="torch", max_ppl_increase_pct=0)  # the torch engine on the file's own weights only
+
+
+def test_a_gguf_with_repackable_blocks_runs_as_its_own_blocks_never_as_bf16() -> None:
+    p = plan(hw("rtx3060_12gb"), Q4_0_7B, OWN_BLOCKS)
     assert (p.backend, p.quant, p.n_gpu_layers) == ("torch", "GGUF", 32)
     layout = m.weights(Q4_0_7B, "GGUF")
     want = 32 * (PROJ_7B * 0.625 + 2 * 4096 * 4) + 2 * 32000 * 4096 * 2 + 4096 * 4
     assert layout.total_bytes == pytest.approx(want, abs=64) and abs(want / 2**30 - 4.26) < 0.01
     assert any("the file's own Q4_0 blocks" in r and "100 % as int4" in r for r in p.reasons)
-    # where bf16 fits it wins: the same weights dequantized, through the dense kernels
-    assert plan(hw("rtx3090_24gb"), Q4_0_7B).quant == "bf16"
+    # where bf16 would fit it is still no candidate: the same values at 3.3x the bytes (issue 41)
+    for prefs in (Prefs(), Prefs(backend="torch"), OWN_BLOCKS):
+        q = plan(hw("rtx3090_24gb"), Q4_0_7B, prefs)
+        assert q.quant != "bf16" and "bf16" not in {c.quant for c in q.candidates}
 
 
 def test_a_q4_k_m_gguf_keeps_its_q6_k_layers_as_int8() -> None:
-    p = plan(hw("rtx3060_12gb"), Q4_K_M_7B)
+    p = plan(hw("rtx3060_12gb"), Q4_K_M_7B, OWN_BLOCKS)
     assert (p.backend, p.quant) == ("torch", "GGUF")
     # 16 layers' Q/K/V and down (95.4 M weights a layer) at int8's 1.0625 bytes instead of int4's 0.625
     extra = m.weights(Q4_K_M_7B, "GGUF").total_bytes - m.weights(Q4_0_7B, "GGUF").total_bytes
     assert extra == pytest.approx(16 * _INT8_7B * (1.0625 - 0.625), abs=64)
-    assert not any("dequantized to 16 bits" in r for r in p.reasons)
+    assert not any("decoded to 16 bits" in r for r in p.reasons)
     assert any(r.startswith("weights GGUF") and "76 % as int4" in r and "24 % as int8" in r for r in p.reasons)
 
 
@@ -129,9 +134,9 @@ def test_a_gguf_dequantizes_what_does_not_repack() -> None:
 @pytest.mark.parametrize(
     "shape,want",
     [
-        (Q8_0_7B, ["bf16", "GGUF"]),  # W8A16 (8.0) would be below its 8.5 bits
-        (Q4_K_M_7B, ["bf16", "GGUF", "W8A16", "FP8"]),  # never W4A16 (4.25 < 4.89)
-        (Q6_K_7B, ["bf16", "GGUF", "W8A16", "FP8"]),  # its blocks as int8 (8.5 bits): W8A16's 8.0 stays above 6.56
+        (Q8_0_7B, ["GGUF"]),  # W8A16 (8.0) would be below its 8.5 bits; never bf16: its own blocks have a kernel
+        (Q4_K_M_7B, ["GGUF", "W8A16", "FP8"]),  # never W4A16 (4.25 < 4.89)
+        (Q6_K_7B, ["GGUF", "W8A16", "FP8"]),  # its blocks as int8 (8.5 bits): W8A16's 8.0 stays above 6.56
     ],
 )
 def test_a_gguf_is_never_recut_below_its_own_bits(shape, want) -> None:
@@ -144,6 +149,18 @@ def test_a_gguf_without_repackable_blocks_has_no_gguf_format() -> None:
     assert _torch_formats(gpus, IQ1_M_7B, Prefs()) == ["bf16", "W8A16", "FP8"]
     # asked for the torch engine, W4A16's 4.25 bits are above IQ1_M's 1.75: allowed
     assert _torch_formats(gpus, IQ1_M_7B, Prefs(backend="torch")) == ["bf16", "W8A16", "FP8", "W4A16"]
+
+
+def test_a_gguf_whose_types_have_no_kernel_is_decoded_to_16_bits_and_says_so() -> None:
+    p = plan(hw("rtx4090_24gb"), IQ1_M_7B, Prefs(backend="torch"))
+    assert (p.backend, p.quant) == ("torch", "bf16")
+    assert any("decoded to 16 bits: no kernel for IQ1_M" in r for r in p.reasons), p.reasons
+    assert not any("full quality" in r for r in p.reasons)
+    # a file whose types are named (ModelSpec.to_shape: gguf_unkept_types) names them
+    named = dataclasses.replace(IQ1_M_7B, extra={**IQ1_M_7B.extra, "gguf_unkept_types": ("IQ1_M", "IQ1_S")})
+    assert any(
+        "no kernel for IQ1_M, IQ1_S" in r for r in plan(hw("rtx4090_24gb"), named, Prefs(backend="torch")).reasons
+    )
 
 
 def test_a_gguf_whose_blocks_do_not_fit_goes_to_llama_cpp() -> None:
