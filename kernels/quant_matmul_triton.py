@@ -2,7 +2,9 @@
 
 out[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, k // G] (+ offset[n, k // G]))
 
-One kernel for the three kinds (a constexpr picks how a weight tile is decoded).  Each program owns a
+Calls of 1 to 16 rows of int4 / int8 weights in 32-multiples go to kernels/quant_gemv_triton.py (no MMA tile
+to pad one row to); this kernel serves the rest.  One kernel for the three kinds (a constexpr picks how a weight
+tile is decoded).  Each program owns a
 (BLOCK_M, BLOCK_N) output tile and walks K in BLOCK_K steps: it loads the quantized tile (for int4 the packed
 bytes once, each nibble plane then multiplied with its half of x's columns), scales it in float32, casts to x's
 dtype and feeds tl.dot with a float32 accumulator.  Decode (M = 1..16) reads each weight byte exactly once, which
@@ -18,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import quant_gemv_triton as gemv
 from kernels.quant_matmul import QuantWeight
 
 _KINDS = {"int8": 0, "int4": 1, "fp8": 2}
@@ -178,6 +181,11 @@ def quant_matmul_triton(
     lead = x.shape[:-1]
     x2 = x.reshape(-1, w.in_features)  # (M, K)
     m, n, k = x2.shape[0], w.out_features, w.in_features
+    if blocks is None and gemv.supports(w, m):  # decode rows: the kernel without MMA tiles (quant_gemv_triton.py)
+        out = gemv.quant_gemv_triton(x2, w)
+        if bias is not None:
+            out = out + bias.to(x.dtype)
+        return out.reshape(*lead, n)
     block_m, block_n, block_k, split_k = blocks or _pick_blocks(m, n, k, x.device)
     if w.kind == "int4":
         block_k = max(block_k, 32)  # its two dots are BLOCK_K / 2 deep, and tl.dot needs 16
