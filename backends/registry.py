@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from backends import engine_capabilities as caps
 from backends.api import Backend, Capabilities, LoadOptions
 from backends.engine_options import EngineOptions, LlamaCppOptions, TorchOptions, refuse_tensor_parallel
 from backends.errors import BackendUnavailableError
@@ -95,16 +96,7 @@ BACKENDS: dict[str, BackendInfo] = {
         "backends.llama_cpp.backend",
         "LlamaCppBackend",
         ("llama_cpp",),
-        Capabilities(
-            concurrent_requests=False,
-            prefix_cache=False,
-            gpu_offload=True,
-            gguf=True,
-            safetensors=False,
-            logits=True,
-            extra_bufts=True,
-            embeddings=True,
-        ),
+        caps.LLAMA_CPP,
         "llama-cpp-python: any GGUF, CPU or partial/full GPU offload; serves one request at a time",
         gpu_offload_check="backends.llama_cpp.backend:gpu_offload_supported",
         extra_bufts_rule="backends.llama_cpp.extra_bufts:extra_bufts_default",
@@ -115,15 +107,7 @@ BACKENDS: dict[str, BackendInfo] = {
         "backends.torch_engine.backend",
         "TorchBackend",
         ("torch",),
-        Capabilities(
-            concurrent_requests=True,
-            prefix_cache=True,
-            gpu_offload=True,
-            gguf=True,
-            safetensors=True,
-            logits=True,
-            embeddings=True,
-        ),
+        caps.TORCH,
         "hearth's PyTorch engine: paged KV cache, prefix caching, continuous batching",
         options=TorchOptions,
         kernel_report="backends.torch_engine.kernel_doctor:doctor_report",
@@ -133,7 +117,7 @@ BACKENDS: dict[str, BackendInfo] = {
         "backends.remote.backend",
         "RemoteBackend",
         ("httpx",),
-        Capabilities(concurrent_requests=True, gguf=False, logits=False, local=False),
+        caps.REMOTE,
         "any OpenAI-compatible server (vLLM, SGLang, Ollama, llama.cpp's server, another hearth): --url URL",
     ),
 }

@@ -25,7 +25,6 @@ from typing import Any
 
 from backends.api import (
     Backend,
-    Capabilities,
     Description,
     EventKind,
     FinishReason,
@@ -39,6 +38,7 @@ from backends.api import (
 )
 from backends.constrained import compiler_for_llama
 from backends.embeddings import POOLING_IDS, is_embedding_model, not_for_chat, pooling_type
+from backends.engine_capabilities import LLAMA_CPP
 from backends.engine_options import LlamaCppOptions
 from backends.errors import (
     ContextOverflowError,
@@ -119,18 +119,7 @@ def known_architectures() -> frozenset[str]:
 
 class LlamaCppBackend(Backend):
     name = "llama.cpp"
-    capabilities = Capabilities(
-        concurrent_requests=False,
-        prefix_cache=False,
-        gpu_offload=True,
-        gguf=True,
-        safetensors=False,
-        logits=True,
-        extra_bufts=True,
-        constraints=True,
-        logprobs=True,
-        embeddings=True,
-    )
+    capabilities = LLAMA_CPP
 
     def __init__(self, spec: ModelSpec, options: LoadOptions | None = None) -> None:
         super().__init__(spec, options)

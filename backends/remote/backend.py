@@ -30,7 +30,6 @@ import httpx
 
 from backends.api import (
     Backend,
-    Capabilities,
     ChatMessage,
     Constraint,
     Description,
@@ -42,6 +41,7 @@ from backends.api import (
     Request,
     RequestStats,
 )
+from backends.engine_capabilities import REMOTE
 from backends.errors import BackendUnavailableError, ContextOverflowError, InvalidRequestError
 from backends.modelspec import ModelSpec
 from backends.remote.spec import RemoteTarget, api_base, remote_spec
@@ -63,7 +63,7 @@ _CONTEXT_WORDS = (
 class RemoteBackend(Backend):
     name = "remote"
     # constraints: response_format is passed through to the server, which enforces it (no literal prefix/suffix)
-    capabilities = Capabilities(concurrent_requests=True, gguf=False, logits=False, local=False, constraints=True)
+    capabilities = REMOTE
 
     def __init__(
         self,

@@ -35,7 +35,6 @@ import torch
 
 from backends.api import (
     Backend,
-    Capabilities,
     Description,
     EngineStats,
     GenerationEvent,
@@ -47,6 +46,7 @@ from backends.api import (
 )
 from backends.constrained import compiler_for_tokenizer
 from backends.embeddings import is_embedding_model, not_for_chat, pooling_type
+from backends.engine_capabilities import TORCH
 from backends.errors import ContextOverflowError, InvalidRequestError, ModelLoadError
 from backends.modelspec import ModelSpec
 from backends.torch_engine.block_manager import BlockManager
@@ -89,17 +89,7 @@ class _Channel:
 
 class TorchBackend(Backend):
     name = "torch"
-    capabilities = Capabilities(
-        concurrent_requests=True,
-        prefix_cache=True,
-        gpu_offload=True,
-        gguf=True,
-        safetensors=True,
-        logits=True,
-        constraints=True,
-        logprobs=True,
-        embeddings=True,
-    )
+    capabilities = TORCH
 
     def __init__(
         self,
@@ -516,7 +506,7 @@ class TorchBackend(Backend):
         try:
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 info["gpu_bytes"] = int(torch.cuda.memory_reserved())
-        except Exception:  # noqa: BLE001 - memory figures are best effort
+        except Exception:
             log.debug("GPU memory figure unavailable", exc_info=True)
         return info
 
