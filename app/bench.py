@@ -308,7 +308,7 @@ def worker(w: Workload) -> None:
             ttft_target_ms=target_ms,
         )
         loaded = open_backend(settings, command="bench")
-    except Exception as e:  # any load failure becomes one line in the table, not a dead run
+    except Exception as e:  # noqa: BLE001 - any load failure becomes one line in the table, not a dead run
         _emit({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
         return
     load_s = time.perf_counter() - t0

@@ -92,11 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `hearth run ... | head`
         try:
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's flush at exit
+            sys.stdout = open(os.devnull, "w")
         except OSError:
             pass
         return 0
-    except Exception as exc:  # noqa: BLE001 - the one place errors become exit codes
+    except Exception as exc:
         if os.environ.get("HEARTH_DEBUG"):
             raise
         if isinstance(exc, HearthError):

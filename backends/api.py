@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from backends.describe import Description  # noqa: F401 - part of the contract: engines import it from here
+from backends.describe import Description
 from backends.errors import InvalidRequestError
-from backends.load_options import (  # noqa: F401 - part of the contract: engines and the app import them from here
+from backends.load_options import (
     Capabilities,
     LoadOptions,
 )

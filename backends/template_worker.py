@@ -59,7 +59,7 @@ def _make_env() -> Any:
         def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
             raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__} is not allowed")
 
-    def lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002 - jinja's names
+    def lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:
         if not all(isinstance(v, int) for v in (n, min, max)) or n * max > MAX_LIPSUM_WORDS:
             raise _Refusal(
                 "output",

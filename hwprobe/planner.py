@@ -178,7 +178,7 @@ def _torch_gpu_sets(report: HardwareReport, shape: ModelShape, prefs: Prefs) -> 
     ]
 
 
-def _torch_full(report, shape, prefs, lo, hi) -> list[Candidate]:  # noqa: ANN001 - internal
+def _torch_full(report, shape, prefs, lo, hi) -> list[Candidate]:
     """Each torch format that fits whole on GPUs, best quality first, on the fewest GPUs it fits (one, else all of
     them joined: bf16 over two joined cards is a candidate beside W8A16 on one, issue 19), at its best context."""
     if torch_engine_refusal(shape) or prefs.kv_cache_type not in (None, "f16"):
@@ -204,20 +204,20 @@ def _torch_full(report, shape, prefs, lo, hi) -> list[Candidate]:  # noqa: ANN00
 
 def _tp_race(
     report: HardwareReport, shape: ModelShape, prefs: Prefs, lo: int, hi: int, quants, c: Candidate, tps: float
-) -> str:  # noqa: ANN001
+) -> str:
     """The reason a tensor-parallel torch plan gives: its estimate against llama.cpp's split of the same GPUs."""
     alt = _try_llama_full(report, shape, dataclasses.replace(prefs, backend="llama.cpp"), lo, hi, quants)
     alt_tps = expected_tokens_per_s(report, shape, alt, price(report, shape, alt)) if alt is not None else 0.0
     return tp_race_reason(c.gpus, c.quant, tps, alt and (alt.split_mode, alt.quant), alt_tps)
 
 
-def _try_llama_full(report, shape, prefs, lo, hi, quants) -> Candidate | None:  # noqa: ANN001 - internal
+def _try_llama_full(report, shape, prefs, lo, hi, quants) -> Candidate | None:
     """The best quant of `quants` (best first) that fits whole on GPUs (the order of _llama_full)."""
     fits = (_llama_full(report, shape, prefs, lo, hi, quant, layout) for quant, layout in quants)
     return next((c for c in fits if c is not None), None)
 
 
-def _llama_full(report, shape, prefs, lo, hi, quant, layout) -> Candidate | None:  # noqa: ANN001 - internal
+def _llama_full(report, shape, prefs, lo, hi, quant, layout) -> Candidate | None:
     """llama.cpp with every layer on GPUs in `quant`: one GPU, else all; an f16 KV cache at the largest context
     down to the minimum, then a q8_0 and a q4_0 one; None when none fits."""
     kvs = (prefs.kv_cache_type,) if prefs.kv_cache_type else KV_LADDER
@@ -233,7 +233,7 @@ def _llama_full(report, shape, prefs, lo, hi, quant, layout) -> Candidate | None
     return None
 
 
-def _full_gpu_race(report, shape, prefs, lo, hi, quants, torch_ok: bool, llama_ok: bool):  # noqa: ANN001, ANN202
+def _full_gpu_race(report, shape, prefs, lo, hi, quants, torch_ok: bool, llama_ok: bool):
     """The speed race (hwprobe.race) among everything that fits whole on GPUs: each torch format (_torch_full) and
     each llama.cpp quant (_llama_full); None when nothing fits.  Returns (chosen, candidate summaries, reason)."""
     cands = _torch_full(report, shape, prefs, lo, hi) if torch_ok and prefs.backend in ("auto", "torch") else []
@@ -247,7 +247,7 @@ def _full_gpu_race(report, shape, prefs, lo, hi, quants, torch_ok: bool, llama_o
     return win.candidate, race.summaries(entries, win), why
 
 
-def _partial(report, shape, prefs, lo, quants) -> Candidate:  # noqa: ANN001 - internal
+def _partial(report, shape, prefs, lo, quants) -> Candidate:
     quant, layout = quants[-1]
     kv = prefs.kv_cache_type or "f16"
     best: Candidate | None = None
@@ -263,7 +263,7 @@ def _partial(report, shape, prefs, lo, quants) -> Candidate:  # noqa: ANN001 - i
     return best or Candidate("llama.cpp", quant, layout, lo, kv, kv != "f16", (), "none", 0, prefs.n_batch)
 
 
-def _torch_offload(report, shape, prefs, lo, hi, n_fixed=None) -> Candidate | None:  # noqa: ANN001 - internal
+def _torch_offload(report, shape, prefs, lo, hi, n_fixed=None) -> Candidate | None:
     """The torch engine on one GPU streaming its first blocks from pinned host RAM (backends/torch_engine/
     offload.py), or None where it cannot run the model there (what _try_torch checks) or nothing fits.
 
@@ -295,7 +295,7 @@ def _torch_offload(report, shape, prefs, lo, hi, n_fixed=None) -> Candidate | No
     return best
 
 
-def _expert_placement(report, shape, prefs, lo, quants) -> Candidate | None:  # noqa: ANN001 - internal
+def _expert_placement(report, shape, prefs, lo, quants) -> Candidate | None:
     """llama.cpp on the GPU with most budget holding every layer but the routed experts of the first k blocks,
     for the fewest k (1 <= k <= n_layers) that fits, at the quant and context _partial plans with; None for a
     dense model or when even every expert in host RAM does not fit."""
@@ -494,7 +494,7 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     )
 
 
-def _kv_pool_tokens(c: Candidate, devices: tuple) -> int:  # noqa: ANN001
+def _kv_pool_tokens(c: Candidate, devices: tuple) -> int:
     """Tokens of KV the plan reserves: the torch engine's pool (every tensor-parallel rank holds the same
     tokens), llama.cpp's ctx cells."""
     if c.backend != "torch":
@@ -502,7 +502,7 @@ def _kv_pool_tokens(c: Candidate, devices: tuple) -> int:  # noqa: ANN001
     return max((d.kv_pool_tokens for d in devices), default=0)
 
 
-def _kv_pool_bytes(shape: ModelShape, c: Candidate, devices: tuple, tensor_parallel: int = 1) -> int:  # noqa: ANN001
+def _kv_pool_bytes(shape: ModelShape, c: Candidate, devices: tuple, tensor_parallel: int = 1) -> int:
     """The torch engine's KV pool in bytes (whole blocks, placement._with_kv_pool); 0 for llama.cpp.  With
     tensor parallelism, what each rank allocates for its heads (LoadOptions.kv_cache_bytes is per rank): the
     busiest rank's share of the pool's tokens."""
@@ -547,7 +547,7 @@ def _check(prefs: Prefs) -> None:
         )
 
 
-def _cpu_only(report, shape, prefs, lo, hi, quants) -> Candidate | None:  # noqa: ANN001 - internal
+def _cpu_only(report, shape, prefs, lo, hi, quants) -> Candidate | None:
     kv = prefs.kv_cache_type or "f16"
     for quant, layout in quants:
 
@@ -570,7 +570,7 @@ def _serve_on_cpu(
     shape,
     prefs,
     lo,
-    hi,  # noqa: ANN001 - internal
+    hi,
     llama: Candidate,
 ) -> tuple[Candidate, tuple[Candidate, float] | None]:
     """Serving from host RAM: the torch engine (continuous batching) instead of llama.cpp's one request at a
@@ -584,7 +584,7 @@ def _serve_on_cpu(
     return torch, (llama, expected_tokens_per_s(report, shape, llama, price(report, shape, llama)))
 
 
-def _torch_cpu(report, shape, prefs, lo, hi) -> Candidate:  # noqa: ANN001 - internal
+def _torch_cpu(report, shape, prefs, lo, hi) -> Candidate:
     """The torch engine on the CPU, in the weights model_runner resolves there: bf16 compute where the CPU has
     AVX-512 (its bf16 matmuls), keeping a GGUF's 4-bit blocks when it has some ("GGUF"), else dense bf16;
     float32 without AVX-512, with a float32 KV cache (on the CPU the cache follows the compute dtype).  The
@@ -602,7 +602,7 @@ def _torch_cpu(report, shape, prefs, lo, hi) -> Candidate:  # noqa: ANN001 - int
     return make(prefs.ctx or _best_ctx(report, shape, make, lo, hi) or hi)
 
 
-def _no_fit(report: HardwareReport, shape: ModelShape, c: Candidate, devices) -> PlanError:  # noqa: ANN001
+def _no_fit(report: HardwareReport, shape: ModelShape, c: Candidate, devices) -> PlanError:
     over = [d for d in devices if d.headroom_mib < 0]
     d = over[0]
     where = "host RAM" if d.kind == "cpu" else f"GPU {d.index}"

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.activation_triton import silu_and_mul_triton
-from kernels.moe import grouped_matmul_torch, moe_experts_grouped  # noqa: F401 - the reference, re-exported
+from kernels.moe import grouped_matmul_torch, moe_experts_grouped
 
 __all__ = ["grouped_matmul_torch", "grouped_matmul_triton", "moe_experts_triton", "tile_table"]
 

@@ -43,7 +43,7 @@ PACKAGE_DATA = ("app/tui/hearth.tcss",)
 JUNK = ("__pycache__", ".pyc", ".git/", ".venv/", "/.pytest_cache", "/tests/", "/scripts/", "/packaging/")
 
 
-def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:  # noqa: ANN003 - subprocess's own options
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     """Run a tool without PYTHONPATH: hearth's source tree must not shadow installed packages in build tools
     (its `kernels` package hides the PyPI `kernels` whose setuptools plugin the build backend loads)."""
     print("+", " ".join(cmd), file=sys.stderr, flush=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.bench_qos import main  # noqa: E402 - after the path set-up
+from app.bench_qos import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # hearth's source tree
 
 
-def _time(fn, repeats: int, sync) -> float:  # noqa: ANN001
+def _time(fn, repeats: int, sync) -> float:
     fn()
     sync()
     start = time.perf_counter()

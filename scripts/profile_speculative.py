@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_speculative import prompts  # noqa: E402 - the bench's own prompts, next to this script
+from bench_speculative import prompts
 
 
 class Probe:

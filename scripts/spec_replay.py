@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_speculative import prompts  # noqa: E402 - the bench's prompts, next to this script
+from bench_speculative import prompts
 
 # milliseconds of a step of M = 1..9 tokens (scripts/bench_verify_rows.py "quantized", Intel Xeon 2 cores)
 DEFAULT_CURVE = (14.22, 16.71, 18.25, 18.21, 23.31, 23.63, 23.91, 25.82, 30.92)

@@ -17,9 +17,9 @@ os.environ.setdefault("HEARTH_WEIGHT_CACHE", "0")
 # no runner outlives its test (a resident holds ~0.7 GiB for 5 minutes); the resident runner tests opt back in
 os.environ.setdefault("HEARTH_KEEP_ALIVE", "0")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(autouse=True)

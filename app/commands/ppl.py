@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record(base, other, ppl: float, ppl2: float, kl: float | None, file: str, tokens: int) -> dict | None:  # noqa: ANN001
+def _record(base, other, ppl: float, ppl2: float, kl: float | None, file: str, tokens: int) -> dict | None:
     """Keep the compared format's perplexity increase for the planner (app/measurements.py), when the base ran
     the model at its best (its own weights: the plan's chosen candidate costs nothing) and the other run is
     planned (not a remote model): the record is `base`'s model, in `other`'s format."""

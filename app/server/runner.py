@@ -103,7 +103,7 @@ class Generation:
         try:
             for event in self.runner.backend.stream(self.request):
                 loop.call_soon_threadsafe(self.queue.put_nowait, event)
-        except BaseException as exc:  # handed to the loop: raised there as an APIError
+        except BaseException as exc:  # noqa: BLE001 - handed to the loop: raised there as an APIError
             loop.call_soon_threadsafe(self.queue.put_nowait, exc)
         finally:
             self._thread_done.set()

@@ -243,7 +243,7 @@ class HearthApp(ScreenActions, App[None]):
         worker = get_current_worker()
         try:  # the template renders here, off the UI thread (a slow one costs its budget, never a frozen screen)
             request = engine.build_request(loaded, conv, self.settings)
-        except Exception as exc:  # template or sampling settings refused: say so, restore the prompt
+        except Exception as exc:  # noqa: BLE001 - template or sampling settings refused: say so, restore the prompt
             self.post_message(events.ReplyFailed(turn_id, engine._one_line(exc)))
             return
         self._request_id = request.request_id
@@ -381,7 +381,7 @@ class HearthApp(ScreenActions, App[None]):
         elif self.loaded is not None:
             try:
                 self.loaded.backend.close()
-            except Exception:  # noqa: BLE001 - quitting must never fail; the runner ends with the app anyway
+            except Exception:
                 log.debug("closing the model at exit failed", exc_info=True)
 
 

@@ -51,7 +51,7 @@ def load_model(loader: Callable[..., Any], settings: Settings, post: Post) -> No
         loaded.backend.on_notice = lambda text: post(events.RunnerNotice(text))  # type: ignore[method-assign]
         described = Description.from_mapping(loaded.backend.describe())  # a plugin's may still be a dict
         post(events.ModelReady(loaded, described, _memory(loaded.backend)))
-    except Exception as exc:  # any failure keeps the app running; HearthErrors carry their hint
+    except Exception as exc:  # noqa: BLE001 - any failure keeps the app running; HearthErrors carry their hint
         post(events.ModelFailed(settings.model, _one_line(exc)))
 
 
@@ -87,7 +87,7 @@ def drain(backend: Backend, request: Request, turn_id: int, post: Post, cancelle
                 reason = event.finish_reason.value if event.finish_reason else "stop"
                 post(events.ReplyDone(turn_id, reason, event.stats, event.error, _memory(backend), event.error_code))
                 return
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the reply fails, the app does not: what streamed is kept
         backend.abort(request.request_id)
         if parts:
             post(events.ReplyChunk(turn_id, "".join(parts)))

@@ -178,7 +178,7 @@ class RunnerBackend(ResidentTakeover, Backend):
         self.notices.append(text)
         try:
             self.on_notice(text)
-        except Exception:  # noqa: BLE001 - a notice must never break supervision
+        except Exception:
             log.debug("on_notice raised on %r", text, exc_info=True)
 
     # -- lifecycle ----------------------------------------------------------------------------------------

@@ -86,7 +86,7 @@ class ExpertOffload:
         return out
 
 
-def offload_experts(model, n_layers: int, device: torch.device, num_slots: int) -> list[ExpertOffload]:  # noqa: ANN001
+def offload_experts(model, n_layers: int, device: torch.device, num_slots: int) -> list[ExpertOffload]:
     """Give the first n_layers MoE layers of `model` (models/moe.py MoEModel) an ExpertOffload each; their
     expert parameters are dropped from the module (the offload holds them).  Returns the offloads."""
     if n_layers > len(model.moe_layers()):
@@ -101,7 +101,7 @@ def offload_experts(model, n_layers: int, device: torch.device, num_slots: int) 
     return offloads
 
 
-def describe_offloads(model) -> dict[str, object]:  # noqa: ANN001
+def describe_offloads(model) -> dict[str, object]:
     """For ModelRunner.describe(): layers with host experts, their bytes on each side, the cache's hit rate."""
     offs = [moe.offload for moe in model.moe_layers() if moe.offload is not None]
     hits = sum(o.policy.stats.hits for o in offs)

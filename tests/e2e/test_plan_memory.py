@@ -23,7 +23,7 @@ def baseline() -> int:
     return runtime_baseline_bytes()
 
 
-def _check(backend: str, baseline: int):  # noqa: ANN202 - a LoadPeak
+def _check(backend: str, baseline: int):
     r = measure_load(LoadRequest(model=None, backend=backend))
     assert r.backend == backend and r.device == "cpu"
     limit = bound_bytes(r.plan_total_bytes, baseline)

@@ -10,7 +10,7 @@ import pytest
 from backends.torch_engine.expert_cache import ExpertCachePolicy
 
 
-def _check_invariants(policy: ExpertCachePolicy, rounds, needed) -> None:  # noqa: ANN001
+def _check_invariants(policy: ExpertCachePolicy, rounds, needed) -> None:
     held = [e for e in policy.expert_in if e is not None]
     assert len(held) == len(set(held)), "an expert in two slots"
     seen: list[int] = []

@@ -158,7 +158,7 @@ def test_blocks_a_swapped_request_pins_are_given_up_when_nothing_else_makes_room
     s.add_request(b)
     fake_step(s, kv)
     assert bm.blocks[a.block_ids[0]].ref_count == 2
-    s._preempt(b)  # noqa: SLF001 - as the scheduler does for a better newcomer
+    s._preempt(b)
     assert b.is_swapped_out and len(b.block_ids) == 2  # the shared two stay held
     s.finish_request("a", a.status.FINISHED_ABORTED)
     big = req("big", [3] * 49, priority=-5, at=1002.0)  # 4 blocks: the whole pool (a 64-token context)

@@ -154,7 +154,7 @@ def test_loader_never_holds_more_than_one_dense_projection(tmp_path: Path, kind:
     most_alive = 0
     real = quantize.quantize_rows
 
-    def spy(weight: torch.Tensor, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def spy(weight: torch.Tensor, *args, **kwargs):
         nonlocal most_alive
         most_alive = max(most_alive, sum(r() is not None for r in seen))
         seen.append(weakref.ref(weight))

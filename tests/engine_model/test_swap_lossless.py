@@ -22,7 +22,7 @@ N_TOKENS = 40
 HOST_BLOCKS = 64
 
 
-def _swapping_build(spec, options, progress):  # noqa: ANN001, ANN202 - TorchBackend's build hook
+def _swapping_build(spec, options, progress):
     from backends.torch_engine.build import build_engine_parts
 
     parts = build_engine_parts(spec, options, progress)

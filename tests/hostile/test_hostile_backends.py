@@ -56,7 +56,7 @@ def test_loader_checks_shapes_before_reading_weights(raw, tmp_path: Path, monkey
     spec = load_spec(raw().write(tmp_path / "ok.gguf"))
     wrong = dataclasses.replace(spec, n_kv_heads=1)
 
-    def no_reading(*args: object, **kwargs: object):  # noqa: ANN202
+    def no_reading(*args: object, **kwargs: object):
         raise AssertionError("weights were read before the shapes were checked")
 
     monkeypatch.setattr(loader, "file_weights", no_reading)

@@ -75,7 +75,7 @@ def test_unreadable_file_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     p.write_bytes(b"GGUF" + b"\0" * 100)
     real_open = os.open
 
-    def deny(path, flags, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+    def deny(path, flags, *args, **kwargs):
         if Path(path) == p:
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, flags, *args, **kwargs)

@@ -123,7 +123,7 @@ def test_run_error_without_a_reason_still_says_so(
     from tests.fakes import FakeBackend, fake_spec
 
     class Silent(FakeBackend):
-        def stream(self, request):  # noqa: ANN001, ANN201 - ends in error and gives no reason
+        def stream(self, request):
             yield GenerationEvent(
                 EventKind.FINISHED,
                 request.request_id,

@@ -30,7 +30,7 @@ def _vm(field: str) -> int:
 
 
 def _rank(rank: int, world: int, port: int, path: str, out) -> None:  # type: ignore[no-untyped-def]
-    import torch  # noqa: F401 - imported before the baseline, as a runner has
+    import torch
 
     from backends.api import LoadOptions
     from backends.modelspec import load_spec

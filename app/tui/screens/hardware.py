@@ -51,6 +51,6 @@ class HardwareScreen(ModalScreen[None]):
     def probe(self) -> None:
         try:
             text = report_text(probe())  # the same text as `hearth probe`
-        except Exception as exc:  # the screen says what failed instead of crashing the app
+        except Exception as exc:  # noqa: BLE001 - the screen says what failed instead of crashing the app
             text = f"probe failed: {exc}"
         self.app.call_from_thread(self.query_one("#report", Static).update, text)

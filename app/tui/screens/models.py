@@ -48,7 +48,7 @@ def plan_rows(settings: Any) -> tuple[list[tuple[str, ...]], dict[str, list[str]
             decision = decide(spec, settings.merged(model=entry.name))
             rows.append(model_row(entry, spec, decision))
             reasons[entry.name] = list(decision.reasons)
-        except Exception as exc:  # one broken file must not hide the others
+        except Exception as exc:  # noqa: BLE001 - one broken file must not hide the others
             rows.append((entry.name, "?", "?", "unreadable", "", "", ""))
             reasons[entry.name] = [str(exc)]
     return rows, reasons
