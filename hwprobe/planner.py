@@ -34,11 +34,12 @@ A user-fixed value (ctx, KV type, backend, quant, n_gpu_layers) is taken as give
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from hwprobe import memory as m
 from hwprobe import race
 from hwprobe.errors import ConfigError, PlanError
+from hwprobe.fit_search import best_ctx, fits, fits_gpus, largest, most_layers
 from hwprobe.placement import Candidate, expected_tokens_per_s, price, shares, torch_offload_tokens_per_s
 from hwprobe.plan_types import PLANNED_BACKENDS, Plan, PlanCandidate, Prefs
 from hwprobe.report import GpuInfo, HardwareReport
@@ -55,34 +56,6 @@ from hwprobe.swap_space import with_swap_space
 from hwprobe.tensor_parallel import TORCH_QUALITY, no_tp_error, shape_tp_ok, tp_kv_fraction, tp_race_reason
 
 KV_LADDER = ("f16", "q8_0", "q4_0")
-CTX_STEP = 256  # contexts are planned in multiples of this
-
-
-def _fits(report: HardwareReport, shape: ModelShape, c: Candidate) -> bool:
-    return all(d.headroom_mib >= 0 for d in price(report, shape, c))
-
-
-def _fits_gpus(report: HardwareReport, shape: ModelShape, c: Candidate) -> bool:
-    """The GPUs' part of _fits: monotone in n_gpu_layers (more layers, more VRAM), so it can be bisected; host
-    RAM is the other way round (fewer layers on the GPU, more in RAM), so the whole fit is not."""
-    return all(d.headroom_mib >= 0 for d in price(report, shape, c) if d.kind == "gpu")
-
-
-def _most_layers(report: HardwareReport, shape: ModelShape, make: Callable[[int], Candidate]) -> Candidate | None:
-    """make(n) for the most layers 1 <= n < n_layers on the GPUs that fits everywhere, or None.  The most layers
-    the GPUs hold leaves the least in host RAM: if RAM does not hold that, it holds no fewer layers either."""
-    n = _largest(1, shape.n_layers - 1, lambda n: _fits_gpus(report, shape, make(n)))
-    return make(n) if n is not None and _fits(report, shape, make(n)) else None
-
-
-def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
-    """The largest x in [lo, hi] with ok(x), for ok monotone (true below some point); None if ok(lo) fails."""
-    if not ok(lo):
-        return None
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
-    return lo
 
 
 def _gpu_sets(report: HardwareReport) -> Iterator[tuple[tuple[int, ...], str]]:
@@ -103,18 +76,6 @@ def _ctx_range(shape: ModelShape, prefs: Prefs) -> tuple[int, int]:
         return prefs.ctx, prefs.ctx
     hi = min(prefs.target_ctx, shape.context_length)
     return min(prefs.min_ctx, hi), hi
-
-
-def _best_ctx(
-    report: HardwareReport, shape: ModelShape, make: Callable[[int], Candidate], lo: int, hi: int
-) -> int | None:
-    """The largest context in [lo, hi] (hi itself, else a multiple of CTX_STEP) whose candidate fits."""
-    if _fits(report, shape, make(hi)):
-        return hi
-    if lo >= hi:
-        return None
-    k = _largest(-(-lo // CTX_STEP), (hi - 1) // CTX_STEP, lambda k: _fits(report, shape, make(k * CTX_STEP)))
-    return None if k is None else k * CTX_STEP
 
 
 def _torch_formats(gpus: Iterable[GpuInfo], shape: ModelShape, prefs: Prefs) -> list[str]:
@@ -196,7 +157,7 @@ def _torch_full(report, shape, prefs, lo, hi) -> list[Candidate]:
         def make(ctx: int, fmt: str = fmt, layout: m.WeightLayout = layout, gpus=gpus, split=split) -> Candidate:
             return Candidate("torch", fmt, layout, ctx, "f16", True, gpus, split, shape.n_layers, prefs.n_batch)
 
-        ctx = _best_ctx(report, shape, make, lo, hi)
+        ctx = best_ctx(report, shape, make, lo, hi)
         if ctx is not None:
             found[fmt] = make(ctx)
     return list(found.values())
@@ -213,8 +174,8 @@ def _tp_race(
 
 def _try_llama_full(report, shape, prefs, lo, hi, quants) -> Candidate | None:
     """The best quant of `quants` (best first) that fits whole on GPUs (the order of _llama_full)."""
-    fits = (_llama_full(report, shape, prefs, lo, hi, quant, layout) for quant, layout in quants)
-    return next((c for c in fits if c is not None), None)
+    found = (_llama_full(report, shape, prefs, lo, hi, quant, layout) for quant, layout in quants)
+    return next((c for c in found if c is not None), None)
 
 
 def _llama_full(report, shape, prefs, lo, hi, quant, layout) -> Candidate | None:
@@ -227,7 +188,7 @@ def _llama_full(report, shape, prefs, lo, hi, quant, layout) -> Candidate | None
             def make(ctx: int, kv: str = kv, gpus=gpus, split=split) -> Candidate:
                 return Candidate("llama.cpp", quant, layout, ctx, kv, True, gpus, split, shape.n_layers, prefs.n_batch)
 
-            ctx = _best_ctx(report, shape, make, lo, hi)
+            ctx = best_ctx(report, shape, make, lo, hi)
             if ctx is not None:
                 return make(ctx)
     return None
@@ -257,7 +218,7 @@ def _partial(report, shape, prefs, lo, quants) -> Candidate:
         def make(n: int, gpus: tuple[int, ...] = gpus, split: str = split) -> Candidate:
             return Candidate("llama.cpp", quant, layout, lo, kv, True, gpus, split, n, prefs.n_batch)
 
-        c = _most_layers(report, shape, make)
+        c = most_layers(report, shape, make)
         if c is not None and (best is None or c.n_gpu_layers > best.n_gpu_layers):
             best = c
     return best or Candidate("llama.cpp", quant, layout, lo, kv, kv != "f16", (), "none", 0, prefs.n_batch)
@@ -284,12 +245,12 @@ def _torch_offload(report, shape, prefs, lo, hi, n_fixed=None) -> Candidate | No
             return Candidate("torch", fmt, layout, ctx, "f16", True, gpus, "none", n, prefs.n_batch)
 
         if n_fixed is None:
-            c = _most_layers(report, shape, make)
+            c = most_layers(report, shape, make)
         else:
-            c = make(n_fixed, _best_ctx(report, shape, lambda ctx: make(n_fixed, ctx), lo, hi) or lo)
+            c = make(n_fixed, best_ctx(report, shape, lambda ctx: make(n_fixed, ctx), lo, hi) or lo)
         if c is None:
             continue
-        key = (_fits(report, shape, c), torch_offload_tokens_per_s(report, shape, c))
+        key = (fits(report, shape, c), torch_offload_tokens_per_s(report, shape, c))
         if best_key is None or key > best_key:
             best, best_key = c, key
     return best
@@ -313,14 +274,14 @@ def _expert_placement(report, shape, prefs, lo, quants) -> Candidate | None:
         )
 
     # on the GPU: monotone in the layers whose experts stay there (n_layers - k)
-    on_gpu = _largest(0, shape.n_layers - 1, lambda j: _fits_gpus(report, shape, make(shape.n_layers - j)))
-    if on_gpu is None or not _fits(report, shape, make(shape.n_layers - on_gpu)):
+    on_gpu = largest(0, shape.n_layers - 1, lambda j: fits_gpus(report, shape, make(shape.n_layers - j)))
+    if on_gpu is None or not fits(report, shape, make(shape.n_layers - on_gpu)):
         return None
     return make(shape.n_layers - on_gpu)
 
 
 def _score(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[bool, float]:
-    return _fits(report, shape, c), expected_tokens_per_s(report, shape, c, price(report, shape, c))
+    return fits(report, shape, c), expected_tokens_per_s(report, shape, c, price(report, shape, c))
 
 
 def _faster(
@@ -334,7 +295,7 @@ def _faster(
         return llama, None
 
     def score(c: Candidate) -> tuple[bool, float]:
-        return _fits(report, shape, c), expected_tokens_per_s(report, shape, c, price(report, shape, c))
+        return fits(report, shape, c), expected_tokens_per_s(report, shape, c, price(report, shape, c))
 
     by_llama, by_torch = score(llama), score(streamed)
     if by_torch > by_llama or (batching and by_torch[0]):
@@ -554,7 +515,7 @@ def _cpu_only(report, shape, prefs, lo, hi, quants) -> Candidate | None:
         def make(ctx: int, quant: str = quant, layout: m.WeightLayout = layout) -> Candidate:
             return Candidate("llama.cpp", quant, layout, ctx, kv, kv != "f16", (), "none", 0, prefs.n_batch)
 
-        ctx = _best_ctx(report, shape, make, lo, hi)
+        ctx = best_ctx(report, shape, make, lo, hi)
         if ctx is not None:
             return make(ctx)
     return None
@@ -579,7 +540,7 @@ def _serve_on_cpu(
     if torch_engine_refusal(shape) is not None:
         return llama, None
     torch = _torch_cpu(report, shape, prefs, lo, hi)
-    if not _fits(report, shape, torch):
+    if not fits(report, shape, torch):
         return llama, None
     return torch, (llama, expected_tokens_per_s(report, shape, llama, price(report, shape, llama)))
 
@@ -599,7 +560,7 @@ def _torch_cpu(report, shape, prefs, lo, hi) -> Candidate:
     def make(ctx: int) -> Candidate:  # a full decode batch's gathered KV is priced from the start
         return Candidate("torch", fmt, layout, ctx, kv, False, (), "none", 0, prefs.n_batch, prefs.max_num_seqs)
 
-    return make(prefs.ctx or _best_ctx(report, shape, make, lo, hi) or hi)
+    return make(prefs.ctx or best_ctx(report, shape, make, lo, hi) or hi)
 
 
 def _no_fit(report: HardwareReport, shape: ModelShape, c: Candidate, devices) -> PlanError:
