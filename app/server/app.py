@@ -26,8 +26,10 @@ from app.server.answers import (
     chat_streamed,
     completion_collected,
     completion_streamed,
+    open_choices,
     sse_error,
 )
+from app.server.body import too_large
 from app.server.choices import Choices, choice_requests
 from app.server.config import ServerConfig
 from app.server.embeddings import EmbeddingRequest, openai_embeddings
@@ -39,14 +41,14 @@ from app.server.inputs import (
     parse,
     prioritised,
     sampling_of,
-    too_large,
     tools_of,
     unknown_model,
 )
 from app.server.keep_alive import STATUS_PATHS, KeepAlive
 from app.server.metrics import ServerMetrics
-from app.server.ollama import add_ollama_routes, ollama_error, ollama_stream_error
-from app.server.response_format import constraint_param, named
+from app.server.ollama import add_ollama_routes
+from app.server.ollama_answers import ollama_error, ollama_stream_error
+from app.server.response_format import constraint_param
 from app.server.runner import Runner
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
 from backends.api import Backend
@@ -273,12 +275,8 @@ def _generation_routes(app: FastAPI, backend: Backend, config: ServerConfig, run
 
 
 async def _open(choices: Choices, body: ChatCompletionRequest | CompletionRequest) -> None:
-    """Admit and start choice 0; a ConstraintError the backend raised compiling for its vocabulary is the 400 of
-    the field the schema came from (response_format.named)."""
-    try:
-        await choices.open()
-    except APIError as exc:
-        raise named(exc, constraint_param(body, choices.requests[0])) from None
+    """Admit and start choice 0 (answers.open_choices), naming the field its schema came from."""
+    await open_choices(choices, constraint_param(body, choices.requests[0]))
 
 
 def _embedding_routes(app: FastAPI, backend: Backend, config: ServerConfig) -> None:

@@ -1,11 +1,14 @@
-"""Request bodies from bytes to a JSON object, refusing with a 400 what would cost more than its size.
+"""Request bodies from the wire to a JSON object: a 413 for a body larger than the limit, a 400 for one that
+would cost more than its size.  Both APIs read their bodies here; each validates the fields its own way
+afterwards (pydantic: app/server/inputs.py for OpenAI's, app/server/ollama_requests.py for Ollama's).
 
-Runs on a worker thread (the caller's `run_in_threadpool`), never on the event loop.  The checks, in order:
-the bytes are UTF-8 JSON (json.loads); the nesting is at most `max_depth` arrays/objects deep (deeper bodies
-either exhaust Python's recursion inside json.loads, a RecursionError, or are found by an iterative walk);
-no string holds a lone UTF-16 surrogate (JSON's `\\ud800` escape decodes to one, and it cannot be encoded
-back to UTF-8 for the tokenizer); a chat body has at most `max_messages` messages.  Pydantic validates the
-fields afterwards (app.py).
+`read_body` gathers the bytes on the event loop and stops at the limit (a chunked body has no Content-Length for
+app.py's guard to check first).  `decode_body` runs on a worker thread (the caller's `run_in_threadpool`), never
+on the event loop.  Its checks, in order: the bytes are UTF-8 JSON (json.loads); the nesting is at most
+`max_depth` arrays/objects deep (deeper bodies either exhaust Python's recursion inside json.loads, a
+RecursionError, or are found by an iterative walk); no string holds a lone UTF-16 surrogate (JSON's `\\ud800`
+escape decodes to one, and it cannot be encoded back to UTF-8 for the tokenizer); a chat body has at most
+`max_messages` messages.
 """
 
 from __future__ import annotations
@@ -14,9 +17,26 @@ import json
 import re
 from typing import Any
 
+from fastapi import Request as HTTPRequest
+
 from app.server.errors import APIError
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")  # \ud800..\udfff written as a JSON escape
+
+
+def too_large(limit: int) -> APIError:
+    return APIError(413, f"request body is larger than {limit} bytes", code="body_too_large")
+
+
+async def read_body(request: HTTPRequest, limit: int) -> bytes:
+    """The body's bytes; APIError(413) as soon as more than `limit` have come (the rest is never read)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def decode_body(raw: bytes, max_depth: int, max_messages: int | None) -> dict[str, Any]:

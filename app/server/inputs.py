@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from app.requests import ChatRequest, chat_request
-from app.server.body import decode_body
+from app.server.body import decode_body, read_body
 from app.server.config import ServerConfig
 from app.server.errors import APIError
 from app.server.response_format import constraint_of
@@ -28,10 +28,6 @@ _B = TypeVar("_B", ChatCompletionRequest, CompletionRequest)
 _UNION_TAGS = {"float", "int", "str", "bool", "list"}
 
 
-def too_large(limit: int) -> APIError:
-    return APIError(413, f"request body is larger than {limit} bytes", code="body_too_large")
-
-
 def unknown_model(name: str, served: str) -> APIError:
     return APIError(
         404, f"model {name!r} is not served here; this server serves {served!r}", param="model", code="model_not_found"
@@ -39,15 +35,10 @@ def unknown_model(name: str, served: str) -> APIError:
 
 
 async def parse(request: HTTPRequest, schema: type[_B], config: ServerConfig) -> _B:
-    limit = config.limits.max_body_bytes
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
+    """The body as `schema`: read up to the size limit (body.read_body), then validated OpenAI's way."""
+    raw = await read_body(request, config.limits.max_body_bytes)
     # decoding a 1 MiB body, walking it and validating thousands of messages is CPU work: off the event loop
-    return await run_in_threadpool(_validate, b"".join(chunks), schema, config)
+    return await run_in_threadpool(_validate, raw, schema, config)
 
 
 def _validate(raw: bytes, schema: type[_B], config: ServerConfig) -> _B:

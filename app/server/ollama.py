@@ -4,12 +4,14 @@
 Every route translates into the same internal path as the OpenAI routes: app/requests.py builds the Request
 (the model's own template, tools), the server's Runner admits and streams it, `format` goes through the
 response_format compiler (app/server/response_format.py: a bad or unsatisfiable schema is a 400 before a model
-sees it), embeddings through app/server/embeddings.py.  Only the shapes differ:
+sees it), embeddings through app/server/embeddings.py, and the answer through the same loops as OpenAI's
+(app/server/ollama_answers.py: Ollama's framing over app/server/answers.py).  Only the shapes differ:
 - streams are NDJSON (one JSON object a line), on by default as in Ollama; the last line has `done: true`,
   `done_reason` and the counters in nanoseconds: total_duration, load_duration, prompt_eval_count,
   prompt_eval_duration, eval_count, eval_duration;
 - errors are `{"error": "..."}` with a 4xx/5xx status (the ollama Python client raises ResponseError with it);
 - tool calls are `message.tool_calls: [{"function": {"name", "arguments": {...}}}]`, arguments as an object.
+Bodies are read as OpenAI's are (app/server/body.py) and validated Ollama's way (app/server/ollama_requests.py).
 A request without a system message gets hearth's default one (app/defaults.py), where Ollama would use the
 Modelfile's SYSTEM: the model's own template default can be worse (README "Choices hearth makes for you").
 `keep_alive` (a duration or seconds; 0 unloads, negative keeps forever) is when the model is unloaded after this
@@ -26,15 +28,16 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from app import __version__
 from app.defaults import SYSTEM_PROMPT
 from app.server.embeddings import embed_inputs
-from app.server.errors import APIError, engine_error, internal_error
+from app.server.errors import APIError, engine_error
 from app.server.keep_alive import KeepAlive
+from app.server.ollama_answers import loaded_reply, ns, ollama_answer, ollama_error
 from app.server.ollama_models import (
     Catalog,
     CatalogEntry,
@@ -43,18 +46,17 @@ from app.server.ollama_models import (
     same_model,
     show_body,
     tags_entry,
-    timestamp,
 )
 from app.server.ollama_requests import (
     build_request,
     check_options_only,
     messages_of,
+    parse_body,
     refuse_embedding_model,
     request_keep_alive,
     sampling_of,
     think_vars,
     tools_of,
-    validate_body,
     with_format,
 )
 from app.server.ollama_schemas import (
@@ -64,25 +66,13 @@ from app.server.ollama_schemas import (
     GenerateBody,
     ModelBody,
 )
-from app.server.response_format import limit_error, named
-from app.server.runner import Generation, Runner
-from app.server.tool_replies import ToolReply
-from backends.api import Backend, EventKind, Request
-from backends.tools.render import ToolReading
+from app.server.runner import Runner
+from app.server.think import ThinkSplitter as _Think  # noqa: F401 - tests reach the splitter here, as before
+from backends.api import Backend, Request
 
 # The Ollama API version /api/version reports: the one whose docs/api.md these routes follow.  Clients compare
 # it to gate features (tools, structured outputs, think), so it is Ollama's numbering, not hearth's.
 OLLAMA_API_VERSION = "0.12.0"
-
-
-def ollama_error(err: APIError) -> JSONResponse:
-    """Ollama's error body: {"error": message}."""
-    return JSONResponse({"error": err.message}, status_code=err.status, headers=err.headers)
-
-
-def ollama_stream_error(err: APIError) -> bytes:
-    """The error line of an NDJSON stream, Ollama's way (its client raises ResponseError on it)."""
-    return (json.dumps({"error": err.message}) + "\n").encode()
 
 
 def add_ollama_routes(
@@ -117,13 +107,7 @@ def add_ollama_routes(
             raise APIError(404, why)
 
     async def parse(request: HTTPRequest, schema: type[BaseModel]) -> Any:
-        raw, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body_bytes:
-                raise APIError(413, f"request body is larger than {max_body_bytes} bytes")
-            raw.append(chunk)
-        return await run_in_threadpool(validate_body, b"".join(raw), schema)
+        return await parse_body(request, schema, max_body_bytes)
 
     def guarded(route: Callable[[HTTPRequest], Awaitable[Response]]) -> Callable[[HTTPRequest], Awaitable[Response]]:
         async def handler(request: HTTPRequest) -> Response:
@@ -202,7 +186,7 @@ def add_ollama_routes(
         think = think_vars(body.think, backend)
         built = await run_in_threadpool(build_request, backend, messages, sampling, tools, think)
         req = await run_in_threadpool(with_format, built.request, body.format)
-        return await _answer(
+        return await ollama_answer(
             request,
             runner,
             req,
@@ -245,7 +229,7 @@ def add_ollama_routes(
             built = await run_in_threadpool(build_request, backend, messages, sampling, None, think)
             req, reading = built.request, built.tools
         req = await run_in_threadpool(with_format, req, body.format)
-        return await _answer(
+        return await ollama_answer(
             request,
             runner,
             req,
@@ -284,8 +268,8 @@ def add_ollama_routes(
             {
                 "model": served,
                 "embeddings": [[float(x) for x in row] for row in done.vectors],
-                "total_duration": _ns(total),
-                "load_duration": _ns(load_s),
+                "total_duration": ns(total),
+                "load_duration": ns(load_s),
                 "prompt_eval_count": sum(done.token_counts),
             }
         )
@@ -308,196 +292,6 @@ async def _load_or_unload(keep_alive: KeepAlive, keep: float | None | bool, serv
     """Ollama's request without a prompt: keep_alive 0 unloads the model, anything else loads it."""
     if keep is not False and keep is not None and keep <= 0:
         await keep_alive.unload_now()
-        return _loaded_reply(served, chat, stream, "unload")
+        return loaded_reply(served, chat, stream, "unload")
     await keep_alive.load()
-    return _loaded_reply(served, chat, stream, "load")
-
-
-def _ns(seconds: float) -> int:
-    return max(int(seconds * 1e9), 0)
-
-
-def _loaded_reply(served: str, chat: bool, stream: bool, reason: str) -> Response:
-    line: dict[str, Any] = {"model": served, "created_at": timestamp(time.time()), "done": True, "done_reason": reason}
-    line.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
-    return Response(json.dumps(line) + "\n", media_type="application/x-ndjson") if stream else JSONResponse(line)
-
-
-# -- answering ------------------------------------------------------------------------------------------------
-class _Think:
-    """Splits a reply that starts with <think>...</think> into thinking and content (Ollama's message.thinking)."""
-
-    OPEN, CLOSE = "<think>", "</think>"
-
-    def __init__(self, on: bool) -> None:
-        self.state = "start" if on else "content"
-        self.buf = ""
-
-    def feed(self, text: str) -> tuple[str, str]:
-        """(thinking, content) of the next piece."""
-        if self.state == "after":  # the blank lines between </think> and the answer are not the answer's
-            text = text.lstrip("\n")
-            if not text:
-                return "", ""
-            self.state = "content"
-        if self.state == "content":
-            return "", text
-        self.buf += text
-        thinking = content = ""
-        if self.state == "start":
-            stripped = self.buf.lstrip()
-            if self.OPEN.startswith(stripped):  # may still become <think>
-                return "", ""
-            if not stripped.startswith(self.OPEN):
-                self.state, content, self.buf = "content", self.buf, ""
-                return "", content
-            self.state, self.buf = "thinking", stripped[len(self.OPEN) :]
-        if self.state == "thinking":
-            at = self.buf.find(self.CLOSE)
-            if at >= 0:
-                thinking, rest = self.buf[:at], self.buf[at + len(self.CLOSE) :]
-                self.state, self.buf = "after", ""
-                return thinking, self.feed(rest)[1] if rest else ""
-            keep = max((k for k in range(1, len(self.CLOSE)) if self.buf.endswith(self.CLOSE[:k])), default=0)
-            thinking, self.buf = self.buf[: len(self.buf) - keep], self.buf[len(self.buf) - keep :]
-        return thinking, content
-
-    def flush(self) -> tuple[str, str]:
-        rest, self.buf = self.buf, ""
-        return (rest, "") if self.state == "thinking" else ("", rest.lstrip("\n") if self.state == "after" else rest)
-
-
-def _failed(event: Any, param: str | None) -> APIError:
-    """A reply that ended in an error: a 400 when its `format` hit llguidance's limits (the schema's fault), else
-    a 500."""
-    return limit_error(event, param) or APIError(500, f"generation failed: {event.error}")
-
-
-def _tool_calls(reply: ToolReply) -> list[dict]:
-    out = []
-    for k, call in enumerate(reply.parser.calls):
-        try:
-            args: Any = json.loads(call.arguments) if call.arguments else {}
-        except ValueError:
-            args = call.arguments
-        out.append({"id": call.id, "function": {"index": k, "name": call.name, "arguments": args}})
-    return out
-
-
-def _counters(gen: Generation, total_s: float, load_s: float) -> dict[str, Any]:
-    stats = gen.finished.stats if gen.finished and gen.finished.stats else gen.started.stats
-    reason = gen.finished.finish_reason.value if gen.finished else "stop"
-    prefill = max((stats.ttft_s - stats.queue_s) if stats else 0.0, 0.0)
-    return {
-        "done": True,
-        "done_reason": reason if reason in ("stop", "length") else "stop",
-        "total_duration": _ns(total_s),
-        "load_duration": _ns(load_s),  # 0 unless keep_alive had unloaded it
-        "prompt_eval_count": stats.prompt_tokens if stats else 0,
-        "prompt_eval_duration": _ns(prefill),
-        "eval_count": stats.completion_tokens if stats else 0,
-        "eval_duration": _ns(stats.decode_s if stats else 0.0),
-    }
-
-
-async def _answer(
-    request: HTTPRequest,
-    runner: Runner,
-    req: Request,
-    served: str,
-    *,
-    load_s: float,
-    chat: bool,
-    stream: bool,
-    tools: ToolReading | None,
-    think: bool,
-    unless_gone: Callable[[HTTPRequest, Awaitable[Response]], Awaitable[Response]],
-) -> Response:
-    arrived = time.perf_counter()
-    param = "format" if req.constraint is not None else None  # the field a constraint's errors name
-    try:
-        gen = await runner.open(req)  # admission and STARTED: errors here are the status (prompt too long, 429)
-    except APIError as exc:
-        raise named(exc, param) from None
-    reply = ToolReply(tools) if tools is not None else None
-    splitter = _Think(think)
-
-    def line(text: str, thinking: str, calls: list[dict] | None = None, final: dict | None = None) -> dict:
-        out: dict[str, Any] = {"model": served, "created_at": timestamp(time.time())}
-        if chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if thinking:
-                message["thinking"] = thinking
-            if calls:
-                message["tool_calls"] = calls
-            out["message"] = message
-        else:
-            out["response"] = text
-            if thinking:
-                out["thinking"] = thinking
-        out.update(final or {"done": False})
-        return out
-
-    def pieces(text: str) -> tuple[str, str]:
-        """(thinking, visible text) of the next piece; tool-call text is held by the parser until it is known."""
-        thinking, content = splitter.feed(text)
-        if reply is not None and content:
-            content = "".join(d.get("content", "") for d in reply.feed(content))
-        return thinking, content
-
-    def closing() -> tuple[str, str, list[dict] | None]:
-        thinking, content = splitter.flush()
-        calls = None
-        if reply is not None:
-            content = "".join(d.get("content", "") for d in reply.feed(content) + reply.finish())
-            calls = _tool_calls(reply) or None
-        return thinking, content, calls
-
-    if not stream:
-
-        async def collect() -> dict:
-            thinking_parts, parts = [], []
-            async for event in gen.events():
-                if event.kind is EventKind.TOKEN and event.text:
-                    th, text = pieces(event.text)
-                    thinking_parts.append(th)
-                    parts.append(text)
-                elif event.kind is EventKind.FINISHED and event.finish_reason.value == "error":
-                    raise _failed(event, param)
-            th, text, calls = closing()
-            return line(
-                "".join(parts) + text,
-                "".join(thinking_parts) + th,
-                calls,
-                _counters(gen, time.perf_counter() - arrived + load_s, load_s),
-            )
-
-        async def respond() -> Response:
-            return JSONResponse(await collect())
-
-        return await unless_gone(request, respond())  # a client that leaves aborts the request (a 499)
-
-    async def lines():
-        try:
-            async for event in gen.events():
-                if event.kind is EventKind.TOKEN and event.text:
-                    th, text = pieces(event.text)
-                    if th or text:
-                        yield (json.dumps(line(text, th)) + "\n").encode()
-                elif event.kind is EventKind.FINISHED:
-                    th, text, calls = closing()
-                    if th or text or calls:
-                        yield (json.dumps(line(text, th, calls)) + "\n").encode()
-                    if event.finish_reason.value == "error":
-                        yield ollama_stream_error(_failed(event, param))
-                        return
-                    yield (
-                        json.dumps(line("", "", None, _counters(gen, time.perf_counter() - arrived + load_s, load_s)))
-                        + "\n"
-                    ).encode()
-        except APIError as exc:
-            yield ollama_stream_error(exc)
-        except Exception as exc:  # noqa: BLE001 - a bug mid-stream: the client reads an error line, never a cut
-            yield ollama_stream_error(internal_error(exc, f"the stream of {req.request_id}"))
-
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+    return loaded_reply(served, chat, stream, "load")

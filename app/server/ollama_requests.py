@@ -1,8 +1,9 @@
 """Ollama's request bodies as hearth's: body validation, `keep_alive`, `options` as SamplingParams, messages and
 tool calls as OpenAI's dicts, `think` as template variables, `format` as a constraint.  Every failure is an
 APIError with a 400 and a one-line message (app/server/ollama.py turns it into Ollama's `{"error": ...}`).
+The body's bytes are read as OpenAI's are (app/server/body.py: the same size limit); the validation is Ollama's.
 
-Split out of app/server/ollama.py, which keeps the routes and the reply shapes (NDJSON lines, counters).
+Split out of app/server/ollama.py, which keeps the routes (the reply shapes: app/server/ollama_answers.py).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import json
 import uuid
 from typing import Any
 
+from fastapi import Request as HTTPRequest
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from app.requests import ChatRequest, chat_request
-from app.server.body import decode_body
+from app.server.body import decode_body, read_body
 from app.server.errors import APIError
 from app.server.keep_alive import KeepAlive
 from app.server.ollama_models import thinking_template
@@ -27,7 +30,14 @@ from backends.errors import HearthError, InvalidRequestError
 from backends.tools.spec import ToolRequestError, tool_request_from_openai
 
 
+async def parse_body(request: HTTPRequest, schema: type[BaseModel], limit: int) -> Any:
+    """The body as `schema`: read up to `limit` bytes as OpenAI's are (body.read_body), validated Ollama's way."""
+    raw = await read_body(request, limit)
+    return await run_in_threadpool(validate_body, raw, schema)
+
+
 def validate_body(raw: bytes, schema: type[BaseModel]) -> Any:
+    """Ollama's validation: every field checked, none ignored (an unknown one is a 400 naming it)."""
     data = decode_body(raw, 64, 4096 if schema is ChatBody else None)
     data = {k: v for k, v in data.items() if v is not None}
     try:
