@@ -17,7 +17,7 @@ process is bounded by construction: the kernel enforces the memory limit (Memory
 the parent kills it (SIGKILL) when the time is up, whatever it was doing; the caller's thread and, under
 `hearth serve`, the event loop never run template code.  The normal case stays cheap: one worker per hearth
 process, started at the first render (~0.1 s) and reused, and a render costs one pipe round trip (a ChatML
-render of a short conversation is well under a millisecond; README "Chat templates" has the measurements).
+render of a short conversation is well under a millisecond; docs/performance.md "Smaller costs" has the measurements).
 
 Every failure is a TemplateError (exit 2; a 400 under the server) with a one-line message that names the
 budget it broke; a template is never silently swapped for another format.

@@ -4,7 +4,7 @@ ModelSpec.to_shape asks `repacked_params` so that the planner can price the "GGU
 the engine.
 
 It lives in backends/ rather than backends/torch_engine/ because backends' core (modelspec) needs it and must not
-import the torch engine package (ARCHITECTURE.md: the arrows point from the engine to the core, never back); the
+import the torch engine package (docs/ARCHITECTURE.md: the arrows point from the engine to the core, never back); the
 engine's loader imports it from here.
 
 The name maps: a file's tensor name (layer index as {i}) -> (model parameter, shard of a merged projection or

@@ -31,7 +31,7 @@ _LLAMA_CPP_SCOREBOARD = (
     "llama.cpp's tools/perplexity README, LLaMA 3 8B scoreboard (Wikitext-2, F16 perplexity 6.2332; the copy "
     "vendored in llama-cpp-python 0.3.36)"
 )
-_STARTER = "hearth's measurement on the starter (SmolLM2-135M), README 'The torch engine and kernels'"
+_STARTER = "hearth's measurement on the starter (SmolLM2-135M), docs/torch-engine.md 'Conformance'"
 # llama.cpp's quant types (file types) against F16 of the same model, % of perplexity
 LLAMA_CPP_PPL_INCREASE_PCT = {
     "F32": 0.0,

@@ -8,7 +8,7 @@ Peak RSS is the largest process of the run (os.wait4's ru_maxrss: hearth's own p
 whichever peaked higher), as `/usr/bin/time -v` reports it; CPU seconds are user + system of all of them
 (steadier than wall time on a shared machine, but not what the user waits for).  Target: torch (warm) within
 1.5x of llama.cpp's median wall time; the script reports, it never fails on speed (figures belong to the
-machine: README "Cold start").
+machine: docs/torch-engine.md "Cold start").
 
 Every start but "resident" runs with --keep-alive 0 (a new runner each time: the cold start proper).
 "resident" is what a later `hearth run` meets within --keep-alive (default 5m) of an earlier one with the same

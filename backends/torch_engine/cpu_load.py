@@ -3,7 +3,7 @@
 On a miss: loader.load_model (read, repack / dequantize, assemble), then quantize.prepare_for_cpu (dense prefill
 copies, torch's packed layouts), then the result is stored.  On a hit: the model is built on the meta device and
 its tensors are the cached ones, mapped from the file; nothing is read from the GGUF, repacked or dequantized.
-Measured on the starter (2-core Zen 4, loaded machine): README "Cold start".
+Measured on the starter (2-core Zen 4, loaded machine): docs/torch-engine.md "Cold start".
 
 Cached: GGUF models on the CPU only.  Not: GPUs (the prepared weights live in device memory; a GPU load is
 bounded by PCIe, not by the preparation), tensor-parallel ranks, models with experts, Hugging Face folders (their

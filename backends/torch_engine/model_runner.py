@@ -391,7 +391,7 @@ class ModelRunner:
             num_decodes = sum(s.is_decode for s in scheduled)
             # a speculative row's k + 1 tokens take the decode rows' quantized kernel while the rows stay few:
             # on the dense copies a 5-token row cost ~2x a one-token decode on the starter, on the quantized
-            # kernel ~1.1x (scripts/bench_verify_rows.py; README "Speculative decoding")
+            # kernel ~1.1x (scripts/bench_verify_rows.py; docs/performance.md "Speculative decoding")
             spec_rows = sum(s.num_tokens for s in scheduled if s.num_spec_tokens)
             quantized_rows = num_decodes + spec_rows if num_decodes + spec_rows < DENSE_MIN_ROWS else num_decodes
             tuner = self.thread_tuner

@@ -35,7 +35,7 @@ def test_core_imports_stay_light(code: str) -> None:
 
 
 def test_backends_core_does_not_import_the_torch_engine() -> None:
-    """ARCHITECTURE.md's arrows: the torch engine imports backends' core, never the other way round, not even
+    """docs/ARCHITECTURE.md's arrows: the torch engine imports backends' core, never the other way round, not even
     lazily inside a function (the registry names engines by string and imports them on demand)."""
     import ast
     from pathlib import Path
