@@ -39,6 +39,16 @@ MAX_ROWS = 16  # decode rows this kernel takes; more go to the tl.dot kernel
 
 
 @triton.jit
+def _weight_at(words, p: tl.constexpr, INT4: tl.constexpr):
+    """Weight p of each int32 word as float32, by bit tricks rather than a conversion instruction: a nibble ORed
+    into the bits of 2**23 is the float 2**23 + q; a signed byte added to the bits of 1.5 * 2**23 is 1.5 * 2**23 +
+    v (the module docstring)."""
+    if INT4:
+        return (((words >> (4 * p)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    return (((words << (24 - 8 * p)) >> 24) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -87,12 +97,7 @@ def _gemv_kernel(
         part = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_C), dtype=tl.float32)
         xsum = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
         for p in tl.static_range(PER_WORD):
-            if INT4:
-                q = ((words >> (4 * p)) & 0xF) | 0x4B000000
-                wf = q.to(tl.float32, bitcast=True) - 8388608.0  # 2**23 + q - 2**23
-            else:
-                v = (words << (24 - 8 * p)) >> 24  # the signed byte p of each word
-                wf = (v + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0  # 1.5 * 2**23 + v - 1.5 * 2**23
+            wf = _weight_at(words, p, INT4)
             # x[m, chunk c, word w, position p] = x[m, 32 c + PER_WORD w + p]: (BLOCK_M, BLOCK_C, WORDS)
             xp = tl.load(x_base + rw[None, None, :] * PER_WORD + p, mask=xm_mask, other=0.0).to(tl.float32)
             part += tl.sum(xp[:, None, :, :] * wf[None, :, :, :], axis=3)
@@ -151,10 +156,7 @@ def _gemv_row_kernel(
         part = tl.zeros((BLOCK_N, BLOCK_C), dtype=tl.float32)
         xsum = tl.zeros((BLOCK_N, BLOCK_C), dtype=tl.float32)
         for p in tl.static_range(PER_WORD):
-            if INT4:
-                wf = (((words >> (4 * p)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            else:
-                wf = (((words << (24 - 8 * p)) >> 24) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+            wf = _weight_at(words, p, INT4)
             xp = tl.load(x_ptr + xk + p, mask=wn_mask[:, :, None], other=0.0).to(tl.float32)
             part += tl.sum(xp * wf, axis=2)
             xsum += tl.sum(xp, axis=2)
