@@ -33,6 +33,7 @@ from backends.modelspec import ModelSpec
 from hwprobe.decode_speed import ENGINE_KINDS, Measured
 from hwprobe.errors import HardwareReportError
 from hwprobe.memory import TORCH_GGUF, decode_bytes_per_token, gguf_repacked_shares, weights
+from hwprobe.placement import TORCH_KIND
 from hwprobe.plan_types import Plan
 from hwprobe.report import DecodeRecord, GpuInfo, HardwareReport, decode_records_from
 from hwprobe.shape import ModelShape
@@ -132,10 +133,6 @@ def quality_records_for(model: str, path: Path | None = None) -> tuple[tuple[str
     return tuple(sorted(out))
 
 
-# the kind of weights a plan's quant is, for a decode record (hwprobe.decode_speed kinds)
-_KIND_OF_QUANT = {"bf16": "16bit", "fp16": "16bit", "W8A16": "int8", "FP8": "fp8", "W4A16": "int4"}
-
-
 def plan_decode_kind(shape: ModelShape, backend: str, quant: str) -> str | None:
     """What kind of weights a plan reads, as the decode records name them; None where the plan mixes kinds (a
     GGUF layout with int4 and int8 blocks: no one kernel's speed to record)."""
@@ -144,7 +141,7 @@ def plan_decode_kind(shape: ModelShape, backend: str, quant: str) -> str | None:
     if quant == TORCH_GGUF:
         int4, int8 = gguf_repacked_shares(shape)
         return "int4" if int4 > 0.99 else "int8" if int8 > 0.99 else None
-    return _KIND_OF_QUANT.get(quant)
+    return TORCH_KIND.get(quant)
 
 
 def record_bench_decode(

@@ -240,8 +240,9 @@ def _price_torch_offload(report: HardwareReport, shape: ModelShape, c: Candidate
     return tuple(devices)
 
 
-# the kind of weights each torch format's projections are, for the measured efficiencies (hwprobe.decode_speed)
-_TORCH_KIND = {"bf16": "16bit", "fp16": "16bit", "fp32": "16bit", "W8A16": "int8", "FP8": "fp8", "W4A16": "int4"}
+# the kind of weights each torch format's projections are (hwprobe.decode_speed kinds): for the measured
+# efficiencies here, and for the decode records `hearth bench` keeps (app/measurements.py)
+TORCH_KIND = {"bf16": "16bit", "fp16": "16bit", "fp32": "16bit", "W8A16": "int8", "FP8": "fp8", "W4A16": "int4"}
 
 
 def decode_efficiency(shape: ModelShape, c: Candidate, gpu: GpuInfo) -> Efficiency:
@@ -260,7 +261,7 @@ def decode_efficiency(shape: ModelShape, c: Candidate, gpu: GpuInfo) -> Efficien
         b8 = int8 * projections * m.GGUF_REPACKED_INT8_BYTES
         parts = [(b4, efficiency("torch", "int4", cc, records)), (b8, efficiency("torch", "int8", cc, records))]
         return mixed_share([*parts, (max(total - b4 - b8, 0), sixteen)])
-    kind = _TORCH_KIND.get(c.quant, "16bit")
+    kind = TORCH_KIND.get(c.quant, "16bit")
     if kind == "16bit":
         return sixteen
     quantized = sum(c.layout.layer_bytes)

@@ -226,7 +226,7 @@ def _partial(report, shape, prefs, lo, quants) -> Candidate:
 
 def _torch_offload(report, shape, prefs, lo, hi, n_fixed=None) -> Candidate | None:
     """The torch engine on one GPU streaming its first blocks from pinned host RAM (backends/torch_engine/
-    offload.py), or None where it cannot run the model there (what _try_torch checks) or nothing fits.
+    offload.py), or None where it cannot run the model there (what _torch_full checks) or nothing fits.
 
     Per format of `_torch_formats`, the most resident blocks that fit at context lo, the context llama.cpp's
     partial offload is planned at, so the two race on equal terms; n_fixed (the user's --n-gpu-layers): those
@@ -294,10 +294,7 @@ def _faster(
     if streamed is None:
         return llama, None
 
-    def score(c: Candidate) -> tuple[bool, float]:
-        return fits(report, shape, c), expected_tokens_per_s(report, shape, c, price(report, shape, c))
-
-    by_llama, by_torch = score(llama), score(streamed)
+    by_llama, by_torch = _score(report, shape, llama), _score(report, shape, streamed)
     if by_torch > by_llama or (batching and by_torch[0]):
         return streamed, (llama, by_llama[1])
     return llama, (streamed, by_torch[1])
@@ -399,8 +396,8 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
         else (chosen.gpus[-1] if chosen.gpus else 0)
     )
     device = "cpu" if not chosen.gpus else ("cuda" if len(chosen.gpus) > 1 else f"cuda:{chosen.gpus[0]}")
-    tps = expected_tokens_per_s(report, shape, chosen, devices)
-    final = race.entry(report, shape, chosen, prefs, serving(prefs))
+    final = race.entry(report, shape, chosen, prefs, serving(prefs), devices)
+    tps = final.tokens_per_s
     if raced and prefs.n_gpu_layers in (None, -1, shape.n_layers):
         candidates = raced
     else:  # no race, or the flags changed what it chose: the plan as it is
@@ -451,7 +448,7 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
         kv_pool_tokens=_kv_pool_tokens(chosen, devices),
         swap_space_bytes=swap,
         candidates=candidates,
-        expected_aggregate_tokens_per_s=round(tps * final.aggregate / max(final.tokens_per_s, 1e-9), 1),
+        expected_aggregate_tokens_per_s=final.aggregate,
     )
 
 

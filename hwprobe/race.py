@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from hwprobe.bandwidth import CPU_BANDWIDTH_EFFICIENCY
 from hwprobe.decode_speed import TORCH_CPU_BATCH16, Efficiency, aggregate_gain
 from hwprobe.placement import Candidate, decode_efficiency, expected_tokens_per_s, price
-from hwprobe.plan_types import PlanCandidate, Prefs
+from hwprobe.plan_types import DeviceMemory, PlanCandidate, Prefs
 from hwprobe.quality import QualityLoss, format_quality
 from hwprobe.report import HardwareReport
 from hwprobe.shape import ModelShape
@@ -52,8 +52,16 @@ def quality(shape: ModelShape, c: Candidate, prefs: Prefs) -> QualityLoss:
     return format_quality(c.quant, c.backend, shape.quant, records)
 
 
-def entry(report: HardwareReport, shape: ModelShape, c: Candidate, prefs: Prefs, serving: bool) -> Entry:
-    devices = price(report, shape, c)
+def entry(
+    report: HardwareReport,
+    shape: ModelShape,
+    c: Candidate,
+    prefs: Prefs,
+    serving: bool,
+    devices: tuple[DeviceMemory, ...] | None = None,
+) -> Entry:
+    """c with its speed and quality figures; `devices`: c's pricing when the caller has it already."""
+    devices = devices if devices is not None else price(report, shape, c)
     tps = expected_tokens_per_s(report, shape, c, devices)
     gpu = next((g for g in report.gpus if c.gpus and g.index == c.gpus[0]), None)
     if gpu is not None and c.n_gpu_layers:
