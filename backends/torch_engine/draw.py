@@ -144,15 +144,26 @@ def _draw_vocab(
         q.masked_fill_(q < _columns(log_min_p, device), -math.inf)
     q.div_(_columns([p.temperature for p in params], device)).exp_()
     cdf = q.cumsum_(dim=-1)  # in place: the serial scan reads each element before writing it
-    return _search(cdf, u)
+    return search_cdf(cdf, u)
 
 
-def _search(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The first index whose cumulative value exceeds u x total; cdf (r, n) non-decreasing, u (r, 1).  The target
-    stays below the total, so the index is always a token with q > 0 (its cumulative value rose there)."""
+def search_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The inverse-CDF draw, the one every sampled token goes through (the sampler's rows, the speculative
+    verifier's residual and the draft's proposals): the first index whose cumulative value exceeds u x total;
+    cdf (r, n) non-decreasing, u (r, 1).  The target stays below the total, so the index is always a token with
+    q > 0 (its cumulative value rose there)."""
     total = cdf[:, -1:]
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target.contiguous(), right=True).squeeze(1)
+
+
+def draw_index(weights: torch.Tensor, u: float) -> int:
+    """search_cdf for one row of unnormalised non-negative weights (n,), summed in float64; all-zero weights (a
+    residual that rounding emptied) give the largest weight's index instead of one past the end."""
+    cdf = weights.double().cumsum(dim=0)
+    if not float(cdf[-1]) > 0.0:
+        return int(weights.argmax())
+    return int(search_cdf(cdf.unsqueeze(0), torch.tensor([[u]], dtype=torch.float64))[0])
 
 
 def _draw_candidates(
@@ -168,7 +179,7 @@ def _draw_candidates(
     q = _tempered(keep, d, params)
     order = ids.argsort(dim=-1)  # vocabulary order: cumulative sums then equal the whole-vocabulary ones
     cdf = q.gather(1, order).cumsum_(dim=-1)
-    return ids.gather(1, order).gather(1, _search(cdf, u).unsqueeze(1)).squeeze(1)
+    return ids.gather(1, order).gather(1, search_cdf(cdf, u).unsqueeze(1)).squeeze(1)
 
 
 def _tempered(keep: torch.Tensor, d: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from backends.api import SamplingParams
-from backends.torch_engine.draw import Scratch, draw, filtered_probs, kept_probs, noise_key, uniforms
+from backends.torch_engine.draw import Scratch, draw, draw_index, filtered_probs, kept_probs, noise_key, uniforms
 from backends.torch_engine.penalties import REPEAT_LAST_N, apply_repetition_penalty
 from backends.torch_engine.sampler import Sampler
 from tests.engine.sampling_reference import reference_probs, reference_token
@@ -58,6 +58,22 @@ def test_the_batched_draw_picks_the_reference_token_row_by_row(scale: float) -> 
         got = batched(logits, params, u)
         want = [reference_token(logits[i].double().tolist(), p, float(u[i])) for i, p in enumerate(params)]
         assert got == want
+
+
+def test_the_one_row_draw_of_the_verifier_and_the_draft_is_the_samplers_draw() -> None:
+    """draw.draw_index (the speculative verifier's residual and target draws, the draft's proposals) is the same
+    inverse-CDF search as the sampler's rows: over a row's kept distribution it picks the reference token, never a
+    token of weight 0 (u at the ends included), and all-zero weights give the largest weight's index."""
+    params = [p for p in mixed_params(18) if not p.greedy]
+    logits = random_logits(len(params), 21, scale=1.0)
+    probs = kept_probs(logits, params)
+    g = torch.Generator().manual_seed(4)
+    for i, p in enumerate(params):
+        for u in [0.0, 1.0 - 2**-53, *torch.rand(8, generator=g).tolist()]:
+            token = draw_index(probs[i], u)
+            assert probs[i, token] > 0
+            assert token == reference_token(logits[i].double().tolist(), p, u), (p, u)
+    assert draw_index(torch.zeros(VOCAB), 0.5) == 0
 
 
 def test_the_filtered_distribution_is_the_reference_one() -> None:

@@ -6,14 +6,18 @@ too."""
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from backends.api import LoadOptions
 from backends.modelspec import load_spec
 from backends.torch_engine import scripted_decode
 from backends.torch_engine.model_runner import ModelRunner
-from tests.arch_factory import write_tiny_arch
+from tests.arch_factory import ARCHS, write_tiny_arch
 from tests.gguf_factory import write_tiny_llama
 
 PROMPTS = [[5, 17, 200, 3, 99, 42, 7, 300, 12, 64, 81, 150, 9, 33, 71, 2, 8], [11, 23, 57, 140, 260, 31]]
@@ -195,4 +199,65 @@ def test_where_it_does_not_apply_it_says_why(tmp_path, monkeypatch: pytest.Monke
     runner = _runner(spec)
     assert runner.model.scripted_decode is None
     assert runner.describe()["scripted_decode"] == f"off ({scripted_decode.ENV_VAR}=0)"
+    runner.close()
+
+
+class _Ops(TorchDispatchMode):
+    """The ATen ops a block of code runs (TorchScript's interpreter goes through the dispatcher too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[Any] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+# Ops that compute nothing: views, and the eager kernels' output allocations (the script writes in place or
+# returns fresh tensors instead)
+_NOT_COMPUTE = {"empty", "empty_like", "new_empty", "detach", "alias"}
+
+
+def _compute_ops(runner: ModelRunner, token: int, position: int) -> Counter[str]:
+    with _Ops() as recorded:
+        runner.forward([([token], position, TABLES[0])], "last", num_decodes=1)
+    return Counter(op._opname for op in recorded.ops if not op.is_view and op._opname not in _NOT_COMPUTE)
+
+
+def _tiny(tmp_path, architecture: str):  # type: ignore[no-untyped-def]
+    if architecture == "llama":
+        return write_tiny_llama(tmp_path / "llama.gguf", weight_type="Q4_1", hidden=128, ffn=256, n_layers=3)
+    extra = {"gemma3": {"n_layers": 6, "sliding_window": 8}}.get(architecture, {})
+    return write_tiny_arch(
+        tmp_path / f"{architecture}.gguf", architecture, hidden=128, ffn=256, head_dim=64, weight_type="Q8_0", **extra
+    )
+
+
+@pytest.mark.parametrize("architecture", ["llama", *ARCHS])
+def test_the_script_runs_the_ops_of_the_one_forward_definition(tmp_path, architecture: str) -> None:  # type: ignore[no-untyped-def]
+    """The guard against drift between models/layers.py (the one forward definition) and the script's copy of it:
+    for every architecture the tiny factories write, a decode step through the script runs the same ATen ops, as
+    many of each, as the same step through the eager Block.forward, and gives its bits.  A new op in a block (even
+    one that changes nothing on these tiny models, such as a scale of 1) fails here until the script has it too,
+    or until unavailable_reason sends that model to the eager path, saying why."""
+    runner = _runner(load_spec(_tiny(tmp_path, architecture)))
+    scripted = runner.model.scripted_decode
+    if scripted is None:  # a model the script does not take says why, and runs eagerly
+        assert runner.describe()["scripted_decode"].startswith("off ("), architecture
+        runner.close()
+        return
+    logits = runner.forward([(PROMPTS[0], 0, TABLES[0])], "last", num_decodes=0)
+    token, position = int(logits.argmax(-1)[0]), len(PROMPTS[0])
+    runner.forward([([token], position, TABLES[0])], "last", num_decodes=1)  # the first step checks the bits
+    assert scripted.check == {"verdict": "ok", "rows": 1}
+    calls = _count_runs(scripted)
+    through_script = _compute_ops(runner, token, position + 1)
+    assert calls == [1]
+    runner.model.scripted_decode = None
+    eager = _compute_ops(runner, token, position + 2)
+    runner.model.scripted_decode = scripted
+    assert through_script == eager, (
+        f"only in the script: {dict(through_script - eager)}; only in the eager step: {dict(eager - through_script)}"
+    )
     runner.close()

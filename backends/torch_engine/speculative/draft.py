@@ -22,7 +22,7 @@ import torch
 from backends.api import LoadOptions, SamplingParams, seed_u64
 from backends.errors import ConfigError
 from backends.torch_engine.block_manager import BlockManager
-from backends.torch_engine.draw import kept_probs, uniforms
+from backends.torch_engine.draw import draw_index, kept_probs, uniforms
 from backends.torch_engine.request import EngineRequest
 from backends.torch_engine.speculative.proposer import Proposal
 
@@ -178,11 +178,5 @@ class DraftProposer:
             q = kept_probs(row.unsqueeze(0), [params])[0]  # no vocabulary sort under a top-k
             seed = seed_u64(params.seed) if params.seed is not None else hash(request.request_id) & (2**64 - 1)
             u = float(uniforms([seed ^ _DRAFT_NOISE], [position])[0])
-            cdf = q.double().cumsum(0)
-            token = min(
-                int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64))), len(q) - 1
-            )
-            if float(q[token]) <= 0.0:
-                token = int(q.argmax())
-            out.append((token, q))
+            out.append((draw_index(q, u), q))
         return out

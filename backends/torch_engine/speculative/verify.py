@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from backends.api import SamplingParams
-from backends.torch_engine.draw import kept_probs, uniforms
+from backends.torch_engine.draw import draw_index, kept_probs, uniforms
 
 
 def check_proposal(proposal: Sequence[int], vocab: int) -> None:
@@ -72,19 +72,9 @@ def rejection_row(
     ratio = torch.where(qx > 0, (px / qx.clamp(min=1e-30)).clamp(max=1.0), torch.ones_like(px))
     rejected = (u[0 : 2 * k : 2] >= ratio).nonzero()
     if rejected.numel() == 0:
-        return (*proposal, _draw(p[k], float(u[2 * k + 1])))
+        return (*proposal, draw_index(p[k], float(u[2 * k + 1])))
     j = int(rejected[0, 0])
     residual = (p[j] - draft_probs[j].to(p.dtype)).clamp_(min=0.0)
     if float(residual.sum()) <= 0.0:  # p == q on the support (rounding): p itself is the residual's limit
         residual = p[j]
-    return (*proposal[:j], _draw(residual, float(u[2 * j + 1])))
-
-
-def _draw(weights: torch.Tensor, u: float) -> int:
-    """Inverse-CDF draw from unnormalised non-negative weights (vocab,)."""
-    cdf = weights.double().cumsum(dim=0)
-    index = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True)[0])
-    index = min(index, weights.shape[0] - 1)
-    if float(weights[index]) <= 0.0:  # rounding at the very end of the cdf
-        index = int(weights.argmax())
-    return index
+    return (*proposal[:j], draw_index(residual, float(u[2 * j + 1])))
