@@ -6,6 +6,7 @@ import dataclasses
 
 from hwprobe import memory as m
 from hwprobe.experts import host_expert_bytes, race_sentence
+from hwprobe.explain_engine import backend_reasons, gib
 from hwprobe.placement import (
     CPU_BANDWIDTH_EFFICIENCY,
     TORCH_OFFLOAD_BUFFERS,
@@ -19,64 +20,6 @@ from hwprobe.plan_types import DeviceMemory, PlanCandidate, Prefs
 from hwprobe.report import HardwareReport
 from hwprobe.shape import ModelShape
 from hwprobe.support import torch_engine_refusal
-
-
-def _gib(mib_value: float) -> str:
-    return f"{mib_value / 1024:.1f} GiB"
-
-
-# What each torch-engine weight format is, for the reasons (quality first: see hwprobe.planner._torch_formats).
-_TORCH_FORMAT_WHAT = {
-    "bf16": "bf16, the file's weights at full quality",
-    "fp16": "fp16, the file's weights at full quality",
-    "W8A16": "W8A16 (int8 per output channel, quantized while loading; +0.2 % perplexity on the starter)",
-    "FP8": "FP8 (e4m3 per output channel, quantized while loading)",
-    "W4A16": "W4A16 (int4 in groups of 128, round-to-nearest while loading: expect a clear quality loss)",
-}
-
-
-def _torch_weights(shape: ModelShape, c: Candidate, tried: tuple[str, ...]) -> str:
-    """One sentence: the torch format chosen, what it is, and which better ones did not fit."""
-    quantized_file = shape.quant is not None and shape.quant not in ("F32", "F16", "BF16")
-    if c.quant in ("bf16", "fp16") and quantized_file:  # only where no projection type has a kernel (planner)
-        no_kernel = ", ".join(_unkept(shape)) or shape.quant
-        what = (
-            f"{c.quant}, decoded to 16 bits: no kernel for {no_kernel} (the file's {shape.quant} values, 16-bit bytes)"
-        )
-    elif c.quant == m.TORCH_GGUF:
-        what = (
-            f"GGUF, the file's own {shape.quant} blocks repacked for the engine's kernels (the weights llama.cpp "
-            "runs; Q6_K, Q5_K and the rest without a layout of their own within half an int8 level): "
-            + _kept_projections(shape)
-        )
-    else:
-        what = _TORCH_FORMAT_WHAT.get(c.quant, c.quant)
-    sizes = ", ".join(f"{f} {m.weights(shape, f).total_bytes / 2**30:.1f} GiB" for f in tried)
-    return f"weights {what}" + (f"; better formats do not fit ({sizes})" if tried else "")
-
-
-def _kept_projections(shape: ModelShape) -> str:
-    """Which share of the projections a TORCH_GGUF load keeps as int4 and int8 blocks, and what is left dense."""
-    int4, int8 = m.gguf_repacked_shares(shape)
-    kept = " and ".join(
-        f"{100 * share:.0f} % as {kind}"
-        for share, kind in ((int4, "int4 (5.0 bits)"), (int8, "int8 (8.5 bits)"))
-        if share
-    )
-    unkept = _unkept(shape)
-    dense = (
-        ""
-        if int4 + int8 > 0.999
-        else f", the rest decoded to 16 bits: no kernel for {', '.join(unkept)}"
-        if unkept
-        else ", the rest 16-bit as in the file"
-    )
-    return f"projections {kept}{dense}"
-
-
-def _unkept(shape: ModelShape) -> tuple[str, ...]:
-    """The file's projection types without a kernel of the engine's (decoded to 16 bits)."""
-    return tuple(shape.extra.get("gguf_unkept_types", ())) if shape.extra else ()
 
 
 def _link(report: HardwareReport, c: Candidate) -> tuple[str, float, bool]:
@@ -133,7 +76,7 @@ def _kv_pool(c: Candidate, devices: tuple[DeviceMemory, ...], prefs: Prefs) -> s
     budget = f"{where}'s budget"
     if c.split_mode == "tensor" and len(c.gpus) > 1:  # every rank holds the same tokens, its share of the heads
         shared = [x for x in devices if x.kv_pool_tokens]
-        where = "GPUs " + ", ".join(f"{x.index} ({_gib(x.kv_mib)})" for x in shared)
+        where = "GPUs " + ", ".join(f"{x.index} ({gib(x.kv_mib)})" for x in shared)
         d = dataclasses.replace(d, kv_mib=sum(x.kv_mib for x in shared))
         budget = "the tightest GPU's budget, for the rank with most KV heads,"
     why = (
@@ -150,7 +93,7 @@ def _kv_pool(c: Candidate, devices: tuple[DeviceMemory, ...], prefs: Prefs) -> s
         else "the engine allocates exactly this"
     )
     return (
-        f"KV pool {c.kv_cache_type}: {_gib(d.kv_mib)} in {where}, {d.kv_pool_tokens} tokens = {seqs} "
+        f"KV pool {c.kv_cache_type}: {gib(d.kv_mib)} in {where}, {d.kv_pool_tokens} tokens = {seqs} "
         f"full-context sequence{'s' if seqs != 1 else ''} of {c.ctx} tokens ({why}){use}; {how}"
     )
 
@@ -230,8 +173,26 @@ def reasons(
     if serve:
         out.append(serve)
     offload = is_torch_offload(shape, c)
+    out += _gpu_reasons(report)
+    used = [d for d in devices if d.kind == "gpu" and d.used]
+    out += backend_reasons(report, shape, prefs, c, torch_tried, single, offload, raced)
+    if rival is not None:
+        out.append(_offload_race(report, shape, c, tps, rival))
+    if expert_race is not None:
+        out.append(_expert_race(shape, c, expert_race))
+    out += _quant_reasons(shape, c, quants)
+    out += _placement_reasons(shape, c, offload)
+    out += _memory_reasons(shape, prefs, c, devices)
+    if used or not report.gpus or c.gpus == ():
+        out.append(_speed_reason(report, shape, c, offload, tps))
+    return tuple(out)
+
+
+def _gpu_reasons(report: HardwareReport) -> list[str]:
+    """Each GPU's free memory, what other programs hold, and the plan's budget after the safety margin."""
     if not report.gpus:
-        out.append("no NVIDIA GPU found: the model runs from host RAM")
+        return ["no NVIDIA GPU found: the model runs from host RAM"]
+    out: list[str] = []
     for g in report.gpus:
         held = g.memory_total_mib - g.memory_free_mib
         out.append(
@@ -239,24 +200,28 @@ def reasons(
             f"{f' ({held} MiB held by other programs)' if held > 512 else ''}; plan budget "
             f"{m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) // m.MIB} MiB after the safety margin"
         )
-    used = [d for d in devices if d.kind == "gpu" and d.used]
-    out += _backend_reasons(report, shape, prefs, c, torch_tried, single, offload, raced)
-    if rival is not None:
-        out.append(_offload_race(report, shape, c, tps, rival))
-    if expert_race is not None:
-        ex, ex_tps, layers, layers_tps = expert_race
-        out.append(
-            race_sentence(
-                shape,
-                c is ex,
-                ex_tps,
-                ex.cpu_expert_layers,
-                host_expert_bytes(shape, ex.layout, ex.cpu_expert_layers),
-                layers_tps,
-                layers.n_gpu_layers,
-                ex.gpus[0],
-            )
-        )
+    return out
+
+
+def _expert_race(shape: ModelShape, c: Candidate, expert_race: tuple[Candidate, float, Candidate, float]) -> str:
+    """One sentence: expert placement against the layer offload it raced (hwprobe.experts.race_sentence)."""
+    ex, ex_tps, layers, layers_tps = expert_race
+    return race_sentence(
+        shape,
+        c is ex,
+        ex_tps,
+        ex.cpu_expert_layers,
+        host_expert_bytes(shape, ex.layout, ex.cpu_expert_layers),
+        layers_tps,
+        layers.n_gpu_layers,
+        ex.gpus[0],
+    )
+
+
+def _quant_reasons(shape: ModelShape, c: Candidate, quants: list[tuple[str, m.WeightLayout]]) -> list[str]:
+    """The GGUF ladder's quant chosen for a config.json (and the better ones that do not fit), and a warning
+    below the lowest default quant."""
+    out: list[str] = []
     if not shape.quant and c.backend == "llama.cpp" and len(quants) > 1:
         better = [q for q, _ in quants[: [q for q, _ in quants].index(c.quant)]]
         out.append(
@@ -268,92 +233,6 @@ def reasons(
             f"warning: {c.quant} is below {m.LOWEST_DEFAULT_QUANT}: expect clearly worse quality "
             "(measure it with `hearth ppl`)"
         )
-    out += _placement_reasons(shape, c, offload)
-    out += _memory_reasons(shape, prefs, c, devices)
-    if used or not report.gpus or c.gpus == ():
-        out.append(_speed_reason(report, shape, c, offload, tps))
-    return tuple(out)
-
-
-def _backend_reasons(
-    report: HardwareReport,
-    shape: ModelShape,
-    prefs: Prefs,
-    c: Candidate,
-    torch_tried: tuple[str, ...],
-    single: tuple[Candidate, float] | None,
-    offload: bool,
-    raced: tuple[PlanCandidate, ...] = (),
-) -> list[str]:
-    """Which engine runs the model and why, and what its weights are (reasons()'s arguments)."""
-    out: list[str] = []
-    if offload:
-        streamed = shape.n_layers - c.n_gpu_layers
-        if prefs.n_gpu_layers is not None:
-            why = "asked for" if prefs.backend == "torch" else "safetensors weights"
-            out.append(
-                f"backend torch ({why}): "
-                f"{c.n_gpu_layers} blocks resident on GPU {c.gpus[0]} (--n-gpu-layers), the first "
-                f"{streamed} streamed from pinned host RAM"
-            )
-        else:
-            sizes = ", ".join(f"{f} {m.weights(shape, f).total_bytes / 2**30:.1f} GiB" for f in torch_tried)
-            out.append(
-                f"backend torch: the torch engine supports {shape.architecture} but none of its formats "
-                f"fits entirely on GPU {c.gpus[0]} ({sizes}), so it streams the first {streamed} layers "
-                f"from pinned host RAM, in {c.quant}, the format that streams fastest"
-            )
-        out.append(_torch_weights(shape, c, ()))
-    elif c.backend == "torch":
-        where = "CPU" if not c.gpus else ", ".join(f"GPU {i}" for i in c.gpus)
-        why = "the torch engine supports" if torch_engine_refusal(shape) is None else "asked for"
-        out.append(
-            f"backend torch: {why} {shape.architecture} and the {c.quant} weights fit entirely on {where}"
-            if c.gpus
-            else f"backend torch on CPU ({c.quant}): "
-            + (
-                "asked for"
-                if prefs.backend == "torch"
-                else "batching concurrent requests for serve"
-                if single is not None
-                else "safetensors weights"
-            )
-        )
-        if c.gpus:
-            out.append(_torch_weights(shape, c, torch_tried))
-        elif c.quant == m.TORCH_GGUF:
-            copies = c.layout.prefill_copy_bytes
-            out.append(
-                f"weights: the file's own {shape.quant} blocks repacked for torch's CPU kernels, "
-                + _kept_projections(shape)
-                + (
-                    f", plus bf16 copies of them for prompt rows ({_gib(copies / m.MIB)})"
-                    if copies
-                    else " (no dense copies for prompt rows: they would pass "
-                    f"{_gib(m.torch_cpu_dense_copy_budget(report.ram_total_mib * m.MIB) / m.MIB)})"
-                )
-            )
-    else:
-        refusal = torch_engine_refusal(shape)
-        if refusal and prefs.backend != "llama.cpp":
-            out.append(f"backend llama.cpp: {refusal}")
-        elif any(r.backend == "torch" for r in raced):
-            out.append(
-                f"backend llama.cpp: the torch engine runs {shape.architecture} too and fits, but llama.cpp is "
-                "the faster within the quality budget (engine race below)"
-            )
-        elif report.gpus and prefs.backend == "auto":
-            out.append(
-                "backend llama.cpp: the torch engine's formats do not fit entirely in VRAM"
-                " (or the GPU is too old / of unknown compute capability)"
-            )
-        elif prefs.backend == "llama.cpp":
-            out.append("backend llama.cpp (asked for)")
-        else:  # which engine runs what: the torch engine could, llama.cpp is the faster single stream on CPU
-            out.append(
-                f"backend llama.cpp (CPU): faster for one stream on a CPU; the torch engine runs "
-                f"{shape.architecture} too (--backend torch, or hearth serve, which batches requests)"
-            )
     return out
 
 
@@ -405,7 +284,7 @@ def _memory_reasons(shape: ModelShape, prefs: Prefs, c: Candidate, devices: tupl
         out.append(_kv_pool(c, devices, prefs))
     else:
         out.append(
-            f"KV cache {c.kv_cache_type}: {_gib(kv_mib)} at {c.ctx} tokens"
+            f"KV cache {c.kv_cache_type}: {gib(kv_mib)} at {c.ctx} tokens"
             + ("" if c.kv_cache_type == "f16" else " (quantized to fit)" if not prefs.kv_cache_type else "")
         )
     if shape.n_experts:
@@ -417,9 +296,9 @@ def _memory_reasons(shape: ModelShape, prefs: Prefs, c: Candidate, devices: tupl
         if d.used:
             name = "host RAM" if d.kind == "cpu" else f"GPU {d.index}"
             out.append(
-                f"{name}: {_gib(d.total_mib)} of {_gib(d.budget_mib)} (weights {_gib(d.weights_mib)}, KV "
-                f"{_gib(d.kv_mib)}, compute {_gib(d.compute_mib)}, overhead {_gib(d.overhead_mib)}), "
-                f"{_gib(d.headroom_mib)} headroom"
+                f"{name}: {gib(d.total_mib)} of {gib(d.budget_mib)} (weights {gib(d.weights_mib)}, KV "
+                f"{gib(d.kv_mib)}, compute {gib(d.compute_mib)}, overhead {gib(d.overhead_mib)}), "
+                f"{gib(d.headroom_mib)} headroom"
             )
             if d.headroom_mib < 0:
                 out.append(

@@ -64,6 +64,23 @@ def _nvlink_bus_ids(nvml: ModuleType, handle: Any) -> set[str]:
     return peers
 
 
+# the GpuInfo fields read_nvml reads from NVML (its sources say so)
+_NVML_FIELDS = (
+    "index",
+    "name",
+    "uuid",
+    "memory_total_mib",
+    "memory_free_mib",
+    "memory_used_mib",
+    "compute_capability",
+    "pcie_generation",
+    "pcie_width",
+    "nvlink_peers",
+    "p2p_peers",
+    "other_processes",
+)
+
+
 def read_nvml(nvml: ModuleType) -> NvmlResult | None:
     """Every NVIDIA GPU NVML sees, or None when NVML cannot start (no library or no driver)."""
     try:
@@ -72,66 +89,62 @@ def read_nvml(nvml: ModuleType) -> NvmlResult | None:
         return None
     try:
         driver = _optional(lambda: _text(nvml.nvmlSystemGetDriverVersion()), nvml)
-        cuda_int = _optional(nvml.nvmlSystemGetCudaDriverVersion, nvml)
-        cuda = f"{cuda_int // 1000}.{cuda_int % 1000 // 10}" if cuda_int else None
+        cuda = _cuda_version(nvml)
         count = nvml.nvmlDeviceGetCount()
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         bus_ids = [
             (_optional(lambda h=h: _text(nvml.nvmlDeviceGetPciInfo(h).busId), nvml) or "").lower() for h in handles
         ]
-        read_caps = getattr(nvml, "NVML_P2P_CAPS_INDEX_READ", 0)
-        status_ok = getattr(nvml, "NVML_P2P_STATUS_OK", 0)
-        gpus = []
-        for i, h in enumerate(handles):
-            mem = nvml.nvmlDeviceGetMemoryInfo(h)
-            cc = _optional(lambda: nvml.nvmlDeviceGetCudaComputeCapability(h), nvml)
-            name = _text(nvml.nvmlDeviceGetName(h))
-            links = _nvlink_bus_ids(nvml, h)
-            nvlink = tuple(j for j, b in enumerate(bus_ids) if j != i and b and b in links)
-            p2p = tuple(
-                j
-                for j, other in enumerate(handles)
-                if j != i
-                and _optional(lambda other=other: nvml.nvmlDeviceGetP2PStatus(h, other, read_caps), nvml) == status_ok
-            )
-            bw = known_bandwidth_gbps(name)
-            gpus.append(
-                GpuInfo(
-                    index=i,
-                    name=name,
-                    uuid=_optional(lambda: _text(nvml.nvmlDeviceGetUUID(h)), nvml) or "",
-                    memory_total_mib=int(mem.total) // MIB,
-                    memory_free_mib=int(mem.free) // MIB,
-                    memory_used_mib=int(mem.used) // MIB,
-                    compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
-                    pcie_generation=_optional(lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h), nvml),
-                    pcie_width=_optional(lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(h), nvml),
-                    nvlink_peers=nvlink,
-                    p2p_peers=tuple(sorted(set(p2p) | set(nvlink))),
-                    other_processes=_processes(nvml, h),
-                    memory_bandwidth_gbps=bw,
-                    sources={
-                        "memory_bandwidth_gbps": "known-gpus" if bw else "default",
-                        **{
-                            k: "nvml"
-                            for k in (
-                                "index",
-                                "name",
-                                "uuid",
-                                "memory_total_mib",
-                                "memory_free_mib",
-                                "memory_used_mib",
-                                "compute_capability",
-                                "pcie_generation",
-                                "pcie_width",
-                                "nvlink_peers",
-                                "p2p_peers",
-                                "other_processes",
-                            )
-                        },
-                    },
-                )
-            )
-        return NvmlResult(tuple(gpus), driver, cuda)
+        gpus = tuple(_gpu_info(nvml, i, handles, bus_ids) for i in range(len(handles)))
+        return NvmlResult(gpus, driver, cuda)
     finally:
         _optional(nvml.nvmlShutdown, nvml)
+
+
+def _cuda_version(nvml: ModuleType) -> str | None:
+    """The highest CUDA the driver supports, "12.4" (NVML says 12040), or None when it does not say."""
+    cuda_int = _optional(nvml.nvmlSystemGetCudaDriverVersion, nvml)
+    return f"{cuda_int // 1000}.{cuda_int % 1000 // 10}" if cuda_int else None
+
+
+def _gpu_info(nvml: ModuleType, i: int, handles: list[Any], bus_ids: list[str]) -> GpuInfo:
+    """GPU i (handles[i]) as NVML reports it; its NVLink peers found by the PCI bus ids of all GPUs (bus_ids)."""
+    h = handles[i]
+    mem = nvml.nvmlDeviceGetMemoryInfo(h)
+    cc = _optional(lambda: nvml.nvmlDeviceGetCudaComputeCapability(h), nvml)
+    name = _text(nvml.nvmlDeviceGetName(h))
+    links = _nvlink_bus_ids(nvml, h)
+    nvlink = tuple(j for j, b in enumerate(bus_ids) if j != i and b and b in links)
+    p2p = _p2p_peers(nvml, i, handles)
+    bw = known_bandwidth_gbps(name)
+    return GpuInfo(
+        index=i,
+        name=name,
+        uuid=_optional(lambda: _text(nvml.nvmlDeviceGetUUID(h)), nvml) or "",
+        memory_total_mib=int(mem.total) // MIB,
+        memory_free_mib=int(mem.free) // MIB,
+        memory_used_mib=int(mem.used) // MIB,
+        compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
+        pcie_generation=_optional(lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h), nvml),
+        pcie_width=_optional(lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(h), nvml),
+        nvlink_peers=nvlink,
+        p2p_peers=tuple(sorted(set(p2p) | set(nvlink))),
+        other_processes=_processes(nvml, h),
+        memory_bandwidth_gbps=bw,
+        sources={
+            "memory_bandwidth_gbps": "known-gpus" if bw else "default",
+            **dict.fromkeys(_NVML_FIELDS, "nvml"),
+        },
+    )
+
+
+def _p2p_peers(nvml: ModuleType, i: int, handles: list[Any]) -> tuple[int, ...]:
+    """The other GPUs GPU i can read from peer to peer (NVML's P2P status for reads is OK)."""
+    h = handles[i]
+    read_caps = getattr(nvml, "NVML_P2P_CAPS_INDEX_READ", 0)
+    status_ok = getattr(nvml, "NVML_P2P_STATUS_OK", 0)
+    return tuple(
+        j
+        for j, other in enumerate(handles)
+        if j != i and _optional(lambda other=other: nvml.nvmlDeviceGetP2PStatus(h, other, read_caps), nvml) == status_ok
+    )

@@ -108,7 +108,6 @@ def _tp_kv_pool(shape: ModelShape, c: Candidate, devices: tuple[DeviceMemory, ..
 def _price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[DeviceMemory, ...]:
     """price() of everything but the torch engine streaming blocks; the torch engine's KV is one sequence here
     (_with_kv_pool sizes its pool)."""
-    lay = c.layout
     kv_total = m.kv_bytes(
         shape,
         c.ctx,
@@ -118,6 +117,18 @@ def _price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[Dev
     )
     kv_per_layer = kv_total / shape.n_layers
     full = c.n_gpu_layers >= shape.n_layers and bool(c.gpus)
+    gpu_rows = _gpu_rows(report, shape, c, kv_per_layer, full)
+    devices = [_gpu_memory(g, *gpu_rows.get(g.index, (0, 0, 0, 0))) for g in report.gpus]
+    devices.append(_host_memory(report, shape, c, kv_per_layer, full))
+    return tuple(devices)
+
+
+def _gpu_rows(
+    report: HardwareReport, shape: ModelShape, c: Candidate, kv_per_layer: float, full: bool
+) -> dict[int, tuple[float, float, float, float]]:
+    """(weights, KV, compute, overhead) bytes of each GPU of c: its share of the layers (contiguous ones in a
+    layer split, a slice of every one in a tensor split), and the head where it runs."""
+    lay = c.layout
     gpu_layer_bytes = sum(lay.layer_bytes[shape.n_layers - c.n_gpu_layers :]) if c.gpus else 0
     share = shares(report, c.gpus)
     main = c.gpus[-1] if c.gpus else None  # llama.cpp puts the head with the last layers
@@ -144,21 +155,29 @@ def _price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[Dev
         compute = m.compute_bytes(shape, c.ctx, n_ubatch=c.n_batch, flash_attn=c.flash_attn, with_logits=(i == main))
         overhead = m.TORCH_GPU_OVERHEAD_BYTES if c.backend == "torch" else m.LLAMA_CPP_GPU_OVERHEAD_BYTES
         gpu_rows[i] = (w, kv, compute, overhead)
-    devices = []
-    for g in report.gpus:
-        w, kv, compute, overhead = gpu_rows.get(g.index, (0, 0, 0, 0))
-        devices.append(
-            DeviceMemory(
-                "gpu",
-                g.index,
-                g.name,
-                m.mib(w),
-                m.mib(kv),
-                m.mib(compute),
-                m.mib(overhead),
-                m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) // m.MIB,
-            )
-        )
+    return gpu_rows
+
+
+def _gpu_memory(g: GpuInfo, w: float, kv: float, compute: float, overhead: float) -> DeviceMemory:
+    """GPU g's row of a pricing from its bytes, against its budget."""
+    return DeviceMemory(
+        "gpu",
+        g.index,
+        g.name,
+        m.mib(w),
+        m.mib(kv),
+        m.mib(compute),
+        m.mib(overhead),
+        m.gpu_budget_bytes(g.memory_free_mib, g.memory_total_mib) // m.MIB,
+    )
+
+
+def _host_memory(
+    report: HardwareReport, shape: ModelShape, c: Candidate, kv_per_layer: float, full: bool
+) -> DeviceMemory:
+    """Host RAM's row of _price: the layers (and their KV) not on the GPUs, the embedding, the head where no GPU
+    has it; for the torch engine on a GPU, nothing."""
+    lay = c.layout
     cpu_layers = shape.n_layers - (c.n_gpu_layers if c.gpus else 0)
     cpu_overhead = 0.0
     if c.backend == "torch" and c.gpus:
@@ -177,19 +196,16 @@ def _price(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[Dev
             cpu_w += lay.prefill_copy_bytes
             cpu_compute += m.torch_cpu_attention_bytes(shape, c.ctx, c.max_num_seqs, c.kv_cache_type)
             cpu_overhead = m.torch_tokenizer_bytes(shape)
-    devices.append(
-        DeviceMemory(
-            "cpu",
-            None,
-            report.cpu_model,
-            m.mib(cpu_w),
-            m.mib(cpu_kv),
-            m.mib(cpu_compute),
-            m.mib(cpu_overhead),
-            m.ram_budget_bytes(report.ram_available_mib) // m.MIB,
-        )
+    return DeviceMemory(
+        "cpu",
+        None,
+        report.cpu_model,
+        m.mib(cpu_w),
+        m.mib(cpu_kv),
+        m.mib(cpu_compute),
+        m.mib(cpu_overhead),
+        m.ram_budget_bytes(report.ram_available_mib) // m.MIB,
     )
-    return tuple(devices)
 
 
 def _price_torch_offload(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[DeviceMemory, ...]:
