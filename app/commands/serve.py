@@ -5,11 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.commands.common import add_model_arguments, settings_from_args
 from app.commands.models import size_on_disk
 from backends.errors import ConfigError, HearthError
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from app.loaded import Loaded
+    from app.server.app import ServerConfig
+    from app.settings import Settings
+    from backends.api import Backend
 
 NAME = "serve"
 HELP = "serve a model over an OpenAI-compatible HTTP API"
@@ -111,25 +119,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn  # lazy: heavy: uvicorn
-
-    class _GracefulServer(uvicorn.Server):
-        """uvicorn re-raises a captured SIGTERM/SIGINT after its graceful shutdown, so the process would die by
-        the signal (exit -15); here a signal is the ordinary way to stop, so shutdown ends with exit 0."""
-
-        def handle_exit(self, sig: int, frame: object) -> None:
-            super().handle_exit(sig, frame)  # type: ignore[arg-type]
-            captured = getattr(self, "_captured_signals", None)
-            if isinstance(captured, list):
-                captured.clear()
-
     # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
     from app.loading import open_backend
-    from app.server.app import ServerConfig, create_app  # lazy: heavy: fastapi, pydantic, starlette
+    from app.server.app import create_app  # lazy: heavy: fastapi, pydantic, starlette
 
-    # lazy: keeps `hearth --help` light (+asyncio, prometheus_client, 5 hearth modules)
-    from app.server.runner import Limits
+    keep_alive_s = _check_arguments(args)
+    settings = _serving_settings(args)
+    # serving: the plan prefers the engine that batches (with max_concurrency 1 it says "single user")
+    loaded = open_backend(settings, hardware_file=args.hardware, serving=True, command="serve")
+    backend = loaded.backend
+    try:
+        err = sys.stderr
+        _log_server_errors(err)
+        why = _print_plan(loaded, err)
+        config = _server_config(args, settings, loaded.entry.name, keep_alive_s)
+        app = create_app(backend, config)
+        _announce(app, backend, config, settings, args.ollama_port, why, err)
+        _serve(app, settings, args)
+        for request_id in list(app.state.runner.active):  # past the grace period: abort what still runs
+            backend.abort(request_id)
+        return 0
+    finally:
+        backend.close()
 
+
+def _check_arguments(args: argparse.Namespace) -> float | None:
+    """Refuse bad serving flags with a ConfigError naming them; --single-user sets --max-concurrency 1.  Returns
+    --keep-alive in seconds (None: never unload)."""
     keep_alive_s = None
     if args.keep_alive is not None:
         from app.server.ollama_schemas import keep_alive_seconds  # lazy: heavy: pydantic
@@ -149,69 +165,113 @@ def run(args: argparse.Namespace) -> int:
                 "give one of the two",
             )
         args.max_concurrency = 1
+    return keep_alive_s
+
+
+def _serving_settings(args: argparse.Namespace) -> Settings:
+    """The merged settings (file < env < flags); a ConfigError when they name the remote backend."""
     settings = settings_from_args(args)
     if settings.backend == "remote":  # from settings.toml or HEARTH_BACKEND: a proxy would only add a hop
         raise ConfigError(
             f"hearth serve runs a local model, and the settings say backend = remote ({settings.url})",
             "point your clients at that server directly, or pass --backend auto",
         )
-    # serving: the plan prefers the engine that batches (with max_concurrency 1 it says "single user")
-    loaded = open_backend(settings, hardware_file=args.hardware, serving=True, command="serve")
-    backend = loaded.backend
-    try:
-        err = sys.stderr
-        _log_server_errors(err)
-        why = [r for r in loaded.decision.reasons if r.startswith(("serving", "single user"))]
-        for reason in loaded.decision.reasons:
-            if reason not in why:
-                print(f"plan: {reason}", file=err)
-        print("loaded: " + ", ".join(f"{k}={v}" for k, v in backend.describe().items()), file=err)
-        limits = Limits(
-            max_concurrency=settings.max_concurrency,
-            queue_limit=args.queue_limit,
-            max_body_bytes=args.max_body_bytes,
-            shutdown_grace_s=args.shutdown_grace,
-        )
-        config = ServerConfig(
-            model_name=loaded.entry.name,
-            api_key=settings.api_key or None,
-            limits=limits,
-            catalog=_store_catalog,
-            keep_alive_s=keep_alive_s,
-        )
-        app = create_app(backend, config)
-        slots = app.state.runner.slots
-        mode = (
-            f"{backend.name}, up to {slots} requests batched"
-            if slots > 1
-            else f"{backend.name}, one request at a time (others queue)"
-        )
-        print(
-            f"serving {config.model_name!r} on http://{settings.host}:{settings.port}/v1 "
-            f"({mode}; auth {'on' if config.api_key else 'off'})",
-            file=err,
-        )
-        if args.ollama_port is not None:
-            print(
-                f"  Ollama's API: http://{settings.host}:{args.ollama_port}/api (and on port {settings.port})", file=err
-            )
-        for reason in why:  # the planner's reason for this engine, with its numbers
-            print(f"  why: {reason}", file=err)
-        err.flush()
-        uv_config = uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level="warning",
-            timeout_graceful_shutdown=max(int(args.shutdown_grace), 1),
-        )
-        server = _GracefulServer(uv_config)
-        server.run(sockets=_sockets(uv_config, settings.host, args.ollama_port))
-        for request_id in list(app.state.runner.active):  # past the grace period: abort what still runs
-            backend.abort(request_id)
-        return 0
-    finally:
-        backend.close()
+    return settings
+
+
+def _print_plan(loaded: Loaded, err: Any) -> list[str]:
+    """Print the plan's reasons and the loaded backend on `err`; returns the reasons that say why this engine
+    serves (printed later, under the serving line)."""
+    why = [r for r in loaded.decision.reasons if r.startswith(("serving", "single user"))]
+    for reason in loaded.decision.reasons:
+        if reason not in why:
+            print(f"plan: {reason}", file=err)
+    print("loaded: " + ", ".join(f"{k}={v}" for k, v in loaded.backend.describe().items()), file=err)
+    return why
+
+
+def _server_config(
+    args: argparse.Namespace, settings: Settings, model_name: str, keep_alive_s: float | None
+) -> ServerConfig:
+    """The app's ServerConfig: the served name, auth, the request limits, the store's catalog and keep-alive."""
+    from app.server.app import ServerConfig  # lazy: heavy: fastapi, pydantic, starlette
+
+    # lazy: keeps `hearth --help` light (+asyncio, prometheus_client, 5 hearth modules)
+    from app.server.runner import Limits
+
+    limits = Limits(
+        max_concurrency=settings.max_concurrency,
+        queue_limit=args.queue_limit,
+        max_body_bytes=args.max_body_bytes,
+        shutdown_grace_s=args.shutdown_grace,
+    )
+    return ServerConfig(
+        model_name=model_name,
+        api_key=settings.api_key or None,
+        limits=limits,
+        catalog=_store_catalog,
+        keep_alive_s=keep_alive_s,
+    )
+
+
+def _announce(
+    app: FastAPI,
+    backend: Backend,
+    config: ServerConfig,
+    settings: Settings,
+    ollama_port: int | None,
+    why: list[str],
+    err: Any,
+) -> None:
+    """The start-up lines on `err`: where it serves and how, Ollama's port, and the planner's reasons."""
+    slots = app.state.runner.slots
+    mode = (
+        f"{backend.name}, up to {slots} requests batched"
+        if slots > 1
+        else f"{backend.name}, one request at a time (others queue)"
+    )
+    print(
+        f"serving {config.model_name!r} on http://{settings.host}:{settings.port}/v1 "
+        f"({mode}; auth {'on' if config.api_key else 'off'})",
+        file=err,
+    )
+    if ollama_port is not None:
+        print(f"  Ollama's API: http://{settings.host}:{ollama_port}/api (and on port {settings.port})", file=err)
+    for reason in why:  # the planner's reason for this engine, with its numbers
+        print(f"  why: {reason}", file=err)
+    err.flush()
+
+
+def _serve(app: FastAPI, settings: Settings, args: argparse.Namespace) -> None:
+    """Run uvicorn until SIGINT/SIGTERM and its graceful shutdown (--shutdown-grace seconds, at least 1)."""
+    import uvicorn  # lazy: heavy: uvicorn
+
+    uv_config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=max(int(args.shutdown_grace), 1),
+    )
+    server = _graceful_server(uv_config)
+    server.run(sockets=_sockets(uv_config, settings.host, args.ollama_port))
+
+
+def _graceful_server(config: Any) -> Any:
+    """A uvicorn.Server whose shutdown by a signal ends with exit 0."""
+    import uvicorn  # lazy: heavy: uvicorn
+
+    class _GracefulServer(uvicorn.Server):
+        """uvicorn re-raises a captured SIGTERM/SIGINT after its graceful shutdown, so the process would die by
+        the signal (exit -15); here a signal is the ordinary way to stop, so shutdown ends with exit 0."""
+
+        def handle_exit(self, sig: int, frame: object) -> None:
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
+
+    return _GracefulServer(config)
 
 
 def _log_server_errors(err: Any) -> None:

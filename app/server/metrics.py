@@ -31,9 +31,17 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class ServerMetrics:
+    """The server's Prometheus metrics: HTTP traffic and tokens, the engine's gauges, and TTFT by priority."""
+
     def __init__(self, ttft_target_s: float = 0.5) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
+        self._add_traffic(self.registry)
+        self._add_engine_gauges(self.registry)
+        self._add_ttft_by_priority(self.registry, ttft_target_s)
+        self._recent: dict[int, deque[float]] = {}
+
+    def _add_traffic(self, r: CollectorRegistry) -> None:
+        """Requests answered, tokens in and out, and the latency histograms of every request."""
         self.requests = Counter(
             "hearth_http_requests", "HTTP requests answered, by path and status", ("path", "status"), registry=r
         )
@@ -49,6 +57,10 @@ class ServerMetrics:
             buckets=_TPOT_BUCKETS,
             registry=r,
         )
+
+    def _add_engine_gauges(self, r: CollectorRegistry) -> None:
+        """Generations running and queued (the runner sets them), and the engine's gauges render() sets from
+        the backend's snapshot: KV blocks, speculative decoding, preemptions and swaps, TTFT-plan deferrals."""
         self.running = Gauge("hearth_requests_running", "generations running now", registry=r)
         self.queued = Gauge("hearth_queue_depth", "generations waiting for a slot", registry=r)
         self.kv_used = Gauge("hearth_kv_blocks_used", "KV cache blocks in use (backends that report them)", registry=r)
@@ -75,7 +87,10 @@ class ServerMetrics:
         self.deferred = Gauge(
             "hearth_ttft_deferred", "running requests held back a step by the TTFT plan since load", registry=r
         )
-        # TTFT by priority (issue 27)
+
+    def _add_ttft_by_priority(self, r: CollectorRegistry, ttft_target_s: float) -> None:
+        """TTFT by priority (issue 27): the target the engine plans for, a histogram and the target-met counter by
+        priority, and the gauges over the recent window."""
         self.ttft_target_s = ttft_target_s  # 0 = the engine plans for none; the share is then not reported
         Gauge("hearth_ttft_target_seconds", "the TTFT target the engine plans for (0 = none)", registry=r).set(
             ttft_target_s
@@ -105,7 +120,6 @@ class ServerMetrics:
             ("priority",),
             registry=r,
         )
-        self._recent: dict[int, deque[float]] = {}
 
     def observe_ttft(self, priority: int, seconds: float) -> None:
         label = str(priority)

@@ -74,6 +74,8 @@ from backends.api import Backend, Request
 # it to gate features (tools, structured outputs, think), so it is Ollama's numbering, not hearth's.
 OLLAMA_API_VERSION = "0.12.0"
 
+_Route = Callable[[HTTPRequest], Awaitable[Response]]
+
 
 def add_ollama_routes(
     app: FastAPI,
@@ -87,74 +89,135 @@ def add_ollama_routes(
 ) -> None:
     """Register the /api/* routes for `backend`, served as `served` (its registered name).  `unless_gone`:
     app.py's wait that ends (a 499) and cancels the work when the client disconnects first."""
-    entry = entry_for(backend.spec, served)
+    api = _OllamaAPI(backend, runner, served, max_body_bytes, catalog, unless_gone, keep_alive)
+    # -- models -------------------------------------------------------------------------------------------
+    app.api_route("/", methods=["GET", "HEAD"])(root)
+    app.get("/api/version")(version)
+    app.get("/api/tags")(api.tags)
+    app.get("/api/ps")(api.ps)
+    app.post("/api/show")(_guarded(api.show))
+    app.post("/api/pull")(_guarded(api.pull))
+    # -- generation ---------------------------------------------------------------------------------------
+    app.post("/api/chat")(_guarded(api.chat))
+    app.post("/api/generate")(_guarded(api.generate))
+    # -- embeddings ---------------------------------------------------------------------------------------
+    app.post("/api/embed")(_guarded(api.embed))
+    app.post("/api/embeddings")(_guarded(api.embeddings))
 
-    def entries() -> list[CatalogEntry]:
-        listed = catalog() if catalog is not None else []
-        if not any(e.name == served for e in listed):
-            listed = [entry, *listed]
+
+def _guarded(route: _Route) -> _Route:
+    """`route` answering every error in Ollama's shape: an APIError as it is, engine errors and bugs by
+    engine_error (which logs a bug's id and traceback)."""
+
+    async def handler(request: HTTPRequest) -> Response:
+        try:
+            return await route(request)
+        except Exception as exc:  # noqa: BLE001 - APIError as it is; engine errors and bugs by engine_error
+            return ollama_error(engine_error(exc, f"{request.method} {request.url.path}"))
+
+    handler.__name__ = route.__name__
+    return handler
+
+
+async def root() -> Response:
+    """Ollama answers its root with 200 "Ollama is running"; clients probe it."""
+    return Response("hearth is running (Ollama's API on /api, OpenAI's on /v1)\n", media_type="text/plain")
+
+
+async def version() -> dict:
+    return {"version": OLLAMA_API_VERSION, "hearth": __version__}
+
+
+class _OllamaAPI:
+    """The /api/* handlers of one server: the backend it serves as `served`, and what they share."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        runner: Runner,
+        served: str,
+        max_body_bytes: int,
+        catalog: Catalog | None,
+        unless_gone: Callable[[HTTPRequest, Awaitable[Response]], Awaitable[Response]],
+        keep_alive: KeepAlive,
+    ) -> None:
+        self.backend = backend
+        self.runner = runner
+        self.served = served
+        self.max_body_bytes = max_body_bytes
+        self.catalog = catalog
+        self.unless_gone = unless_gone
+        self.keep_alive = keep_alive
+        self.entry = entry_for(backend.spec, served)
+
+    # -- shared -------------------------------------------------------------------------------------------
+    def entries(self) -> list[CatalogEntry]:
+        """The registered models, the served one first when the catalog lacks it."""
+        listed = self.catalog() if self.catalog is not None else []
+        if not any(e.name == self.served for e in listed):
+            listed = [self.entry, *listed]
         return listed
 
-    def check_model(asked: str) -> None:
-        if not same_model(asked, served):
-            known = any(same_model(asked, e.name) for e in entries())
-            why = (
-                f"model {asked!r} is registered but this server serves {served!r}: start `hearth serve --model "
-                f"{asked.removesuffix(':latest')}` to serve it"
-                if known
-                else f"model {asked!r} not found: this server serves {served!r} (`hearth models` lists the others)"
-            )
-            raise APIError(404, why)
+    def check_model(self, asked: str) -> None:
+        """A 404 unless `asked` is the served model, saying how to serve it when it is registered."""
+        if same_model(asked, self.served):
+            return
+        served = self.served
+        known = any(same_model(asked, e.name) for e in self.entries())
+        why = (
+            f"model {asked!r} is registered but this server serves {served!r}: start `hearth serve --model "
+            f"{asked.removesuffix(':latest')}` to serve it"
+            if known
+            else f"model {asked!r} not found: this server serves {served!r} (`hearth models` lists the others)"
+        )
+        raise APIError(404, why)
 
-    async def parse(request: HTTPRequest, schema: type[BaseModel]) -> Any:
-        return await parse_body(request, schema, max_body_bytes)
+    async def parse(self, request: HTTPRequest, schema: type[BaseModel]) -> Any:
+        return await parse_body(request, schema, self.max_body_bytes)
 
-    def guarded(route: Callable[[HTTPRequest], Awaitable[Response]]) -> Callable[[HTTPRequest], Awaitable[Response]]:
-        async def handler(request: HTTPRequest) -> Response:
-            try:
-                return await route(request)
-            except Exception as exc:  # noqa: BLE001 - APIError as it is; engine errors and bugs by engine_error
-                return ollama_error(engine_error(exc, f"{request.method} {request.url.path}"))
-
-        handler.__name__ = route.__name__
-        return handler
+    async def answer(
+        self, request: HTTPRequest, req: Request, load_s: float, *, chat: bool, stream: bool, tools: Any, think: bool
+    ) -> Response:
+        """`req` run and answered in Ollama's framing (app/server/ollama_answers.py)."""
+        return await ollama_answer(
+            request,
+            self.runner,
+            req,
+            self.served,
+            load_s=load_s,
+            chat=chat,
+            stream=stream,
+            tools=tools,
+            think=think,
+            unless_gone=self.unless_gone,
+        )
 
     # -- models -------------------------------------------------------------------------------------------
-    @app.api_route("/", methods=["GET", "HEAD"])
-    async def root() -> Response:  # Ollama answers its root with 200 "Ollama is running"; clients probe it
-        return Response("hearth is running (Ollama's API on /api, OpenAI's on /v1)\n", media_type="text/plain")
-
-    @app.get("/api/version")
-    async def version() -> dict:
-        return {"version": OLLAMA_API_VERSION, "hearth": __version__}
-
-    @app.get("/api/tags")
-    async def tags() -> dict:
-        listed = await run_in_threadpool(entries)
+    async def tags(self) -> dict:
+        listed = await run_in_threadpool(self.entries)
         return {"models": [tags_entry(e) for e in listed]}
 
-    @app.get("/api/ps")
-    async def ps() -> dict:
-        if not backend.resident:  # keep_alive unloaded it: nothing is running
+    async def ps(self) -> dict:
+        if not self.backend.resident:  # keep_alive unloaded it: nothing is running
             return {"models": []}
-        memory = await run_in_threadpool(backend.memory_in_use)
-        return {"models": [ps_entry(entry, backend.n_ctx, memory, keep_alive.expires_at)]}
+        memory = await run_in_threadpool(self.backend.memory_in_use)
+        return {"models": [ps_entry(self.entry, self.backend.n_ctx, memory, self.keep_alive.expires_at)]}
 
-    async def show(request: HTTPRequest) -> Response:
-        body = await parse(request, ModelBody)
+    async def show(self, request: HTTPRequest) -> Response:
+        body = await self.parse(request, ModelBody)
         asked = body.target()
         if not asked:
             raise APIError(400, "model is required")
-        listed = await run_in_threadpool(entries)
+        listed = await run_in_threadpool(self.entries)
         found = next((e for e in listed if same_model(asked, e.name)), None)
         if found is None:
             raise APIError(404, f"model {asked!r} not found (`hearth models` lists the registered ones)")
-        return JSONResponse(show_body(found, backend.n_ctx if found.name == served else None))
+        return JSONResponse(show_body(found, self.backend.n_ctx if found.name == self.served else None))
 
-    async def pull(request: HTTPRequest) -> Response:
-        body = await parse(request, ModelBody)
+    async def pull(self, request: HTTPRequest) -> Response:
+        body = await self.parse(request, ModelBody)
         asked = body.target() or ""
-        listed = await run_in_threadpool(entries)
+        listed = await run_in_threadpool(self.entries)
         if any(same_model(asked, e.name) for e in listed):  # already here: what Ollama answers once pulled
             line = {"status": "success"}
             if body.stream:
@@ -166,107 +229,69 @@ def add_ollama_routes(
             f"repo) or `hearth models add PATH`, then `hearth serve --model NAME`; {asked!r} is not registered",
         )
 
-    app.post("/api/show")(guarded(show))
-    app.post("/api/pull")(guarded(pull))
-
     # -- generation ---------------------------------------------------------------------------------------
-    async def chat(request: HTTPRequest) -> Response:
-        body: ChatBody = await parse(request, ChatBody)
-        check_model(body.model)
-        refuse_embedding_model(backend)
-        keep = request_keep_alive(body.keep_alive, keep_alive)
+    async def chat(self, request: HTTPRequest) -> Response:
+        body: ChatBody = await self.parse(request, ChatBody)
+        self.check_model(body.model)
+        refuse_embedding_model(self.backend)
+        keep = request_keep_alive(body.keep_alive, self.keep_alive)
         if not body.messages:  # Ollama: an empty chat loads the model (and keep_alive 0 unloads it)
-            return await _load_or_unload(keep_alive, keep, served, chat=True, stream=body.stream)
-        load_s = await keep_alive.load()
-        sampling = sampling_of(body.options, backend)
+            return await _load_or_unload(self.keep_alive, keep, self.served, chat=True, stream=body.stream)
+        load_s = await self.keep_alive.load()
+        sampling = sampling_of(body.options, self.backend)
         tools = tools_of(body.tools)
-        messages = messages_of(body.messages)
-        if not any(m["role"] == "system" for m in messages):  # Ollama's Modelfile SYSTEM: hearth's default
-            messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
-        think = think_vars(body.think, backend)
-        built = await run_in_threadpool(build_request, backend, messages, sampling, tools, think)
+        messages = _with_system(messages_of(body.messages))
+        think = think_vars(body.think, self.backend)
+        built = await run_in_threadpool(build_request, self.backend, messages, sampling, tools, think)
         req = await run_in_threadpool(with_format, built.request, body.format)
-        return await ollama_answer(
-            request,
-            runner,
-            req,
-            served,
-            load_s=load_s,
-            chat=True,
-            stream=body.stream,
-            tools=built.tools,
-            think=bool(think),
-            unless_gone=unless_gone,
+        return await self.answer(
+            request, req, load_s, chat=True, stream=body.stream, tools=built.tools, think=bool(think)
         )
 
-    async def generate(request: HTTPRequest) -> Response:
-        body: GenerateBody = await parse(request, GenerateBody)
-        check_model(body.model)
-        refuse_embedding_model(backend)
-        keep = request_keep_alive(body.keep_alive, keep_alive)
-        for field, why in (
-            ("images", "hearth serves text models (no vision)"),
-            ("suffix", "fill-in-the-middle is not supported"),
-            ("context", "the deprecated `context` is not supported: send the conversation to /api/chat"),
-        ):
-            if getattr(body, field):
-                raise APIError(400, f"{field}: {why}")
-        if body.template:
-            raise APIError(400, "template: hearth renders the model's own chat template; use raw: true for raw text")
+    async def generate(self, request: HTTPRequest) -> Response:
+        body: GenerateBody = await self.parse(request, GenerateBody)
+        self.check_model(body.model)
+        refuse_embedding_model(self.backend)
+        keep = request_keep_alive(body.keep_alive, self.keep_alive)
+        _refuse_generate_fields(body)
         if not body.prompt:
-            return await _load_or_unload(keep_alive, keep, served, chat=False, stream=body.stream)
-        load_s = await keep_alive.load()
-        sampling = sampling_of(body.options, backend)
-        think = think_vars(body.think, backend)
-        if body.raw:
-            req = Request(prompt=body.prompt, sampling=sampling, add_special=False)
-            reading = None
-        else:
-            system = body.system if body.system is not None else SYSTEM_PROMPT  # "" sends none
-            messages = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": body.prompt}
-            ]
-            built = await run_in_threadpool(build_request, backend, messages, sampling, None, think)
-            req, reading = built.request, built.tools
+            return await _load_or_unload(self.keep_alive, keep, self.served, chat=False, stream=body.stream)
+        load_s = await self.keep_alive.load()
+        sampling = sampling_of(body.options, self.backend)
+        think = think_vars(body.think, self.backend)
+        req, reading = await self.generate_request(body, sampling, think)
         req = await run_in_threadpool(with_format, req, body.format)
-        return await ollama_answer(
-            request,
-            runner,
-            req,
-            served,
-            load_s=load_s,
-            chat=False,
-            stream=body.stream,
-            tools=reading,
-            think=bool(think),
-            unless_gone=unless_gone,
-        )
+        return await self.answer(request, req, load_s, chat=False, stream=body.stream, tools=reading, think=bool(think))
 
-    app.post("/api/chat")(guarded(chat))
-    app.post("/api/generate")(guarded(generate))
+    async def generate_request(self, body: GenerateBody, sampling: Any, think: dict | None) -> tuple[Request, Any]:
+        """/api/generate's Request and its tool-call reading (None for raw text): raw text as it is, else the
+        prompt as a user message in the model's template, after `system` (hearth's default when not given)."""
+        if body.raw:
+            return Request(prompt=body.prompt, sampling=sampling, add_special=False), None
+        system = body.system if body.system is not None else SYSTEM_PROMPT  # "" sends none
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": body.prompt}
+        ]
+        built = await run_in_threadpool(build_request, self.backend, messages, sampling, None, think)
+        return built.request, built.tools
 
     # -- embeddings ---------------------------------------------------------------------------------------
-    async def embed(request: HTTPRequest) -> Response:
-        body: EmbedBody = await parse(request, EmbedBody)
-        check_model(body.model)
-        request_keep_alive(body.keep_alive, keep_alive)
+    async def embed(self, request: HTTPRequest) -> Response:
+        body: EmbedBody = await self.parse(request, EmbedBody)
+        self.check_model(body.model)
+        request_keep_alive(body.keep_alive, self.keep_alive)
         check_options_only(body.options)
-        if body.dimensions is not None and body.dimensions != backend.spec.hidden_size:
-            raise APIError(
-                400,
-                f"dimensions={body.dimensions}: {served} gives {backend.spec.hidden_size}-dimensional embeddings and "
-                "its file does not say it may be truncated",
-            )
+        self.check_dimensions(body.dimensions)
         inputs = [body.input] if isinstance(body.input, str) else list(body.input)
         if not inputs or any(not text for text in inputs):
             raise APIError(400, "input must be a non-empty string or a list of non-empty strings")
         started = time.perf_counter()
-        load_s = await keep_alive.load()
-        done = await run_in_threadpool(embed_inputs, backend, inputs, body.truncate, "input")
+        load_s = await self.keep_alive.load()
+        done = await run_in_threadpool(embed_inputs, self.backend, inputs, body.truncate, "input")
         total = time.perf_counter() - started
         return JSONResponse(
             {
-                "model": served,
+                "model": self.served,
                 "embeddings": [[float(x) for x in row] for row in done.vectors],
                 "total_duration": ns(total),
                 "load_duration": ns(load_s),
@@ -274,18 +299,45 @@ def add_ollama_routes(
             }
         )
 
-    async def embeddings(request: HTTPRequest) -> Response:
-        body: EmbeddingsBody = await parse(request, EmbeddingsBody)
-        check_model(body.model)
-        request_keep_alive(body.keep_alive, keep_alive)
+    def check_dimensions(self, dimensions: int | None) -> None:
+        """A 400 for `dimensions` other than the model's own: its file does not say it may be truncated."""
+        hidden_size = self.backend.spec.hidden_size
+        if dimensions is not None and dimensions != hidden_size:
+            raise APIError(
+                400,
+                f"dimensions={dimensions}: {self.served} gives {hidden_size}-dimensional embeddings and "
+                "its file does not say it may be truncated",
+            )
+
+    async def embeddings(self, request: HTTPRequest) -> Response:
+        body: EmbeddingsBody = await self.parse(request, EmbeddingsBody)
+        self.check_model(body.model)
+        request_keep_alive(body.keep_alive, self.keep_alive)
         check_options_only(body.options)
         if not body.prompt:  # Ollama answers an empty prompt with an empty embedding (it only loads the model)
             return JSONResponse({"embedding": []})
-        done = await run_in_threadpool(embed_inputs, backend, [body.prompt], True, "prompt")
+        done = await run_in_threadpool(embed_inputs, self.backend, [body.prompt], True, "prompt")
         return JSONResponse({"embedding": [float(x) for x in done.vectors[0]]})
 
-    app.post("/api/embed")(guarded(embed))
-    app.post("/api/embeddings")(guarded(embeddings))
+
+def _with_system(messages: list[dict]) -> list[dict]:
+    """`messages` with hearth's default system message first when they have none (Ollama's Modelfile SYSTEM)."""
+    if not any(m["role"] == "system" for m in messages):
+        messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
+    return messages
+
+
+def _refuse_generate_fields(body: GenerateBody) -> None:
+    """A 400 naming the first /api/generate field hearth does not support."""
+    for field, why in (
+        ("images", "hearth serves text models (no vision)"),
+        ("suffix", "fill-in-the-middle is not supported"),
+        ("context", "the deprecated `context` is not supported: send the conversation to /api/chat"),
+    ):
+        if getattr(body, field):
+            raise APIError(400, f"{field}: {why}")
+    if body.template:
+        raise APIError(400, "template: hearth renders the model's own chat template; use raw: true for raw text")
 
 
 async def _load_or_unload(keep_alive: KeepAlive, keep: float | None | bool, served: str, chat: bool, stream: bool):
