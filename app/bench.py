@@ -4,6 +4,7 @@ The parent (`run_bench`) starts `python -m app.bench WORKLOAD_JSON` once per bac
 start and peak memory belongs to that backend alone (the peak is that of the runner that holds the model).
 The worker prints one JSON object per line on stdout:
 {"progress": done, "total": n} while it runs, then {"result": {...}} per concurrency, or {"error": "..."}.
+The prompts it sends and the paths one request takes (in process, chat template, HTTP) are app/bench_requests.py.
 
 `busy_cores` (hearth bench --busy-cores N): N other processes spin, one core each, for as long as every
 backend's worker runs (its load included), the way a browser tab, a compiler or another model take cores on
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import random
 import statistics
 import subprocess
 import sys
@@ -23,14 +23,23 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
+from app.bench_requests import (
+    Sample,
+    send_chat,
+    send_in_process,
+    send_over_http,
+    send_over_http_chat,
+    synthetic_prompts,
+    synthetic_texts,
+)
+from app.bench_requests import read_sse as _read_sse  # noqa: F401 - scripts/sampling_bench.py reaches it here, as before
 from app.loading import hardware_report, open_backend
 from app.measurements import record_bench_decode
-from app.requests import chat_request
 from app.server.background import BackgroundServer
-from app.settings import load_settings
-from backends.api import Request, SamplingParams
+from app.settings import Settings, load_settings
 
 FIGURES = (
     "load_s",
@@ -59,81 +68,6 @@ class Workload:
     threads: int | None = None  # CPU threads for the backend
     busy_cores: int = 0  # competing processes spinning one core each during the runs (busy_processes)
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for backend-specific settings
-
-
-def synthetic_prompts(vocab: int, specials: set[int], n: int, length: int, seed: int) -> list[tuple[int, ...]]:
-    """`n` deterministic prompts of exactly `length` ids, drawn from the vocabulary minus special tokens."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        ids: list[int] = []
-        while len(ids) < length:
-            t = rng.randrange(vocab)
-            if t not in specials:
-                ids.append(t)
-        out.append(tuple(ids))
-    return out
-
-
-_WORDS = (
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "was",
-    "for",
-    "on",
-    "with",
-    "as",
-    "by",
-    "at",
-    "from",
-    "that",
-    "it",
-    "his",
-    "her",
-    "they",
-    "time",
-    "year",
-    "people",
-    "way",
-    "day",
-    "man",
-    "thing",
-    "woman",
-    "life",
-    "child",
-    "world",
-    "school",
-    "state",
-    "family",
-    "group",
-    "country",
-    "problem",
-    "hand",
-    "part",
-    "place",
-    "case",
-    "week",
-    "company",
-    "system",
-    "program",
-    "question",
-    "work",
-    "number",
-    "night",
-    "point",
-    "home",
-)
-
-
-def synthetic_texts(n: int, length: int, seed: int) -> list[str]:
-    """`n` deterministic prompts of `length` common English words (about one token each): a remote model's
-    tokenizer is the server's, so its prompts are text, not ids, and their token counts are about `length`."""
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(_WORDS) for _ in range(length)) for _ in range(n)]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -165,124 +99,37 @@ def _emit(obj: dict[str, Any]) -> None:
 
 
 @dataclass
-class _Sample:
-    """One request's figures, from either path."""
+class _Run:
+    """What every level of one worker run shares."""
 
-    tokens: int
-    ttft_s: float
-    prefill_tokens_per_s: float
-    decode_tokens_per_s: float
-    error: str | None = None
+    w: Workload
+    backend: Any  # the loaded backend (in this process or its runner's client)
+    load_s: float  # cold start: settings, resolve, plan and load
+    target_ms: float  # the TTFT target and the bar for ttft_met_pct
+    priorities: list[int]  # request i runs at priorities[i % len]
+    remote: bool  # the model is on a server: text prompts, its memory is not ours to measure
+    chat: bool  # text prompts as one user message, through the template
+    vocab: int  # the model's vocabulary size (token-id prompts)
+    specials: set[int]  # ids a token-id prompt never holds: EOS and BOS
 
-
-def _in_process(backend: Any, w: Workload) -> Callable[[tuple[int, ...], int, int], _Sample]:
-    def one(prompt: tuple[int, ...], seed: int, priority: int) -> _Sample:
-        params = SamplingParams(temperature=w.temperature, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
-        c = backend.generate(Request(prompt_token_ids=prompt, sampling=params, priority=priority))
-        return _Sample(
-            len(c.token_ids), c.stats.ttft_s, c.stats.prefill_tokens_per_s, c.stats.decode_tokens_per_s, c.error
-        )
-
-    return one
+    def priority(self, i: int) -> int:
+        """The priority request `i` runs at."""
+        return self.priorities[i % len(self.priorities)]
 
 
-def _chat(backend: Any, w: Workload, *, remote: bool) -> Callable[[str, int, int], _Sample]:
-    """Each prompt is one user message through the one request builder (the model's chat template, as the
-    server does for /v1/chat/completions): --chat on a local model, or a remote model (--backend remote), whose
-    generated tokens are the server's count (its usage chunk, else the streamed deltas)."""
+class _Progress:
+    """Counts the finished requests of every path and level (from the pool's threads) and prints
+    {"progress": done, "total": total} for each."""
 
-    def one(prompt: str, seed: int, priority: int) -> _Sample:
-        params = SamplingParams(temperature=w.temperature, max_tokens=w.gen_tokens, ignore_eos=True, seed=seed)
-        messages = [{"role": "user", "content": prompt}]
-        c = backend.generate(chat_request(backend.spec, messages, params, priority=priority).request)
-        return _Sample(
-            c.stats.completion_tokens if remote else len(c.token_ids),
-            c.stats.ttft_s,
-            c.stats.prefill_tokens_per_s,
-            c.stats.decode_tokens_per_s,
-            c.error,
-        )
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self._lock = threading.Lock()
 
-    return one
-
-
-def _over_http_chat(url: str, w: Workload) -> Callable[[str, int, int], _Sample]:
-    """--chat over HTTP: a streaming POST /v1/chat/completions with one user message (what chat clients send)."""
-    import httpx  # lazy: heavy: httpx
-
-    local = threading.local()
-
-    def one(prompt: str, seed: int, priority: int) -> _Sample:
-        client = getattr(local, "client", None)
-        if client is None:
-            client = local.client = httpx.Client(base_url=url, timeout=600)
-        body = {
-            "model": "bench",
-            "priority": priority,
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": w.gen_tokens,
-            "temperature": w.temperature,
-            "seed": seed,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": True,
-        }
-        return _read_sse(
-            client, "/v1/chat/completions", body, lambda c: (c["choices"][0].get("delta") or {}).get("content")
-        )
-
-    return one
-
-
-def _read_sse(client: Any, path: str, body: dict[str, Any], text_of: Callable[[dict], Any]) -> _Sample:
-    """POST `body` to `path`, read the SSE stream: time to the first text, the decode rate, the usage count."""
-    t0 = time.perf_counter()
-    first = last = None
-    tokens = prompt_tokens = 0
-    with client.stream("POST", path, json=body) as r:
-        if r.status_code != 200:
-            return _Sample(0, 0.0, 0.0, 0.0, f"HTTP {r.status_code}: {r.read().decode()[:200]}")
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("choices") and text_of(chunk):
-                last = time.perf_counter()
-                first = first or last
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-                prompt_tokens = chunk["usage"]["prompt_tokens"]
-    if first is None or last is None:
-        return _Sample(tokens, 0.0, 0.0, 0.0, "the stream carried no text")
-    ttft = first - t0
-    decode = (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0
-    return _Sample(tokens, ttft, prompt_tokens / ttft if ttft > 0 else 0.0, decode)
-
-
-def _over_http(url: str, w: Workload) -> Callable[[tuple[int, ...], int, int], _Sample]:
-    """The same request as a streaming POST /v1/completions with token ids (what an OpenAI client sends)."""
-    import httpx  # lazy: heavy: httpx
-
-    local = threading.local()
-
-    def one(prompt: tuple[int, ...], seed: int, priority: int) -> _Sample:
-        client = getattr(local, "client", None)
-        if client is None:
-            client = local.client = httpx.Client(base_url=url, timeout=600)
-        body = {
-            "model": "bench",
-            "priority": priority,
-            "prompt": list(prompt),
-            "max_tokens": w.gen_tokens,
-            "temperature": w.temperature,
-            "seed": seed,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": True,
-        }
-        return _read_sse(client, "/v1/completions", body, lambda c: c["choices"][0].get("text"))
-
-    return one
+    def tick(self) -> None:
+        with self._lock:
+            self.done += 1
+            _emit({"progress": self.done, "total": self.total})
 
 
 def worker(w: Workload) -> None:
@@ -292,122 +139,144 @@ def worker(w: Workload) -> None:
     target_ms = float(w.extra.get("ttft_target_ms", 500.0))
     priorities = list(w.extra.get("priorities") or [0])  # request i runs at priorities[i % len]
     try:
-        settings = load_settings(
-            model=w.model,
-            backend=w.backend,
-            threads=w.threads,
-            ctx=max(512, w.prompt_tokens + w.gen_tokens + 16),
-            max_concurrency=max(w.concurrency),
-            url=w.extra.get("url"),
-            remote_model=w.extra.get("remote_model"),
-            # --tensor-parallel is the torch engine's; llama.cpp splits GPUs itself
-            tensor_parallel=w.extra.get("tensor_parallel") if w.backend == "torch" else None,
-            # --speculative is the torch engine's too: the llama.cpp rows of the same table run without it
-            speculative=w.extra.get("speculative") if w.backend == "torch" else None,
-            draft_model=w.extra.get("draft_model") if w.backend == "torch" else None,
-            ttft_target_ms=target_ms,
-        )
-        loaded = open_backend(settings, command="bench")
+        loaded = open_backend(_worker_settings(w, target_ms), command="bench")
     except Exception as e:  # noqa: BLE001 - any load failure becomes one line in the table, not a dead run
         _emit({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
         return
     load_s = time.perf_counter() - t0
-    backend = loaded.backend
     specials = set(loaded.spec.eos_token_ids)
     if loaded.spec.bos_token_id is not None:
         specials.add(loaded.spec.bos_token_id)
-    vocab = loaded.spec.vocab_size
-    remote = w.backend == "remote"  # the model is on a server: text prompts, its memory is not ours to measure
-    chat = bool(w.extra.get("chat")) and not remote  # text prompts as one user message, through the template
-    local = _chat(backend, w, remote=remote) if remote or chat else _in_process(backend, w)
-    modes: list[tuple[str, Any]] = [(w.backend, local)]
-    server = None
-    if w.extra.get("http") and not remote:
-        server = BackgroundServer(
-            backend, "bench", limits={"max_concurrency": max(w.concurrency), "queue_limit": max(64, w.requests)}
-        )
-        modes.append((f"{w.backend}+http", _over_http_chat(server.url, w) if chat else _over_http(server.url, w)))
-    total = len(modes) * len(w.concurrency) * w.requests
-    done = 0
-    lock = threading.Lock()
-    in_process: dict[int, float] = {}  # aggregate tokens/s by concurrency, in this process
-    one_stream: float | None = None  # decode tokens/s of one stream, for this GPU's records (_record_decode)
+    remote = w.backend == "remote"
+    chat = bool(w.extra.get("chat")) and not remote
+    run = _Run(w, loaded.backend, load_s, target_ms, priorities, remote, chat, loaded.spec.vocab_size, specials)
+    modes, server = _modes(run)
     try:
-        for mode, (name, run_one) in enumerate(modes):
-            for level, conc in enumerate(w.concurrency):
-                # Fresh prompts per level and path: a backend with a prefix cache must not get earlier
-                # prompts for free (the same seed gives the same prompts on every backend).
-                level_seed = w.seed + 7919 * level + 104729 * mode
-                prompts: list[Any] = (
-                    synthetic_texts(w.requests, w.prompt_tokens, level_seed)
-                    if remote or chat
-                    else synthetic_prompts(vocab, specials, w.requests, w.prompt_tokens, level_seed)
-                )
-
-                def one(i: int) -> _Sample:
-                    nonlocal done
-                    sample = run_one(prompts[i], w.seed + i, priorities[i % len(priorities)])
-                    with lock:
-                        done += 1
-                        _emit({"progress": done, "total": total})
-                    return sample
-
-                start = time.perf_counter()
-                with ThreadPoolExecutor(max_workers=conc) as pool:
-                    samples = list(pool.map(one, range(w.requests)))
-                wall = time.perf_counter() - start
-                errors = [s.error for s in samples if s.error]
-                short = [s.tokens for s in samples if s.tokens != w.gen_tokens]
-                if errors or short:
-                    _emit(
-                        {
-                            "result": {
-                                "backend": name,
-                                "concurrency": conc,
-                                "error": errors[0] if errors else f"generated {short[0]} tokens, not {w.gen_tokens}",
-                            }
-                        }
-                    )
-                    continue
-                ttft = [s.ttft_s * 1000 for s in samples]
-                aggregate = sum(s.tokens for s in samples) / wall
-                result = {
-                    "backend": name,
-                    "concurrency": conc,
-                    "load_s": load_s,
-                    "ttft_ms_p50": percentile(ttft, 50),
-                    "ttft_ms_p95": percentile(ttft, 95),
-                    "ttft_target_ms": target_ms,
-                    "ttft_met_pct": 100 * sum(t <= target_ms for t in ttft) / len(ttft),
-                    "ttft_by_priority": ttft_by_priority(
-                        ttft, [priorities[i % len(priorities)] for i in range(w.requests)], target_ms
-                    ),
-                    "prefill_tokens_per_s": statistics.mean(s.prefill_tokens_per_s for s in samples),
-                    "decode_tokens_per_s": statistics.mean(s.decode_tokens_per_s for s in samples),
-                    "aggregate_tokens_per_s": aggregate,
-                    # the process that holds the model (the runner): its own VmHWM, loading's peak included
-                    "peak_rss_mib": None if remote else backend.stats().peak_rss_bytes / 2**20,
-                    "peak_gpu_mib": None if remote else (backend.stats().gpu_bytes / 2**20) or None,
-                    "wall_s": wall,
-                    # the torch engine's CPU threads at the end of the level (it adapts them: threads.py)
-                    "cpu_threads": _cpu_threads(backend),
-                    "requests": w.requests,
-                    "prompt_tokens": w.prompt_tokens,
-                    "gen_tokens": w.gen_tokens,
-                }
-                if mode == 0:
-                    in_process[conc] = aggregate
-                    if conc == 1:
-                        one_stream = result["decode_tokens_per_s"]
-                elif conc in in_process:
-                    result["http_vs_in_process"] = aggregate / in_process[conc]
-                _emit({"result": result})
+        aggregates, one_stream = _run_modes(run, modes)
         if not remote and one_stream is not None:
-            _record_decode(loaded, one_stream, in_process.get(16))
+            _record_decode(loaded, one_stream, aggregates.get(16))
     finally:
         if server is not None:
             server.stop()
-        backend.close()
+        run.backend.close()
+
+
+def _worker_settings(w: Workload, target_ms: float) -> Settings:
+    """The worker's Settings: a context that holds one request, a KV pool for the highest concurrency."""
+    return load_settings(
+        model=w.model,
+        backend=w.backend,
+        threads=w.threads,
+        ctx=max(512, w.prompt_tokens + w.gen_tokens + 16),
+        max_concurrency=max(w.concurrency),
+        url=w.extra.get("url"),
+        remote_model=w.extra.get("remote_model"),
+        # --tensor-parallel is the torch engine's; llama.cpp splits GPUs itself
+        tensor_parallel=w.extra.get("tensor_parallel") if w.backend == "torch" else None,
+        # --speculative is the torch engine's too: the llama.cpp rows of the same table run without it
+        speculative=w.extra.get("speculative") if w.backend == "torch" else None,
+        draft_model=w.extra.get("draft_model") if w.backend == "torch" else None,
+        ttft_target_ms=target_ms,
+    )
+
+
+def _modes(run: _Run) -> tuple[list[tuple[str, Any]], BackgroundServer | None]:
+    """The (row name, send one request) paths to measure: in process, then with extra["http"] through hearth's
+    server (started here; the caller stops it)."""
+    w = run.w
+    local = send_chat(run.backend, w, remote=run.remote) if run.remote or run.chat else send_in_process(run.backend, w)
+    modes: list[tuple[str, Any]] = [(w.backend, local)]
+    server = None
+    if w.extra.get("http") and not run.remote:
+        server = BackgroundServer(
+            run.backend, "bench", limits={"max_concurrency": max(w.concurrency), "queue_limit": max(64, w.requests)}
+        )
+        modes.append(
+            (f"{w.backend}+http", send_over_http_chat(server.url, w) if run.chat else send_over_http(server.url, w))
+        )
+    return modes, server
+
+
+def _run_modes(run: _Run, modes: list[tuple[str, Any]]) -> tuple[dict[int, float], float | None]:
+    """Every level of every path, one result line each; returns the in-process aggregate tokens/s by concurrency
+    and the decode tokens/s of one stream (for this GPU's records: _record_decode)."""
+    w = run.w
+    progress = _Progress(len(modes) * len(w.concurrency) * w.requests)
+    aggregates: dict[int, float] = {}  # aggregate tokens/s by concurrency, in this process
+    one_stream: float | None = None
+    for mode, (name, run_one) in enumerate(modes):
+        for level, conc in enumerate(w.concurrency):
+            # Fresh prompts per level and path: a backend with a prefix cache must not get earlier
+            # prompts for free (the same seed gives the same prompts on every backend).
+            prompts = _prompts(run, w.seed + 7919 * level + 104729 * mode)
+            start = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=conc) as pool:
+                samples = list(pool.map(partial(_one_request, run, run_one, prompts, progress), range(w.requests)))
+            wall = time.perf_counter() - start
+            error = _level_error(samples, w.gen_tokens)
+            if error is not None:
+                _emit({"result": {"backend": name, "concurrency": conc, "error": error}})
+                continue
+            result = _level_result(run, name, conc, samples, wall)
+            if mode == 0:
+                aggregates[conc] = result["aggregate_tokens_per_s"]
+                if conc == 1:
+                    one_stream = result["decode_tokens_per_s"]
+            elif conc in aggregates:
+                result["http_vs_in_process"] = result["aggregate_tokens_per_s"] / aggregates[conc]
+            _emit({"result": result})
+    return aggregates, one_stream
+
+
+def _prompts(run: _Run, seed: int) -> list[Any]:
+    """One level's prompts: text for a remote model or --chat, else token ids."""
+    w = run.w
+    if run.remote or run.chat:
+        return synthetic_texts(w.requests, w.prompt_tokens, seed)
+    return synthetic_prompts(run.vocab, run.specials, w.requests, w.prompt_tokens, seed)
+
+
+def _one_request(run: _Run, run_one: Any, prompts: list[Any], progress: _Progress, i: int) -> Sample:
+    sample = run_one(prompts[i], run.w.seed + i, run.priority(i))
+    progress.tick()
+    return sample
+
+
+def _level_error(samples: list[Sample], gen_tokens: int) -> str | None:
+    """Why a level has no figures: a request's error, else a reply of another length than --gen-tokens."""
+    errors = [s.error for s in samples if s.error]
+    short = [s.tokens for s in samples if s.tokens != gen_tokens]
+    if errors:
+        return errors[0]
+    return f"generated {short[0]} tokens, not {gen_tokens}" if short else None
+
+
+def _level_result(run: _Run, name: str, conc: int, samples: list[Sample], wall: float) -> dict[str, Any]:
+    """One level's row of figures (FIGURES and the rest of the JSON record)."""
+    w, backend, target_ms = run.w, run.backend, run.target_ms
+    ttft = [s.ttft_s * 1000 for s in samples]
+    return {
+        "backend": name,
+        "concurrency": conc,
+        "load_s": run.load_s,
+        "ttft_ms_p50": percentile(ttft, 50),
+        "ttft_ms_p95": percentile(ttft, 95),
+        "ttft_target_ms": target_ms,
+        "ttft_met_pct": 100 * sum(t <= target_ms for t in ttft) / len(ttft),
+        "ttft_by_priority": ttft_by_priority(ttft, [run.priority(i) for i in range(w.requests)], target_ms),
+        "prefill_tokens_per_s": statistics.mean(s.prefill_tokens_per_s for s in samples),
+        "decode_tokens_per_s": statistics.mean(s.decode_tokens_per_s for s in samples),
+        "aggregate_tokens_per_s": sum(s.tokens for s in samples) / wall,
+        # the process that holds the model (the runner): its own VmHWM, loading's peak included
+        "peak_rss_mib": None if run.remote else backend.stats().peak_rss_bytes / 2**20,
+        "peak_gpu_mib": None if run.remote else (backend.stats().gpu_bytes / 2**20) or None,
+        "wall_s": wall,
+        # the torch engine's CPU threads at the end of the level (it adapts them: threads.py)
+        "cpu_threads": _cpu_threads(backend),
+        "requests": w.requests,
+        "prompt_tokens": w.prompt_tokens,
+        "gen_tokens": w.gen_tokens,
+    }
 
 
 def _record_decode(loaded: Any, tokens_per_s: float, tokens_per_s_16: float | None) -> None:

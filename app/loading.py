@@ -9,20 +9,21 @@ the plan.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 import psutil
 
 from app.loaded import Decision, Loaded
 from app.measurements import quality_records_for, with_decode_records
 from app.paths import get_paths
+from app.plan_options import kernel_check_record, physical_cores, plan_options
 from app.remote import open_remote
 from app.runner_start import in_process, prestart
 from app.settings import Settings, keep_alive_seconds
 from app.speculative import decide_speculative
-from app.store import ModelStore
+from app.store import ModelEntry, ModelStore
 from backends.api import Backend, LoadOptions, ProgressCallback
 from backends.embeddings import is_embedding_model
 from backends.modelspec import ModelSpec
@@ -33,11 +34,21 @@ from backends.templates import renderer
 from hwprobe import plan as make_plan
 from hwprobe import probe
 from hwprobe.errors import ConfigError, HearthError
-from hwprobe.plan_types import Plan, Prefs
+from hwprobe.plan_types import Prefs
 from hwprobe.report import HardwareReport, load_report, with_memory_back
-from hwprobe.support import BF16_MIN_CC, torch_engine_refusal
+from hwprobe.support import torch_engine_refusal
 
-__all__ = ["Decision", "Loaded", "decide", "make_backend", "open_backend", "sequences_for"]
+# kernel_check_record and physical_cores live in app/plan_options.py; doctor and the TUI import them from here
+__all__ = [
+    "Decision",
+    "Loaded",
+    "decide",
+    "kernel_check_record",
+    "make_backend",
+    "open_backend",
+    "physical_cores",
+    "sequences_for",
+]
 
 # What each command runs at once, so the plan reserves KV for that and no more (issue 24: `hearth run` had a
 # 16 x 8192-token pool, 2.8 GiB, for one reply of a 135 M model).  `hearth serve` and `hearth bench` reserve
@@ -66,10 +77,6 @@ def sequences_for(command: str, settings: Settings) -> tuple[int, str]:
     return n, f"hearth {command} with max concurrency {n}"
 
 
-def physical_cores() -> int:
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-
-
 def hardware_report(hardware_file: str | None = None, reused: frozenset[int] = frozenset()) -> HardwareReport:
     """The HardwareReport to plan for: the saved one in `hardware_file`, else a probe of this machine, with the
     memory of `reused` (runners an earlier command left loaded with this model, which this one may take over)
@@ -89,26 +96,6 @@ def hardware_report(hardware_file: str | None = None, reused: frozenset[int] = f
     return with_memory_back(report, reused, ram)
 
 
-_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-# plan.quant -> LoadOptions.weight_quant; "GGUF" is the file's own quantized (weight_map.REPACK_KIND) blocks, repacked
-_TORCH_QUANTS = {"W8A16": "int8", "W4A16": "int4", "FP8": "fp8", "GGUF": "gguf"}
-
-
-def _torch_dtype(plan: Plan, report: HardwareReport) -> str:
-    """The compute dtype of a torch plan: its own for bf16/fp16/fp32; for a quantized format on a GPU the half
-    precision the planner priced it in (bf16 from compute capability 8.0, else fp16: torch.cuda's "auto" would
-    take bf16 on a Turing card, where it is emulated); "auto" on CPU."""
-    if plan.quant in _TORCH_DTYPES:
-        return _TORCH_DTYPES[plan.quant]
-    if not plan.device.startswith("cuda"):  # a CPU plan keeps a GGUF's blocks only with bf16 compute
-        return "bfloat16"
-    used = {d.index for d in plan.devices if d.kind == "gpu" and d.used}
-    ccs = [g.cc for g in report.gpus if g.index in used] if plan.device.startswith("cuda") else []
-    if not ccs or any(cc is None for cc in ccs):
-        return "auto"
-    return "bfloat16" if all(cc >= BF16_MIN_CC for cc in ccs) else "float16"
-
-
 def decide(
     spec: ModelSpec,
     settings: Settings,
@@ -126,71 +113,17 @@ def decide(
     the settings' max_concurrency.  `reused`: pids of runners this command may take over (hardware_report)."""
     report = hardware_report(hardware_file, reused)
     sequences, why = sequences_for(command, settings) if command else (settings.max_concurrency, "")
-    tp = settings.tensor_parallel
     # an embedding model is planned small: one sequence (an embedding is one forward, with no KV kept after it),
     # never a KV pool for concurrent chats it will not have
     embedding = is_embedding_model(spec)
     seqs = 1 if embedding else sequences
     if embedding:
         why = "an embedding model: one forward per input, no KV kept after it"
-    # --tensor-parallel N > 1 is the torch engine's: with --backend auto it asks for the torch engine
-    prefs = Prefs(
-        # and so are --speculative ngram / draft (the torch engine's feature)
-        backend="torch"
-        if ((tp and tp > 1) or settings.speculative in ("ngram", "draft")) and settings.backend == "auto"
-        else settings.backend,
-        ctx=settings.ctx,
-        kv_cache_type=settings.kv_cache_type,
-        n_gpu_layers=settings.n_gpu_layers,
-        max_num_seqs=seqs,
-        sequences_for=why,
-        tensor_parallel=tp,
-        prefer_batching=serving and not embedding,
-        max_ppl_increase_pct=settings.max_ppl_increase,
-        quality_records=quality_records_for(spec.name),
-    )
+    prefs = _prefs(spec, settings, seqs, why, prefer_batching=serving and not embedding)
     plan = make_plan(report, spec.to_shape(), prefs)
     plan, draft_path = decide_speculative(plan, spec, settings)
     backend = prefs.backend if prefs.backend != "auto" else plan.backend
-    torch = backend == "torch"
-    n_gpu_layers = -1 if plan.n_gpu_layers >= plan.n_layers else plan.n_gpu_layers
-    options = LoadOptions(
-        n_ctx=settings.ctx or plan.ctx,
-        n_gpu_layers=settings.n_gpu_layers if settings.n_gpu_layers is not None else n_gpu_layers,
-        split_mode=plan.split_mode,
-        tensor_split=plan.tensor_split,
-        main_gpu=plan.main_gpu,
-        kv_cache_type=settings.kv_cache_type or plan.kv_cache_type,
-        flash_attn=plan.flash_attn,
-        n_threads=settings.threads or physical_cores(),
-        adaptive_threads=settings.threads is None,  # --threads N is exactly N; else the torch engine adapts
-        n_batch=plan.batch_size,
-        max_num_seqs=seqs,
-        # the plan is the allocation: the torch engine's KV pool is the bytes the plan gave it (whole blocks)
-        kv_cache_bytes=plan.kv_pool_bytes if torch and plan.backend == "torch" and plan.kv_pool_bytes else None,
-        # and the host RAM it pins for swapping preempted requests' KV blocks (0 without a GPU)
-        swap_space_bytes=plan.swap_space_bytes if torch and plan.backend == "torch" else 0,
-        dtype=_torch_dtype(plan, report) if torch else "auto",
-        # every torch plan names its weights: "GGUF" (the file's blocks, GPU or CPU), a quantized format, or
-        # dense ("none") in the plan's dtype
-        weight_quant=_TORCH_QUANTS.get(plan.quant, "none") if torch else "auto",
-        device=plan.device if torch else "auto",
-        # a MoE plan's overflow experts in host RAM (llama.cpp tensor buffer overrides); a user-fixed
-        # --n-gpu-layers is plain layer offload
-        cpu_expert_layers=plan.cpu_expert_layers if not torch and settings.n_gpu_layers is None else 0,
-        tensor_parallel=plan.tensor_parallel if torch and plan.backend == "torch" else 1,
-        speculative=plan.speculative.method if torch else "off",
-        draft_model=draft_path if torch else None,
-        speculative_k=plan.speculative.k or 8,
-        ttft_target_ms=settings.ttft_target_ms,
-        # the torch engine checks its Triton kernels on a new device once and remembers the verdicts here
-        kernel_check_record=str(kernel_check_record()) if torch else None,
-        # the torch engine keeps its prepared CPU weights here, so the next start maps them (issue 24);
-        # HEARTH_WEIGHT_CACHE=0 turns that off (the test suite does: ~300 MiB an entry for the starter)
-        weight_cache_dir=str(get_paths().cache_dir / "weights")
-        if torch and os.environ.get("HEARTH_WEIGHT_CACHE", "1") != "0"
-        else None,
-    )
+    options = plan_options(plan, report, settings, backend=backend, seqs=seqs, draft_path=draft_path)
     reasons = tuple(plan.reasons)
     if embedding:
         reasons = (
@@ -202,9 +135,25 @@ def decide(
     return Decision(backend, options, plan, reasons)
 
 
-def kernel_check_record() -> Path:
-    """Where the torch engine keeps its kernel self-check verdicts per device (`hearth doctor` shows them)."""
-    return get_paths().cache_dir / "kernel_checks.json"
+def _prefs(spec: ModelSpec, settings: Settings, seqs: int, why: str, *, prefer_batching: bool) -> Prefs:
+    """What the planner is asked for: the user's choices in `settings`, `seqs` sequences at once (`why`)."""
+    tp = settings.tensor_parallel
+    # --tensor-parallel N > 1 is the torch engine's: with --backend auto it asks for the torch engine
+    return Prefs(
+        # and so are --speculative ngram / draft (the torch engine's feature)
+        backend="torch"
+        if ((tp and tp > 1) or settings.speculative in ("ngram", "draft")) and settings.backend == "auto"
+        else settings.backend,
+        ctx=settings.ctx,
+        kv_cache_type=settings.kv_cache_type,
+        n_gpu_layers=settings.n_gpu_layers,
+        max_num_seqs=seqs,
+        sequences_for=why,
+        tensor_parallel=tp,
+        prefer_batching=prefer_batching,
+        max_ppl_increase_pct=settings.max_ppl_increase,
+        quality_records=quality_records_for(spec.name),
+    )
 
 
 def runs_model(backend: str, spec: ModelSpec) -> bool:
@@ -347,15 +296,7 @@ def open_backend(
     the KV pool (decide); `prestarted`: the command's runner, started before it imported this module
     (app/runner_start.py); without it one is started here, before the model is resolved and planned."""
     if settings.backend == "remote":
-        if logits_all:
-            raise ConfigError(
-                "hearth ppl needs a local model: OpenAI-compatible servers return no logits of the prompt",
-                "pass --backend auto (settings.toml or HEARTH_BACKEND say remote)",
-            )
-
-        if prestarted is not None:
-            prestarted.discard()
-        return open_remote(settings, progress=progress, load=load)
+        return _open_remote(settings, progress=progress, load=load, logits_all=logits_all, prestarted=prestarted)
     # the runner starts first: its imports overlap resolving and planning the model here (prestart)
     started = prestarted
     if started is None and load:
@@ -363,15 +304,7 @@ def open_backend(
     try:
         store = store or ModelStore()
         entry, spec = store.spec(settings.model)
-        reused: frozenset[int] = frozenset()
-        if load:
-            # runners left loaded by earlier commands hold memory the plan would count as taken: end those
-            # this command cannot use (another model, or any when it keeps no runner) before the probe, and
-            # count the memory of those it may take over as this model's
-            keep = spec.path if keep_alive_for(command, settings) != 0 else None
-            folder = resident_dir(get_paths().data_dir)
-            evict_all(folder, keep_model=keep)
-            reused = frozenset(r.pid for r in residents(folder) if r.pid)
+        reused = _take_over_residents(spec, settings, command) if load else frozenset()
         decision = _decide(spec, settings, hardware_file, serving, command, logits_all, reused)
         if load and spec.chat_template and not logits_all:
             # the chat template renders in a worker process (backends/template_process.py): start it now, on the
@@ -381,30 +314,61 @@ def open_backend(
         if started is not None:
             started.discard()
         raise
-
-    def build(decision: Decision, started: Prestarted | None) -> Backend:
-        return make_backend(
-            spec,
-            decision,
-            settings,
-            hardware_file=hardware_file,
-            logits_all=logits_all,
-            command=command,
-            prestarted=started,
-            model_name=entry.name,
-        )
-
-    backend = build(decision, started)
+    build = functools.partial(
+        make_backend,
+        spec,
+        settings=settings,
+        hardware_file=hardware_file,
+        logits_all=logits_all,
+        command=command,
+        model_name=entry.name,
+    )
+    backend = build(decision, prestarted=started)
     if load and isinstance(backend, RunnerBackend) and backend.end_other_residents():
         # an earlier command's runner held this model with another plan (engine, context, sequences): the plan
         # counted its memory as taken; that memory is free now, so plan again (backends/runner/resident.py)
         decision = _decide(spec, settings, hardware_file, serving, command, logits_all)
-        backend = build(decision, backend.release_prestarted())
+        backend = build(decision, prestarted=backend.release_prestarted())
     if load:
         backend.load(progress)
-        if entry.source != "path":
-            try:
-                store.update_state(last_model=entry.name)
-            except OSError:
-                pass
+        _remember_last_model(store, entry)
     return Loaded(backend, entry, spec, decision)
+
+
+def _open_remote(
+    settings: Settings,
+    *,
+    progress: ProgressCallback | None,
+    load: bool,
+    logits_all: bool,
+    prestarted: Prestarted | None,
+) -> Loaded:
+    """--backend remote: the model is on an OpenAI-compatible server (app/remote.py); no runner of ours."""
+    if logits_all:
+        raise ConfigError(
+            "hearth ppl needs a local model: OpenAI-compatible servers return no logits of the prompt",
+            "pass --backend auto (settings.toml or HEARTH_BACKEND say remote)",
+        )
+
+    if prestarted is not None:
+        prestarted.discard()
+    return open_remote(settings, progress=progress, load=load)
+
+
+def _take_over_residents(spec: ModelSpec, settings: Settings, command: str | None) -> frozenset[int]:
+    """Runners left loaded by earlier commands hold memory the plan would count as taken: end those this
+    command cannot use (another model, or any when it keeps no runner) before the probe; the pids of those it
+    may take over, whose memory counts as this model's."""
+    keep = spec.path if keep_alive_for(command, settings) != 0 else None
+    folder = resident_dir(get_paths().data_dir)
+    evict_all(folder, keep_model=keep)
+    return frozenset(r.pid for r in residents(folder) if r.pid)
+
+
+def _remember_last_model(store: ModelStore, entry: ModelEntry) -> None:
+    """The model just loaded is the next command's default (a model given by path is not)."""
+    if entry.source != "path":
+        try:
+            store.update_state(last_model=entry.name)
+        except OSError:
+            pass

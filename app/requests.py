@@ -19,11 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.api import API_PRIORITY, Constraint, Request, SamplingParams
+from backends.api import API_PRIORITY, ChatMessage, Constraint, Request, SamplingParams
 from backends.errors import TemplateError
 from backends.modelspec import REMOTE_FORMAT, ModelSpec
-from backends.templates import FALLBACK_NAME, check_messages, render_chat, render_for_spec
-from backends.tools.detect import detect
+from backends.templates import FALLBACK_NAME, RenderedPrompt, check_messages, render_chat, render_for_spec
+from backends.tools.detect import ToolStyle, detect
 from backends.tools.render import (
     ToolReading,
     constraint_for,
@@ -92,29 +92,14 @@ def chat_request(
         checked, variables = template_inputs(chat, style, tools)
     variables = {**(template_vars or {}), **variables}
     if tools is not None:
-        if tools.forced and constraint is not None:
-            raise ToolRequestError(
-                "a forced tool_choice and a JSON response format both constrain the reply; send one of them",
-                "tool_choice",
-            )
-        if not remote and tools.forced:
-            constraint = constraint_for(style, tools)
+        constraint = _tool_constraint(style, tools, constraint, remote=remote)
         reading = reading_for(style, tools)
     if remote:
         rendered = render_chat(checked, template=None)
         extra: tuple[str, ...] = ()
         source = "server"
     else:
-        try:
-            rendered = render_for_spec(spec, checked, extra=variables)
-        except TemplateError:
-            # hearth's tool block added a system message to a template that refuses them: put it in the first
-            # user message instead (a conversation that had a system message already fails the same way again)
-            if tools is None or not tools.rendered or style.native or any(m.role == "system" for m in chat):
-                raise
-            checked, variables = template_inputs(chat, style, tools, system_role=False)
-            variables = {**(template_vars or {}), **variables}
-            rendered = render_for_spec(spec, checked, extra=variables)
+        rendered = _render_local(spec, chat, checked, variables, style, tools, template_vars)
         extra = rendered.stop
         source = rendered.template_source
     stop = sampling.stop + tuple(s for s in extra if s not in sampling.stop)
@@ -131,6 +116,43 @@ def chat_request(
         **ids,
     )
     return ChatRequest(request, source, reading)
+
+
+def _tool_constraint(
+    style: ToolStyle, tools: ToolRequest, constraint: Constraint | None, *, remote: bool
+) -> Constraint | None:
+    """The reply's constraint with tools: a forced tool_choice brings its own (a local model's; a remote server
+    forces the call itself), and refuses a JSON response format beside it."""
+    if tools.forced and constraint is not None:
+        raise ToolRequestError(
+            "a forced tool_choice and a JSON response format both constrain the reply; send one of them",
+            "tool_choice",
+        )
+    if not remote and tools.forced:
+        return constraint_for(style, tools)
+    return constraint
+
+
+def _render_local(
+    spec: ModelSpec,
+    chat: tuple[ChatMessage, ...],
+    checked: list[dict[str, Any]],
+    variables: dict[str, Any],
+    style: ToolStyle,
+    tools: ToolRequest | None,
+    template_vars: Mapping[str, Any] | None,
+) -> RenderedPrompt:
+    """The conversation rendered with the model's own template (its worker process)."""
+    try:
+        return render_for_spec(spec, checked, extra=variables)
+    except TemplateError:
+        # hearth's tool block added a system message to a template that refuses them: put it in the first
+        # user message instead (a conversation that had a system message already fails the same way again)
+        if tools is None or not tools.rendered or style.native or any(m.role == "system" for m in chat):
+            raise
+        checked, variables = template_inputs(chat, style, tools, system_role=False)
+        variables = {**(template_vars or {}), **variables}
+        return render_for_spec(spec, checked, extra=variables)
 
 
 def _remote_tools(tools: ToolRequest) -> dict[str, Any]:

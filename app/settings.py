@@ -158,6 +158,13 @@ MAX_GPU_LAYERS = 2**31 - 1  # llama.cpp's n_gpu_layers is a C int; 999 is the us
 def _validated(s: Settings) -> Settings:
     """Every value a flag, the environment or settings.toml can set, checked here once, so a bad one is a
     ConfigError naming it (exit 2) before any model is read, never a C overflow or a hang later."""
+    for check in (_check_placement, _check_sampling, _check_plan, _check_serving):
+        check(s)
+    return s
+
+
+def _check_placement(s: Settings) -> None:
+    """The backend and where the model runs: context, CPU threads, GPU layers."""
     if s.backend not in BACKEND_CHOICES:
         raise ConfigError(f"backend must be one of {', '.join(BACKEND_CHOICES)}, got {s.backend!r}")
     if s.ctx is not None and s.ctx < 16:
@@ -173,6 +180,10 @@ def _validated(s: Settings) -> Settings:
             f"n_gpu_layers must be -1 (all layers) or a count >= 0, got {s.n_gpu_layers}",
             "--n-gpu-layers 0 keeps the model on the CPU; leave it out to let the plan decide",
         )
+
+
+def _check_sampling(s: Settings) -> None:
+    """The sampling settings and the seed."""
     for name, low, high in (
         ("temperature", 0.0, math.inf),
         ("top_p", 0.0, 1.0),
@@ -190,9 +201,12 @@ def _validated(s: Settings) -> Settings:
             raise ConfigError(f"{name} must be {rule}, got {value}")
     if s.top_k < 0:
         raise ConfigError(f"top_k must be >= 0 (0 = off), got {s.top_k}")
-
     if s.seed is not None and not SEED_MIN <= s.seed <= SEED_MAX:  # the API's rule: any 64-bit integer
         raise ConfigError(f"seed must be a 64-bit integer ({SEED_MIN} .. {SEED_MAX}), got {s.seed}")
+
+
+def _check_plan(s: Settings) -> None:
+    """What the plan may choose: KV cache type, quality budget, tensor parallelism, speculative decoding."""
     if s.kv_cache_type not in (None, "f16", "q8_0", "q4_0"):
         raise ConfigError(f"kv_cache_type must be f16, q8_0 or q4_0, got {s.kv_cache_type!r}")
     if not (math.isfinite(s.max_ppl_increase) and 0 <= s.max_ppl_increase <= 100):
@@ -210,11 +224,14 @@ def _validated(s: Settings) -> Settings:
         raise ConfigError(f"speculative must be off, ngram, draft or auto, got {s.speculative!r}")
     if s.speculative == "draft" and not s.draft_model:
         raise ConfigError("--speculative draft needs a draft model", "add --draft-model NAME|PATH")
+
+
+def _check_serving(s: Settings) -> None:
+    """Serving and requests: port, reply length, priority, TTFT target, keep_alive, concurrency, remote URL."""
     if not 0 < s.port < 65536:
         raise ConfigError(f"port must be 1-65535, got {s.port}")
     if not 1 <= s.max_tokens <= MAX_CTX:
         raise ConfigError(f"max_tokens must be between 1 and {MAX_CTX:,}, got {s.max_tokens}")
-
     if not PRIORITY_MIN <= s.priority <= PRIORITY_MAX:
         raise ConfigError(
             f"priority must be from {PRIORITY_MIN} to {PRIORITY_MAX} (lower runs first), got {s.priority}",
@@ -240,7 +257,6 @@ def _validated(s: Settings) -> Settings:
                 f"url must be an http:// or https:// URL with a host, got {s.url!r}",
                 "e.g. --url http://gpu-box:8000 (the OpenAI-compatible server's base)",
             )
-    return s
 
 
 MAX_SETTINGS_BYTES = 1 << 20

@@ -6,10 +6,15 @@ import argparse
 import json
 import os
 import sys
+from functools import partial
+from typing import TYPE_CHECKING
 
 from app.commands.common import DRAFT_MODEL, MODEL, SPECULATIVE, TENSOR_PARALLEL, THREADS
 from backends.api import PRIORITY_MAX, PRIORITY_MIN
 from backends.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from app.bench import Workload
 
 NAME = "bench"
 HELP = "benchmark backends side by side: load time, TTFT, prefill/decode tok/s, memory"
@@ -49,6 +54,15 @@ def _priority_list(text: str) -> list[int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags by topic, in the order --help lists them."""
+    _add_workload_arguments(p)
+    _add_engine_arguments(p)
+    _add_path_and_latency_arguments(p)
+    _add_output_and_remote_arguments(p)
+
+
+def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """What to run: the model, the backends in order, the concurrency levels and the requests of each."""
     MODEL.add(p)
     p.add_argument(
         "--backends",
@@ -67,6 +81,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-tokens", dest="gen_tokens", type=int, default=128, metavar="N")
     p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per concurrency level")
     p.add_argument("--seed", type=int, default=0, metavar="S")
+
+
+def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """How each backend runs: sampling, CPU threads (and a busy CPU), GPUs, speculative decoding."""
     p.add_argument(
         "--temperature",
         type=float,
@@ -94,6 +112,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     SPECULATIVE.add(p)
     DRAFT_MODEL.add(p)
+
+
+def _add_path_and_latency_arguments(p: argparse.ArgumentParser) -> None:
+    """How requests reach the engine (in process, over HTTP, as chat) and the latency they are held to."""
     p.add_argument(
         "--http",
         action="store_true",
@@ -124,6 +146,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="request i runs at priority P[i %% len(P)] (lower runs first); TTFT percentiles and the share "
         "within the target are then reported per priority (default 0, the API's)",
     )
+
+
+def _add_output_and_remote_arguments(p: argparse.ArgumentParser) -> None:
+    """The JSON output, and the server a remote backend's rows run on."""
     p.add_argument("--json", action="store_true", help='print {"results": [...]} instead of a table')
     p.add_argument(
         "--url",
@@ -184,8 +210,27 @@ def format_table(results: list[dict]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # lazy: keeps `hearth --help` light (+asyncio, atexit, base64, 46 hearth modules)
-    from app.bench import Workload, run_bench
+    from app.bench import run_bench
 
+    _check_arguments(args)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if "remote" in backends:  # a wrong key or an unreachable URL: one line and exit 2, before any table
+        _check_remote(args)
+    workload = _workload(args, backends[0])
+    tty = sys.stderr.isatty()
+    if tty:
+        sys.stderr.write("  loading ...\r")
+    results = run_bench(workload, backends, partial(_progress, tty))
+    baseline = runtime_baseline_mib()
+    if args.json:
+        print(json.dumps(_json_record(workload, baseline, results), indent=2))
+    else:
+        _print_report(workload, baseline, results)
+    return 0
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """The workload's numbers, checked before any backend loads (InvalidRequestError: one line, exit 2)."""
     if min(args.prompt_tokens, args.gen_tokens, args.requests) < 1:
         raise InvalidRequestError(
             "--prompt-tokens, --gen-tokens and --requests must be at least 1",
@@ -199,16 +244,25 @@ def run(args: argparse.Namespace) -> int:
         )
     if not args.temperature >= 0:  # NaN too
         raise InvalidRequestError(f"--temperature must be >= 0, got {args.temperature}", "0 = greedy, e.g. 0.8")
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    if "remote" in backends:  # a wrong key or an unreachable URL: one line and exit 2, before any table
-        # lazy: keeps `hearth --help` light (+base64, hashlib, mmap, 13 hearth modules)
-        from app.remote import open_remote
-        from app.settings import load_settings  # lazy: keeps `hearth --help` light (+platformdirs, 2 hearth modules)
 
-        open_remote(load_settings(backend="remote", url=args.url, remote_model=args.remote_model)).backend.close()
-    workload = Workload(
+
+def _check_remote(args: argparse.Namespace) -> None:
+    """Open the remote server once (and close it): a wrong key or an unreachable URL fails here."""
+    # lazy: keeps `hearth --help` light (+base64, hashlib, mmap, 13 hearth modules)
+    from app.remote import open_remote
+    from app.settings import load_settings  # lazy: keeps `hearth --help` light (+platformdirs, 2 hearth modules)
+
+    open_remote(load_settings(backend="remote", url=args.url, remote_model=args.remote_model)).backend.close()
+
+
+def _workload(args: argparse.Namespace, backend: str) -> Workload:
+    """The flags as the Workload every backend's worker runs; `extra` holds only the flags given."""
+    # lazy: keeps `hearth --help` light (+asyncio, atexit, base64, 46 hearth modules)
+    from app.bench import Workload
+
+    return Workload(
         model=args.model,
-        backend=backends[0],
+        backend=backend,
         concurrency=args.concurrency,
         prompt_tokens=args.prompt_tokens,
         gen_tokens=args.gen_tokens,
@@ -233,53 +287,38 @@ def run(args: argparse.Namespace) -> int:
             if v is not None
         },
     )
-    tty = sys.stderr.isatty()
 
-    def progress(name: str, done: int, total: int) -> None:
-        if not tty:
-            return
-        bar = "#" * (30 * done // total)
-        sys.stderr.write(f"\r  {name:10s} [{bar:30s}] {done}/{total} requests")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
 
-    if tty:
-        sys.stderr.write("  loading ...\r")
-    results = run_bench(workload, backends, progress)
-    baseline = runtime_baseline_mib()
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "workload": {
-                        k: getattr(workload, k)
-                        for k in (
-                            "model",
-                            "concurrency",
-                            "prompt_tokens",
-                            "gen_tokens",
-                            "requests",
-                            "seed",
-                            "busy_cores",
-                            "temperature",
-                        )
-                    },
-                    "runtime_baseline_mib": baseline,
-                    "results": results,
-                },
-                indent=2,
-            )
-        )
-    else:
-        print(format_table(results))
-        by_priority = format_priorities(results)
-        if by_priority:
-            print(by_priority)
-        print(format_baseline(baseline))
-        if workload.busy_cores:
-            print(format_busy(workload.busy_cores, results))
-    return 0
+def _progress(tty: bool, name: str, done: int, total: int) -> None:
+    """A progress bar on a terminal's stderr (nothing when stderr is not one)."""
+    if not tty:
+        return
+    bar = "#" * (30 * done // total)
+    sys.stderr.write(f"\r  {name:10s} [{bar:30s}] {done}/{total} requests")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _json_record(workload: Workload, baseline: float | None, results: list[dict]) -> dict:
+    """The --json object: the workload, the runtime baseline and every row (scripts parse these keys)."""
+    keys = ("model", "concurrency", "prompt_tokens", "gen_tokens", "requests", "seed", "busy_cores", "temperature")
+    return {
+        "workload": {k: getattr(workload, k) for k in keys},
+        "runtime_baseline_mib": baseline,
+        "results": results,
+    }
+
+
+def _print_report(workload: Workload, baseline: float | None, results: list[dict]) -> None:
+    """The table, then the per-priority lines, the runtime baseline and the busy-CPU line under it."""
+    print(format_table(results))
+    by_priority = format_priorities(results)
+    if by_priority:
+        print(by_priority)
+    print(format_baseline(baseline))
+    if workload.busy_cores:
+        print(format_busy(workload.busy_cores, results))
 
 
 def format_priorities(results: list[dict]) -> str:

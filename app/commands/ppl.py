@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from functools import partial
 
 from app.commands.common import add_model_arguments, settings_from_args
 from app.defaults import LOCAL_BACKENDS
@@ -40,16 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
     from app.loading import open_backend
-    from app.perplexity import perplexity  # lazy: keeps `hearth --help` light (+1 hearth modules)
-    from hwprobe.quality import delta_ppl_warning  # lazy: keeps `hearth --help` light (+1 hearth modules)
 
     args.ctx = args.ctx or 512
     stride = args.stride or args.ctx
-    try:
-        with open(args.file, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InvalidRequestError(f"cannot read {args.file}: {e}", "give a UTF-8 text file") from e
+    text = _read_text(args.file)
     settings = settings_from_args(args)
     base = open_backend(settings, hardware_file=args.hardware, logits_all=True, command="ppl")
     other = None
@@ -60,27 +55,51 @@ def run(args: argparse.Namespace) -> int:
                 settings, model=args.compare or settings.model, backend=args.compare_backend or settings.backend
             )
             other = open_backend(s2, hardware_file=args.hardware, logits_all=True, command="ppl")
-        tty = sys.stderr.isatty()
-
-        def progress(done: int, total: int) -> None:
-            end = "\n" if done == total or not tty else ""
-            if tty or done == total:
-                sys.stderr.write(f"\r  scoring windows {done}/{total}{end}")
-                sys.stderr.flush()
-
-        res, res2 = perplexity(
-            base.backend,
-            token_ids,
-            args.ctx,
-            stride,
-            other.backend if other else None,
-            progress=None if args.json else progress,
-        )
+        res, res2 = _score(base, other, token_ids, args.ctx, stride, quiet=args.json)
     finally:
         base.backend.close()
         if other:
             other.backend.close()
-    label = f"{base.entry.name} ({base.backend.name})"
+    out, warning, recorded = _summary(base, other, res, res2, args.file)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        _print_text(base, other, res, res2, recorded)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidRequestError(f"cannot read {path}: {e}", "give a UTF-8 text file") from e
+
+
+def _score(base, other, token_ids: list[int], ctx: int, stride: int, *, quiet: bool):
+    """perplexity() of the base (and the compared run), with progress on stderr unless `quiet` (--json)."""
+    from app.perplexity import perplexity  # lazy: keeps `hearth --help` light (+1 hearth modules)
+
+    progress = partial(_progress, sys.stderr.isatty())
+    return perplexity(
+        base.backend, token_ids, ctx, stride, other.backend if other else None, progress=None if quiet else progress
+    )
+
+
+def _progress(tty: bool, done: int, total: int) -> None:
+    """The windows scored so far: a counter on a terminal, only the last line otherwise."""
+    end = "\n" if done == total or not tty else ""
+    if tty or done == total:
+        sys.stderr.write(f"\r  scoring windows {done}/{total}{end}")
+        sys.stderr.flush()
+
+
+def _summary(base, other, res, res2, file: str) -> tuple[dict, str | None, dict | None]:
+    """(the --json object, the ΔPPL warning, the planner's quality record) of a run and its comparison."""
+    from hwprobe.quality import delta_ppl_warning  # lazy: keeps `hearth --help` light (+1 hearth modules)
+
     out: dict = {
         "model": base.entry.name,
         "backend": base.backend.name,
@@ -93,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     recorded = None
     if res2 is not None and other is not None:
         warning = delta_ppl_warning(res.perplexity, res2.perplexity)
-        recorded = _record(base, other, res.perplexity, res2.perplexity, res.kl_mean, args.file, res.tokens_scored)
+        recorded = _record(base, other, res.perplexity, res2.perplexity, res.kl_mean, file, res.tokens_scored)
         out["compare"] = {
             "model": other.entry.name,
             "backend": other.backend.name,
@@ -103,26 +122,24 @@ def run(args: argparse.Namespace) -> int:
             "warning": warning,
             "recorded": recorded,
         }
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
+    return out, warning, recorded
+
+
+def _print_text(base, other, res, res2, recorded: dict | None) -> None:
+    print(
+        f"{base.entry.name} ({base.backend.name}): perplexity {res.perplexity:.4f} over {res.tokens_scored} tokens "
+        f"(ctx {res.ctx}, stride {res.stride})"
+    )
+    if res2 is not None and other is not None:
         print(
-            f"{label}: perplexity {res.perplexity:.4f} over {res.tokens_scored} tokens "
-            f"(ctx {res.ctx}, stride {res.stride})"
+            f"{other.entry.name} ({other.backend.name}): perplexity {res2.perplexity:.4f}  "
+            f"ΔPPL {res2.perplexity - res.perplexity:+.4f}  mean KL {res.kl_mean:.6f} nats"
         )
-        if res2 is not None and other is not None:
-            print(
-                f"{other.entry.name} ({other.backend.name}): perplexity {res2.perplexity:.4f}  "
-                f"ΔPPL {res2.perplexity - res.perplexity:+.4f}  mean KL {res.kl_mean:.6f} nats"
-            )
-        if recorded is not None:
-            print(
-                f"recorded for the planner: {recorded['model']} as {recorded['format']} "
-                f"{recorded['ppl_increase_pct']:+.3f} % perplexity (its --max-ppl-increase budget reads it)"
-            )
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
-    return 0
+    if recorded is not None:
+        print(
+            f"recorded for the planner: {recorded['model']} as {recorded['format']} "
+            f"{recorded['ppl_increase_pct']:+.3f} % perplexity (its --max-ppl-increase budget reads it)"
+        )
 
 
 def _record(base, other, ppl: float, ppl2: float, kl: float | None, file: str, tokens: int) -> dict | None:
