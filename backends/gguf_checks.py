@@ -200,66 +200,82 @@ def _per_layer(
     return values
 
 
-def _figures(h: GGUFHeader, arch: str, n_tokens: int) -> GGUFFigures:
-    md, where = h.metadata, str(h.path)
+def _scalar(h: GGUFHeader, arch: str, suffix: str, field: str, default: int | None) -> int:
+    """{arch}.{suffix}, within LIMITS[field]; `default` when the key is absent (None: it is required)."""
+    key, where = f"{arch}.{suffix}", str(h.path)
+    if key not in h.metadata:
+        if default is None:
+            raise ModelFormatError(f"{where} lacks {key}", "the file is incomplete or not a transformer model GGUF")
+        return default
+    return check_limit(field, h.metadata[key], key, where)
 
-    def key(suffix: str) -> str:
-        return f"{arch}.{suffix}"
 
-    def scalar(suffix: str, field: str, default: int | None) -> int:
-        if key(suffix) not in md:
-            if default is None:
-                raise ModelFormatError(
-                    f"{where} lacks {key(suffix)}", "the file is incomplete or not a transformer model GGUF"
-                )
-            return default
-        return check_limit(field, md[key(suffix)], key(suffix), where)
-
-    n_layers = scalar("block_count", "n_layers", None)
-    hidden = scalar("embedding_length", "hidden_size", None)
+def _heads(h: GGUFHeader, arch: str, n_layers: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(heads, KV heads) per layer, each layer's heads a multiple of its KV heads."""
+    heads_key, kv_key = f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv"
     # hybrid architectures (Jamba, Granite 4) give their recurrent layers 0 heads / 0 KV heads
     lenient = arch not in ARCH_TENSORS
-    heads = _per_layer(h, key("attention.head_count"), "n_heads", n_layers, None, lenient)
-    kv = (
-        _per_layer(h, key("attention.head_count_kv"), "n_kv_heads", n_layers, None, lenient)
-        if key("attention.head_count_kv") in md
-        else heads
-    )
+    heads = _per_layer(h, heads_key, "n_heads", n_layers, None, lenient)
+    kv = _per_layer(h, kv_key, "n_kv_heads", n_layers, None, lenient) if kv_key in h.metadata else heads
     for i, (q, k) in enumerate(zip(heads, kv)):
         if q and k:
             check_heads(
                 q,
                 k,
-                key("attention.head_count"),
-                key("attention.head_count_kv"),
-                where + (f" (layer {i})" if len(set(heads)) > 1 or len(set(kv)) > 1 else ""),
+                heads_key,
+                kv_key,
+                str(h.path) + (f" (layer {i})" if len(set(heads)) > 1 or len(set(kv)) > 1 else ""),
             )
-    n_heads, n_kv = max(heads), max(kv)
-    if key("attention.key_length") not in md and hidden % n_heads:
+    return heads, kv
+
+
+def _head_dims(h: GGUFHeader, arch: str, hidden: int, n_heads: int) -> tuple[int, int]:
+    """(key length, value length) of a head: attention.key_length, else hidden / heads; value_length, else the
+    key length."""
+    if f"{arch}.attention.key_length" not in h.metadata and hidden % n_heads:
         raise ModelFormatError(
-            f"{where}: {key('embedding_length')} {hidden} is not a multiple of "
-            f"{key('attention.head_count')} {n_heads}, and there is no "
-            f"{key('attention.key_length')}",
+            f"{h.path}: {arch}.embedding_length {hidden} is not a multiple of "
+            f"{arch}.attention.head_count {n_heads}, and there is no "
+            f"{arch}.attention.key_length",
             HINT,
         )
-    head_dim = scalar("attention.key_length", "head_dim", hidden // n_heads)
-    value_dim = scalar("attention.value_length", "head_dim", head_dim)
-    ffn = _per_layer(h, key("feed_forward_length"), "ffn_size", n_layers, 0, True)
-    if key("vocab_size") in md and md[key("vocab_size")] != n_tokens:
+    head_dim = _scalar(h, arch, "attention.key_length", "head_dim", hidden // n_heads)
+    return head_dim, _scalar(h, arch, "attention.value_length", "head_dim", head_dim)
+
+
+def _check_vocab_size(h: GGUFHeader, arch: str, n_tokens: int) -> None:
+    """{arch}.vocab_size, when given, equal to the tokenizer's token count."""
+    key = f"{arch}.vocab_size"
+    if key in h.metadata and h.metadata[key] != n_tokens:
         raise ModelFormatError(
-            f"{where}: {key('vocab_size')} is {md[key('vocab_size')]:,} but the tokenizer has {n_tokens:,} tokens", HINT
+            f"{h.path}: {key} is {h.metadata[key]:,} but the tokenizer has {n_tokens:,} tokens", HINT
         )
-    n_experts = scalar("expert_count", "n_experts", 0)
-    n_used = scalar("expert_used_count", "n_experts_used", 0)
-    check_experts(n_experts, n_used, key("expert_count"), key("expert_used_count"), where)
+
+
+def _check_floats(h: GGUFHeader, arch: str) -> None:
+    """RoPE base and scaling factor positive; norm epsilons in (0, 1)."""
     for suffix, below in (
         ("rope.freq_base", float("inf")),
         ("rope.scaling.factor", float("inf")),
         ("attention.layer_norm_rms_epsilon", 1.0),
         ("attention.layer_norm_epsilon", 1.0),
     ):
-        if key(suffix) in md:
-            check_positive_float(md[key(suffix)], key(suffix), where, below)
+        if f"{arch}.{suffix}" in h.metadata:
+            check_positive_float(h.metadata[f"{arch}.{suffix}"], f"{arch}.{suffix}", str(h.path), below)
+
+
+def _figures(h: GGUFHeader, arch: str, n_tokens: int) -> GGUFFigures:
+    n_layers = _scalar(h, arch, "block_count", "n_layers", None)
+    hidden = _scalar(h, arch, "embedding_length", "hidden_size", None)
+    heads, kv = _heads(h, arch, n_layers)
+    n_heads, n_kv = max(heads), max(kv)
+    head_dim, value_dim = _head_dims(h, arch, hidden, n_heads)
+    ffn = _per_layer(h, f"{arch}.feed_forward_length", "ffn_size", n_layers, 0, True)
+    _check_vocab_size(h, arch, n_tokens)
+    n_experts = _scalar(h, arch, "expert_count", "n_experts", 0)
+    n_used = _scalar(h, arch, "expert_used_count", "n_experts_used", 0)
+    check_experts(n_experts, n_used, f"{arch}.expert_count", f"{arch}.expert_used_count", str(h.path))
+    _check_floats(h, arch)
     return GGUFFigures(
         architecture=arch,
         n_layers=n_layers,
@@ -268,19 +284,20 @@ def _figures(h: GGUFHeader, arch: str, n_tokens: int) -> GGUFFigures:
         n_kv_heads=n_kv,
         head_dim=head_dim,
         value_dim=value_dim,
-        ffn_size=max(ffn) or scalar("expert_feed_forward_length", "ffn_size", 0),
+        ffn_size=max(ffn) or _scalar(h, arch, "expert_feed_forward_length", "ffn_size", 0),
         vocab_size=n_tokens,
-        context_length=scalar("context_length", "context_length", 2048),
+        context_length=_scalar(h, arch, "context_length", "context_length", 2048),
         n_experts=n_experts,
         n_experts_used=n_used,
-        sliding_window=scalar("attention.sliding_window", "sliding_window", 0),
+        sliding_window=_scalar(h, arch, "attention.sliding_window", "sliding_window", 0),
         heads_per_layer=heads,
         kv_heads_per_layer=kv,
         ffn_per_layer=ffn,
     )
 
 
-def _check_tensors(where: str, shards: list[GGUFHeader], fig: GGUFFigures) -> None:
+def _tensor_table(where: str, shards: list[GGUFHeader]) -> dict[str, GGUFTensorInfo]:
+    """Every shard's tensors by name, none in two shards."""
     tensors: dict[str, GGUFTensorInfo] = {}
     for h in shards:
         for t in h.tensors:
@@ -291,25 +308,36 @@ def _check_tensors(where: str, shards: list[GGUFHeader], fig: GGUFFigures) -> No
                     HINT,
                 )
             tensors[t.name] = t
+    return tensors
 
-    def expect(name: str, shape: tuple[int, ...], required: bool = True) -> None:
-        t = tensors.get(name)
-        if t is None:
-            if required:
-                raise ModelFormatError(
-                    f"{where} lacks tensor {name}, which a {fig.architecture} model needs",
-                    "the file is incomplete or not a supported model: download it again",
-                )
-            return
-        if t.shape != shape:
+
+def _expect(
+    where: str,
+    tensors: dict[str, GGUFTensorInfo],
+    fig: GGUFFigures,
+    name: str,
+    shape: tuple[int, ...],
+    required: bool = True,
+) -> None:
+    """Tensor `name` of shape `shape`, when present; absent, refused when `required`."""
+    t = tensors.get(name)
+    if t is None:
+        if required:
             raise ModelFormatError(
-                f"{where}: tensor {name} has shape {list(t.shape)}, but the metadata "
-                f"({fig.architecture}) implies {list(shape)}",
-                HINT,
+                f"{where} lacks tensor {name}, which a {fig.architecture} model needs",
+                "the file is incomplete or not a supported model: download it again",
             )
+        return
+    if t.shape != shape:
+        raise ModelFormatError(
+            f"{where}: tensor {name} has shape {list(t.shape)}, but the metadata "
+            f"({fig.architecture}) implies {list(shape)}",
+            HINT,
+        )
 
-    expect("token_embd.weight", (fig.hidden_size, fig.vocab_size))
-    expect("output.weight", (fig.hidden_size, fig.vocab_size), required=False)
+
+def _check_layer_numbers(where: str, tensors: dict[str, GGUFTensorInfo], fig: GGUFFigures) -> None:
+    """Every blk.N tensor with N < block_count, and every layer with tensors."""
     layers: set[int] = set()
     for name in tensors:
         if name.startswith("blk."):
@@ -331,20 +359,32 @@ def _check_tensors(where: str, shards: list[GGUFHeader], fig: GGUFFigures) -> No
             f"{fig.architecture}.block_count is {fig.n_layers})",
             HINT,
         )
+
+
+def _layer_shapes(fig: GGUFFigures, i: int) -> dict[str, tuple[int, ...]]:
+    """Layer i's tensors a Llama-family model needs (ARCH_TENSORS), by name suffix, with their shapes."""
+    dims = {
+        "h": fig.hidden_size,
+        "q": fig.heads_per_layer[i] * fig.head_dim,
+        "k": fig.kv_heads_per_layer[i] * fig.head_dim,
+        "v": fig.kv_heads_per_layer[i] * fig.value_dim,
+        "o": fig.heads_per_layer[i] * fig.value_dim,
+        "f": fig.ffn_per_layer[i],
+    }
+    shapes: dict[str, Any] = dict(_LAYER_SHAPES)
+    if not fig.n_experts:
+        shapes.update(_MLP_SHAPES)
+    return {suffix: tuple(dims[d] for d in dim_names) for suffix, dim_names in shapes.items()}
+
+
+def _check_tensors(where: str, shards: list[GGUFHeader], fig: GGUFFigures) -> None:
+    tensors = _tensor_table(where, shards)
+    _expect(where, tensors, fig, "token_embd.weight", (fig.hidden_size, fig.vocab_size))
+    _expect(where, tensors, fig, "output.weight", (fig.hidden_size, fig.vocab_size), required=False)
+    _check_layer_numbers(where, tensors, fig)
     if fig.architecture not in ARCH_TENSORS:
         return
-    expect("output_norm.weight", (fig.hidden_size,))
+    _expect(where, tensors, fig, "output_norm.weight", (fig.hidden_size,))
     for i in range(fig.n_layers):
-        dims = {
-            "h": fig.hidden_size,
-            "q": fig.heads_per_layer[i] * fig.head_dim,
-            "k": fig.kv_heads_per_layer[i] * fig.head_dim,
-            "v": fig.kv_heads_per_layer[i] * fig.value_dim,
-            "o": fig.heads_per_layer[i] * fig.value_dim,
-            "f": fig.ffn_per_layer[i],
-        }
-        shapes: dict[str, Any] = dict(_LAYER_SHAPES)
-        if not fig.n_experts:
-            shapes.update(_MLP_SHAPES)
-        for suffix, dim_names in shapes.items():
-            expect(f"blk.{i}.{suffix}", tuple(dims[d] for d in dim_names))
+        for suffix, shape in _layer_shapes(fig, i).items():
+            _expect(where, tensors, fig, f"blk.{i}.{suffix}", shape)

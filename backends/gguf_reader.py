@@ -3,7 +3,8 @@
 Why not `gguf.GGUFReader` for this: it builds one numpy array per string, so opening a 262k-token vocabulary
 takes 11 s (Gemma 3) and `hearth models` over a shelf of models would crawl.  The header format is small and
 stable (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md); this reader walks it with struct over an
-mmap and *skips* large arrays (token lists, merges, scores) unless asked for by key, recording their length.
+mmap and *skips* large arrays (token lists, merges, scores) unless asked for by key, recording their length
+(the metadata's part: backends.gguf_metadata).
 The `gguf` package still supplies the type tables (bytes per block per ggml type, file-type names), and it
 remains the tool for reading weights (the torch engine's loader) and writing test files.
 
@@ -19,7 +20,6 @@ import mmap
 import os
 import re
 import stat
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,67 +27,33 @@ from typing import Any
 
 from backends.errors import ModelFormatError
 from backends.gguf_constants import constants
+from backends.gguf_metadata import MAX_ARRAY_DEPTH as MAX_ARRAY_DEPTH
+from backends.gguf_metadata import MAX_ARRAY_LENGTH as MAX_ARRAY_LENGTH
+from backends.gguf_metadata import MAX_METADATA_READ_BYTES as MAX_METADATA_READ_BYTES
+from backends.gguf_metadata import MAX_STRING_BYTES as MAX_STRING_BYTES
+from backends.gguf_metadata import PER_LAYER_ARRAY_LIMIT as PER_LAYER_ARRAY_LIMIT
+from backends.gguf_metadata import PER_LAYER_SUFFIXES as PER_LAYER_SUFFIXES
+from backends.gguf_metadata import SMALL_ARRAY_LIMIT as SMALL_ARRAY_LIMIT
+from backends.gguf_metadata import STRING, Cursor, read_metadata
+from backends.gguf_metadata import TYPE_NAMES as TYPE_NAMES
+from backends.gguf_metadata import SkippedArray as SkippedArray
+from backends.gguf_metadata import corrupt as _corrupt
+
+# (the "X as X" imports above: the metadata's caps and types, importable from here as before they moved)
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
-# Arrays longer than this are skipped (only their length is kept) unless their key is requested.
-SMALL_ARRAY_LIMIT = 64
-# Per-layer values (llama.cpp's get_key_or_arr keys) are read whole even past SMALL_ARRAY_LIMIT: one per layer.
-PER_LAYER_SUFFIXES = (
-    ".attention.head_count",
-    ".attention.head_count_kv",
-    ".feed_forward_length",
-    ".attention.sliding_window_pattern",
-)
 
 # Caps on what a header may claim, checked before any of it is read, so that a hostile or damaged header costs
 # milliseconds and a few MiB, never a hang or gigabytes.  Real models stay far below them: ~60 metadata keys,
 # at most a few thousand tensors (DeepSeek V3: ~1,800), a 262,144-entry vocabulary (Gemma 3), chat templates of
-# tens of KiB, flat arrays.  README "Limits on model files" lists them.
+# tens of KiB, flat arrays.  README "Limits on model files" lists them (the caps on metadata values live with
+# their reader in backends.gguf_metadata).
 MAX_TENSORS = 65_536  # tensor infos per file
 MAX_METADATA_KEYS = 4_096
-MAX_ARRAY_LENGTH = 1 << 24  # 16,777,216 elements in one metadata array
-MAX_STRING_BYTES = 1 << 20  # 1 MiB for one metadata string (a key, a value, a token)
-MAX_ARRAY_DEPTH = 3  # arrays of arrays of arrays; real models use flat arrays
-MAX_METADATA_READ_BYTES = 32 << 20  # metadata turned into Python values, 8 B per number or string plus its
-# bytes (skipped arrays cost nothing; Gemma 3's whole tokenizer, read by the torch engine, is ~6 MiB)
-PER_LAYER_ARRAY_LIMIT = 4_096  # per-layer arrays longer than this are skipped like any other
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_TENSOR_NAME_BYTES = 63  # GGML_MAX_NAME (64) less its NUL
 MAX_SPLITS = 1_024  # shards of one split model
-
-# value type -> struct format (scalars)
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-TYPE_NAMES = {
-    0: "uint8",
-    1: "int8",
-    2: "uint16",
-    3: "int16",
-    4: "uint32",
-    5: "int32",
-    6: "float32",
-    7: "bool",
-    8: "string",
-    9: "array",
-    10: "uint64",
-    11: "int64",
-    12: "float64",
-}
-# the fewest bytes one element of each type takes in the file: a claimed length is checked against what is left
-_MIN_BYTES = {**{t: struct.calcsize(f) for t, f in _SCALARS.items()}, _STRING: 8, _ARRAY: 12}
-
-
-@dataclass(frozen=True)
-class SkippedArray:
-    """A metadata array that was not read: its element type and length."""
-
-    element_type: int
-    length: int
-    offset: int = 0  # file offset of the first element (to read single items later)
-
-    def __len__(self) -> int:
-        return self.length
 
 
 @dataclass(frozen=True)
@@ -121,156 +87,6 @@ def type_error(path: Path, key: str, got: str, expected: str) -> ModelFormatErro
         f"{path}: metadata {key} is {'an' if got[:1] in 'ai' else 'a'} {got}, expected {expected}",
         "the file's metadata is malformed: re-convert the model or download it again",
     )
-
-
-def _corrupt(path: Path, what: str) -> ModelFormatError:
-    return ModelFormatError(f"{path} is corrupt: {what}", "the file is damaged or not a real model: download it again")
-
-
-_U64 = struct.Struct("<Q")
-
-
-class _Cursor:
-    def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
-        self.buf = buf
-        self.pos = 0
-        self.path = path
-        self.size = len(buf)
-        self.read_bytes = 0  # metadata bytes turned into Python values so far
-
-    def need(self, n: int) -> None:
-        if self.pos + n > self.size:
-            raise ModelFormatError(
-                f"{self.path} is truncated: its GGUF header needs more than the file's {self.size} bytes",
-                "the download or copy was cut short: download the file again",
-            )
-
-    def charge(self, n: int, key: str) -> None:
-        self.read_bytes += n
-        if self.read_bytes > MAX_METADATA_READ_BYTES:
-            raise _corrupt(
-                self.path,
-                f"its metadata (at {key}) holds more than hearth's limit of "
-                f"{MAX_METADATA_READ_BYTES >> 20} MiB of values",
-            )
-
-    def scalar(self, fmt: str) -> Any:
-        n = struct.calcsize(fmt)
-        self.need(n)
-        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
-        self.pos += n
-        return value
-
-    def _length(self, what: str) -> int:
-        n = self.scalar("<Q")
-        if n > MAX_STRING_BYTES:
-            raise _corrupt(
-                self.path, f"{what} claims a string of {n:,} bytes; hearth reads at most {MAX_STRING_BYTES:,} (1 MiB)"
-            )
-        self.need(n)
-        return n
-
-    def string(self, what: str) -> str:
-        n = self._length(what)
-        self.charge(8 + n, what)
-        raw = bytes(self.buf[self.pos : self.pos + n])
-        self.pos += n
-        return raw.decode("utf-8", errors="replace")
-
-    def strings(self, count: int, what: str) -> list[str]:
-        """`count` strings in a row (a vocabulary: ~100k of them in a tokenizer's tokens and merges): what
-        `string` does for each, with the same limits and errors, in one loop over local names; a vocabulary
-        read 3x faster than through `string` (the torch engine reads one at every start)."""
-        buf, pos, size = self.buf, self.pos, self.size
-        unpack = _U64.unpack_from
-        budget = MAX_METADATA_READ_BYTES - self.read_bytes
-        out: list[str] = []
-        append = out.append
-        start = pos
-        for _ in range(count):
-            if pos + 8 > size:
-                break  # `string` raises the error below
-            (n,) = unpack(buf, pos)
-            end = pos + 8 + n
-            if n > MAX_STRING_BYTES or end > size or end - start > budget:
-                break
-            append(bytes(buf[pos + 8 : end]).decode("utf-8", errors="replace"))
-            pos = end
-        self.read_bytes += pos - start
-        self.pos = pos
-        while len(out) < count:  # the one that stopped the loop: read as `string` reads it, which raises
-            append(self.string(what))
-        return out
-
-    def skip_string(self, what: str) -> None:
-        n = self._length(what)
-        self.pos += n
-
-
-def _read_value(cur: _Cursor, vtype: int, keep: int, key: str, depth: int = 0) -> Any:
-    """One metadata value; arrays of more than `keep` elements are skipped (a SkippedArray)."""
-    if vtype in _SCALARS:
-        cur.charge(8, key)
-        return cur.scalar(_SCALARS[vtype])
-    if vtype == _STRING:
-        return cur.string(f"metadata {key}")
-    if vtype != _ARRAY:
-        raise ModelFormatError(
-            f"{cur.path} is corrupt: metadata {key} has unknown GGUF value type {vtype}",
-            "the file is damaged or from a newer GGUF version: download it again",
-        )
-    if depth >= MAX_ARRAY_DEPTH:
-        raise _corrupt(
-            cur.path,
-            f"metadata {key} nests arrays more than {MAX_ARRAY_DEPTH} deep "
-            f"(hearth's limit; real models use flat arrays)",
-        )
-    etype = cur.scalar("<I")
-    length = cur.scalar("<Q")
-    if etype not in _MIN_BYTES:
-        raise ModelFormatError(
-            f"{cur.path} is corrupt: metadata {key} is an array of unknown GGUF type {etype}",
-            "the file is damaged or from a newer GGUF version: download it again",
-        )
-    if length > MAX_ARRAY_LENGTH:
-        raise _corrupt(
-            cur.path, f"metadata {key} claims {length:,} elements; hearth reads arrays of at most {MAX_ARRAY_LENGTH:,}"
-        )
-    if length * _MIN_BYTES[etype] > cur.size - cur.pos:
-        raise ModelFormatError(
-            f"{cur.path} is truncated: metadata {key} claims {length:,} elements, more than "
-            f"the file's remaining {cur.size - cur.pos:,} bytes hold",
-            "the download or copy was cut short, or the file is damaged: download it again",
-        )
-    start = cur.pos
-    if length <= keep:
-        if etype in _SCALARS:
-            fmt = _SCALARS[etype]
-            size = struct.calcsize(fmt)
-            cur.charge(8 * length, key)
-            values = list(struct.unpack_from(f"<{length}{fmt[1]}", cur.buf, cur.pos))
-            cur.pos += size * length
-            return values
-        if etype == _STRING:
-            return cur.strings(length, f"metadata {key}")
-        return [_read_value(cur, etype, keep, key, depth + 1) for _ in range(length)]
-    if etype in _SCALARS:
-        cur.pos += _MIN_BYTES[etype] * length
-    elif etype == _STRING:
-        for _ in range(length):
-            cur.skip_string(f"metadata {key}")
-    else:
-        for _ in range(length):
-            _read_value(cur, etype, 0, key, depth + 1)
-    return SkippedArray(etype, length, start)
-
-
-def _type_name(cur: _Cursor, vtype: int, start: int) -> str:
-    """ "uint32", "string", or "array[ELEMENT]" for the value that begins at `start` (just after its type)."""
-    if vtype != _ARRAY:
-        return TYPE_NAMES.get(vtype, str(vtype))
-    (etype,) = struct.unpack_from("<I", cur.buf, start)
-    return f"array[{TYPE_NAMES.get(etype, str(etype))}]"
 
 
 def _tensor_bytes(ggml_type: int, shape: tuple[int, ...], path: Path, name: str) -> tuple[int, int]:
@@ -386,6 +202,64 @@ def _alignment(path: Path, metadata: dict[str, Any], types: dict[str, str]) -> i
     return int(value)
 
 
+def _gguf_cursor(buf: mmap.mmap, path: Path) -> Cursor:
+    """A cursor just past the magic of a file that starts with it."""
+    if buf[:4] != GGUF_MAGIC:
+        raise ModelFormatError(
+            f"{path} is not a GGUF file (it starts with {bytes(buf[:4])!r}, not b'GGUF')",
+            "hearth loads .gguf model files: convert or download a GGUF",
+        )
+    cur = Cursor(buf, path)
+    cur.pos = 4
+    return cur
+
+
+def _read_counts(cur: Cursor) -> tuple[int, int, int]:
+    """(version, tensor count, metadata count), refused outside the versions hearth reads and the caps above."""
+    path = cur.path
+    version = cur.scalar("<I")
+    if version not in (2, 3):
+        raise ModelFormatError(
+            f"{path} has GGUF version {version}; hearth reads versions 2 and 3",
+            "re-convert the model with a current llama.cpp",
+        )
+    n_tensors = cur.scalar("<Q")
+    n_kv = cur.scalar("<Q")
+    if n_tensors > MAX_TENSORS or n_kv > MAX_METADATA_KEYS:
+        raise _corrupt(
+            path,
+            f"it claims {n_tensors:,} tensors and {n_kv:,} metadata keys; hearth reads "
+            f"at most {MAX_TENSORS:,} and {MAX_METADATA_KEYS:,}",
+        )
+    return version, n_tensors, n_kv
+
+
+def _read_tensor_info(cur: Cursor, file_index: int) -> GGUFTensorInfo:
+    """One entry of the tensor table: name, n_dims, dims, ggml type, offset."""
+    path = cur.path
+    name = cur.string("a tensor name")
+    if len(name.encode("utf-8")) > MAX_TENSOR_NAME_BYTES:
+        raise _corrupt(path, f"tensor name {name[:40]!r}... is longer than ggml's {MAX_TENSOR_NAME_BYTES} bytes")
+    n_dims = cur.scalar("<I")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise _corrupt(path, f"tensor {name} claims {n_dims} dimensions (ggml has 1 to {MAX_DIMS})")
+    shape = tuple(cur.scalar("<Q") for _ in range(n_dims))
+    ggml_type = cur.scalar("<I")
+    offset = cur.scalar("<Q")
+    n_bytes, n_el = _tensor_bytes(ggml_type, shape, path, name)
+    return GGUFTensorInfo(name, shape, ggml_type, offset, n_bytes, n_el, file_index)
+
+
+def _check_fits(path: Path, infos: list[GGUFTensorInfo], data_offset: int, size: int) -> None:
+    """Every tensor's data inside the file."""
+    end = max((data_offset + t.offset + t.n_bytes for t in infos), default=data_offset)
+    if end > size:
+        raise ModelFormatError(
+            f"{path} is truncated: its tensors need {end:,} bytes but the file has {size:,}",
+            "the download or copy was cut short: download the file again",
+        )
+
+
 def read_header(path: str | os.PathLike[str], keep_arrays: Iterable[str] = (), file_index: int = 0) -> GGUFHeader:
     """Parse one GGUF file's header.  Raises ModelFormatError for a missing, unreadable, non-GGUF, truncated,
     corrupt or over-limit file (the caps above), and for a tensor table llama.cpp would refuse."""
@@ -399,71 +273,14 @@ def read_header(path: str | os.PathLike[str], keep_arrays: Iterable[str] = (), f
                 f"{path} is not a GGUF file ({size} bytes)", "hearth loads .gguf model files: check the path"
             )
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            if buf[:4] != GGUF_MAGIC:
-                raise ModelFormatError(
-                    f"{path} is not a GGUF file (it starts with {bytes(buf[:4])!r}, not b'GGUF')",
-                    "hearth loads .gguf model files: convert or download a GGUF",
-                )
-            cur = _Cursor(buf, path)
-            cur.pos = 4
-            version = cur.scalar("<I")
-            if version not in (2, 3):
-                raise ModelFormatError(
-                    f"{path} has GGUF version {version}; hearth reads versions 2 and 3",
-                    "re-convert the model with a current llama.cpp",
-                )
-            n_tensors = cur.scalar("<Q")
-            n_kv = cur.scalar("<Q")
-            if n_tensors > MAX_TENSORS or n_kv > MAX_METADATA_KEYS:
-                raise _corrupt(
-                    path,
-                    f"it claims {n_tensors:,} tensors and {n_kv:,} metadata keys; hearth reads "
-                    f"at most {MAX_TENSORS:,} and {MAX_METADATA_KEYS:,}",
-                )
-            metadata: dict[str, Any] = {}
-            types: dict[str, str] = {}
-            for _ in range(n_kv):
-                key = cur.string("a metadata key")
-                if key in metadata:
-                    raise _corrupt(path, f"metadata key {key} appears twice")
-                vtype = cur.scalar("<I")
-                types[key] = (
-                    _type_name(cur, vtype, cur.pos)
-                    if vtype == _ARRAY and cur.pos + 4 <= cur.size
-                    else TYPE_NAMES.get(vtype, str(vtype))
-                )
-                limit = (
-                    MAX_ARRAY_LENGTH
-                    if key in keep
-                    else PER_LAYER_ARRAY_LIMIT
-                    if key.endswith(PER_LAYER_SUFFIXES)
-                    else SMALL_ARRAY_LIMIT
-                )
-                metadata[key] = _read_value(cur, vtype, limit, key)
-            infos = []
-            for _ in range(n_tensors):
-                name = cur.string("a tensor name")
-                if len(name.encode("utf-8")) > MAX_TENSOR_NAME_BYTES:
-                    raise _corrupt(
-                        path, f"tensor name {name[:40]!r}... is longer than ggml's {MAX_TENSOR_NAME_BYTES} bytes"
-                    )
-                n_dims = cur.scalar("<I")
-                if not 1 <= n_dims <= MAX_DIMS:
-                    raise _corrupt(path, f"tensor {name} claims {n_dims} dimensions (ggml has 1 to {MAX_DIMS})")
-                shape = tuple(cur.scalar("<Q") for _ in range(n_dims))
-                ggml_type = cur.scalar("<I")
-                offset = cur.scalar("<Q")
-                n_bytes, n_el = _tensor_bytes(ggml_type, shape, path, name)
-                infos.append(GGUFTensorInfo(name, shape, ggml_type, offset, n_bytes, n_el, file_index))
+            cur = _gguf_cursor(buf, path)
+            version, n_tensors, n_kv = _read_counts(cur)
+            metadata, types = read_metadata(cur, n_kv, keep)
+            infos = [_read_tensor_info(cur, file_index) for _ in range(n_tensors)]
             alignment = _alignment(path, metadata, types)
             data_offset = (cur.pos + alignment - 1) // alignment * alignment
     _check_layout(path, infos, alignment)
-    end = max((data_offset + t.offset + t.n_bytes for t in infos), default=data_offset)
-    if end > size:
-        raise ModelFormatError(
-            f"{path} is truncated: its tensors need {end:,} bytes but the file has {size:,}",
-            "the download or copy was cut short: download the file again",
-        )
+    _check_fits(path, infos, data_offset, size)
     return GGUFHeader(path, version, metadata, tuple(infos), data_offset, size, types)
 
 
@@ -523,11 +340,11 @@ def read_string_items(path: str | os.PathLike[str], array: SkippedArray, indices
     """Strings at `indices` of a skipped string array (e.g. the BOS/EOS token texts), walking only up to the
     largest index."""
     wanted = sorted({i for i in indices if 0 <= i < array.length})
-    if array.element_type != _STRING or not wanted:
+    if array.element_type != STRING or not wanted:
         return {}
     out: dict[int, str] = {}
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        cur = _Cursor(buf, Path(path))
+        cur = Cursor(buf, Path(path))
         cur.pos = array.offset
         want = set(wanted)
         for i in range(wanted[-1] + 1):

@@ -14,13 +14,11 @@ backend's own (backends/llama_cpp/one_thread.py explains the 2x it saves).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 from backends.api import (
@@ -34,10 +32,9 @@ from backends.api import (
     Request,
     RequestStats,
     TokenLogprob,
-    seed_u64,
 )
 from backends.constrained import compiler_for_llama
-from backends.embeddings import POOLING_IDS, is_embedding_model, not_for_chat, pooling_type
+from backends.embeddings import is_embedding_model, not_for_chat, pooling_type
 from backends.engine_capabilities import LLAMA_CPP
 from backends.engine_options import LlamaCppOptions
 from backends.errors import (
@@ -45,76 +42,24 @@ from backends.errors import (
     InvalidRequestError,
     ModelLoadError,
     OutOfMemoryError,
-    UnsupportedArchitectureError,
 )
-from backends.llama_cpp.embedding import EmbeddingContext, refuse_rank
+from backends.llama_cpp.embedding import EmbeddingContext
 from backends.llama_cpp.extra_bufts import extra_bufts_default
-from backends.llama_cpp.no_templates import templates_skipped
+from backends.llama_cpp.loading import KV_TYPES as KV_TYPES
+from backends.llama_cpp.loading import SPLIT_MODES as SPLIT_MODES
+from backends.llama_cpp.loading import gpu_offload_supported as gpu_offload_supported
+from backends.llama_cpp.loading import known_architectures as known_architectures
+from backends.llama_cpp.loading import llama_kwargs, new_llama, refuse_unloadable
+from backends.llama_cpp.loading import open_llama as open_llama
 from backends.llama_cpp.one_thread import OneThread
 from backends.llama_cpp.overrides import cpu_expert_overrides
+from backends.llama_cpp.sampling import Sampling, start_sampling
 from backends.llama_cpp.threads import LlamaThreads, threads_to_use
 from backends.llama_cpp.tokens import tokenize
 from backends.modelspec import ModelSpec
-from backends.textstream import TextStream
 from hwprobe.spare_cores import SpareCores
 
-SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
-KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2, "bf16": 30, "f32": 0}  # ggml_type values
-
-
-def gpu_offload_supported() -> bool:
-    """Whether the installed llama-cpp-python was built with a GPU backend (CUDA, Metal, Vulkan, ...)."""
-    import llama_cpp  # lazy: heavy: llama_cpp
-
-    return bool(llama_cpp.llama_supports_gpu_offload())
-
-
-@contextlib.contextmanager
-def _model_params(extra_bufts: bool, overrides: Any = None) -> Iterator[None]:
-    """llama-cpp-python's Llama() takes no use_extra_bufts or tensor_buft_overrides argument; it builds its
-    llama_model_params from llama_model_default_params(), so that function is wrapped while the model loads (on
-    the one thread that touches llama.cpp, in a process that holds this one model).  overrides: an
-    overrides.BuftOverrides, kept alive by the caller."""
-    import llama_cpp.llama as llama_module  # lazy: heavy: llama_cpp
-
-    if extra_bufts and overrides is None:
-        yield
-        return
-    lib = llama_module.llama_cpp
-    original = lib.llama_model_default_params
-
-    def params() -> Any:
-        p = original()
-        if not extra_bufts:
-            p.use_extra_bufts = False
-        if overrides is not None:
-            p.tensor_buft_overrides = overrides.address
-        return p
-
-    lib.llama_model_default_params = params
-    try:
-        yield
-    finally:
-        lib.llama_model_default_params = original
-
-
-def open_llama(path: str, extra_bufts: bool | None = None, **kwargs: Any) -> Any:
-    """A bare `llama_cpp.Llama(path, **kwargs)` under this machine's extra-buffer rule (extra_bufts_default when
-    None): for the places that use llama.cpp directly as a reference (tests, scripts), which would otherwise
-    segfault at the first decode on an AMX CPU."""
-    import llama_cpp  # lazy: heavy: llama_cpp
-
-    on = extra_bufts_default()[0] if extra_bufts is None else extra_bufts
-    with _model_params(on):
-        return llama_cpp.Llama(str(path), **kwargs)
-
-
-def known_architectures() -> frozenset[str]:
-    """Architectures llama.cpp can load.  The gguf package mirrors llama.cpp's list (MODEL_ARCH_NAMES), so this
-    needs no model load; an architecture missing here fails fast with a clear error instead of a C++ log."""
-    from gguf.constants import MODEL_ARCH_NAMES  # lazy: heavy: gguf (numpy)
-
-    return frozenset(MODEL_ARCH_NAMES.values())
+# (the "X as X" imports above: what Llama() is built with, importable from here as before it moved to loading.py)
 
 
 class LlamaCppBackend(Backend):
@@ -142,51 +87,40 @@ class LlamaCppBackend(Backend):
     def load(self, progress: ProgressCallback | None = None) -> None:
         if self._llm is not None:
             return
-        if self.spec.format != "gguf":
-            raise UnsupportedArchitectureError(
-                f"the llama.cpp backend loads GGUF files; {self.spec.path} is a {self.spec.format} folder",
-                "use --backend torch",
-            )
-        if self.spec.architecture not in known_architectures():
-            raise UnsupportedArchitectureError(
-                f"llama.cpp does not know the architecture {self.spec.architecture!r} of {self.spec.path}",
-                "update llama-cpp-python, or use a model of a supported architecture",
-            )
+        refuse_unloadable(self.spec)
         spare = SpareCores()  # what other processes leave free while this loads: the thread count (threads.py)
         import llama_cpp  # lazy: heavy: llama_cpp
 
         o = self.options
         typed = LlamaCppOptions.of(o)  # this engine's own values, typed (checked at the command line already)
-        flash_attn = typed.flash_attn
-        if typed.kv_cache_type not in ("f16", "bf16", "f32") and not flash_attn:
-            flash_attn = True
-            self._notes.append(f"flash attention on: llama.cpp needs it for a {typed.kv_cache_type} V cache")
+        flash_attn = self._flash_attn(typed)
         if progress:
             progress(0.05, f"loading {os.path.basename(self.spec.path)} with llama.cpp")
-        kwargs: dict[str, Any] = dict(
-            n_ctx=o.n_ctx,
-            n_gpu_layers=o.n_gpu_layers,
-            split_mode=SPLIT_MODES[o.split_mode],
-            main_gpu=o.main_gpu,
-            n_batch=min(o.n_batch, o.n_ctx),
-            n_ubatch=min(o.n_batch, o.n_ctx),
-            n_threads=o.n_threads,
-            n_threads_batch=o.n_threads,
-            logits_all=o.logits_all,
-            flash_attn=flash_attn,
-            type_k=KV_TYPES[typed.kv_cache_type],
-            type_v=KV_TYPES[typed.kv_cache_type],
-            seed=o.seed,
-            verbose=o.verbose,
-        )
-        if o.tensor_split:
-            kwargs["tensor_split"] = list(o.tensor_split)
-        if self._embedding_model:  # an encoder: its own context is the embedding one, sized to what it was trained on
-            refuse_rank(pooling_type(self.spec))
-            n = min(o.n_ctx, self.spec.context_length or o.n_ctx)
-            kwargs.update(
-                n_ctx=n, n_batch=n, n_ubatch=n, embedding=True, pooling_type=POOLING_IDS[pooling_type(self.spec)]
+        kwargs = llama_kwargs(self.spec, o, typed, flash_attn, self._embedding_model)
+        self._choose_extra_bufts(typed)
+        self._overrides = cpu_expert_overrides(o.cpu_expert_layers) if self.spec.n_experts else None
+        if o.cpu_expert_layers and self._overrides is None:
+            self._notes.append(f"cpu_expert_layers={o.cpu_expert_layers} ignored: {self.spec.name} has no experts")
+        self._llm = self._build(llama_cpp.Llama, kwargs)
+        self._use_threads(spare())
+        if self._embedding_model:
+            llm = self._llm
+            self._embedder = self._worker.call(
+                lambda: EmbeddingContext(llm._model, llm._ctx, self.n_ctx, o.verbose, owned=False)
             )
+        if progress:
+            progress(1.0, "ready")
+
+    def _flash_attn(self, typed: LlamaCppOptions) -> bool:
+        """Flash attention as asked, or on (with a note) for a quantized KV cache: llama.cpp needs it for a
+        quantized V cache ("Failed to create llama_context" otherwise)."""
+        if typed.kv_cache_type not in ("f16", "bf16", "f32") and not typed.flash_attn:
+            self._notes.append(f"flash attention on: llama.cpp needs it for a {typed.kv_cache_type} V cache")
+            return True
+        return typed.flash_attn
+
+    def _choose_extra_bufts(self, typed: LlamaCppOptions) -> None:
+        """Extra weight-buffer types as asked, else by this machine's rule (extra_bufts.py); a note when off."""
         if typed.extra_bufts is None:
             self._extra_bufts, why = extra_bufts_default()
         else:
@@ -194,17 +128,11 @@ class LlamaCppBackend(Backend):
         if not self._extra_bufts:
             self._notes.append(f"extra weight-buffer types {why if why.startswith('off') else 'off: ' + why}")
 
-        self._overrides = cpu_expert_overrides(o.cpu_expert_layers) if self.spec.n_experts else None
-        if o.cpu_expert_layers and self._overrides is None:
-            self._notes.append(f"cpu_expert_layers={o.cpu_expert_layers} ignored: {self.spec.name} has no experts")
-
-        def build() -> Any:
-            # the file's template is untrusted: only hearth's budgeted renderer runs it
-            with templates_skipped(), _model_params(self._extra_bufts, self._overrides):
-                return llama_cpp.Llama(self.spec.path, **kwargs)
-
+    def _build(self, llama: Any, kwargs: dict[str, Any]) -> Any:
+        """`llama(path, **kwargs)` on the backend's thread, its failures as hearth's errors."""
+        o = self.options
         try:
-            self._llm = self._worker.call(build)
+            return self._worker.call(new_llama, llama, self.spec.path, kwargs, self._extra_bufts, self._overrides)
         except MemoryError as exc:
             raise OutOfMemoryError(
                 f"out of memory loading {self.spec.name} with n_ctx={o.n_ctx}, n_gpu_layers={o.n_gpu_layers}: {exc}",
@@ -219,14 +147,6 @@ class LlamaCppBackend(Backend):
                 "likely out of memory: try a smaller --ctx or fewer --n-gpu-layers; run with "
                 "--verbose to see llama.cpp's log",
             ) from None
-        self._use_threads(spare())
-        if self._embedding_model:
-            llm = self._llm
-            self._embedder = self._worker.call(
-                lambda: EmbeddingContext(llm._model, llm._ctx, self.n_ctx, o.verbose, owned=False)
-            )
-        if progress:
-            progress(1.0, "ready")
 
     def _use_threads(self, spare: float | None) -> None:
         llm, adaptive = self._llm, self.options.adaptive_threads
@@ -454,66 +374,14 @@ class LlamaCppBackend(Backend):
     def _generate(
         self, llm: Any, request: Request, ids: list[int], stats: RequestStats, submitted: float, matcher: Any = None
     ) -> Iterator[GenerationEvent]:
-        rid, sp = request.request_id, request.sampling
+        rid = request.request_id
         if self._is_aborted(rid):
             return FinishReason.ABORT, None, None
-        text = TextStream(self._token_bytes, sp.stop)
-        eos = set() if sp.ignore_eos else set(self.spec.eos_token_ids) | {llm.token_eos()}
-        processors = None
-        if matcher is not None:
-            # the grammar's end is end-of-sequence, even with ignore_eos; the mask runs first in llama.cpp's
-            # sampler chain (llama-cpp-python adds logits processors first), where scores are indexed by token id
-            eos = set(self.spec.eos_token_ids) | {llm.token_eos()}
-            processors = [_masker(matcher)]
-        # llama.cpp's sampler seed is 32 bits: a 64-bit seed is folded (its two halves xor-ed), so every seed is
-        # deterministic and seeds that differ only in their high bits still differ
-        seed = seed_u64(sp.seed) if sp.seed is not None else random.randrange(2**31)
-        llm.set_seed((seed ^ (seed >> 32)) & 0xFFFFFFFF)
-        # Greedy: temperature 0 in llama.cpp's sampler chain is argmax; the other filters are then moot.
-        # logit_bias, OpenAI's penalties and logprobs: backends/llama_cpp/logit_steps.py (llama.cpp's own
-        # frequency/presence penalties stay 0: they count a 64-token window, OpenAI's every generated token)
-        from backends.llama_cpp.logit_steps import LogitSteps  # lazy: heavy: numpy
-
-        steps = LogitSteps(sp, len(ids), self._one_token_bytes) if LogitSteps.wanted(sp) else None
-        gen = llm.generate(
-            ids,
-            top_k=sp.top_k,
-            top_p=sp.top_p,
-            min_p=sp.min_p,
-            temp=sp.temperature,
-            repeat_penalty=sp.repeat_penalty,
-            reset=True,
-            # bias/penalties and the raw logprobs first, the grammar's mask last
-            logits_processor=([steps] if steps is not None else []) + (processors or []) or None,
+        s = start_sampling(
+            llm, request.sampling, ids, self.spec.eos_token_ids, self._token_bytes, self._one_token_bytes, matcher
         )
-        reason = FinishReason.LENGTH
-        end = object()
         try:
-            threads, next_token = self._require_threads(), functools.partial(next, gen, end)
-            # each call decodes a token; the first also evaluates the prompt (timed apart: threads.py)
-            while (token := self._worker.call(threads.step, stats.completion_tokens > 0, next_token)) is not end:
-                if stats.completion_tokens == 0:
-                    stats.ttft_s = time.perf_counter() - submitted
-                stats.completion_tokens += 1
-                if matcher is not None:
-                    matcher.accept(token)  # raises ConstraintViolation (this request's error, below)
-                if token in eos:
-                    reason = FinishReason.STOP
-                    break
-                out, stopped = text.push([token])
-                entry = steps.entry(token) if steps is not None else None
-                yield GenerationEvent(
-                    EventKind.TOKEN, rid, text=out, token_ids=(token,), logprobs=(entry,) if entry is not None else ()
-                )
-                if stopped:
-                    reason = FinishReason.STOP
-                    break
-                if self._is_aborted(rid):
-                    reason = FinishReason.ABORT
-                    break
-                if stats.completion_tokens >= sp.max_tokens or len(ids) + stats.completion_tokens >= self.n_ctx:
-                    reason = FinishReason.LENGTH
-                    break
+            reason = yield from self._decode(s, request, len(ids), stats, submitted)
         except MemoryError as exc:
             return FinishReason.ERROR, f"out of memory while generating: {exc}", None
         except (RuntimeError, ValueError) as exc:  # llama_decode failures surface as RuntimeError
@@ -521,11 +389,41 @@ class LlamaCppBackend(Backend):
         except InvalidRequestError as exc:  # the constraint's matcher refused a token or hit a limit (typed)
             return FinishReason.ERROR, exc.message, getattr(exc, "error_code", None)
         finally:
-            self._worker.call(gen.close)
-        tail = text.flush()
+            self._worker.call(s.tokens.close)
+        tail = s.text.flush()
         if tail:
             yield GenerationEvent(EventKind.TOKEN, rid, text=tail)
         return reason, None, None
+
+    def _decode(
+        self, s: Sampling, request: Request, n_prompt: int, stats: RequestStats, submitted: float
+    ) -> Generator[GenerationEvent, None, FinishReason]:
+        """A TOKEN event per token decoded, until end-of-sequence, a stop string, an abort, max_tokens or the
+        context's end; returns the finish reason."""
+        rid, sp = request.request_id, request.sampling
+        end = object()
+        threads, next_token = self._require_threads(), functools.partial(next, s.tokens, end)
+        # each call decodes a token; the first also evaluates the prompt (timed apart: threads.py)
+        while (token := self._worker.call(threads.step, stats.completion_tokens > 0, next_token)) is not end:
+            if stats.completion_tokens == 0:
+                stats.ttft_s = time.perf_counter() - submitted
+            stats.completion_tokens += 1
+            if s.matcher is not None:
+                s.matcher.accept(token)  # raises ConstraintViolation (this request's error, in _generate)
+            if token in s.eos:
+                return FinishReason.STOP
+            out, stopped = s.text.push([token])
+            entry = s.steps.entry(token) if s.steps is not None else None
+            yield GenerationEvent(
+                EventKind.TOKEN, rid, text=out, token_ids=(token,), logprobs=(entry,) if entry is not None else ()
+            )
+            if stopped:
+                return FinishReason.STOP
+            if self._is_aborted(rid):
+                return FinishReason.ABORT
+            if stats.completion_tokens >= sp.max_tokens or n_prompt + stats.completion_tokens >= self.n_ctx:
+                return FinishReason.LENGTH
+        return FinishReason.LENGTH
 
     # -- facts -------------------------------------------------------------------------------------------
     def describe(self) -> Description:
@@ -549,23 +447,6 @@ class LlamaCppBackend(Backend):
         if self._notes:
             info["notes"] = list(self._notes)
         return Description.from_mapping(info)
-
-
-def _masker(matcher: Any) -> Callable[[Any, Any], Any]:
-    """A llama-cpp-python logits processor: forbidden tokens' scores to -inf.  scores: (n_vocab,) float32."""
-    import numpy as np  # lazy: heavy: numpy
-
-    def mask(_input_ids: Any, scores: Any) -> Any:
-        try:
-            allowed = matcher.allowed()
-        except InvalidRequestError:  # the grammar failed (a limit): matcher.accept() raises it again, typed, on
-            return scores  # the token sampled now; raised here, llama-cpp-python's ctypes callback only prints it
-        n = min(len(allowed), len(scores))
-        scores[:n][~allowed[:n]] = -np.inf
-        scores[n:] = -np.inf
-        return scores
-
-    return mask
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
