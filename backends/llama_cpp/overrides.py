@@ -8,7 +8,8 @@ and KV of every layer are on the GPU and only the matched experts are multiplied
 
 llama-cpp-python 0.3.36 declares the field (as a void pointer) but sets nothing there; this module builds the
 array with ctypes (the CPU buffer type comes from ggml's ggml_backend_cpu_buffer_type) and
-backends.llama_cpp.loading.model_params puts it into the params llama_model_default_params() returns while the model loads.
+backends.llama_cpp.loading.model_params puts it into the params llama_model_default_params() returns while the
+model loads.
 """
 
 from __future__ import annotations
