@@ -278,8 +278,18 @@ def spec_from_hf_folder(folder: str | os.PathLike[str]) -> ModelSpec:
         bos_token_text=_token_text(special.get("bos_token")),
         eos_token_text=_token_text(special.get("eos_token")),
         files=tuple(str(f) for f in files),
-        metadata={"config": config},
+        metadata=_metadata(folder, config),
     )
+
+
+def _metadata(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The spec's metadata: config.json, and generation_config.json when there is one (the makers' sampling
+    defaults: backends/sampling_defaults.py)."""
+    metadata: dict[str, Any] = {"config": config}
+    gen_cfg = folder / "generation_config.json"
+    if gen_cfg.exists():
+        metadata["generation_config"] = read_json_object(gen_cfg, "generation config")
+    return metadata
 
 
 def _token_text(value: Any) -> str | None:

@@ -78,6 +78,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "never); the next request loads it again.  Ollama's keep_alive in a request wins for that request",
     )
     p.add_argument("--api-key", dest="api_key", metavar="KEY", help="require 'Authorization: Bearer KEY'")
+    _add_limit_arguments(p)
+    p.add_argument(
+        "--log-level",
+        dest="log_level",
+        choices=("debug", "info", "warning", "error"),
+        default="warning",
+        help="what the server logs on stderr (default warning: errors with their ids; debug also names the fields "
+        "and options of Ollama requests that were ignored)",
+    )
+    add_model_arguments(p)
+
+
+def _add_limit_arguments(p: argparse.ArgumentParser) -> None:
+    """The server's limits: concurrency, queue, body size, shutdown grace."""
     p.add_argument(
         "--max-concurrency",
         dest="max_concurrency",
@@ -115,7 +129,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds running requests get to finish on shutdown (default 10)",
     )
-    add_model_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     backend = loaded.backend
     try:
         err = sys.stderr
-        _log_server_errors(err)
+        _log_server_errors(err, getattr(args, "log_level", "warning"))
         why = _print_plan(loaded, err)
         config = _server_config(args, settings, loaded.entry.name, keep_alive_s)
         app = create_app(backend, config)
@@ -250,7 +263,7 @@ def _serve(app: FastAPI, settings: Settings, args: argparse.Namespace) -> None:
         app,
         host=settings.host,
         port=settings.port,
-        log_level="warning",
+        log_level=getattr(args, "log_level", "warning"),
         timeout_graceful_shutdown=max(int(args.shutdown_grace), 1),
     )
     server = _graceful_server(uv_config)
@@ -274,12 +287,13 @@ def _graceful_server(config: Any) -> Any:
     return _GracefulServer(config)
 
 
-def _log_server_errors(err: Any) -> None:
-    """The server's own log (app/server/errors.py: an unexpected error's id and traceback) on stderr, with the
-    time, beside uvicorn's."""
+def _log_server_errors(err: Any, level: str = "warning") -> None:
+    """The server's own log (app/server/errors.py: an unexpected error's id and traceback; at debug, the ignored
+    fields of Ollama requests) on stderr, with the time, beside uvicorn's; `level`: --log-level."""
     import logging  # lazy: keeps `hearth --help` light (logging is only needed once serving)
 
     log = logging.getLogger("hearth.server")
+    log.setLevel(level.upper())
     if not log.handlers:
         handler = logging.StreamHandler(err)
         handler.setFormatter(logging.Formatter("%(asctime)s hearth serve %(levelname)s: %(message)s"))

@@ -7,6 +7,7 @@ import json
 
 from app.commands.common import HARDWARE
 from app.commands.models import human_bytes, human_count, model_row
+from backends.sampling_defaults import sampling_defaults
 from hwprobe import plan
 from hwprobe.errors import PlanError
 
@@ -29,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
 
     entry, spec = ModelStore().spec(args.name)
     row = model_row(entry, spec)
+    recommended = sampling_defaults(spec)
+    row["sampling_defaults"] = {"values": recommended.values(), "source": recommended.source or None}
     try:
         p = plan(hardware_report(args.hardware), spec.to_shape())
         plan_out, plan_err = p, None
@@ -49,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         ("quant", row["quant"]),
         ("context", str(row["context_length"])),
         ("backends", ", ".join(row["backends"]) or "none installed can run it"),
+        ("sampling", recommended.describe()),
     ]
     width = max(len(k) for k, _ in lines)
     for k, v in lines:

@@ -5,8 +5,9 @@ text read as plain text, as llama.cpp's embedding and OpenAI's tokenizers do) or
 The backend pools the last hidden states (backends/embeddings.py: the GGUF's own pooling, else the mean) and
 L2-normalizes them, so both engines and both APIs give the same vectors.  `encoding_format: "base64"` is the
 float32 little-endian bytes in base64, as OpenAI sends them (the openai SDK asks for it by default and decodes
-it).  `dimensions` is refused unless it is the model's own size: no GGUF says that a model was trained to be
-truncated (Matryoshka), and a truncated vector of any other model is a worse vector, not a smaller one.
+it).  `dimensions` (both APIs) keeps the first d components and normalizes them again, as OpenAI's
+text-embedding-3 models and Ollama do: meant for models trained to be cut that way (Matryoshka: nomic-embed,
+mxbai-embed, ...), which no GGUF records, so it is the caller's choice; more than the model's size is a 400.
 
 Work per request is bounded: at most MAX_INPUTS inputs, each within the context (else 400 naming the input).
 """
@@ -17,6 +18,7 @@ import base64
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from starlette.concurrency import run_in_threadpool
 
@@ -65,8 +67,31 @@ def as_inputs(value: Any, param: str) -> list[str] | list[list[int]]:
     return value
 
 
-def embed_inputs(backend: Backend, inputs: list[str] | list[list[int]], truncate: bool, param: str) -> Embedded:
-    """Tokenize (text) and embed.  `truncate`: cut each input to the context (Ollama's default) instead of a 400.
+def check_dimensions(backend: Backend, dimensions: int | None, model: str) -> None:
+    """A 400 for `dimensions` above the model's embedding size (none is fewer than 1: the schemas say so)."""
+    hidden = backend.spec.hidden_size
+    if dimensions is not None and hidden and dimensions > hidden:
+        raise APIError(
+            400,
+            f"dimensions={dimensions}: {model} gives {hidden}-dimensional embeddings; ask for at most {hidden}",
+            param="dimensions",
+        )
+
+
+def cut_to(vectors: Any, dimensions: int | None) -> Any:
+    """The first `dimensions` components of each row, L2-normalized again (None: the rows as they are)."""
+    if dimensions is None or dimensions >= vectors.shape[1]:
+        return vectors
+    cut = vectors[:, :dimensions]
+    norms = np.linalg.norm(cut, axis=1, keepdims=True)
+    return (cut / np.where(norms > 0, norms, 1.0)).astype(vectors.dtype)
+
+
+def embed_inputs(
+    backend: Backend, inputs: list[str] | list[list[int]], truncate: bool, param: str, dimensions: int | None = None
+) -> Embedded:
+    """Tokenize (text) and embed.  `truncate`: cut each input to the context (Ollama's default) instead of a 400;
+    `dimensions`: each vector cut to that many components and normalized again (cut_to).
     Blocking: call it on a worker thread.  What the engine calls raise (a runner that crashed under them, a
     refusal, a bug) is mapped once, by engine_error, as for a generation."""
     if not backend.capabilities.embeddings:
@@ -76,7 +101,7 @@ def embed_inputs(backend: Backend, inputs: list[str] | list[list[int]], truncate
         vectors = backend.embed(batch)
     except Exception as exc:  # noqa: BLE001 - every kind is mapped (APIError passes as it is)
         raise engine_error(exc, "embeddings", param) from None
-    return Embedded(vectors, [len(ids) for ids in batch])
+    return Embedded(cut_to(vectors, dimensions), [len(ids) for ids in batch])
 
 
 def _token_batch(backend: Backend, inputs: list[str] | list[list[int]], truncate: bool, param: str) -> list[list[int]]:
@@ -105,15 +130,8 @@ def _token_batch(backend: Backend, inputs: list[str] | list[list[int]], truncate
 async def openai_embeddings(backend: Backend, body: EmbeddingRequest) -> dict:
     """The /v1/embeddings answer for a validated body (the model name is checked by the caller)."""
     inputs = as_inputs(body.input, "input")
-    hidden = backend.spec.hidden_size
-    if body.dimensions is not None and body.dimensions != hidden:
-        raise APIError(
-            400,
-            f"dimensions={body.dimensions} is not supported: {body.model} gives {hidden}-dimensional embeddings, and "
-            "its file does not say it was trained to be truncated (omit dimensions, or send the model's own size)",
-            param="dimensions",
-        )
-    done = await run_in_threadpool(embed_inputs, backend, inputs, False, "input")
+    check_dimensions(backend, body.dimensions, body.model)
+    done = await run_in_threadpool(embed_inputs, backend, inputs, False, "input", body.dimensions)
     data = []
     for i, row in enumerate(done.vectors):
         value: Any = (

@@ -20,6 +20,7 @@ from app.server.schemas import OPENAI_FIELDS, ChatCompletionRequest, CompletionR
 from backends.api import MAX_LOGIT_BIAS, Backend, Request, SamplingParams
 from backends.constrained import check_constraint
 from backends.errors import HearthError, InvalidRequestError
+from backends.sampling_defaults import sampling_defaults
 from backends.tools.spec import ToolRequest, ToolRequestError, tool_request_from_openai
 
 Body = ChatCompletionRequest | CompletionRequest
@@ -134,8 +135,10 @@ def _request_id() -> str:
 
 
 def sampling_of(body: Body, max_tokens: int | None, backend: Backend, config: ServerConfig) -> SamplingParams:
-    """What the OpenAI request asks for, with OpenAI's semantics: temperature/top_p as given (defaults 1), no
-    top_k/min_p truncation the client did not ask for (hearth's own defaults are for `hearth run` and the TUI)."""
+    """What the OpenAI request asks for, with OpenAI's semantics: each of temperature, top_p, top_k, min_p and
+    repeat_penalty as given, else the model's own recommendation (backends/sampling_defaults.py, as vLLM applies
+    generation_config.json), else OpenAI's defaults (temperature and top_p 1, no top_k/min_p truncation, no
+    penalty; hearth's own defaults are for `hearth run` and the chat app)."""
     n_ctx = backend.n_ctx
     if max_tokens is not None and not 1 <= max_tokens <= n_ctx:
         raise APIError(
@@ -149,12 +152,13 @@ def sampling_of(body: Body, max_tokens: int | None, backend: Backend, config: Se
         prompt_logprobs = False
     else:  # completions: logprobs=k; echo + logprobs also scores the prompt
         logprobs, prompt_logprobs = body.logprobs, body.echo and body.logprobs is not None
+    pick = _picked(body, sampling_defaults(backend.spec).values())
     return SamplingParams(
-        temperature=float(body.temperature) if body.temperature is not None else 1.0,
-        top_p=float(body.top_p) if body.top_p is not None else 1.0,
-        top_k=body.top_k if body.top_k is not None else 0,
-        min_p=float(body.min_p) if body.min_p is not None else 0.0,
-        repeat_penalty=float(body.repeat_penalty) if body.repeat_penalty is not None else 1.0,
+        temperature=float(pick["temperature"]),
+        top_p=float(pick["top_p"]),
+        top_k=int(pick["top_k"]),
+        min_p=float(pick["min_p"]),
+        repeat_penalty=float(pick["repeat_penalty"]),
         seed=body.seed,
         max_tokens=max_tokens if max_tokens is not None else min(config.default_max_tokens, n_ctx),
         stop=stop,
@@ -165,6 +169,18 @@ def sampling_of(body: Body, max_tokens: int | None, backend: Backend, config: Se
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
     )
+
+
+OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0}
+
+
+def _picked(body: Body, recommended: dict[str, float | int]) -> dict[str, float | int]:
+    """Each sampling value: the request's, else the model's recommendation, else OpenAI's default."""
+    out: dict[str, float | int] = {}
+    for name, default in OPENAI_DEFAULTS.items():
+        given = getattr(body, name, None)
+        out[name] = given if given is not None else recommended.get(name, default)
+    return out
 
 
 def _logit_bias(given: dict | None, backend: Backend) -> tuple[tuple[int, float], ...]:

@@ -34,7 +34,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import __version__
 from app.defaults import SYSTEM_PROMPT
-from app.server.embeddings import embed_inputs
+from app.server.embeddings import check_dimensions, embed_inputs
 from app.server.errors import APIError, engine_error
 from app.server.keep_alive import KeepAlive
 from app.server.ollama_answers import loaded_reply, ns, ollama_answer, ollama_error
@@ -50,6 +50,7 @@ from app.server.ollama_models import (
 from app.server.ollama_requests import (
     build_request,
     check_options_only,
+    logprobs_of,
     messages_of,
     parse_body,
     refuse_embedding_model,
@@ -71,8 +72,9 @@ from app.server.think import ThinkSplitter as _Think  # noqa: F401 - tests reach
 from backends.api import Backend, Request
 
 # The Ollama API version /api/version reports: the one whose docs/api.md these routes follow.  Clients compare
-# it to gate features (tools, structured outputs, think), so it is Ollama's numbering, not hearth's.
-OLLAMA_API_VERSION = "0.12.0"
+# it to gate features (tools, structured outputs, think, logprobs), so it is Ollama's numbering, not hearth's:
+# 0.12.11 added logprobs and top_logprobs, the newest fields hearth serves (the official client 0.6.3 sends them).
+OLLAMA_API_VERSION = "0.12.11"
 
 _Route = Callable[[HTTPRequest], Awaitable[Response]]
 
@@ -238,7 +240,7 @@ class _OllamaAPI:
         if not body.messages:  # Ollama: an empty chat loads the model (and keep_alive 0 unloads it)
             return await _load_or_unload(self.keep_alive, keep, self.served, chat=True, stream=body.stream)
         load_s = await self.keep_alive.load()
-        sampling = sampling_of(body.options, self.backend)
+        sampling = sampling_of(body.options, self.backend, logprobs_of(body))
         tools = tools_of(body.tools)
         messages = _with_system(messages_of(body.messages))
         think = think_vars(body.think, self.backend)
@@ -257,7 +259,7 @@ class _OllamaAPI:
         if not body.prompt:
             return await _load_or_unload(self.keep_alive, keep, self.served, chat=False, stream=body.stream)
         load_s = await self.keep_alive.load()
-        sampling = sampling_of(body.options, self.backend)
+        sampling = sampling_of(body.options, self.backend, logprobs_of(body))
         think = think_vars(body.think, self.backend)
         req, reading = await self.generate_request(body, sampling, think)
         req = await run_in_threadpool(with_format, req, body.format)
@@ -281,13 +283,13 @@ class _OllamaAPI:
         self.check_model(body.model)
         request_keep_alive(body.keep_alive, self.keep_alive)
         check_options_only(body.options)
-        self.check_dimensions(body.dimensions)
+        check_dimensions(self.backend, body.dimensions, self.served)
         inputs = [body.input] if isinstance(body.input, str) else list(body.input)
         if not inputs or any(not text for text in inputs):
             raise APIError(400, "input must be a non-empty string or a list of non-empty strings")
         started = time.perf_counter()
         load_s = await self.keep_alive.load()
-        done = await run_in_threadpool(embed_inputs, self.backend, inputs, body.truncate, "input")
+        done = await run_in_threadpool(embed_inputs, self.backend, inputs, body.truncate, "input", body.dimensions)
         total = time.perf_counter() - started
         return JSONResponse(
             {
@@ -298,16 +300,6 @@ class _OllamaAPI:
                 "prompt_eval_count": sum(done.token_counts),
             }
         )
-
-    def check_dimensions(self, dimensions: int | None) -> None:
-        """A 400 for `dimensions` other than the model's own: its file does not say it may be truncated."""
-        hidden_size = self.backend.spec.hidden_size
-        if dimensions is not None and dimensions != hidden_size:
-            raise APIError(
-                400,
-                f"dimensions={dimensions}: {self.served} gives {hidden_size}-dimensional embeddings and "
-                "its file does not say it may be truncated",
-            )
 
     async def embeddings(self, request: HTTPRequest) -> Response:
         body: EmbeddingsBody = await self.parse(request, EmbeddingsBody)

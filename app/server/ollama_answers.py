@@ -8,7 +8,11 @@ left are handled once for both APIs; only the framing is Ollama's:
 - a whole reply is that last line with the whole text;
 - an error is `{"error": "..."}`: the body of a 4xx/5xx, or a stream's last line (no done line after it);
 - a reply that starts with <think>...</think> has it as `thinking` when `think` was asked (app/server/think.py);
-- tool calls are `message.tool_calls: [{"function": {"name", "arguments": {...}}}]`, arguments as an object.
+- tool calls are `message.tool_calls: [{"function": {"name", "arguments": {...}}}]`, arguments as an object;
+- with `logprobs: true`, a line carries `logprobs`: [{"token", "logprob", "bytes", "top_logprobs": [{"token",
+  "logprob", "bytes"}, ...]}, ...] for the tokens since the line before (Ollama 0.12.11's shape, which the official
+  client reads; tokens whose text the think splitter or the tool-call parser held go on the next line written),
+  and a whole reply has every token's on its one line.
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from app.server.answers import collect, drain, finish_reason, open_choices, stats_of
 from app.server.choices import Choices
 from app.server.errors import APIError
+from app.server.logprobs import chat_content
 from app.server.ollama_models import timestamp
 from app.server.runner import Generation, Runner
 from app.server.think import ThinkSplitter
 from app.server.tool_replies import ToolReply
-from backends.api import Request
+from backends.api import Request, TokenLogprob
 from backends.tools.render import ToolReading
 
 _NDJSON = "application/x-ndjson"
@@ -105,8 +110,11 @@ class OllamaLines:
         where: str,
         arrived: float,
         load_s: float,
+        logprobs: bool = False,
     ) -> None:
         self.served, self.chat = served, chat
+        self.logprobs = logprobs  # the request asked for them
+        self.held: list[TokenLogprob] = []  # entries of tokens not yet on a line
         self.param, self.where = param, where  # the field a constraint's errors name; what a bug's error names
         self.arrived, self.load_s = arrived, load_s  # perf_counter() when the request came; keep_alive's load
         self.reply = ToolReply(tools) if tools is not None else None
@@ -125,6 +133,8 @@ class OllamaLines:
             out["response"] = text
             if thinking:
                 out["thinking"] = thinking
+        if self.logprobs:
+            out["logprobs"], self.held = chat_content(self.held), []
         out.update(final or {"done": False})
         return out
 
@@ -147,8 +157,10 @@ class OllamaLines:
     def _done(self, gen: Generation) -> dict[str, Any]:
         return counters(gen, time.perf_counter() - self.arrived + self.load_s, self.load_s)
 
-    def whole(self, pieces: list[str], gen: Generation) -> dict:
-        """The collected reply: its TOKEN texts fed one by one as in a stream, written as one line."""
+    def whole(self, pieces: list[str], gen: Generation, entries: list[TokenLogprob] | None = None) -> dict:
+        """The collected reply: its TOKEN texts fed one by one as in a stream, written as one line (with every
+        token's logprob entry when asked)."""
+        self.held = list(entries or ())
         thinking, content = [], []
         for text in pieces:
             if text:
@@ -163,6 +175,7 @@ class OllamaLines:
         return []  # Ollama has no opening line: the first piece of text is the first line
 
     def token(self, index: int, text: str, entries: tuple = (), final: bool = False) -> list[bytes]:
+        self.held.extend(entries)
         if final:
             thinking, content, calls = self._closing()
         elif text:
@@ -207,13 +220,21 @@ async def ollama_answer(
     choices = Choices(runner, [req])
     await open_choices(choices, param)
     lines = OllamaLines(
-        served, chat=chat, tools=tools, think=think, param=param, where=req.request_id, arrived=arrived, load_s=load_s
+        served,
+        chat=chat,
+        tools=tools,
+        think=think,
+        param=param,
+        where=req.request_id,
+        arrived=arrived,
+        load_s=load_s,
+        logprobs=req.sampling.logprobs is not None,
     )
     if stream:
         return StreamingResponse(drain(choices, lines), media_type=_NDJSON)
 
     async def respond() -> Response:
         got = await collect(choices, prompt_logprobs=False, param=param)
-        return JSONResponse(lines.whole(got.pieces[0], got.gens[0]))
+        return JSONResponse(lines.whole(got.pieces[0], got.gens[0], got.logprobs[0]))
 
     return await unless_gone(request, respond())  # a client that leaves aborts the request (a 499)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import uuid
 from typing import Any
 
@@ -27,7 +28,10 @@ from app.server.response_format import JsonSchemaFormat, ResponseFormat, constra
 from backends.api import Backend, Request, SamplingParams
 from backends.embeddings import is_embedding_model, not_for_chat
 from backends.errors import HearthError, InvalidRequestError
+from backends.sampling_defaults import sampling_defaults
 from backends.tools.spec import ToolRequestError, tool_request_from_openai
+
+log = logging.getLogger("hearth.server")
 
 
 async def parse_body(request: HTTPRequest, schema: type[BaseModel], limit: int) -> Any:
@@ -37,16 +41,19 @@ async def parse_body(request: HTTPRequest, schema: type[BaseModel], limit: int) 
 
 
 def validate_body(raw: bytes, schema: type[BaseModel]) -> Any:
-    """Ollama's validation: every field checked, none ignored (an unknown one is a 400 naming it)."""
+    """Ollama's validation: every known field checked (a wrong type or range is a 400 naming it); fields Ollama's
+    API does not have ignored, as Ollama ignores them, and named in a debug log line.  The body's size and depth
+    are bounded before any of this (body.decode_body), ignored fields included."""
     data = decode_body(raw, 64, 4096 if schema is ChatBody else None)
     data = {k: v for k, v in data.items() if v is not None}
+    unknown = sorted(k for k in data if k not in schema.model_fields)
+    if unknown:
+        log.debug("ignored fields Ollama's API does not have: %s", ", ".join(unknown[:20]))
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first.get("loc", ()) if not str(p).startswith(("function-", "literal")))
-        if first.get("type") == "extra_forbidden":
-            raise APIError(400, f"unknown field {loc!r}: Ollama's API has no such field") from None
         raise APIError(400, f"{loc or 'body'}: {first.get('msg')}") from None
 
 
@@ -77,15 +84,18 @@ def refuse_embedding_model(backend: Backend) -> None:
         raise APIError(400, not_for_chat(backend.spec))
 
 
-def sampling_of(raw: dict | None, backend: Backend) -> SamplingParams:
-    """Ollama's options as SamplingParams (ollama_schemas.py: which are honoured, ignored, refused)."""
+def sampling_of(raw: dict | None, backend: Backend, logprobs: int | None = None) -> SamplingParams:
+    """Ollama's options as SamplingParams (ollama_schemas.py: which are honoured, ignored, refused); `logprobs`:
+    the body's (logprobs_of)."""
     try:
-        opts, _ignored = check_options(raw)
+        opts, ignored = check_options(raw)
     except OptionError as exc:
         raise APIError(400, exc.args[0]) from None
     except ValidationError as exc:
         first = exc.errors()[0]
         raise APIError(400, f"options.{'.'.join(map(str, first.get('loc', ())))}: {first.get('msg')}") from None
+    if ignored:
+        log.debug("ignored options: %s", ", ".join(ignored[:20]))
     n_ctx = backend.n_ctx
     limit = min(opts.num_ctx, n_ctx) if opts.num_ctx is not None else n_ctx  # num_ctx above the load: the load's
     predict = opts.num_predict
@@ -95,7 +105,10 @@ def sampling_of(raw: dict | None, backend: Backend) -> SamplingParams:
     stop = (opts.stop,) if isinstance(opts.stop, str) else tuple(opts.stop or ())
     if any(not s for s in stop):
         raise APIError(400, "options.stop: stop strings must not be empty")
-    pick = {k: getattr(opts, k) if getattr(opts, k) is not None else v for k, v in DEFAULTS.items()}
+    # each value: the request's option, else the model's recommendation (Ollama's Modelfile parameters; here
+    # backends/sampling_defaults.py), else Ollama's default
+    recommended = sampling_defaults(backend.spec).values()
+    pick = {k: getattr(opts, k) if getattr(opts, k) is not None else recommended.get(k, v) for k, v in DEFAULTS.items()}
     try:
         return SamplingParams(
             temperature=float(pick["temperature"]),
@@ -108,9 +121,16 @@ def sampling_of(raw: dict | None, backend: Backend) -> SamplingParams:
             stop=stop,
             presence_penalty=float(opts.presence_penalty or 0.0),
             frequency_penalty=float(opts.frequency_penalty or 0.0),
+            logprobs=logprobs,
         )
     except InvalidRequestError as exc:
         raise APIError(400, f"options: {exc.one_line()}") from None
+
+
+def logprobs_of(body: Any) -> int | None:
+    """SamplingParams.logprobs for a chat or generate body: None unless `logprobs` is true, then `top_logprobs`
+    (0 when not given).  `top_logprobs` alone asks for nothing, as on Ollama's server."""
+    return (body.top_logprobs or 0) if body.logprobs else None
 
 
 def tools_of(tools: list[dict] | None) -> Any:

@@ -1,15 +1,17 @@
 """Request bodies of Ollama's REST API (github.com/ollama/ollama docs/api.md) as hearth serves them, and the
 `options` object mapped onto SamplingParams.
 
-Strict like the OpenAI bodies (app/server/schemas.py): a field Ollama's API does not have is a 400 naming it.
-`options` is Ollama's Modelfile parameters; each key is one of three kinds:
+Fields Ollama's API does not have are ignored, as Ollama's server ignores them (a client newer than hearth keeps
+working; app/server/ollama_requests.py logs their names at debug), while a known field of the wrong type or range
+is a 400 naming it.  `options` is Ollama's Modelfile parameters; each key is one of four kinds:
 - sampling options hearth honours: temperature, top_p, top_k, min_p, seed, num_predict, stop, repeat_penalty,
   presence_penalty, frequency_penalty, and num_ctx (a per-request limit within the loaded context);
 - load options Ollama uses to (re)load a model (num_gpu, num_thread, num_batch, use_mmap, ...): hearth plans the
   load itself (`hearth plan`) and serves one loaded model, so these are accepted and ignored, as listed in the
   README, because clients send them by default (Open WebUI, Continue);
 - sampling options hearth does not implement (mirostat, typical_p, tfs_z, repeat_last_n other than the default,
-  ...): a 400 naming the option when set to anything but their "off" value, never ignored.
+  ...): a 400 naming the option when set to anything but their "off" value, never ignored;
+- keys Ollama does not know either: ignored, as Ollama ignores them (it logs "invalid option provided").
 
 Defaults are Ollama's (temperature 0.8, top_k 40, top_p 0.9, min_p 0; num_predict -1 = until the context is full)
 except repeat_penalty: Ollama's 1.1 counts the last 64 tokens (repeat_last_n), hearth's penalty every token
@@ -93,19 +95,17 @@ class OptionError(ValueError):
 
 
 def check_options(raw: dict[str, Any] | None) -> tuple[Options, list[str]]:
-    """(the honoured options, the ignored load options' names); OptionError for an unknown option or an
-    unimplemented one that is not off."""
+    """(the honoured options, the ignored options' names: load options and keys nobody knows); OptionError for an
+    unimplemented sampling option that is not off."""
     raw = dict(raw or {})
-    ignored = sorted(k for k in raw if k in LOAD_OPTIONS)
+    ignored = sorted(k for k in raw if k in LOAD_OPTIONS or k not in SAMPLING_OPTIONS and k not in OFF_VALUES)
     for key, value in raw.items():
-        if key in SAMPLING_OPTIONS or key in LOAD_OPTIONS or value is None:
+        if key not in OFF_VALUES or value is None:
             continue
-        if key in OFF_VALUES:
-            off = OFF_VALUES[key]
-            if off is None or value == off or (key == "mirostat" and value == 0):
-                continue
-            raise OptionError(f"options.{key}={value!r} is not supported by hearth (only {off!r}, off)", key)
-        raise OptionError(f"options.{key} is not an option hearth knows (README: Use it from other tools)", key)
+        off = OFF_VALUES[key]
+        if off is None or value == off or (key == "mirostat" and value == 0):
+            continue
+        raise OptionError(f"options.{key}={value!r} is not supported by hearth (only {off!r}, off)", key)
     return Options.model_validate({k: v for k, v in raw.items() if k in SAMPLING_OPTIONS and v is not None}), ignored
 
 
@@ -121,7 +121,7 @@ class ToolCall(BaseModel):
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "tool"]
     content: StrictStr = ""
     images: list[StrictStr] | None = None
@@ -138,13 +138,16 @@ KeepAlive = StrictStr | StrictInt | StrictFloat
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
     model: StrictStr
     stream: StrictBool = True  # Ollama streams unless told not to
     format: Format | None = None
     options: dict[str, Any] | None = None
     keep_alive: KeepAlive | None = None
     think: Think | None = None
+    # the log-probability of each generated token, and of the top_logprobs most likely tokens at its step (0-20)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
 
 
 class ChatBody(_Common):
@@ -163,7 +166,7 @@ class GenerateBody(_Common):
 
 
 class EmbedBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
     model: StrictStr
     input: StrictStr | list[StrictStr]
     truncate: StrictBool = True
@@ -175,7 +178,7 @@ class EmbedBody(BaseModel):
 class EmbeddingsBody(BaseModel):
     """The older /api/embeddings: one prompt, one `embedding`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
     model: StrictStr
     prompt: StrictStr
     options: dict[str, Any] | None = None

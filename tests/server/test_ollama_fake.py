@@ -12,6 +12,7 @@ import pytest
 from app.server.background import BackgroundServer
 from backends.api import Capabilities
 from tests.fakes import FakeBackend, loaded_fake
+from tests.runner_fakes import EmbeddingFake
 
 ollama = pytest.importorskip("ollama")
 
@@ -31,6 +32,10 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 class ConstrainedFake(FakeBackend):
     capabilities = Capabilities(constraints=True, logits=False)
+
+
+class LogprobsFake(FakeBackend):
+    capabilities = Capabilities(logprobs=True, logits=False)
 
 
 @pytest.fixture
@@ -95,13 +100,49 @@ def test_options_reach_the_sampler_and_unknown_ones_are_refused(serve) -> None:
     for options, word in (
         ({"mirostat": 2}, "mirostat"),
         ({"typical_p": 0.5}, "typical_p"),
-        ({"bogus": 1}, "bogus"),
         ({"temperature": "hot"}, "temperature"),
     ):
         with pytest.raises(ollama.ResponseError) as info:
             client.chat(model="fake-model", messages=ASK, options=options)
         assert info.value.status_code == 400 and word in info.value.error
     client.chat(model="fake-model", messages=ASK, options={"mirostat": 0, "typical_p": 1.0})  # "off": accepted
+    # an option nobody knows is ignored, as Ollama's server ignores it
+    client.chat(model="fake-model", messages=ASK, options={"bogus": 1, "temperature": 0.3})
+    assert backend.requests[-1].sampling.temperature == 0.3
+
+
+def test_fields_ollama_does_not_know_are_ignored_and_known_ones_checked(serve, caplog) -> None:
+    """A client newer than hearth (or a UI that adds its own keys) keeps working, as with Ollama; the names of what
+    was ignored are logged at debug; a known field of the wrong type or range is still a 400 naming it."""
+    backend = EmbeddingFake()
+    backend.load()
+    server, client = serve(backend)
+    with caplog.at_level("DEBUG", logger="hearth.server"):
+        for path, body in (
+            ("/api/chat", {"messages": [{"role": "user", "content": "Capital?", "mood": "curious"}], "bogus": 1}),
+            ("/api/generate", {"prompt": "Capital?", "width": 512, "steps": 4}),
+            ("/api/embed", {"input": "Paris", "future_field": True}),
+        ):
+            r = httpx.post(server.url + path, json={"model": "fake-model", "stream": False, **body}, timeout=30)
+            assert r.status_code == 200, (path, r.text)
+    said = " ".join(rec.getMessage() for rec in caplog.records)
+    assert "bogus" in said and "width" in said and "future_field" in said
+    for body, word in (
+        ({"messages": ASK, "logprobs": "yes"}, "logprobs"),
+        ({"messages": ASK, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"messages": ASK, "stream": "no"}, "stream"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "role"),
+    ):
+        r = httpx.post(server.url + "/api/chat", json={"model": "fake-model", **body}, timeout=30)
+        assert r.status_code == 400 and word in r.json()["error"], r.text
+    # logprobs asks the engine for them (top_logprobs: how many alternatives), top_logprobs alone does not
+    backend = LogprobsFake(replies=["Paris."])
+    backend.load()
+    _, client = serve(backend)
+    client.chat(model="fake-model", messages=ASK, logprobs=True, top_logprobs=2)
+    assert backend.requests[-1].sampling.logprobs == 2
+    client.generate(model="fake-model", prompt="Capital?", top_logprobs=2)
+    assert backend.requests[-1].sampling.logprobs is None
 
 
 def test_tool_calls_whole_streamed_and_the_result_round_trip(serve) -> None:
@@ -172,7 +213,7 @@ def test_errors_have_ollamas_shape(serve) -> None:
         ({"model": "nope", "messages": ASK}, 404, "nope"),
         ({"model": "fake-model", "messages": ASK, "keep_alive": "soon"}, 400, "keep_alive"),
         ({"model": "fake-model", "messages": ASK, "think": True}, 400, "thinking"),
-        ({"model": "fake-model", "messages": ASK, "bogus": 1}, 400, "bogus"),
+        ({"model": "fake-model", "messages": ASK, "options": "hot"}, 400, "options"),
         ({"model": "fake-model", "messages": [{"role": "user", "content": "x", "images": ["AAAA"]}]}, 400, "vision"),
     ):
         r = httpx.post(url + "/api/chat", json=body, headers=auth)

@@ -146,9 +146,18 @@ def test_embeddings_from_both_clients_agree(server) -> None:
 
     import openai
 
+    # dimensions: the first d components, normalized again, on both APIs; more than the model has is a 400
+    cut = client.embeddings.create(model=MODEL, input=texts[0], dimensions=64).data[0].embedding
+    want = vectors[0][:64] / np.linalg.norm(vectors[0][:64])
+    assert len(cut) == 64 and np.allclose(cut, want, atol=1e-5)
+    short = ollama.Client(host=url, timeout=600).embed(model=MODEL, input=texts[0], dimensions=64)
+    assert np.allclose(short.embeddings[0], want, atol=1e-5)
     with pytest.raises(openai.BadRequestError) as info:
-        client.embeddings.create(model=MODEL, input="x", dimensions=64)
+        client.embeddings.create(model=MODEL, input="x", dimensions=577)
     assert info.value.body["param"] == "dimensions"
+    with pytest.raises(ollama.ResponseError) as refused:
+        ollama.Client(host=url, timeout=600).embed(model=MODEL, input="x", dimensions=577)
+    assert refused.value.status_code == 400 and "at most 576" in refused.value.error
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model=MODEL, input=[""])
     with pytest.raises(openai.BadRequestError) as info:
@@ -157,6 +166,32 @@ def test_embeddings_from_both_clients_agree(server) -> None:
     # Ollama's default truncate: true cuts it to the context instead
     long = ollama.Client(host=url, timeout=600).embed(model=MODEL, input="word " * 2000)
     assert long.prompt_eval_count == 1024
+
+
+def test_logprobs_in_the_clients_shape(server) -> None:
+    """logprobs and top_logprobs from the official client, whole and streamed, on chat and generate: one entry a
+    generated token, its text the reply's, the chosen token among its step's top ones (greedy: the first)."""
+    _, _, url = server
+    client = ollama.Client(host=url, timeout=600)
+    whole = client.chat(model=MODEL, messages=QUESTION, options=GREEDY, logprobs=True, top_logprobs=3)
+    # one entry a token of the reply (the end-of-turn token that stopped it counts in eval_count, has no text)
+    assert whole.logprobs is not None and whole.eval_count - 1 <= len(whole.logprobs) <= whole.eval_count
+    assert "".join(e.token for e in whole.logprobs).strip() == whole.message.content.strip()
+    for entry in whole.logprobs:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the most likely token was chosen
+        assert abs(entry.top_logprobs[0].logprob - entry.logprob) < 1e-4
+    parts = list(
+        client.generate(
+            model=MODEL, prompt="What is the capital of France?", options=GREEDY, stream=True, logprobs=True
+        )
+    )
+    entries = [e for p in parts for e in (p.logprobs or [])]
+    assert parts[-1].eval_count - 1 <= len(entries) <= parts[-1].eval_count
+    assert all(not e.top_logprobs for e in entries)
+    assert "".join(e.token for e in entries) == "".join(p.response for p in parts)
+    plain = client.chat(model=MODEL, messages=QUESTION, options=GREEDY, top_logprobs=3)  # without logprobs: none
+    assert not plain.logprobs
 
 
 def test_base64_is_float32_little_endian(server) -> None:

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from backends.api import Request, SamplingParams
+from tests.fakes import FakeBackend, fake_spec
 from tests.fakes import loaded_fake as fake
 
 pytestmark = pytest.mark.server
@@ -67,3 +68,29 @@ def test_logprobs_cross_the_runner_boundary_unchanged() -> None:
     )
     back = msgspec.msgpack.Decoder(FromRunner).decode(msgspec.msgpack.Encoder().encode(Event(event)))
     assert back.event == event
+
+
+def test_the_models_own_defaults_fill_what_a_request_leaves_out(live) -> None:
+    """Issue 45 item 3 on both APIs: a model with recommended sampling (here SmolLM2's, by name) gets it wherever
+    a request sets no value; a request's own values always win; a model without any gets the API's defaults."""
+    backend = FakeBackend(spec=fake_spec(name="SmolLM2 135M Instruct"))
+    backend.load()
+    s = live(backend, model_name="smol")
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        ask = [{"role": "user", "content": "hi"}]
+        assert c.post(CHAT, json={"model": "smol", "messages": ask}).status_code == 200
+        sp = backend.requests[-1].sampling
+        assert (sp.temperature, sp.top_p, sp.top_k, sp.min_p) == (0.2, 0.9, 0, 0.0)  # the card's, else OpenAI's
+        c.post(CHAT, json={"model": "smol", "messages": ask, "temperature": 0.7, "top_k": 5})
+        sp = backend.requests[-1].sampling
+        assert (sp.temperature, sp.top_p, sp.top_k) == (0.7, 0.9, 5)
+        assert c.post("/api/chat", json={"model": "smol", "messages": ask, "stream": False}).status_code == 200
+        sp = backend.requests[-1].sampling
+        assert (sp.temperature, sp.top_p, sp.top_k, sp.min_p) == (0.2, 0.9, 40, 0.0)  # the card's, else Ollama's
+        c.post("/api/chat", json={"model": "smol", "messages": ask, "stream": False, "options": {"top_p": 0.5}})
+        assert (backend.requests[-1].sampling.temperature, backend.requests[-1].sampling.top_p) == (0.2, 0.5)
+    plain = fake()  # "fake-model": nothing recommended
+    s = live(plain)
+    with httpx.Client(base_url=s.url, timeout=30) as c:
+        c.post(CHAT, json=body())
+        assert (plain.requests[-1].sampling.temperature, plain.requests[-1].sampling.top_p) == (1.0, 1.0)

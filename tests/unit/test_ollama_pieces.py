@@ -21,7 +21,9 @@ def test_options_are_honoured_ignored_or_refused() -> None:
     opts, ignored = check_options({"temperature": 0.2, "num_ctx": 4096, "num_gpu": 99, "use_mmap": True, "seed": 3})
     assert (opts.temperature, opts.num_ctx, opts.seed) == (0.2, 4096, 3) and ignored == ["num_gpu", "use_mmap"]
     check_options({"mirostat": 0, "mirostat_tau": 5.0, "typical_p": 1.0, "repeat_last_n": 64, "tfs_z": 1.0})
-    for bad in ({"mirostat": 1}, {"typical_p": 0.9}, {"repeat_last_n": 128}, {"num_experts": 2}):
+    _, ignored = check_options({"num_experts": 2, "temperature": 0.5})  # unknown to Ollama too: ignored, as there
+    assert ignored == ["num_experts"]
+    for bad in ({"mirostat": 1}, {"typical_p": 0.9}, {"repeat_last_n": 128}):
         with pytest.raises(OptionError) as info:
             check_options(bad)
         assert next(iter(bad)) in info.value.args[0]
