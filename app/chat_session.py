@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from app.loading import Loaded
+from app.model_sampling import model_defaults
 from app.requests import FALLBACK_NAME, chat_request, sampling_from
 from app.settings import Settings
 from app.structured import constraint_for
@@ -32,6 +33,8 @@ class ChatSession:
         if not self.messages and self.settings.system_prompt:
             self.messages.append({"role": "system", "content": self.settings.system_prompt})
         self.fallback_warned = False
+        # the model's sampling defaults fill what the user did not set (app/model_sampling.py)
+        self.defaults = model_defaults(self.loaded.backend.spec, self.loaded.entry.name)
 
     def print_plan(self, out: TextIO) -> None:
         d = self.loaded.decision
@@ -44,6 +47,8 @@ class ChatSession:
         # the plan's reasons, then the engine's own: which kernels its self-check replaced on this device
         for reason in (*d.reasons, *info.get("kernel_check_reasons", ())):
             print(f"  - {reason}", file=out)
+        if self.defaults.values():
+            print(f"  - sampling defaults: {self.defaults.describe()} (flags and settings.toml win)", file=out)
 
     def reset(self) -> None:
         system = [m for m in self.messages[:1] if m["role"] == "system"]
@@ -61,7 +66,7 @@ class ChatSession:
         if raw:
             request = Request(
                 prompt=text,
-                sampling=sampling_from(self.settings, stop=self.stop),
+                sampling=sampling_from(self.settings, stop=self.stop, defaults=self.defaults),
                 constraint=constraint_for(self.settings.json_output),
                 priority=self.settings.priority,
             )
@@ -71,7 +76,7 @@ class ChatSession:
                 built = chat_request(
                     self.loaded.spec,
                     self.messages,
-                    sampling_from(self.settings, stop=self.stop),
+                    sampling_from(self.settings, stop=self.stop, defaults=self.defaults),
                     constraint=constraint_for(self.settings.json_output),
                     priority=self.settings.priority,  # ahead of API traffic by default (app.defaults)
                 )

@@ -19,9 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from app.defaults import SAMPLING
+from app.model_sampling import FIELDS as SAMPLING_FIELDS
+from app.model_sampling import pick
 from backends.api import API_PRIORITY, ChatMessage, Constraint, Request, SamplingParams
 from backends.errors import TemplateError
 from backends.modelspec import REMOTE_FORMAT, ModelSpec
+from backends.sampling_defaults import SamplingDefaults
 from backends.templates import FALLBACK_NAME, RenderedPrompt, check_messages, render_chat, render_for_spec
 from backends.tools.detect import ToolStyle, detect
 from backends.tools.render import (
@@ -42,16 +46,25 @@ class ChatRequest:
     tools: ToolReading | None = None  # how to read tool calls out of the reply; None = the request has no tools
 
 
-def sampling_from(settings: Any, chat: Any = None, stop: tuple[str, ...] = ()) -> SamplingParams:
-    """SamplingParams from Settings; a TUI conversation's own settings (ChatSettings: temperature, top_p,
-    max_tokens, seed) win over them where it has them."""
+def sampling_from(
+    settings: Any, chat: Any = None, stop: tuple[str, ...] = (), defaults: SamplingDefaults | None = None
+) -> SamplingParams:
+    """SamplingParams for `hearth run` and the chat app: each value the TUI conversation's own (ChatSettings:
+    temperature, top_p, max_tokens, seed) where it has one, else the user's Settings where set, else the model's
+    `defaults` (app/model_sampling.py: the user's own for the model over its recommendation), else hearth's
+    (app.defaults.SAMPLING)."""
+    given = {name: getattr(settings, name) for name in SAMPLING_FIELDS}
+    if chat is not None:
+        given.update(temperature=chat.temperature, top_p=chat.top_p)
+    fallback = {name: getattr(SAMPLING, name) for name in SAMPLING_FIELDS}
+    values = pick(given, defaults or SamplingDefaults(), fallback)
     source = chat if chat is not None else settings
     return SamplingParams(
-        temperature=source.temperature,
-        top_p=source.top_p,
-        top_k=settings.top_k,
-        min_p=settings.min_p,
-        repeat_penalty=settings.repeat_penalty,
+        temperature=float(values["temperature"]),
+        top_p=float(values["top_p"]),
+        top_k=int(values["top_k"]),
+        min_p=float(values["min_p"]),
+        repeat_penalty=float(values["repeat_penalty"]),
         seed=source.seed,
         max_tokens=source.max_tokens,
         stop=stop,

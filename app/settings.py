@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.defaults import APP_PRIORITY, BACKEND_CHOICES, REPLY_MAX_TOKENS, SAMPLING, SYSTEM_PROMPT, TTFT_TARGET_MS
+from app.defaults import APP_PRIORITY, BACKEND_CHOICES, REPLY_MAX_TOKENS, SYSTEM_PROMPT, TTFT_TARGET_MS
 from app.durations import duration_seconds
 from app.paths import get_paths
 from backends.api import PRIORITY_MAX, PRIORITY_MIN, SEED_MAX, SEED_MIN
@@ -60,11 +60,13 @@ class Settings:
     # greedy reply may differ at a bf16 near-tie, and a user turns it on knowing that
     speculative: str = "off"
     draft_model: str | None = None  # registered name or GGUF path of the draft (--draft-model)
-    temperature: float = SAMPLING.temperature
-    top_p: float = SAMPLING.top_p
-    top_k: int = SAMPLING.top_k
-    min_p: float = SAMPLING.min_p
-    repeat_penalty: float = SAMPLING.repeat_penalty
+    # sampling: None = not set by the user: the model's own defaults (app/model_sampling.py), else hearth's
+    # (app.defaults.SAMPLING)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
     max_tokens: int = REPLY_MAX_TOKENS
     seed: int | None = None
     system_prompt: str = SYSTEM_PROMPT  # "" sends no system message (app.defaults says why this one)
@@ -143,10 +145,11 @@ def _check_type(key: str, value: Any, source: str) -> Any:
         "int | None": isinstance(value, int) and not isinstance(value, bool),
         "int": isinstance(value, int) and not isinstance(value, bool),
         "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "float | None": isinstance(value, (int, float)) and not isinstance(value, bool),
     }.get(str(want), True)
     if not ok:
         raise ConfigError(f"{source}: {key} must be {str(want).replace(' | None', '')}, got {value!r}")
-    return float(value) if str(want) == "float" else value
+    return float(value) if str(want) in ("float", "float | None") else value
 
 
 MAX_CTX = 1 << 24  # the longest context any model file may claim (backends.model_limits)
@@ -191,6 +194,8 @@ def _check_sampling(s: Settings) -> None:
         ("repeat_penalty", 0.0, math.inf),
     ):
         value = getattr(s, name)
+        if value is None:
+            continue
         if not (math.isfinite(value) and low <= value <= high) or (name in ("top_p", "repeat_penalty") and value == 0):
             rule = {
                 "temperature": ">= 0 and finite",
@@ -199,7 +204,7 @@ def _check_sampling(s: Settings) -> None:
                 "repeat_penalty": "> 0 and finite",
             }[name]
             raise ConfigError(f"{name} must be {rule}, got {value}")
-    if s.top_k < 0:
+    if s.top_k is not None and s.top_k < 0:
         raise ConfigError(f"top_k must be >= 0 (0 = off), got {s.top_k}")
     if s.seed is not None and not SEED_MIN <= s.seed <= SEED_MAX:  # the API's rule: any 64-bit integer
         raise ConfigError(f"seed must be a 64-bit integer ({SEED_MIN} .. {SEED_MAX}), got {s.seed}")

@@ -152,7 +152,11 @@ def add_model_arguments(p: argparse.ArgumentParser, *, backend: bool = True, rem
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling")
+    g = p.add_argument_group(
+        "sampling",
+        "a value not given here or in settings.toml is the model's own default (`hearth show NAME` lists them and "
+        "where they come from), else hearth's default below",
+    )
     g.add_argument("--temperature", "-t", type=float, metavar="T", help=f"0 = greedy (default {S.temperature})")
     g.add_argument("--top-p", dest="top_p", type=float, metavar="P", help=f"nucleus sampling (default {S.top_p})")
     g.add_argument("--top-k", dest="top_k", type=int, metavar="K", help=f"0 = off (default {S.top_k})")

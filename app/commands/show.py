@@ -7,7 +7,6 @@ import json
 
 from app.commands.common import HARDWARE
 from app.commands.models import human_bytes, human_count, model_row
-from backends.sampling_defaults import sampling_defaults
 from hwprobe import plan
 from hwprobe.errors import PlanError
 
@@ -25,12 +24,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
     from app.loading import hardware_report
+    from app.model_sampling import model_defaults  # lazy: keeps `hearth --help` light (+1 hearth module)
     from app.store import ModelStore  # lazy: keeps `hearth --help` light (+base64, hashlib, mmap, 10 hearth modules)
     from hwprobe.render import plan_text  # lazy: keeps `hearth --help` light (+1 hearth modules)
 
     entry, spec = ModelStore().spec(args.name)
     row = model_row(entry, spec)
-    recommended = sampling_defaults(spec)
+    recommended = model_defaults(spec, entry.name)  # the user's own for it over the model's
     row["sampling_defaults"] = {"values": recommended.values(), "source": recommended.source or None}
     try:
         p = plan(hardware_report(args.hardware), spec.to_shape())

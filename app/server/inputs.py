@@ -11,6 +11,8 @@ from fastapi import Request as HTTPRequest
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from app.model_sampling import model_defaults
+from app.model_sampling import pick as pick_values
 from app.requests import ChatRequest, chat_request
 from app.server.body import decode_body, read_body
 from app.server.config import ServerConfig
@@ -20,7 +22,6 @@ from app.server.schemas import OPENAI_FIELDS, ChatCompletionRequest, CompletionR
 from backends.api import MAX_LOGIT_BIAS, Backend, Request, SamplingParams
 from backends.constrained import check_constraint
 from backends.errors import HearthError, InvalidRequestError
-from backends.sampling_defaults import sampling_defaults
 from backends.tools.spec import ToolRequest, ToolRequestError, tool_request_from_openai
 
 Body = ChatCompletionRequest | CompletionRequest
@@ -136,9 +137,9 @@ def _request_id() -> str:
 
 def sampling_of(body: Body, max_tokens: int | None, backend: Backend, config: ServerConfig) -> SamplingParams:
     """What the OpenAI request asks for, with OpenAI's semantics: each of temperature, top_p, top_k, min_p and
-    repeat_penalty as given, else the model's own recommendation (backends/sampling_defaults.py, as vLLM applies
-    generation_config.json), else OpenAI's defaults (temperature and top_p 1, no top_k/min_p truncation, no
-    penalty; hearth's own defaults are for `hearth run` and the chat app)."""
+    repeat_penalty as given, else the model's defaults (app/model_sampling.py: the user's own for it over its
+    recommendation, as vLLM applies generation_config.json), else OpenAI's defaults (temperature and top_p 1, no
+    top_k/min_p truncation, no penalty; hearth's own defaults are for `hearth run` and the chat app)."""
     n_ctx = backend.n_ctx
     if max_tokens is not None and not 1 <= max_tokens <= n_ctx:
         raise APIError(
@@ -152,7 +153,8 @@ def sampling_of(body: Body, max_tokens: int | None, backend: Backend, config: Se
         prompt_logprobs = False
     else:  # completions: logprobs=k; echo + logprobs also scores the prompt
         logprobs, prompt_logprobs = body.logprobs, body.echo and body.logprobs is not None
-    pick = _picked(body, sampling_defaults(backend.spec).values())
+    given = {name: getattr(body, name, None) for name in OPENAI_DEFAULTS}
+    pick = pick_values(given, model_defaults(backend.spec, config.model_name), OPENAI_DEFAULTS)
     return SamplingParams(
         temperature=float(pick["temperature"]),
         top_p=float(pick["top_p"]),
@@ -172,15 +174,6 @@ def sampling_of(body: Body, max_tokens: int | None, backend: Backend, config: Se
 
 
 OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0}
-
-
-def _picked(body: Body, recommended: dict[str, float | int]) -> dict[str, float | int]:
-    """Each sampling value: the request's, else the model's recommendation, else OpenAI's default."""
-    out: dict[str, float | int] = {}
-    for name, default in OPENAI_DEFAULTS.items():
-        given = getattr(body, name, None)
-        out[name] = given if given is not None else recommended.get(name, default)
-    return out
 
 
 def _logit_bias(given: dict | None, backend: Backend) -> tuple[tuple[int, float], ...]:

@@ -240,7 +240,7 @@ class _OllamaAPI:
         if not body.messages:  # Ollama: an empty chat loads the model (and keep_alive 0 unloads it)
             return await _load_or_unload(self.keep_alive, keep, self.served, chat=True, stream=body.stream)
         load_s = await self.keep_alive.load()
-        sampling = sampling_of(body.options, self.backend, logprobs_of(body))
+        sampling = sampling_of(body.options, self.backend, self.served, logprobs_of(body))
         tools = tools_of(body.tools)
         messages = _with_system(messages_of(body.messages))
         think = think_vars(body.think, self.backend)
@@ -259,7 +259,7 @@ class _OllamaAPI:
         if not body.prompt:
             return await _load_or_unload(self.keep_alive, keep, self.served, chat=False, stream=body.stream)
         load_s = await self.keep_alive.load()
-        sampling = sampling_of(body.options, self.backend, logprobs_of(body))
+        sampling = sampling_of(body.options, self.backend, self.served, logprobs_of(body))
         think = think_vars(body.think, self.backend)
         req, reading = await self.generate_request(body, sampling, think)
         req = await run_in_threadpool(with_format, req, body.format)

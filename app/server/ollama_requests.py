@@ -18,6 +18,8 @@ from fastapi import Request as HTTPRequest
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from app.model_sampling import model_defaults
+from app.model_sampling import pick as pick_values
 from app.requests import ChatRequest, chat_request
 from app.server.body import decode_body, read_body
 from app.server.errors import APIError
@@ -28,7 +30,6 @@ from app.server.response_format import JsonSchemaFormat, ResponseFormat, constra
 from backends.api import Backend, Request, SamplingParams
 from backends.embeddings import is_embedding_model, not_for_chat
 from backends.errors import HearthError, InvalidRequestError
-from backends.sampling_defaults import sampling_defaults
 from backends.tools.spec import ToolRequestError, tool_request_from_openai
 
 log = logging.getLogger("hearth.server")
@@ -84,9 +85,9 @@ def refuse_embedding_model(backend: Backend) -> None:
         raise APIError(400, not_for_chat(backend.spec))
 
 
-def sampling_of(raw: dict | None, backend: Backend, logprobs: int | None = None) -> SamplingParams:
-    """Ollama's options as SamplingParams (ollama_schemas.py: which are honoured, ignored, refused); `logprobs`:
-    the body's (logprobs_of)."""
+def sampling_of(raw: dict | None, backend: Backend, name: str, logprobs: int | None = None) -> SamplingParams:
+    """Ollama's options as SamplingParams (ollama_schemas.py: which are honoured, ignored, refused) for the model
+    registered as `name`; `logprobs`: the body's (logprobs_of)."""
     try:
         opts, ignored = check_options(raw)
     except OptionError as exc:
@@ -105,10 +106,9 @@ def sampling_of(raw: dict | None, backend: Backend, logprobs: int | None = None)
     stop = (opts.stop,) if isinstance(opts.stop, str) else tuple(opts.stop or ())
     if any(not s for s in stop):
         raise APIError(400, "options.stop: stop strings must not be empty")
-    # each value: the request's option, else the model's recommendation (Ollama's Modelfile parameters; here
-    # backends/sampling_defaults.py), else Ollama's default
-    recommended = sampling_defaults(backend.spec).values()
-    pick = {k: getattr(opts, k) if getattr(opts, k) is not None else recommended.get(k, v) for k, v in DEFAULTS.items()}
+    # each value: the request's option, else the model's defaults (Ollama's Modelfile parameters; here
+    # app/model_sampling.py), else Ollama's default
+    pick = pick_values({k: getattr(opts, k) for k in DEFAULTS}, model_defaults(backend.spec, name), DEFAULTS)
     try:
         return SamplingParams(
             temperature=float(pick["temperature"]),

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual.binding import Binding
 
+from app.model_sampling import save_user_override
 from app.tui.widgets.chat_log import MessageBox
 from app.tui.widgets.sidebar import Sidebar
 
@@ -101,10 +102,20 @@ class ScreenActions(_Base):
 
         async def done(result: SettingsResult | None) -> None:
             if result is not None:
+                before = self.conv.settings
                 self.store.update_settings(self.conv.id, result.chat)
                 self.settings = dataclasses.replace(self.settings, json_output=result.json_output)
+                changed = {
+                    k: getattr(result.chat, k)
+                    for k in ("temperature", "top_p")
+                    if getattr(result.chat, k) != getattr(before, k)
+                }
+                model = self.conv.model or self.settings.model
+                if changed and model:  # the model's defaults from now on (app/model_sampling.py)
+                    save_user_override(model, changed)
                 await self.show_conversation(self.conv.id)
-                self.notify("settings saved for this conversation")
+                also = f"; new conversations with {model} start with them too" if changed and model else ""
+                self.notify(f"settings saved for this conversation{also}")
 
         self.push_screen(SettingsScreen(self.conv.settings, self.settings.json_output), done)
 

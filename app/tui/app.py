@@ -22,8 +22,10 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import ProgressBar
 
 from app.conversations import ChatSettings, Conversation, ConversationStore
+from app.defaults import SAMPLING
 from app.loaded import Loaded
 from app.loading import open_backend, physical_cores
+from app.model_sampling import model_defaults, pick
 from app.settings import Settings
 from app.store import ModelStore
 from app.tui import engine, events
@@ -32,6 +34,8 @@ from app.tui.widgets.chat_log import ChatLog, MessageBox
 from app.tui.widgets.prompt import PromptBox
 from app.tui.widgets.sidebar import Sidebar
 from app.tui.widgets.status import StatusBar
+from backends.sampling_defaults import SamplingDefaults
+from hwprobe.errors import HearthError
 
 Loader = Callable[..., Loaded]  # (settings, progress=...) -> Loaded
 
@@ -124,8 +128,20 @@ class HearthApp(ScreenActions, App[None]):
         return conv or self.store.create(self._new_chat_settings(), self.settings.model)
 
     def _new_chat_settings(self) -> ChatSettings:
+        """A new conversation's settings: the user's where set (settings.toml, flags), else the model's defaults
+        (app/model_sampling.py: what F3 last saved for it, over its recommendation), else hearth's."""
         s = self.settings
-        return ChatSettings(s.system_prompt, s.temperature, s.top_p, s.max_tokens, s.seed)
+        fallback = {"temperature": SAMPLING.temperature, "top_p": SAMPLING.top_p}
+        v = pick({"temperature": s.temperature, "top_p": s.top_p}, self._model_defaults(s.model), fallback)
+        return ChatSettings(s.system_prompt, float(v["temperature"]), float(v["top_p"]), s.max_tokens, s.seed)
+
+    def _model_defaults(self, name: str | None) -> SamplingDefaults:
+        """The model's sampling defaults; only the user's own when its file cannot be read now (loading says why)."""
+        try:
+            entry, spec = self.model_store.spec(name)
+        except HearthError:
+            return model_defaults(None, name)
+        return model_defaults(spec, entry.name)
 
     @property
     def status(self) -> StatusBar:

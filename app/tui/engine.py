@@ -15,6 +15,7 @@ from typing import Any
 
 from app.conversations import Conversation
 from app.loaded import Loaded
+from app.model_sampling import model_defaults
 from app.requests import chat_request, sampling_from
 from app.settings import Settings
 from app.structured import constraint_for
@@ -31,11 +32,11 @@ Post = Callable[[Any], Any]  # App.post_message (thread-safe)
 
 def build_request(loaded: Loaded, conv: Conversation, settings: Settings) -> Request:
     """The conversation through the one request builder (app/requests.py, as `hearth run` and the server);
-    the conversation's own settings win over the app's."""
+    the conversation's own settings win over the app's, which win over the model's defaults (app/model_sampling.py)."""
     return chat_request(
         loaded.spec,
         conv.chat_messages(),
-        sampling_from(settings, conv.settings),
+        sampling_from(settings, conv.settings, defaults=model_defaults(loaded.spec, loaded.entry.name)),
         constraint=constraint_for(settings.json_output),
         priority=settings.priority,  # the person at the keyboard ranks ahead of API traffic (app.defaults)
     ).request

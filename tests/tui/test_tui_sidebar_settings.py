@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from app.defaults import SAMPLING
+from app.model_sampling import model_defaults
 from tests.tui.conftest import chat_text, screen_text, wait_for
 
 pytestmark = pytest.mark.tui
@@ -61,6 +63,29 @@ async def test_settings_panel_changes_sampling(make_app, backend) -> None:
         await pilot.press("ctrl+s")
         assert app.screen.__class__.__name__ == "SettingsScreen"  # refused with a notification
         assert any("temperature" in n.message for n in app._notifications)
+
+
+async def test_the_panels_sampling_becomes_the_models_default(make_app, backend) -> None:
+    """Issue 45 item 3: F3's temperature and top-p, once changed, are the model's defaults from then on (saved
+    per model, app/model_sampling.py): a new conversation with it starts with them, and `hearth show` lists them."""
+    app = make_app()
+    async with app.run_test(size=(100, 40)) as pilot:
+        await wait_for(pilot, lambda: app.loaded is not None)
+        first = app.conv.settings
+        assert (first.temperature, first.top_p) == (SAMPLING.temperature, SAMPLING.top_p)  # nothing recommended
+        await pilot.press("f3")
+        screen = app.screen
+        screen.query_one("#temperature").value = "0.3"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: app.screen is not screen)
+        assert any("new conversations with fake-model" in n.message for n in app._notifications)
+        old = app.conv.id
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: app.conv.id != old)
+        assert (app.conv.settings.temperature, app.conv.settings.top_p) == (0.3, SAMPLING.top_p)
+        await send(pilot, "hi")
+        assert backend.requests[-1].sampling.temperature == 0.3
+    assert model_defaults(None, "fake-model").values() == {"temperature": 0.3}
 
 
 async def test_mouse_click_switches_and_export_writes_files(make_app, backend) -> None:

@@ -6,6 +6,7 @@ import argparse
 
 from app.conversations import ChatSettings
 from app.defaults import BACKEND_CHOICES, LOCAL_BACKENDS, SAMPLING, SYSTEM_PROMPT
+from app.model_sampling import model_defaults, overrides_path, save_user_override
 from app.requests import chat_request, sampling_from
 from app.settings import Settings
 from backends.api import ChatMessage, SamplingParams
@@ -24,8 +25,12 @@ def test_the_planner_plans_for_exactly_the_registrys_local_backends():
 
 
 def test_settings_and_new_conversations_take_the_contracts_sampling_defaults():
+    """Settings leave sampling unset (None: the model's defaults, else hearth's); a request built from them for a
+    model that recommends nothing, and a new conversation's settings, take the contract's (app.defaults)."""
     s, c = Settings(), ChatSettings()
-    assert (s.temperature, s.top_p, s.top_k, s.min_p, s.repeat_penalty) == (
+    assert (s.temperature, s.top_p, s.top_k, s.min_p, s.repeat_penalty) == (None,) * 5
+    sp = sampling_from(s)
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.repeat_penalty) == (
         SAMPLING.temperature,
         SAMPLING.top_p,
         SAMPLING.top_k,
@@ -33,12 +38,32 @@ def test_settings_and_new_conversations_take_the_contracts_sampling_defaults():
         SAMPLING.repeat_penalty,
     )
     assert (c.temperature, c.top_p, c.max_tokens, c.system_prompt) == (
-        s.temperature,
-        s.top_p,
+        SAMPLING.temperature,
+        SAMPLING.top_p,
         s.max_tokens,
         s.system_prompt,
     )
     assert s.system_prompt == SYSTEM_PROMPT != ""
+
+
+def test_the_user_wins_over_the_model_which_wins_over_hearth():
+    """sampling_from: the conversation's values, else the user's settings, else the model's defaults (its own
+    and the user's saved ones for it, app/model_sampling.py), else hearth's."""
+    smol = fake_spec(name="SmolLM2 135M Instruct")
+    defaults = model_defaults(smol, "smol")
+    sp = sampling_from(Settings(), defaults=defaults)
+    assert (sp.temperature, sp.top_p, sp.top_k) == (0.2, 0.9, SAMPLING.top_k)
+    sp = sampling_from(Settings(temperature=0.5), defaults=defaults)
+    assert (sp.temperature, sp.top_p) == (0.5, 0.9)
+    sp = sampling_from(Settings(temperature=0.5), ChatSettings(temperature=1.1, top_p=0.7), defaults=defaults)
+    assert (sp.temperature, sp.top_p) == (1.1, 0.7)
+    save_user_override("smol", {"temperature": 0.4})  # what the chat app's F3 saves for the model
+    mine = model_defaults(smol, "smol")
+    assert mine.values() == {"temperature": 0.4, "top_p": 0.9} and mine.source.startswith("your settings for smol")
+    assert sampling_from(Settings(), defaults=mine).temperature == 0.4
+    assert model_defaults(smol, "other").values() == {"temperature": 0.2, "top_p": 0.9}  # per model
+    overrides_path().write_text("{broken")  # a broken file costs the user's values, never the chat
+    assert model_defaults(smol, "smol").values() == {"temperature": 0.2, "top_p": 0.9}
 
 
 def test_help_shows_the_defaults_from_the_one_place():
