@@ -34,6 +34,7 @@ device ever holds the dense model whole when the plan asked for a quantized one:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -275,35 +276,22 @@ def read_params(
     Returns (params, RoPE factor tensors as read)."""
     gguf = spec.format == "gguf"
     names = weight_names(spec.architecture, spec.format)
-
-    def select(name: str) -> Selection:
-        key, layer = template(_text_model_name(name))
-        if plan is None or key not in names:
-            return None, None
-        target, shard = names[key]
-        return plan.select(target.format(i=layer), shard)
-
     fam = family(spec.architecture)
-    reorder = gguf and fam.GGUF_QK_REORDERED[spec.architecture]
-    norm_offset = 0.0 if gguf else getattr(fam, "HF_NORM_OFFSET", 0.0)
+    prepare = _Prepare(
+        cfg,
+        dtype,
+        device,
+        rtn,
+        host_layers,
+        reorder=gguf and fam.GGUF_QK_REORDERED[spec.architecture],
+        norm_offset=0.0 if gguf else getattr(fam, "HF_NORM_OFFSET", 0.0),
+    )
+    scale_dtype = torch.float32 if device.type == "cpu" else dtype  # CPU packing rounds the scales once itself
+    keep = functools.partial(_keep_quantized, names, keep_gguf_quant, _quantized_head(keep_gguf_quant, device, cfg))
+    select = functools.partial(_select, plan, names)
     params: dict[str, torch.Tensor | QuantWeight] = {}
     shards: dict[str, dict[int, torch.Tensor | QuantWeight]] = {}
     factors: dict[str, torch.Tensor] = {}  # rope_freqs / rope_factors_short / rope_factors_long, as read
-    scale_dtype = torch.float32 if device.type == "cpu" else dtype  # CPU packing rounds the scales once itself
-    # An untied lm head too, on CPU: a decode step reads it whole.  A tied head stays the dense embedding
-    # (bf16, held anyway for the lookup), for every row: measured on the starter (Q8_0 embedding, 49152 x 576),
-    # the int4 kernel's two halves cost 0.97 / 1.47 / 5.9 ms at 1 / 4 / 16 rows against the dense matmul's
-    # 1.71 / 1.79 / 2.59 (torch's int4 kernel re-reads the weight every 4 rows), and the dense head is the more
-    # accurate one (mean |error| 0.029 vs 0.045 against the file's exact Q8_0 logits; top-1 0.961 vs 0.945)
-    # and gives a row the same bits at any row count, prompt rows included.
-    # On the CPU's bf16 path the runner then gives decode rows an int8 copy of it (cpu_head.py: fbgemm's int8
-    # dot products, 1.1-1.3 vs 7-11 ms of CPU a call on the loaded Zen 4); prompt rows keep this dense one.
-    head_name = "output.weight"
-    quant_head = keep_gguf_quant and device.type == "cpu" and not cfg.tied_embeddings
-
-    def keep(name: str, qtype: object) -> bool:
-        return (keep_gguf_quant and _is_projection(template(name)[0], names)) or (quant_head and name == head_name)
-
     for name, tensor in file_weights(spec, keep, scale_dtype, dtype, select):
         if name in ROPE_FACTOR_TENSORS:
             factors[name] = tensor.reshape(-1)
@@ -313,16 +301,7 @@ def read_params(
             continue  # e.g. HF rotary inv_freq buffers
         target, shard = names[key]
         target = target.format(i=layer)
-        if reorder and shard in ("q", "k"):
-            tensor = _unreorder_any(tensor, cfg.n_heads if shard == "q" else cfg.n_kv_heads)
-        if isinstance(tensor, torch.Tensor):
-            # RMSNorm weights stay float32: the norm runs in float32 anyway (as llama.cpp's does), and a bf16
-            # weight would be converted again in every layer of every step
-            tensor = tensor.float() + norm_offset if target.endswith("norm.weight") else tensor.to(dtype)
-            if rtn is not None and is_projection_param(target):
-                tensor = _quantize_on_load(tensor, rtn, device)
-                if layer is not None and layer < host_layers:  # quantized on the device, kept on the host
-                    tensor = tensor.to("cpu")
+        tensor = prepare(tensor, target, shard, layer)
         if shard is None:
             params[target] = tensor
         else:
@@ -331,6 +310,68 @@ def read_params(
         parts = shards.pop(target)
         params[target] = _merge([parts.pop(i) for i in sorted(parts)], dtype)
     return params, factors
+
+
+def _select(plan: Any, names: dict[str, tuple[str, str | None]], name: str) -> Selection:
+    """A tensor-parallel rank's rows and columns of file tensor `name` (tp/layers.ReadPlan); without a plan, or
+    for a tensor the model does not take, the whole tensor."""
+    key, layer = template(_text_model_name(name))
+    if plan is None or key not in names:
+        return None, None
+    target, shard = names[key]
+    return plan.select(target.format(i=layer), shard)
+
+
+_HEAD_NAME = "output.weight"  # the GGUF name of an untied lm head
+
+
+def _quantized_head(keep_gguf_quant: bool, device: torch.device, cfg: DecoderConfig) -> bool:
+    """Whether a GGUF's untied lm head keeps its quantized blocks too: on CPU, where a decode step reads it
+    whole.  A tied head stays the dense embedding (bf16, held anyway for the lookup), for every row: measured on
+    the starter (Q8_0 embedding, 49152 x 576), the int4 kernel's two halves cost 0.97 / 1.47 / 5.9 ms at
+    1 / 4 / 16 rows against the dense matmul's 1.71 / 1.79 / 2.59 (torch's int4 kernel re-reads the weight every
+    4 rows), and the dense head is the more accurate one (mean |error| 0.029 vs 0.045 against the file's exact
+    Q8_0 logits; top-1 0.961 vs 0.945) and gives a row the same bits at any row count, prompt rows included.
+    On the CPU's bf16 path the runner then gives decode rows an int8 copy of it (cpu_head.py: fbgemm's int8
+    dot products, 1.1-1.3 vs 7-11 ms of CPU a call on the loaded Zen 4); prompt rows keep this dense one."""
+    return keep_gguf_quant and device.type == "cpu" and not cfg.tied_embeddings
+
+
+def _keep_quantized(
+    names: dict[str, tuple[str, str | None]], keep_gguf_quant: bool, quant_head: bool, name: str, qtype: object
+) -> bool:
+    """Whether GGUF tensor `name` keeps its quantized blocks (gguf_weights' `keep`): the block projections
+    when the GGUF's quantization is kept, and the lm head where _quantized_head says so."""
+    return (keep_gguf_quant and _is_projection(template(name)[0], names)) or (quant_head and name == _HEAD_NAME)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepare:
+    """How read_params prepares each file tensor it keeps (called once per tensor)."""
+
+    cfg: DecoderConfig
+    dtype: torch.dtype
+    device: torch.device
+    rtn: QuantConfig | None  # round-to-nearest quantization of the projections, on `device`
+    host_layers: int  # blocks whose quantized projections are kept on the host (offload.py)
+    reorder: bool  # a GGUF whose Q/K rows llama.cpp's converter reordered (the family's GGUF_QK_REORDERED)
+    norm_offset: float  # added to norm weights: a family's HF_NORM_OFFSET for a Hugging Face checkpoint
+
+    def __call__(
+        self, tensor: torch.Tensor | QuantWeight, target: str, shard: str | None, layer: int | None
+    ) -> torch.Tensor | QuantWeight:
+        if self.reorder and shard in ("q", "k"):
+            tensor = _unreorder_any(tensor, self.cfg.n_heads if shard == "q" else self.cfg.n_kv_heads)
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        # RMSNorm weights stay float32: the norm runs in float32 anyway (as llama.cpp's does), and a bf16
+        # weight would be converted again in every layer of every step
+        tensor = tensor.float() + self.norm_offset if target.endswith("norm.weight") else tensor.to(self.dtype)
+        if self.rtn is not None and is_projection_param(target):
+            tensor = _quantize_on_load(tensor, self.rtn, self.device)
+            if layer is not None and layer < self.host_layers:  # quantized on the device, kept on the host
+                tensor = tensor.to("cpu")
+        return tensor
 
 
 def assemble(

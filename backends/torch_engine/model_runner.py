@@ -13,40 +13,37 @@ host RAM (kv_swap.py) before the forward.
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import psutil
 import torch
 
 from backends.api import LoadOptions
 from backends.engine_options import TorchOptions
 from backends.errors import ConfigError
 from backends.modelspec import ModelSpec
-from backends.thread_tuner import IdleCores, ThreadTuner
-from backends.torch_engine.cpu_head import Int8RowsHead, install_int8_head
-from backends.torch_engine.cpu_load import load_for_cpu
-from backends.torch_engine.cuda_graphs import DecodeGraphs, graph_sizes, unavailable_reason
+from backends.thread_tuner import ThreadTuner
+from backends.torch_engine.cpu_head import Int8RowsHead
+from backends.torch_engine.cuda_graphs import DecodeGraphs, unavailable_reason
+from backends.torch_engine.describe import describe_runner
 from backends.torch_engine.devices import resolve_device
-from backends.torch_engine.expert_offload import describe_offloads
-from backends.torch_engine.kernel_check import GRAPH_BLOCKERS, applies, apply_to_model, check_model, record_graph_check
+from backends.torch_engine.kernel_check import GRAPH_BLOCKERS, check_model, record_graph_check
 from backends.torch_engine.kv_pool import KVPool
 from backends.torch_engine.kv_swap import HostKVStore, KVSwapper, measure_bandwidth
-from backends.torch_engine.offload import offload_layers
+from backends.torch_engine.model_load import dense_copy_budget as dense_copy_budget  # hwprobe/memory.py names it here
+from backends.torch_engine.model_load import (
+    load_runner_model,
+    release_load_memory,
+    resident_layers,
+    setup_threads,
+)
+from backends.torch_engine.offload import LayerStreamer
 from backends.torch_engine.parts import kv_pool_blocks
-from backends.torch_engine.quantize import DENSE_MIN_ROWS, QUANTIZED_ROWS, QuantLinear, prepare_for_cpu
-from backends.torch_engine.scripted_decode import describe as describe_scripted
+from backends.torch_engine.quantize import DENSE_MIN_ROWS, QUANTIZED_ROWS, QuantLinear
 from backends.torch_engine.scripted_decode import install as install_scripted
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
 from backends.torch_engine.swap_cost import SwapCost
-from backends.torch_engine.tp.layers import pool_kv_heads as most_kv_heads
-from backends.torch_engine.tp.layers import shard_model
-from hwprobe.memory import torch_cpu_dense_copy_budget
-from hwprobe.spare_cores import SpareCores
 from kernels.attention import build_attention_metadata
 from kernels.dispatch import kernel_set
 from kernels.selfcheck import TOLERANCES
@@ -101,33 +98,6 @@ def resolve_weight_quant(name: str, spec: ModelSpec, device: torch.device, dtype
     return "gguf" if device.type == "cpu" and dtype == torch.bfloat16 and spec.format == "gguf" else "none"
 
 
-def dense_copy_budget() -> int:
-    """RAM the CPU path may spend on dense copies of quantized layers for prefill (QuantLinear.keep_dense_copy):
-    at most 1 GiB and a tenth of physical memory.  The starter's copies take 212 MiB and make a 512-token
-    prefill chunk ~2.5x faster; a 7B model's (13 GiB) do not fit, and it prefills through the int4 kernel.
-    The rule is hwprobe.memory's, so the plan counts exactly these copies."""
-    return torch_cpu_dense_copy_budget(psutil.virtual_memory().total)
-
-
-def _release_freed_memory() -> None:
-    """Hand the loader's freed temporaries (float32 dequantized tensors, repacking copies) back to the OS.
-    glibc keeps them in its heap otherwise: the starter's resident memory after loading was 1157 MiB, 915 MiB
-    after this."""
-    gc.collect()
-    _trim_heap()
-
-
-def _trim_heap() -> None:
-    """malloc_trim(0): glibc returns its heap's free pages to the OS.  Called after each layer's CPU preparation
-    too: the float32 temporaries of the dense copies otherwise stay in the heap between the bf16 copies made
-    after them, and the load's peak (VmHWM, what the plan must cover) was ~110 MiB above its end state."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc (musl): nothing to trim
-            pass
-
-
 class ModelRunner:
     """ModelRunner(spec, options, kernels=None): loads the weights and allocates the KV pool.
 
@@ -146,14 +116,18 @@ class ModelRunner:
     weight_cache: str = ""  # the prepared-weight cache's part in this load (cpu_load.CpuLoad.cache); "" = none
     cpu_packed_layers: int = 0
     dense_copy_bytes: int = 0
+    thread_tuner: ThreadTuner | None
+    offload: LayerStreamer | None
+    swapper: KVSwapper | None  # swap space (kv_swap.py): on a GPU whose plan reserved it
+    swap_cost: SwapCost | None
+    int8_head_bytes: int  # the CPU decode head's int8 copy (cpu_head.py)
+    int8_head_off: str | None
 
     def __init__(
         self, spec: ModelSpec, options: LoadOptions, kernels: str | None = None, tp: Comm | None = None
     ) -> None:
         """tp: this process's place in a tensor-parallel group (backends/torch_engine/tp): the model then keeps
         this rank's share of every layer and the KV pool this rank's KV heads."""
-        from backends.torch_engine.loader import load_model  # lazy: heavy: numpy
-
         self.spec, self.options = spec, options
         self.device = resolve_device(options.device)
         # the torch engine's own values, typed and checked (the command line checked them before this process
@@ -163,108 +137,38 @@ class ModelRunner:
         # On CPU the cache follows the compute dtype: fp16 arithmetic there is slow and converting every
         # gathered block each layer costs more than the memory it saves.
         self.kv_dtype = _KV_DTYPES[typed.kv_cache_type] if self.device.type == "cuda" else self.dtype
-        self.thread_tuner: ThreadTuner | None = None
-        spare: SpareCores | None = None
-        if self.device.type == "cpu" and options.adaptive_threads and tp is None:
-            spare = SpareCores()  # what other processes leave free while this loads: the tuner's first count
-            # the count each step runs with is measured, not fixed (threads.py); loading uses them all
-            self.thread_tuner = ThreadTuner(
-                options.n_threads or torch.get_num_threads(), torch.set_num_threads, idle_cores=IdleCores()
-            )
-        elif options.n_threads and self.device.type == "cpu":
-            torch.set_num_threads(options.n_threads)
-        # read here, on the engine thread: OpenMP's thread count is per calling thread, and describe() may be
-        # called from any
-        self._fixed_threads = torch.get_num_threads()
+        threads = setup_threads(self.device, options, tp)  # loading uses them all
+        self.thread_tuner, self._fixed_threads = threads.tuner, threads.fixed
         self.ops = kernel_set(kernels, self.device)
-        self.weight_quant = resolve_weight_quant(typed.weight_quant, spec, self.device, self.dtype)
-        # int8 / int4 / fp8 are quantized by the loader as it reads each projection (round-to-nearest, the
-        # same weights quantize_model gives): the dense model is never whole on the device.
-        host_layers = spec.n_layers - self._resident_layers(options.n_gpu_layers)
-        head_rows = None  # the int8 decode head's rows from the prepared-weight cache (cpu_load.py)
-        if spec.n_experts:  # mixture of experts: models/moe.py, its first layers' experts maybe in host RAM
-            from backends.torch_engine.moe_loader import load_moe_model  # lazy: heavy: numpy
-
-            if self.weight_quant == "gguf":  # the CPU default; MoE weights load dense, and describe() says so
-                self.weight_quant = "none"
-
-            self.model = load_moe_model(
-                spec, self.ops, self.dtype, self.device, self.weight_quant, host_layers, options.cpu_expert_layers
-            )
-        elif self.device.type == "cpu" and tp is None:  # through the prepared-weight cache (cpu_load.py)
-            loaded = load_for_cpu(
-                spec,
-                self.ops,
-                self.dtype,
-                self.weight_quant,
-                options.n_ctx,
-                dense_copy_budget(),
-                options.weight_cache_dir,
-                _trim_heap,
-                int8_head=self._wants_int8_head(),
-            )
-            self.model, self.weight_cache, head_rows = loaded.model, loaded.cache, loaded.head_rows
-            self.dense_copy_bytes, self.cpu_packed_layers = loaded.dense_copy_bytes, loaded.packed_layers
-        else:
-            self.model = load_model(
-                spec,
-                self.ops,
-                self.dtype,
-                self.device,
-                weight_quant=self.weight_quant,
-                host_layers=host_layers,
-                n_ctx=options.n_ctx,
-                tp=tp,  # a rank reads only its share of the file (issue 25: whole models ran ranks out of memory)
-            )
-        kv_heads = pool_kv_heads = spec.n_kv_heads
-        if tp is not None and tp.world > 1:  # before the CPU packing below, which then packs this rank's shares
-            pool_kv_heads = most_kv_heads(spec, tp.world)
-            if spec.n_experts:  # the MoE loader reads whole models: cut afterwards (shard_model refuses MoE MLPs)
-                kv_heads = shard_model(self.model, tp).num_kv_heads
-            else:
-                kv_heads = self.model.cfg.n_kv_heads  # the loader built this rank's share
-        self.kernel_check, self.kernel_check_error = self._check_kernels(options.kernel_check_record)
-        self.int8_head_bytes = 0  # the CPU decode head's int8 copy (cpu_head.py)
-        self.int8_head_off: str | None = "not on a bf16 CPU path"
-        if self.device.type == "cpu" and self.weight_cache == "":  # not prepared by cpu_load above
-            self.dense_copy_bytes, self.cpu_packed_layers = prepare_for_cpu(
-                self.model, self.dtype, dense_copy_budget(), _trim_heap
-            )
-        if self._wants_int8_head():
-            # its rows come with the prepared weights (cpu_load.py); without the cache they are quantized here
-            self.int8_head_bytes, self.int8_head_off = install_int8_head(self.model, head_rows)
-        self.offload = self._build_offload(options.n_gpu_layers)
-        self.block_size = BLOCK_SIZE
-        self.vocab_size = spec.vocab_size
-        self.num_blocks = kv_pool_blocks(
-            spec, options, torch.empty((), dtype=self.kv_dtype).element_size(), pool_kv_heads
-        )
-        self.kv_pool = KVPool(
-            self.num_blocks, BLOCK_SIZE, spec.n_layers, kv_heads, spec.head_dim, self.kv_dtype, self.device
-        )
-        self.kv_caches = self.kv_pool.caches
-        self.swapper: KVSwapper | None = None  # swap space (kv_swap.py): on a GPU whose plan reserved it
-        self.swap_cost: SwapCost | None = None
+        quant = resolve_weight_quant(typed.weight_quant, spec, self.device, self.dtype)
+        # check_model: this module's name for the self-check, the one a test replaces to break it
+        loaded = load_runner_model(spec, options, self.device, self.dtype, self.ops, quant, tp, check_model)
+        self.model, self.ops, self.offload = loaded.model, loaded.ops, loaded.offload
+        self.weight_quant, self.weight_cache = loaded.weight_quant, loaded.weight_cache
+        self.dense_copy_bytes, self.cpu_packed_layers = loaded.dense_copy_bytes, loaded.cpu_packed_layers
+        self.int8_head_bytes, self.int8_head_off = loaded.int8_head_bytes, loaded.int8_head_off
+        self.kernel_check, self.kernel_check_error = loaded.kernel_check, loaded.kernel_check_error
+        self._allocate_kv_pool(loaded.kv_heads, loaded.pool_kv_heads)
+        self.swapper, self.swap_cost = None, None
         if self.device.type == "cuda" and options.swap_space_bytes > 0 and tp is None:
             self.enable_swap(options.swap_space_bytes // self.kv_pool.block_bytes)
         # the scripted CPU decode loop (scripted_decode.py) where it applies, else why not
         self.scripted_decode_off = "off (tensor parallel)" if tp is not None else install_scripted(self)
-        if spare is not None and self.thread_tuner is not None and (free := spare()) is not None:
+        if threads.spare is not None and self.thread_tuner is not None and (free := threads.spare()) is not None:
             self.thread_tuner.start_at(round(free))
-        if self.weight_cache == "hit":
-            # mapped from the cache: no loader temporaries to collect, and a full gc.collect() with torch loaded
-            # took 0.07 s of the starter's warm start (RSS after it the same, 269 MiB; 37 objects freed)
-            _trim_heap()
-        else:
-            _release_freed_memory()
+        release_load_memory(self.weight_cache)
 
-    def _wants_int8_head(self) -> bool:
-        """Whether decode rows take the int8 head (cpu_head.py): the bf16 CPU path on torch's kernels."""
-        return self.device.type == "cpu" and self.dtype == torch.bfloat16 and self.ops.name != "reference"
-
-    def _int8_head_off(self) -> str | None:
-        head = getattr(self.model, "lm_head", None)
-        return head.off if isinstance(head, Int8RowsHead) and head.off else self.int8_head_off
+    def _allocate_kv_pool(self, kv_heads: int, pool_kv_heads: int) -> None:
+        """The paged KV pool (kv_pool.py) for `kv_heads` per layer, its block count sized for `pool_kv_heads`
+        (a tensor-parallel rank: the most KV heads any rank holds)."""
+        self.block_size = BLOCK_SIZE
+        self.vocab_size = self.spec.vocab_size
+        element_bytes = torch.empty((), dtype=self.kv_dtype).element_size()
+        self.num_blocks = kv_pool_blocks(self.spec, self.options, element_bytes, pool_kv_heads)
+        self.kv_pool = KVPool(
+            self.num_blocks, BLOCK_SIZE, self.spec.n_layers, kv_heads, self.spec.head_dim, self.kv_dtype, self.device
+        )
+        self.kv_caches = self.kv_pool.caches
 
     def enable_swap(self, num_host_blocks: int, bytes_per_s: float | None = None) -> None:
         """Keep `num_host_blocks` blocks of swap space in host RAM (pinned when the pool is on a GPU) and
@@ -275,37 +179,9 @@ class ModelRunner:
         self.swapper = KVSwapper(self.kv_pool, store)
         self.swap_cost = SwapCost(self.kv_pool.block_bytes, bytes_per_s or measure_bandwidth(self.device))
 
-    def _check_kernels(self, record: str | None) -> tuple[Any, str | None]:
-        """Issue 25's first contact: check every Triton kernel this model calls on this device (once per device
-        key, kept in `record`) and swap the ones that fail, err or are slow for the torch ops.  A check that
-        itself fails must not take the engine down: the kernels stay, and describe() says why unchecked."""
-        if not record or not applies(self.ops, self.device):
-            return None, None
-        try:
-            check = check_model(self.spec, self.model, self.ops, self.device, self.dtype, record)
-        except Exception as exc:  # noqa: BLE001 - reported in describe(); the engine runs unchecked
-            return None, f"{type(exc).__name__}: {exc}"[:200]
-        self.ops = apply_to_model(self.model, self.ops, check)
-        return check, None
-
     def _resident_layers(self, n_gpu_layers: int) -> int:
-        """Blocks whose weights live on the device.  On CUDA, 0 < n_gpu_layers < n_layers keeps that many (the
-        last ones, as llama.cpp does) and streams the others from pinned host RAM during each forward
-        (backends/torch_engine/offload.py); -1, 0 (LoadOptions' default) or >= n_layers keeps every block on
-        the GPU: the device already says where the engine computes, and streaming every block (all weights over
-        PCIe in every step) is never what a plan asks for.  On CPU every weight is in host RAM anyway."""
-        n = self.spec.n_layers
-        if self.device.type != "cuda" or n_gpu_layers <= 0:
-            return n
-        return min(n_gpu_layers, n)
-
-    def _build_offload(self, n_gpu_layers: int):
-        """The offload.LayerStreamer when some blocks stream from host RAM (see _resident_layers), else None."""
-        resident = self._resident_layers(n_gpu_layers)
-        if resident == self.spec.n_layers:
-            return None
-
-        return offload_layers(self.model, resident, self.device)
+        """Blocks whose weights live on the device (model_load.resident_layers)."""
+        return resident_layers(self.spec.n_layers, self.device, n_gpu_layers)
 
     @property
     def weight_bytes(self) -> int:
@@ -534,77 +410,7 @@ class ModelRunner:
         return torch.nn.functional.normalize(vector, dim=0).cpu()
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "device": str(self.device),
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "kv_dtype": str(self.kv_dtype).removeprefix("torch."),
-            "kv_blocks": self.num_blocks,
-            "kv_cache_bytes": self.kv_cache_bytes,
-            "kv_committed_bytes": self.kv_pool.committed_bytes,
-            "swap_space_bytes": self.swapper.store.nbytes if self.swapper is not None else 0,
-            "swap_gb_per_s": round(self.swap_cost.bytes_per_s / 1e9, 2) if self.swap_cost is not None else 0,
-            "kernels": self.ops.name,
-            "weight_quant": self.weight_quant,
-            "weight_bytes": self.weight_bytes,
-            "cpu_packed_layers": self.cpu_packed_layers,
-            "dense_copy_bytes": self.dense_copy_bytes,
-            **({"weight_cache": self.weight_cache} if self.weight_cache else {}),
-            "int8_head": "on" if self._int8_head_off() is None else f"off ({self._int8_head_off()})",
-            "tensor_parallel": 1,
-            **self._describe_threads(),
-            **self._describe_offload(),
-            **self._describe_experts(),
-            **self._describe_graphs(),
-            **describe_scripted(self.model, self.device, self.scripted_decode_off),
-            **self._describe_kernel_check(),
-        }
-
-    def _describe_threads(self) -> dict[str, Any]:
-        if self.device.type != "cpu":
-            return {}
-        tuner = self.thread_tuner
-        if tuner is None:
-            return {"cpu_threads": self._fixed_threads, "cpu_threads_policy": "fixed"}
-        return tuner.describe()
-
-    def _describe_kernel_check(self) -> dict[str, Any]:
-        if self.kernel_check_error is not None:
-            return {"kernel_check": f"could not run ({self.kernel_check_error})"}
-        if self.kernel_check is None:
-            return {}
-        return {**self.kernel_check.describe(), "kernel_check_reasons": tuple(self.kernel_check.reasons())}
-
-    def _describe_experts(self) -> dict[str, Any]:
-        if not self.spec.n_experts:
-            return {}
-
-        return describe_offloads(self.model)
-
-    def _describe_graphs(self) -> dict[str, Any]:
-        """Safe from other threads: reads the decision, or predicts it without allocating anything."""
-        graphs = self.decode_graphs
-        if graphs is not None:
-            return {"cuda_graphs": "on", **graphs.describe()}
-        off = (
-            self.cuda_graphs_off if self._graphs_decided else unavailable_reason(self.device, self.ops.name, self.model)
-        )
-        if off is None:  # not set up yet: the sizes it will capture as steps need them
-            return {
-                "cuda_graphs": "on",
-                "cuda_graph_sizes": graph_sizes(self.options.max_num_seqs),
-                "cuda_graphs_captured": (),
-            }
-        return {"cuda_graphs": off}
-
-    def _describe_offload(self) -> dict[str, Any]:
-        streamer = self.offload
-        if streamer is None:
-            return {"offloaded_layers": 0, "offload_host_bytes": 0, "offload_buffer_bytes": 0}
-        return {
-            "offloaded_layers": len(streamer.offloaded),
-            "offload_host_bytes": streamer.host_bytes,
-            "offload_buffer_bytes": streamer.buffer_bytes,
-        }
+        return describe_runner(self)
 
     def close(self) -> None:
         self.decode_graphs = None  # the graphs write into the KV pool: they go first
