@@ -104,14 +104,16 @@ def decide(
     serving: bool = False,
     command: str | None = None,
     reused: frozenset[int] = frozenset(),
+    report: HardwareReport | None = None,
 ) -> Decision:
     """Choose backend and LoadOptions for this model on this machine: hwprobe.plan() decides, and the flags the
     user gave in `settings` (backend, ctx, n_gpu_layers, kv_cache_type, threads) always override it.
     `serving` (`hearth serve`): concurrent clients are expected, so with backend auto and max_concurrency > 1
     the plan prefers the engine that batches them (hwprobe.planner.serving).  `command` ("run", "chat",
     "serve", ...): what will run, which sets the sequences the KV pool is planned for (sequences_for); None =
-    the settings' max_concurrency.  `reused`: pids of runners this command may take over (hardware_report)."""
-    report = hardware_report(hardware_file, reused)
+    the settings' max_concurrency.  `reused`: pids of runners this command may take over (hardware_report).
+    `report`: plan for this report instead (a server loading a model beside others: app/server/pool.py)."""
+    report = report if report is not None else hardware_report(hardware_file, reused)
     sequences, why = sequences_for(command, settings) if command else (settings.max_concurrency, "")
     # an embedding model is planned small: one sequence (an embedding is one forward, with no KV kept after it),
     # never a KV pool for concurrent chats it will not have
@@ -272,8 +274,9 @@ def _decide(
     command: str | None,
     logits_all: bool,
     reused: frozenset[int] = frozenset(),
+    report: HardwareReport | None = None,
 ) -> Decision:
-    decision = decide(spec, settings, hardware_file, serving=serving, command=command, reused=reused)
+    decision = decide(spec, settings, hardware_file, serving=serving, command=command, reused=reused, report=report)
     if logits_all:
         decision.options = dataclasses.replace(decision.options, logits_all=True)
     return decision
@@ -290,11 +293,13 @@ def open_backend(
     serving: bool = False,
     command: str | None = None,
     prestarted: Prestarted | None = None,
+    report: HardwareReport | None = None,
 ) -> Loaded:
     """`logits_all` keeps the logits of every prompt position (only `hearth ppl` needs it: it costs memory);
     `serving`: plan for concurrent clients (`hearth serve`, see decide); `command`: what will run, which sizes
     the KV pool (decide); `prestarted`: the command's runner, started before it imported this module
-    (app/runner_start.py); without it one is started here, before the model is resolved and planned."""
+    (app/runner_start.py); without it one is started here, before the model is resolved and planned.  `report`:
+    plan for it instead of probing (decide)."""
     if settings.backend == "remote":
         return _open_remote(settings, progress=progress, load=load, logits_all=logits_all, prestarted=prestarted)
     # the runner starts first: its imports overlap resolving and planning the model here (prestart)
@@ -305,7 +310,7 @@ def open_backend(
         store = store or ModelStore()
         entry, spec = store.spec(settings.model)
         reused = _take_over_residents(spec, settings, command) if load else frozenset()
-        decision = _decide(spec, settings, hardware_file, serving, command, logits_all, reused)
+        decision = _decide(spec, settings, hardware_file, serving, command, logits_all, reused, report)
         if load and spec.chat_template and not logits_all:
             # the chat template renders in a worker process (backends/template_process.py): start it now, on the
             # core the runner's start leaves idle, instead of after the load, before the first prompt
@@ -327,7 +332,7 @@ def open_backend(
     if load and isinstance(backend, RunnerBackend) and backend.end_other_residents():
         # an earlier command's runner held this model with another plan (engine, context, sequences): the plan
         # counted its memory as taken; that memory is free now, so plan again (backends/runner/resident.py)
-        decision = _decide(spec, settings, hardware_file, serving, command, logits_all)
+        decision = _decide(spec, settings, hardware_file, serving, command, logits_all, report=report)
         backend = build(decision, prestarted=backend.release_prestarted())
     if load:
         backend.load(progress)

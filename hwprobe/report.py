@@ -21,6 +21,7 @@ Peers that name a GPU not in the report are dropped with a note (the issue's one
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -290,6 +291,30 @@ def with_memory_back(report: HardwareReport, pids: frozenset[int], ram_mib: int 
         )
     ram = min(report.ram_total_mib, report.ram_available_mib + ram_mib)
     return replace(report, gpus=tuple(gpus), ram_available_mib=ram)
+
+
+def with_memory_taken(report: HardwareReport, taken: Iterable[Any]) -> HardwareReport:
+    """The report as if `taken` (plan_types.DeviceMemory of plans already loaded: kind "gpu" with its index, or
+    "cpu" for host RAM) were in use: a server planning one more model beside the ones it has loaded, whose
+    plans are what their engines allocated (app/server/pool.py)."""
+    gpu_mib: dict[int, int] = {}
+    ram_mib = 0
+    for d in taken:
+        if d.kind == "gpu" and d.index is not None:
+            gpu_mib[d.index] = gpu_mib.get(d.index, 0) + d.total_mib
+        elif d.kind == "cpu":
+            ram_mib += d.total_mib
+    if not gpu_mib and not ram_mib:
+        return report
+    gpus = tuple(
+        replace(
+            g,
+            memory_free_mib=max(0, g.memory_free_mib - gpu_mib.get(g.index, 0)),
+            memory_used_mib=min(g.memory_total_mib, g.memory_used_mib + gpu_mib.get(g.index, 0)),
+        )
+        for g in report.gpus
+    )
+    return replace(report, gpus=gpus, ram_available_mib=max(0, report.ram_available_mib - ram_mib))
 
 
 def load_report(path: str | Path) -> HardwareReport:

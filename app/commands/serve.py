@@ -80,6 +80,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", dest="api_key", metavar="KEY", help="require 'Authorization: Bearer KEY'")
     _add_limit_arguments(p)
     p.add_argument(
+        "--max-loaded-models",
+        dest="max_loaded_models",
+        type=int,
+        metavar="N",
+        help="models kept loaded at once; a request naming another local model loads it, unloading the least "
+        "recently used idle one first (default: as many as fit in memory, as Ollama's OLLAMA_MAX_LOADED_MODELS)",
+    )
+    p.add_argument(
         "--log-level",
         dest="log_level",
         choices=("debug", "info", "warning", "error"),
@@ -133,26 +141,35 @@ def _add_limit_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # lazy: keeps `hearth --help` light (+base64, concurrent, hashlib, 26 hearth modules)
-    from app.loading import open_backend
+    from app.loading import hardware_report, open_backend
+    from app.model_opener import ServeOpener  # lazy: heavy: fastapi, pydantic, starlette
     from app.server.app import create_app  # lazy: heavy: fastapi, pydantic, starlette
 
     keep_alive_s = _check_arguments(args)
     settings = _serving_settings(args)
+    # the machine as the server starts: every model it loads is planned for it, less what the loaded ones hold
+    # (app/server/pool.py)
+    report = hardware_report(args.hardware)
     # serving: the plan prefers the engine that batches (with max_concurrency 1 it says "single user")
-    loaded = open_backend(settings, hardware_file=args.hardware, serving=True, command="serve")
+    loaded = open_backend(settings, hardware_file=args.hardware, serving=True, command="serve", report=report)
     backend = loaded.backend
+    app = None
     try:
         err = sys.stderr
         _log_server_errors(err, getattr(args, "log_level", "warning"))
         why = _print_plan(loaded, err)
         config = _server_config(args, settings, loaded.entry.name, keep_alive_s)
+        # model switching: any other local model a request names loads on demand (app/server/pool.py)
+        config.opener, config.report = ServeOpener(settings, args.hardware), report
+        config.first_plan, config.max_loaded_models = loaded.decision.plan, args.max_loaded_models
         app = create_app(backend, config)
         _announce(app, backend, config, settings, args.ollama_port, why, err)
         _serve(app, settings, args)
-        for request_id in list(app.state.runner.active):  # past the grace period: abort what still runs
-            backend.abort(request_id)
+        app.state.pool.abort_all()  # past the grace period: abort what still runs
         return 0
     finally:
+        if app is not None:
+            app.state.pool.close()  # every model it loaded, the first one included
         backend.close()
 
 
@@ -169,6 +186,8 @@ def _check_arguments(args: argparse.Namespace) -> float | None:
             raise ConfigError(f"--keep-alive: {exc}") from None
     if args.ollama_port is not None and not 1 <= args.ollama_port <= 65535:
         raise ConfigError(f"--ollama-port must be a port from 1 to 65535, got {args.ollama_port}")
+    if args.max_loaded_models is not None and args.max_loaded_models < 1:
+        raise ConfigError(f"--max-loaded-models must be at least 1, got {args.max_loaded_models}")
     if args.queue_limit < 0 or args.max_body_bytes < 1 or args.shutdown_grace < 0:
         raise ConfigError("--queue-limit must be >= 0, --max-body-bytes >= 1 and --shutdown-grace >= 0")
     if args.single_user:
@@ -250,6 +269,12 @@ def _announce(
     )
     if ollama_port is not None:
         print(f"  Ollama's API: http://{settings.host}:{ollama_port}/api (and on port {settings.port})", file=err)
+    if config.opener is not None:
+        most = config.max_loaded_models
+        print(
+            f"  other registered models load on demand ({f'at most {most} loaded' if most else 'as many as fit'})",
+            file=err,
+        )
     for reason in why:  # the planner's reason for this engine, with its numbers
         print(f"  why: {reason}", file=err)
     err.flush()

@@ -12,6 +12,7 @@ UTF-8 bytes, so non-ASCII keys work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -44,14 +45,15 @@ from app.server.inputs import (
     tools_of,
     unknown_model,
 )
-from app.server.keep_alive import STATUS_PATHS, KeepAlive
+from app.server.keep_alive import STATUS_PATHS
 from app.server.metrics import ServerMetrics
 from app.server.ollama import add_ollama_routes
 from app.server.ollama_answers import ollama_error, ollama_stream_error
+from app.server.pool import LEASES, ModelPool, Opened
 from app.server.response_format import constraint_param
-from app.server.runner import Runner
 from app.server.schemas import ChatCompletionRequest, CompletionRequest
-from backends.api import Backend
+from backends.api import Backend, EngineStats
+from backends.embeddings import is_embedding_model
 from backends.errors import HearthError
 
 __all__ = ["ServerConfig", "create_app"]
@@ -62,8 +64,8 @@ class _Guard:
     the requests-by-status counter, and the last resort that keeps an unexpected exception from becoming a bare
     "Internal Server Error" (_last_resort)."""
 
-    def __init__(self, app: Any, config: ServerConfig, metrics: ServerMetrics, keep_alive: KeepAlive) -> None:
-        self.app, self.config, self.metrics, self.keep_alive = app, config, metrics, keep_alive
+    def __init__(self, app: Any, config: ServerConfig, metrics: ServerMetrics) -> None:
+        self.app, self.config, self.metrics = app, config, metrics
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -100,7 +102,10 @@ class _Guard:
             elif path in STATUS_PATHS:
                 await self._last_resort(scope, receive, counting_send, status_seen)
             else:
-                with self.keep_alive.busy():  # the model is in use: keep_alive counts from the last one's end
+                # the models the request uses (ModelPool.acquire) stay busy until its response has ended, streams
+                # included: keep_alive counts from the last one's end, and no model in use is unloaded
+                with contextlib.ExitStack() as leases:
+                    scope.setdefault("state", {})[LEASES] = leases
                     await self._last_resort(scope, receive, counting_send, status_seen)
         finally:
             self.metrics.requests.labels(label, str(status_seen[0] if status_seen else 499)).inc()
@@ -152,30 +157,30 @@ def error_response(path: str, err: APIError) -> JSONResponse:
 
 
 def create_app(backend: Backend, config: ServerConfig) -> FastAPI:
-    """An app serving `backend` (already loaded).  The caller owns the backend and closes it."""
+    """An app serving `backend` (already loaded) as `config.model_name`, and with `config.opener` any other local
+    model on demand (app/server/pool.py).  The caller closes the pool (app.state.pool) when the server ends."""
     metrics = ServerMetrics(ttft_target_s=backend.options.ttft_target_ms / 1000)
-    runner = Runner(backend, config.limits, metrics)
-    keep_alive = KeepAlive(backend, config.keep_alive_s)
-    app = FastAPI(title="hearth", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.runner = runner
-    app.state.metrics = metrics
-    app.state.keep_alive = keep_alive
-    _error_handlers(app)
-    _info_routes(app, backend, config, metrics)
-    _generation_routes(app, backend, config, runner)
-    _embedding_routes(app, backend, config)
-    # Ollama's API on the same server (app/server/ollama.py): its own error shape, the same request path
-    add_ollama_routes(
-        app,
-        backend,
-        runner,
-        config.model_name,
-        config.limits.max_body_bytes,
-        config.catalog,
-        _respond,
-        keep_alive,
+    pool = ModelPool(
+        Opened(backend, config.model_name, config.first_plan),
+        limits=config.limits,
+        metrics=metrics,
+        keep_alive_s=config.keep_alive_s,
+        opener=config.opener,
+        report=config.report,
+        max_loaded=config.max_loaded_models,
+        catalog=config.catalog,
     )
-    app.add_middleware(_Guard, config=config, metrics=metrics, keep_alive=keep_alive)
+    app = FastAPI(title="hearth", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.pool = pool
+    app.state.runner = pool.served[config.model_name].runner  # the first model's (tests, the start-up lines)
+    app.state.metrics = metrics
+    _error_handlers(app)
+    _info_routes(app, pool, config, metrics)
+    _generation_routes(app, pool, config)
+    _embedding_routes(app, pool, config)
+    # Ollama's API on the same server (app/server/ollama.py): its own error shape, the same request path
+    add_ollama_routes(app, pool, config.limits.max_body_bytes, config.catalog, _respond)
+    app.add_middleware(_Guard, config=config, metrics=metrics)
     return app
 
 
@@ -203,37 +208,53 @@ def _error_handlers(app: FastAPI) -> None:
         return error_response(request.url.path, APIError(405, f"{request.method} is not allowed on {request.url.path}"))
 
 
-def _info_routes(app: FastAPI, backend: Backend, config: ServerConfig, metrics: ServerMetrics) -> None:
+def _info_routes(app: FastAPI, pool: ModelPool, config: ServerConfig, metrics: ServerMetrics) -> None:
     """/health, /metrics and the model list."""
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": config.model_name}
+        return {"status": "ok", "model": config.model_name, "loaded": [s.name for s in pool.resident()]}
 
     @app.get("/metrics")
     async def prom() -> Response:
-        return Response(metrics.render(backend.stats()), media_type="text/plain; version=0.0.4")
+        first = pool.first()
+        stats = first.backend.stats() if first is not None else EngineStats()
+        return Response(
+            metrics.render(stats, [s.name for s in pool.resident()]), media_type="text/plain; version=0.0.4"
+        )
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [_model_card(config.model_name)]}
+        names = await run_in_threadpool(_chat_models, pool, config)
+        return {"object": "list", "data": [_model_card(name) for name in names]}
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str) -> dict:
-        if name != config.model_name:
+        names = await run_in_threadpool(_chat_models, pool, config)
+        if name not in names:
             raise unknown_model(name, config.model_name)
         return _model_card(name)
 
 
-def _generation_routes(app: FastAPI, backend: Backend, config: ServerConfig, runner: Runner) -> None:
+def _chat_models(pool: ModelPool, config: ServerConfig) -> list[str]:
+    """The models a request may name: the served one, and with model switching every registered chat model."""
+    names = [config.model_name]
+    if config.opener is not None and config.catalog is not None:
+        names += [e.name for e in config.catalog() if not is_embedding_model(e.spec) and e.name not in names]
+    return names
+
+
+def _generation_routes(app: FastAPI, pool: ModelPool, config: ServerConfig) -> None:
     """/v1/chat/completions and /v1/completions: build the requests (a 400 before any slot is taken), admit
     choice 0 (its errors are the HTTP status), then answer collected or streamed (app/server/answers.py)."""
 
     @app.post("/v1/chat/completions")
     async def chat(request: HTTPRequest) -> Response:
         body = await parse(request, ChatCompletionRequest, config)
+        served, _ = await pool.acquire(request, body.model)  # loads it on demand (app/server/pool.py)
+        backend, name = served.backend, served.name
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        sampling = sampling_of(body, max_tokens, backend, config)
+        sampling = sampling_of(body, max_tokens, backend, config, name)
         tools = tools_of(body)
         # the template runs in its own budgeted process; this thread only waits for it
         messages = [m.as_dict() for m in body.messages]
@@ -241,20 +262,22 @@ def _generation_routes(app: FastAPI, backend: Backend, config: ServerConfig, run
         if built.tools is not None and body.logprobs:  # held-back call text no longer lines up with its tokens
             raise APIError(400, "logprobs with tools is not supported: ask for one of them", param="logprobs")
         req = prioritised(await run_in_threadpool(constrained, built.request, body), body)
-        choices = Choices(runner, choice_requests(req, body.n))
+        choices = Choices(served.runner, choice_requests(req, body.n))
 
         async def answer() -> Response:
             await _open(choices, body)  # choice 0's errors (prompt too long, queue full) are the HTTP status
             if body.stream:
-                return chat_streamed(choices, body, config.model_name, built.tools)
-            return await chat_collected(choices, body, config.model_name, built.tools)
+                return chat_streamed(choices, body, name, built.tools)
+            return await chat_collected(choices, body, name, built.tools)
 
         return await _respond(request, answer())
 
     @app.post("/v1/completions")
     async def completions(request: HTTPRequest) -> Response:
         body = await parse(request, CompletionRequest, config)
-        req = completion_request(body, sampling_of(body, body.max_tokens, backend, config), backend)
+        served, _ = await pool.acquire(request, body.model)
+        backend, name = served.backend, served.name
+        req = completion_request(body, sampling_of(body, body.max_tokens, backend, config, name), backend)
         req = prioritised(await run_in_threadpool(constrained, req, body), body)
         echo = None
         if body.echo:  # the prompt's text as given, or its token ids' text
@@ -263,13 +286,13 @@ def _generation_routes(app: FastAPI, backend: Backend, config: ServerConfig, run
                 if isinstance(body.prompt, str)
                 else await run_in_threadpool(backend.detokenize, body.prompt)
             )
-        choices = Choices(runner, choice_requests(req, body.n))
+        choices = Choices(served.runner, choice_requests(req, body.n))
 
         async def answer() -> Response:
             await _open(choices, body)
             if body.stream:
-                return completion_streamed(choices, body, config.model_name, echo)
-            return await completion_collected(choices, body, config.model_name, echo)
+                return completion_streamed(choices, body, name, echo)
+            return await completion_collected(choices, body, name, echo)
 
         return await _respond(request, answer())
 
@@ -279,13 +302,14 @@ async def _open(choices: Choices, body: ChatCompletionRequest | CompletionReques
     await open_choices(choices, constraint_param(body, choices.requests[0]))
 
 
-def _embedding_routes(app: FastAPI, backend: Backend, config: ServerConfig) -> None:
+def _embedding_routes(app: FastAPI, pool: ModelPool, config: ServerConfig) -> None:
     """/v1/embeddings (app/server/embeddings.py)."""
 
     @app.post("/v1/embeddings")
     async def embeddings(request: HTTPRequest) -> Response:
         body = await parse(request, EmbeddingRequest, config)
-        return await _respond(request, _as_json(openai_embeddings(backend, body)))
+        served, _ = await pool.acquire(request, body.model)
+        return await _respond(request, _as_json(openai_embeddings(served.backend, body)))
 
 
 async def _as_json(work: Awaitable[dict]) -> Response:

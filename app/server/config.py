@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from app.defaults import SAMPLING
 from app.server.ollama_models import Catalog
 from app.server.runner import Limits
+
+if TYPE_CHECKING:
+    from app.server.pool import Opener
+    from hwprobe.plan_types import Plan
+    from hwprobe.report import HardwareReport
 
 
 @dataclass
@@ -24,3 +30,9 @@ class ServerConfig:
     # seconds the model stays loaded after the last request (Ollama's keep_alive; a request's own keep_alive wins
     # on /api/*); None = forever.  app/server/keep_alive.py
     keep_alive_s: float | None = None
+    # model switching (app/server/pool.py): loads another local model on demand; None = serve model_name only
+    opener: Opener | None = None
+    # the hardware report the first model was planned for; later loads plan for it less what is loaded
+    report: HardwareReport | None = None
+    max_loaded_models: int | None = None  # --max-loaded-models; None = as many as fit
+    first_plan: Plan | None = None  # model_name's plan: its memory counts as taken when another model loads

@@ -63,8 +63,6 @@ def _validate(raw: bytes, schema: type[_B], config: ServerConfig) -> _B:
         loc = [str(p) for p in first.get("loc", ()) if str(p) not in _UNION_TAGS and "[" not in str(p)]
         param = ".".join(loc) or None
         raise APIError(400, f"{param or 'body'}: {first.get('msg')}", param=param) from None
-    if body.model != config.model_name:
-        raise unknown_model(body.model, config.model_name)
     if isinstance(body, ChatCompletionRequest) and body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     return body
@@ -135,11 +133,14 @@ def _request_id() -> str:
     return f"req-{uuid.uuid4().hex[:16]}"
 
 
-def sampling_of(body: Body, max_tokens: int | None, backend: Backend, config: ServerConfig) -> SamplingParams:
+def sampling_of(
+    body: Body, max_tokens: int | None, backend: Backend, config: ServerConfig, name: str | None = None
+) -> SamplingParams:
     """What the OpenAI request asks for, with OpenAI's semantics: each of temperature, top_p, top_k, min_p and
     repeat_penalty as given, else the model's defaults (app/model_sampling.py: the user's own for it over its
     recommendation, as vLLM applies generation_config.json), else OpenAI's defaults (temperature and top_p 1, no
-    top_k/min_p truncation, no penalty; hearth's own defaults are for `hearth run` and the chat app)."""
+    top_k/min_p truncation, no penalty; hearth's own defaults are for `hearth run` and the chat app).  `name`:
+    the model's registered name (the served one by default)."""
     n_ctx = backend.n_ctx
     if max_tokens is not None and not 1 <= max_tokens <= n_ctx:
         raise APIError(
@@ -154,7 +155,7 @@ def sampling_of(body: Body, max_tokens: int | None, backend: Backend, config: Se
     else:  # completions: logprobs=k; echo + logprobs also scores the prompt
         logprobs, prompt_logprobs = body.logprobs, body.echo and body.logprobs is not None
     given = {name: getattr(body, name, None) for name in OPENAI_DEFAULTS}
-    pick = pick_values(given, model_defaults(backend.spec, config.model_name), OPENAI_DEFAULTS)
+    pick = pick_values(given, model_defaults(backend.spec, name or config.model_name), OPENAI_DEFAULTS)
     return SamplingParams(
         temperature=float(pick["temperature"]),
         top_p=float(pick["top_p"]),

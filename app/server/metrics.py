@@ -62,6 +62,12 @@ class ServerMetrics:
         """Generations running and queued (the runner sets them), and the engine's gauges render() sets from
         the backend's snapshot: KV blocks, speculative decoding, preemptions and swaps, TTFT-plan deferrals."""
         self.running = Gauge("hearth_requests_running", "generations running now", registry=r)
+        self.models_loaded = Gauge(
+            "hearth_models_loaded", "models loaded now (hearth serve loads on demand)", registry=r
+        )
+        self.model_loaded = Gauge(
+            "hearth_model_loaded", "1 for each model loaded now, with its name", ["model"], registry=r
+        )
         self.queued = Gauge("hearth_queue_depth", "generations waiting for a slot", registry=r)
         self.kv_used = Gauge("hearth_kv_blocks_used", "KV cache blocks in use (backends that report them)", registry=r)
         self.kv_free = Gauge("hearth_kv_blocks_free", "KV cache blocks free (backends that report them)", registry=r)
@@ -141,9 +147,15 @@ class ServerMetrics:
             out[priority] = row
         return out
 
-    def render(self, stats: EngineStats) -> bytes:
+    def render(self, stats: EngineStats, loaded: list[str] | None = None) -> bytes:
         """Prometheus text; KV gauges come from the backend's published snapshot (Backend.stats()): the torch
-        engine has a paged KV pool; llama.cpp reports none (kv_blocks 0), and the gauges then stay at 0."""
+        engine has a paged KV pool; llama.cpp reports none (kv_blocks 0), and the gauges then stay at 0.
+        `loaded`: the names of the models loaded now (hearth_model_loaded; None leaves them as they are)."""
+        if loaded is not None:
+            self.model_loaded.clear()
+            for name in loaded:
+                self.model_loaded.labels(name).set(1)
+            self.models_loaded.set(len(loaded))
         if stats.kv_blocks > 0:
             self.kv_used.set(stats.kv_blocks - stats.kv_blocks_free)
             self.kv_free.set(stats.kv_blocks_free)

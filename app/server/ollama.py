@@ -36,7 +36,6 @@ from app import __version__
 from app.defaults import SYSTEM_PROMPT
 from app.server.embeddings import check_dimensions, embed_inputs
 from app.server.errors import APIError, engine_error
-from app.server.keep_alive import KeepAlive
 from app.server.ollama_answers import loaded_reply, ns, ollama_answer, ollama_error
 from app.server.ollama_models import (
     Catalog,
@@ -50,11 +49,11 @@ from app.server.ollama_models import (
 from app.server.ollama_requests import (
     build_request,
     check_options_only,
+    keep_alive_value,
     logprobs_of,
     messages_of,
     parse_body,
     refuse_embedding_model,
-    request_keep_alive,
     sampling_of,
     think_vars,
     tools_of,
@@ -67,7 +66,7 @@ from app.server.ollama_schemas import (
     GenerateBody,
     ModelBody,
 )
-from app.server.runner import Runner
+from app.server.pool import ModelPool, Served
 from app.server.think import ThinkSplitter as _Think  # noqa: F401 - tests reach the splitter here, as before
 from backends.api import Backend, Request
 
@@ -81,17 +80,14 @@ _Route = Callable[[HTTPRequest], Awaitable[Response]]
 
 def add_ollama_routes(
     app: FastAPI,
-    backend: Backend,
-    runner: Runner,
-    served: str,
+    pool: ModelPool,
     max_body_bytes: int,
     catalog: Catalog | None,
     unless_gone: Callable[[HTTPRequest, Awaitable[Response]], Awaitable[Response]],
-    keep_alive: KeepAlive,
 ) -> None:
-    """Register the /api/* routes for `backend`, served as `served` (its registered name).  `unless_gone`:
-    app.py's wait that ends (a 499) and cancels the work when the client disconnects first."""
-    api = _OllamaAPI(backend, runner, served, max_body_bytes, catalog, unless_gone, keep_alive)
+    """Register the /api/* routes over the server's models (`pool`: app/server/pool.py loads the one a request
+    names).  `unless_gone`: app.py's wait that ends (a 499) and cancels the work when the client leaves first."""
+    api = _OllamaAPI(pool, max_body_bytes, catalog, unless_gone)
     # -- models -------------------------------------------------------------------------------------------
     app.api_route("/", methods=["GET", "HEAD"])(root)
     app.get("/api/version")(version)
@@ -131,61 +127,60 @@ async def version() -> dict:
 
 
 class _OllamaAPI:
-    """The /api/* handlers of one server: the backend it serves as `served`, and what they share."""
+    """The /api/* handlers of one server: its models (the pool) and what they share."""
 
     def __init__(
         self,
-        backend: Backend,
-        runner: Runner,
-        served: str,
+        pool: ModelPool,
         max_body_bytes: int,
         catalog: Catalog | None,
         unless_gone: Callable[[HTTPRequest, Awaitable[Response]], Awaitable[Response]],
-        keep_alive: KeepAlive,
     ) -> None:
-        self.backend = backend
-        self.runner = runner
-        self.served = served
+        self.pool = pool
         self.max_body_bytes = max_body_bytes
         self.catalog = catalog
         self.unless_gone = unless_gone
-        self.keep_alive = keep_alive
-        self.entry = entry_for(backend.spec, served)
+        first = pool.served[pool.default]
+        self.default_entry = entry_for(first.backend.spec, first.name)
 
     # -- shared -------------------------------------------------------------------------------------------
     def entries(self) -> list[CatalogEntry]:
         """The registered models, the served one first when the catalog lacks it."""
         listed = self.catalog() if self.catalog is not None else []
-        if not any(e.name == self.served for e in listed):
-            listed = [self.entry, *listed]
+        if not any(e.name == self.default_entry.name for e in listed):
+            listed = [self.default_entry, *listed]
         return listed
 
-    def check_model(self, asked: str) -> None:
-        """A 404 unless `asked` is the served model, saying how to serve it when it is registered."""
-        if same_model(asked, self.served):
-            return
-        served = self.served
-        known = any(same_model(asked, e.name) for e in self.entries())
-        why = (
-            f"model {asked!r} is registered but this server serves {served!r}: start `hearth serve --model "
-            f"{asked.removesuffix(':latest')}` to serve it"
-            if known
-            else f"model {asked!r} not found: this server serves {served!r} (`hearth models` lists the others)"
-        )
-        raise APIError(404, why)
+    async def model(self, request: HTTPRequest, asked: str, keep_alive: Any) -> tuple[Served, float]:
+        """The model `asked` names, loaded on demand and held busy for the request (ModelPool.acquire), with the
+        request's keep_alive (checked first: a bad one is a 400 before anything loads); the load's seconds."""
+        seconds = keep_alive_value(keep_alive)
+        served, load_s = await self.pool.acquire(request, asked)
+        if seconds is not False:
+            served.keep_alive.request_keep_alive(seconds)
+        return served, load_s
 
     async def parse(self, request: HTTPRequest, schema: type[BaseModel]) -> Any:
         return await parse_body(request, schema, self.max_body_bytes)
 
     async def answer(
-        self, request: HTTPRequest, req: Request, load_s: float, *, chat: bool, stream: bool, tools: Any, think: bool
+        self,
+        request: HTTPRequest,
+        served: Served,
+        req: Request,
+        load_s: float,
+        *,
+        chat: bool,
+        stream: bool,
+        tools: Any,
+        think: bool,
     ) -> Response:
         """`req` run and answered in Ollama's framing (app/server/ollama_answers.py)."""
         return await ollama_answer(
             request,
-            self.runner,
+            served.runner,
             req,
-            self.served,
+            served.name,
             load_s=load_s,
             chat=chat,
             stream=stream,
@@ -200,10 +195,13 @@ class _OllamaAPI:
         return {"models": [tags_entry(e) for e in listed]}
 
     async def ps(self) -> dict:
-        if not self.backend.resident:  # keep_alive unloaded it: nothing is running
-            return {"models": []}
-        memory = await run_in_threadpool(self.backend.memory_in_use)
-        return {"models": [ps_entry(self.entry, self.backend.n_ctx, memory, self.keep_alive.expires_at)]}
+        """The models loaded now, most recently used first (none that keep_alive unloaded)."""
+        out = []
+        for served in self.pool.resident():
+            memory = await run_in_threadpool(served.backend.memory_in_use)
+            entry = entry_for(served.backend.spec, served.name)
+            out.append(ps_entry(entry, served.backend.n_ctx, memory, served.keep_alive.expires_at))
+        return {"models": out}
 
     async def show(self, request: HTTPRequest) -> Response:
         body = await self.parse(request, ModelBody)
@@ -214,7 +212,8 @@ class _OllamaAPI:
         found = next((e for e in listed if same_model(asked, e.name)), None)
         if found is None:
             raise APIError(404, f"model {asked!r} not found (`hearth models` lists the registered ones)")
-        return JSONResponse(show_body(found, self.backend.n_ctx if found.name == self.served else None))
+        loaded = self.pool.find(found.name)
+        return JSONResponse(show_body(found, loaded.backend.n_ctx if loaded is not None else None))
 
     async def pull(self, request: HTTPRequest) -> Response:
         body = await self.parse(request, ModelBody)
@@ -228,44 +227,45 @@ class _OllamaAPI:
         raise APIError(
             400,
             f"hearth serve does not download models over the API: run `hearth pull REPO_ID` (a Hugging Face GGUF "
-            f"repo) or `hearth models add PATH`, then `hearth serve --model NAME`; {asked!r} is not registered",
+            f"repo) or `hearth models add PATH`, then ask for it by name; {asked!r} is not registered",
         )
 
     # -- generation ---------------------------------------------------------------------------------------
     async def chat(self, request: HTTPRequest) -> Response:
         body: ChatBody = await self.parse(request, ChatBody)
-        self.check_model(body.model)
-        refuse_embedding_model(self.backend)
-        keep = request_keep_alive(body.keep_alive, self.keep_alive)
         if not body.messages:  # Ollama: an empty chat loads the model (and keep_alive 0 unloads it)
-            return await _load_or_unload(self.keep_alive, keep, self.served, chat=True, stream=body.stream)
-        load_s = await self.keep_alive.load()
-        sampling = sampling_of(body.options, self.backend, self.served, logprobs_of(body))
+            return await self.load_or_unload(request, body.model, body.keep_alive, chat=True, stream=body.stream)
+        served, load_s = await self.model(request, body.model, body.keep_alive)
+        backend = served.backend
+        refuse_embedding_model(backend)
+        sampling = sampling_of(body.options, backend, served.name, logprobs_of(body))
         tools = tools_of(body.tools)
         messages = _with_system(messages_of(body.messages))
-        think = think_vars(body.think, self.backend)
-        built = await run_in_threadpool(build_request, self.backend, messages, sampling, tools, think)
+        think = think_vars(body.think, backend)
+        built = await run_in_threadpool(build_request, backend, messages, sampling, tools, think)
         req = await run_in_threadpool(with_format, built.request, body.format)
         return await self.answer(
-            request, req, load_s, chat=True, stream=body.stream, tools=built.tools, think=bool(think)
+            request, served, req, load_s, chat=True, stream=body.stream, tools=built.tools, think=bool(think)
         )
 
     async def generate(self, request: HTTPRequest) -> Response:
         body: GenerateBody = await self.parse(request, GenerateBody)
-        self.check_model(body.model)
-        refuse_embedding_model(self.backend)
-        keep = request_keep_alive(body.keep_alive, self.keep_alive)
         _refuse_generate_fields(body)
         if not body.prompt:
-            return await _load_or_unload(self.keep_alive, keep, self.served, chat=False, stream=body.stream)
-        load_s = await self.keep_alive.load()
-        sampling = sampling_of(body.options, self.backend, self.served, logprobs_of(body))
-        think = think_vars(body.think, self.backend)
-        req, reading = await self.generate_request(body, sampling, think)
+            return await self.load_or_unload(request, body.model, body.keep_alive, chat=False, stream=body.stream)
+        served, load_s = await self.model(request, body.model, body.keep_alive)
+        refuse_embedding_model(served.backend)
+        sampling = sampling_of(body.options, served.backend, served.name, logprobs_of(body))
+        think = think_vars(body.think, served.backend)
+        req, reading = await self.generate_request(served.backend, body, sampling, think)
         req = await run_in_threadpool(with_format, req, body.format)
-        return await self.answer(request, req, load_s, chat=False, stream=body.stream, tools=reading, think=bool(think))
+        return await self.answer(
+            request, served, req, load_s, chat=False, stream=body.stream, tools=reading, think=bool(think)
+        )
 
-    async def generate_request(self, body: GenerateBody, sampling: Any, think: dict | None) -> tuple[Request, Any]:
+    async def generate_request(
+        self, backend: Backend, body: GenerateBody, sampling: Any, think: dict | None
+    ) -> tuple[Request, Any]:
         """/api/generate's Request and its tool-call reading (None for raw text): raw text as it is, else the
         prompt as a user message in the model's template, after `system` (hearth's default when not given)."""
         if body.raw:
@@ -274,26 +274,37 @@ class _OllamaAPI:
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": body.prompt}
         ]
-        built = await run_in_threadpool(build_request, self.backend, messages, sampling, None, think)
+        built = await run_in_threadpool(build_request, backend, messages, sampling, None, think)
         return built.request, built.tools
+
+    async def load_or_unload(
+        self, request: HTTPRequest, asked: str, keep_alive: Any, *, chat: bool, stream: bool
+    ) -> Response:
+        """Ollama's request without a prompt: keep_alive 0 unloads the model, anything else loads it."""
+        seconds = keep_alive_value(keep_alive)
+        if seconds is not False and seconds is not None and seconds <= 0:
+            found = self.pool.find(asked)
+            name = found.name if found is not None else asked.removesuffix(":latest")
+            await self.pool.unload(asked)
+            return loaded_reply(name, chat, stream, "unload")
+        served, _ = await self.model(request, asked, keep_alive)
+        return loaded_reply(served.name, chat, stream, "load")
 
     # -- embeddings ---------------------------------------------------------------------------------------
     async def embed(self, request: HTTPRequest) -> Response:
         body: EmbedBody = await self.parse(request, EmbedBody)
-        self.check_model(body.model)
-        request_keep_alive(body.keep_alive, self.keep_alive)
         check_options_only(body.options)
-        check_dimensions(self.backend, body.dimensions, self.served)
         inputs = [body.input] if isinstance(body.input, str) else list(body.input)
         if not inputs or any(not text for text in inputs):
             raise APIError(400, "input must be a non-empty string or a list of non-empty strings")
         started = time.perf_counter()
-        load_s = await self.keep_alive.load()
-        done = await run_in_threadpool(embed_inputs, self.backend, inputs, body.truncate, "input", body.dimensions)
+        served, load_s = await self.model(request, body.model, body.keep_alive)
+        check_dimensions(served.backend, body.dimensions, served.name)
+        done = await run_in_threadpool(embed_inputs, served.backend, inputs, body.truncate, "input", body.dimensions)
         total = time.perf_counter() - started
         return JSONResponse(
             {
-                "model": self.served,
+                "model": served.name,
                 "embeddings": [[float(x) for x in row] for row in done.vectors],
                 "total_duration": ns(total),
                 "load_duration": ns(load_s),
@@ -303,12 +314,11 @@ class _OllamaAPI:
 
     async def embeddings(self, request: HTTPRequest) -> Response:
         body: EmbeddingsBody = await self.parse(request, EmbeddingsBody)
-        self.check_model(body.model)
-        request_keep_alive(body.keep_alive, self.keep_alive)
         check_options_only(body.options)
+        served, _ = await self.model(request, body.model, body.keep_alive)
         if not body.prompt:  # Ollama answers an empty prompt with an empty embedding (it only loads the model)
             return JSONResponse({"embedding": []})
-        done = await run_in_threadpool(embed_inputs, self.backend, [body.prompt], True, "prompt")
+        done = await run_in_threadpool(embed_inputs, served.backend, [body.prompt], True, "prompt")
         return JSONResponse({"embedding": [float(x) for x in done.vectors[0]]})
 
 
@@ -330,12 +340,3 @@ def _refuse_generate_fields(body: GenerateBody) -> None:
             raise APIError(400, f"{field}: {why}")
     if body.template:
         raise APIError(400, "template: hearth renders the model's own chat template; use raw: true for raw text")
-
-
-async def _load_or_unload(keep_alive: KeepAlive, keep: float | None | bool, served: str, chat: bool, stream: bool):
-    """Ollama's request without a prompt: keep_alive 0 unloads the model, anything else loads it."""
-    if keep is not False and keep is not None and keep <= 0:
-        await keep_alive.unload_now()
-        return loaded_reply(served, chat, stream, "unload")
-    await keep_alive.load()
-    return loaded_reply(served, chat, stream, "load")

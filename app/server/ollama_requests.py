@@ -23,7 +23,6 @@ from app.model_sampling import pick as pick_values
 from app.requests import ChatRequest, chat_request
 from app.server.body import decode_body, read_body
 from app.server.errors import APIError
-from app.server.keep_alive import KeepAlive
 from app.server.ollama_models import thinking_template
 from app.server.ollama_schemas import DEFAULTS, ChatBody, OptionError, check_options, keep_alive_seconds
 from app.server.response_format import JsonSchemaFormat, ResponseFormat, constraint_of
@@ -58,16 +57,14 @@ def validate_body(raw: bytes, schema: type[BaseModel]) -> Any:
         raise APIError(400, f"{loc or 'body'}: {first.get('msg')}") from None
 
 
-def request_keep_alive(value: Any, keep_alive: KeepAlive) -> float | None | bool:
-    """The request's keep_alive in seconds (None: forever; False: not given), set as this request's."""
+def keep_alive_value(value: Any) -> float | None | bool:
+    """A request's keep_alive in seconds (None: forever; False: not given); a 400 for one that is no duration."""
     if value is None:
         return False
     try:
-        seconds = keep_alive_seconds(value)
+        return keep_alive_seconds(value)
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
-    keep_alive.request_keep_alive(seconds)
-    return seconds
 
 
 def check_options_only(raw: dict | None) -> None:

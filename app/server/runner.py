@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from app.server.admission import Admission
@@ -37,10 +37,15 @@ class Limits:
 
 
 class Runner:
-    def __init__(self, backend: Backend, limits: Limits, metrics: ServerMetrics) -> None:
+    def __init__(
+        self, backend: Backend, limits: Limits, metrics: ServerMetrics, gauges: Callable[[], None] | None = None
+    ) -> None:
+        """`gauges`: sets the running and queued gauges when this runner's counts change (a server with several
+        models sums theirs: app/server/pool.py); by default this runner's counts."""
         self.backend = backend
         self.limits = limits
         self.metrics = metrics
+        self._set_gauges = gauges
         batches = backend.capabilities.concurrent_requests
         self.slots = limits.max_concurrency if batches else 1
         # the torch engine preempts for priority; a remote server does not (it gets no priority: see remote)
@@ -50,6 +55,9 @@ class Runner:
         self.active: set[str] = set()  # request ids with a live backend stream
 
     def _gauges(self) -> None:
+        if self._set_gauges is not None:
+            self._set_gauges()
+            return
         self.metrics.running.set(self.running)
         self.metrics.queued.set(self.waiting)
 

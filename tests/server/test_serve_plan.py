@@ -34,6 +34,10 @@ def test_single_user_and_more_concurrency_is_a_config_error(tmp_path: Path) -> N
     )
     assert p.returncode == 2, p.stderr
     assert "--single-user runs one request at a time, but --max-concurrency is 4" in p.stderr
+    p = subprocess.run(
+        _hearth("serve", "--max-loaded-models", "0"), env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 2 and "--max-loaded-models must be at least 1, got 0" in p.stderr, p.stderr
 
 
 @pytest.mark.slow

@@ -23,7 +23,6 @@ import pytest
 
 from app.server.app import _Guard
 from app.server.config import ServerConfig
-from app.server.keep_alive import KeepAlive
 from app.server.metrics import ServerMetrics
 from backends.api import Capabilities, LoadOptions
 from backends.runner.client import RunnerBackend
@@ -118,8 +117,7 @@ def test_the_last_resort_writes_json_before_a_response_and_an_error_line_after_o
                 await send({"type": "http.response.body", "body": b"first\n", "more_body": True})
             raise OSError("the disk went away")
 
-        backend = FakeBackend()
-        guard = _Guard(app, ServerConfig(model_name="fake-model"), ServerMetrics(), KeepAlive(backend, None))
+        guard = _Guard(app, ServerConfig(model_name="fake-model"), ServerMetrics())
         sent: list[dict] = []
 
         async def send(message: dict) -> None:
