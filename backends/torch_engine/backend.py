@@ -225,8 +225,9 @@ class TorchBackend(Backend):
     def embed(self, inputs: Sequence[Sequence[int]]) -> Any:
         """Pooled, normalized last hidden states (backends/embeddings.py says which pooling), computed on the
         engine thread between steps: an embedding request waits at most one step of the batch, and the batch
-        waits for its forward (chunks of n_batch tokens, like a prompt's prefill).  Each input takes scratch KV
-        blocks from the pool for the forward and gives them back (never to the prefix cache)."""
+        waits for its forward.  The inputs go in groups (_embed_group_size), each taking scratch KV blocks from
+        the pool for one packed run (ModelRunner.embed_batch: several inputs to a forward, in chunks of n_batch
+        tokens like a prompt's prefill) and giving them back (never to the prefix cache)."""
         self._require()
         assert self._parts is not None
         if self._parts.embed is None:
@@ -248,23 +249,13 @@ class TorchBackend(Backend):
             self._check_token_ids(ids, f"input {i}")
         fn, engine = self._parts.embed, self._engine
         assert engine is not None
-
-        def run(ids: list[int]) -> Any:  # on the engine thread, between steps
-            bm = engine.scheduler.block_manager
-            scratch = EngineRequest("embed", tuple(ids), SamplingParams(temperature=0))
-            if not bm.allocate(scratch, len(ids)):
-                raise ContextOverflowError(
-                    f"{len(ids)} tokens need {bm.blocks_needed(len(ids))} KV blocks but only "
-                    f"{bm.num_free_blocks} are free while other requests run",
-                    "retry shortly, or send shorter inputs",
-                )
-            try:
-                return np.asarray(fn(ids, tuple(scratch.block_ids), pooling).numpy(), dtype=np.float32)
-            finally:
-                bm.free(scratch)
-
-        # one call per input: the batch's steps go on between them, so a long list never stalls the streams
-        return np.stack([self._call(lambda ids=ids: run(ids)) for ids in batch])
+        # one call per group: the batch's steps go on between them, so a long list never stalls the streams
+        # for longer than its longest input would alone
+        vectors: list[np.ndarray] = []
+        while len(vectors) < len(batch):
+            group = batch[len(vectors) : len(vectors) + _embed_group_size(batch[len(vectors) :], self.options.n_batch)]
+            vectors.extend(self._call(lambda group=group: _embed_on_engine(engine, fn, group, pooling)))
+        return np.stack(vectors)
 
     def _check_token_ids(self, ids: Sequence[int], where: str = "") -> None:
         """Token ids outside the vocabulary would fail the batched forward (everyone's step): refuse them here."""
@@ -509,6 +500,42 @@ class TorchBackend(Backend):
         except Exception:
             log.debug("GPU memory figure unavailable", exc_info=True)
         return info
+
+
+def _embed_group_size(batch: Sequence[Sequence[int]], n_batch: int) -> int:
+    """How many of `batch`'s first inputs go to one packed embedding run: while their tokens fit the forwards
+    the first input takes alone (n_batch tokens each), so a group holds the engine thread no longer than that."""
+    budget = -(-len(batch[0]) // n_batch) * n_batch - len(batch[0])
+    count = 1
+    while count < len(batch) and len(batch[count]) <= budget:
+        budget -= len(batch[count])
+        count += 1
+    return count
+
+
+def _embed_on_engine(engine: Engine, fn: Callable[..., Sequence[Any]], group: list[list[int]], pooling: str) -> list:
+    """On the engine thread, between steps: scratch KV blocks for as many of `group`'s first inputs as the free
+    blocks hold, their embeddings in one packed run (`fn`: ModelRunner.embed_batch), the blocks given back (never
+    registered in the prefix cache).  Returns a float32 vector for each input it embedded, at least the first."""
+    bm = engine.scheduler.block_manager
+    scratch: list[EngineRequest] = []
+    try:
+        for ids in group:
+            request = EngineRequest("embed", tuple(ids), SamplingParams(temperature=0))
+            if not bm.allocate(request, len(ids)):
+                break  # the rest wait for a later group
+            scratch.append(request)
+        if not scratch:
+            raise ContextOverflowError(
+                f"{len(group[0])} tokens need {bm.blocks_needed(len(group[0]))} KV blocks but only "
+                f"{bm.num_free_blocks} are free while other requests run",
+                "retry shortly, or send shorter inputs",
+            )
+        out = fn([(ids, tuple(r.block_ids)) for ids, r in zip(group, scratch)], pooling)
+        return [np.asarray(v.numpy(), dtype=np.float32) for v in out]  # torch ops stay on this thread
+    finally:
+        for request in scratch:
+            bm.free(request)
 
 
 def _refuse(message: InboxMessage) -> None:

@@ -60,7 +60,7 @@ def build_engine_parts(
         tokenizer=tokenizer,
         num_blocks=runner.num_blocks,
         prompt_logits=runner.prompt_logits,
-        embed=runner.embed if options.tensor_parallel == 1 else None,  # TP: the other ranks would wait forever
+        embed=runner.embed_batch if options.tensor_parallel == 1 else None,  # TP: the other ranks would wait forever
         describe=runner.describe,
         close=close,
         num_host_blocks=runner.swapper.store.num_blocks if runner.swapper is not None else 0,

@@ -383,31 +383,57 @@ class ModelRunner:
         ]
         return torch.cat(parts)
 
-    @torch.inference_mode()
     def embed(self, token_ids: Sequence[int], block_table: Sequence[int], pooling: str) -> torch.Tensor:
         """(hidden,) float32: the last hidden states (after the final norm, what llama.cpp's embedding mode pools)
         of `token_ids`, pooled ("mean" | "cls" | "last") and L2-normalized.  Runs in chunks of n_batch tokens
         over `block_table` (blocks the caller allocated), each chunk attending to the ones before it."""
-        n, chunk = len(token_ids), self.options.n_batch
-        self.kv_pool.ensure([tuple(block_table)])  # blocks a growing pool has not committed yet are zeroed first
-        total: torch.Tensor | None = None
-        first = last = None
+        return self.embed_batch([(token_ids, block_table)], pooling)[0]
+
+    @torch.inference_mode()
+    def embed_batch(self, items: Sequence[tuple[Sequence[int], Sequence[int]]], pooling: str) -> list[torch.Tensor]:
+        """`embed` of several inputs, (token_ids, block_table) each, packed into few forwards: each forward takes
+        the next chunk of every unfinished input, in order, while it holds at most n_batch tokens (the rows of a
+        multi-sequence prefill), so an input longer than that spans forwards, each chunk attending to the ones
+        before it.  Returns one (hidden,) float32 vector per input, in order."""
+        if pooling not in ("mean", "cls", "last"):
+            raise ValueError(f"unknown pooling {pooling!r}")
+        if any(not ids for ids, _ in items):
+            raise ValueError("an input to embed is empty")
+        self.kv_pool.ensure(tuple(table) for _, table in items)  # blocks not committed yet are zeroed first
+        lengths = [len(ids) for ids, _ in items]
+        done = [0] * len(items)
+        pooled: list[Any] = [None] * len(items)  # mean: the running sum; cls / last: that row (a copy)
         token = QUANTIZED_ROWS.set(0)  # prompt rows: the dense kernels where a layer has both
         try:
-            for lo in range(0, n, chunk):
-                part = list(token_ids[lo : lo + chunk])
-                meta = build_attention_metadata([(lo, len(part), tuple(block_table))], BLOCK_SIZE, self.device)
-                ids = torch.tensor(part, dtype=torch.int64, device=self.device)
-                pos = torch.arange(lo, lo + len(part), dtype=torch.int64, device=self.device)
-                hidden = self.model(ids, pos, self.kv_caches, meta).float()  # (len(part), hidden)
-                total = hidden.sum(0) if total is None else total + hidden.sum(0)
-                first = hidden[0] if first is None else first
-                last = hidden[-1]
+            while rows := _pack_chunks(lengths, done, self.options.n_batch):
+                hidden = self._hidden_states([(items[i][0][lo : lo + k], lo, items[i][1]) for i, lo, k in rows])
+                at = 0
+                for i, lo, k in rows:
+                    part = hidden[at : at + k]  # (k, hidden)
+                    at, done[i] = at + k, lo + k
+                    if pooling == "mean":
+                        pooled[i] = part.sum(0) if pooled[i] is None else pooled[i] + part.sum(0)
+                    elif pooling == "cls" and lo == 0:
+                        pooled[i] = part[0].clone()
+                    elif pooling == "last" and done[i] == lengths[i]:
+                        pooled[i] = part[-1].clone()
         finally:
             QUANTIZED_ROWS.reset(token)
-        assert total is not None and first is not None and last is not None
-        vector = {"mean": total / n, "cls": first, "last": last}[pooling]
-        return torch.nn.functional.normalize(vector, dim=0).cpu()
+        vectors = torch.stack([v / n for v, n in zip(pooled, lengths)] if pooling == "mean" else pooled)
+        return list(torch.nn.functional.normalize(vectors, dim=1).cpu().unbind(0))
+
+    def _hidden_states(self, seqs: list[tuple[Sequence[int], int, Sequence[int]]]) -> torch.Tensor:
+        """(num_tokens, hidden) float32: the model's last hidden states (after the final norm) for the prompt
+        chunks `seqs`, (token_ids, start_position, block_table) each, in one forward (their K/V go to the pool)."""
+        positions: list[int] = []
+        for tokens, start, _ in seqs:
+            positions.extend(range(start, start + len(tokens)))
+        meta = build_attention_metadata(
+            [(start, len(tokens), tuple(table)) for tokens, start, table in seqs], BLOCK_SIZE, self.device
+        )
+        ids = torch.tensor([t for tokens, _, _ in seqs for t in tokens], dtype=torch.int64, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        return self.model(ids, pos, self.kv_caches, meta).float()
 
     def describe(self) -> dict[str, Any]:
         return describe_runner(self)
@@ -419,3 +445,17 @@ class ModelRunner:
         self.kv_pool.close()
         self.kv_caches = []
         self.model = None  # type: ignore[assignment]
+
+
+def _pack_chunks(lengths: Sequence[int], done: Sequence[int], budget: int) -> list[tuple[int, int, int]]:
+    """(input, start, count) for the next embedding forward: the next chunk of every unfinished input (`done`
+    tokens of `lengths` computed), in order, while the forward holds at most `budget` tokens; [] when all are."""
+    rows = []
+    for i, (n, lo) in enumerate(zip(lengths, done)):
+        take = min(n - lo, budget)
+        if take > 0:
+            rows.append((i, lo, take))
+            budget -= take
+        if budget <= 0:
+            break
+    return rows

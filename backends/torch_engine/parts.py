@@ -38,9 +38,10 @@ class EngineParts:
     # (ids, block_table) -> (len(ids), vocab) float32 tensor: logits after every position, computed over the
     # given blocks (the backend takes them from the block manager, so no live or cached prefix is overwritten)
     prompt_logits: Callable[[Sequence[int], Sequence[int]], Any] | None = None
-    # (ids, block_table, pooling) -> (hidden,) float32 tensor: the pooled, L2-normalized last hidden states
-    # (embeddings), over the given blocks as prompt_logits; None = this build gives no embeddings
-    embed: Callable[[Sequence[int], Sequence[int], str], Any] | None = None
+    # ([(ids, block_table), ...], pooling) -> one (hidden,) float32 tensor per input: the pooled, L2-normalized
+    # last hidden states (embeddings), each over its blocks as prompt_logits, several inputs to a forward
+    # (ModelRunner.embed_batch); None = this build gives no embeddings
+    embed: Callable[[Sequence[tuple[Sequence[int], Sequence[int]]], str], Sequence[Any]] | None = None
     describe: Callable[[], dict[str, Any]] | None = None  # device, dtype, KV pool bytes, ...
     close: Callable[[], None] | None = None
     # speculative decoding (backends.torch_engine.speculative.speculator.Speculator), None = off
