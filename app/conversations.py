@@ -20,7 +20,7 @@ from typing import Any
 
 from app.defaults import REPLY_MAX_TOKENS, SAMPLING, SYSTEM_PROMPT
 from app.paths import get_paths
-from hwprobe.errors import ConfigError
+from hwprobe.errors import ConfigError, HearthError
 
 SCHEMA_VERSION = 1
 LOCK_WAIT_S = 5.0  # how long to wait for another process's write before saying the database is locked
@@ -277,13 +277,37 @@ def _escape_like(text: str) -> str:
 
 @contextmanager
 def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write, all or nothing.  A full disk (SQLITE_FULL, or a write error while the disk is full) rolls it back
+    and raises StoreFullError: what was committed before stays, and the same write works again once there is room."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield
-    except BaseException:
-        conn.execute("ROLLBACK")
+        conn.execute("COMMIT")
+    except BaseException as exc:
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # a rollback has nothing to write; if even it fails the journal undoes it at the next open
+        if isinstance(exc, sqlite3.OperationalError) and _is_full(exc):
+            raise StoreFullError(
+                "the disk holding the conversations database is full: this was not saved (what was saved before "
+                "is safe)",
+                "free some space; hearth saves it again then",
+            ) from None
         raise
-    conn.execute("COMMIT")
+
+
+class StoreFullError(HearthError):
+    """A write the full disk refused; nothing saved before is lost (ConversationStore._transaction)."""
+
+
+def _is_full(exc: Exception) -> bool:
+    """SQLITE_FULL (13), or an I/O error writing (SQLITE_IOERR, 10) on a disk with no room left."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:  # Python 3.10: the message is all there is
+        return "full" in str(exc)
+    return code & 0xFF in (13, 10)
 
 
 def _corrupt(path: Path, exc: Exception) -> ConfigError:

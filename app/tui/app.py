@@ -21,7 +21,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import ProgressBar
 
-from app.conversations import ChatSettings, Conversation, ConversationStore
+from app.conversations import ChatSettings, Conversation, ConversationStore, StoreFullError
 from app.defaults import SAMPLING
 from app.loaded import Loaded
 from app.loading import open_backend, physical_cores
@@ -30,6 +30,7 @@ from app.settings import Settings
 from app.store import ModelStore
 from app.tui import engine, events
 from app.tui.actions import ScreenActions
+from app.tui.unsaved import RETRY_S, UnsavedReplies
 from app.tui.widgets.chat_log import ChatLog, MessageBox
 from app.tui.widgets.prompt import PromptBox
 from app.tui.widgets.sidebar import Sidebar
@@ -101,6 +102,8 @@ class HearthApp(ScreenActions, App[None]):
         self.pending: int | None = None  # conversation id waiting for the model to answer
         self.turn: Turn | None = None
         self.edit_from: int | None = None  # position an edited message replaces
+        self.unsaved = UnsavedReplies()  # replies a full disk refused, saved once there is room (app/tui/unsaved.py)
+        self._save_timer: Any = None
         self.conv: Conversation = self._initial_conversation()
         self._turn_ids = itertools.count(1)
         self._request_id = ""  # the request in flight (set by its worker once the template rendered)
@@ -201,6 +204,11 @@ class HearthApp(ScreenActions, App[None]):
         self.model_store.update_state(last_conversation=conv.id)
         await self.query_one(ChatLog).show(
             [(m.role, m.content, m.position, finish_note(m.stats)) for m in conv.messages]
+            + [
+                (role, text, None, "not saved yet: the disk is full")
+                for cid, role, text, _ in self.unsaved.waiting
+                if cid == conv.id
+            ]
         )
         if self.turn is not None and self.turn.conversation_id == conv.id:
             self.turn.box = await self.query_one(ChatLog).add("assistant", self.turn.text, None)
@@ -223,10 +231,20 @@ class HearthApp(ScreenActions, App[None]):
         if self.turn is not None:
             self.notify("a reply is still being written: Esc stops it", severity="warning")
             return
-        if self.edit_from is not None:
-            self.store.truncate(self.conv.id, self.edit_from)
-            self.edit_from = None
-        self.store.add_message(self.conv.id, "user", msg.text)
+        try:  # a full disk refuses the message (it stays in the prompt box) and loses nothing saved before
+            if not self.unsaved.flush(self.store):
+                raise StoreFullError(
+                    "the disk holding the conversations database is full: an earlier reply is still waiting to be "
+                    "saved",
+                    "free some space, then press Enter again",
+                )
+            if self.edit_from is not None:
+                self.store.truncate(self.conv.id, self.edit_from)
+                self.edit_from = None
+            self.store.add_message(self.conv.id, "user", msg.text)
+        except StoreFullError as exc:
+            self.notify(exc.one_line(), title="not sent", severity="error", timeout=15)
+            return
         self.prompt_box.clear()
         await self.show_conversation(self.conv.id)
         if self.loaded is None:
@@ -295,7 +313,8 @@ class HearthApp(ScreenActions, App[None]):
             self.on_reply_failed(events.ReplyFailed(turn.id, msg.error or "the backend failed"), turn)
             return
         stats = {**(msg.stats.as_dict() if msg.stats is not None else {}), "finish_reason": msg.finish_reason}
-        self.store.add_message(turn.conversation_id, "assistant", turn.text, stats)
+        if not self.unsaved.add(self.store, turn.conversation_id, turn.text, stats):
+            self._retry_saving()
         # the status says "ready" as soon as the turn is over, not after the awaits below (a test saw "writing"
         # with the reply done: the turn had ended while the reply box was still finishing)
         self.status.set(state="ready", stats=msg.stats, memory=msg.memory)
@@ -385,6 +404,24 @@ class HearthApp(ScreenActions, App[None]):
         self.settings = self.settings.merged(model=name, backend="auto" if self.settings.backend == "remote" else None)
         self.start_loading(self.settings)  # the worker closes the old backend before loading the new one
 
+    def _retry_saving(self) -> None:
+        """The disk was full: say so, and try again every RETRY_S until the waiting replies are saved."""
+        self.notify(
+            "the disk holding the conversations database is full: this reply is kept here and saved as soon as "
+            "there is room (free some space)",
+            title="not saved yet",
+            severity="warning",
+            timeout=15,
+        )
+        if self._save_timer is None:
+            self._save_timer = self.set_interval(RETRY_S, self._try_saving)
+
+    def _try_saving(self) -> None:
+        if self.unsaved.flush(self.store) and self._save_timer is not None:
+            self._save_timer.stop()
+            self._save_timer = None
+            self.notify("saved the replies that waited for room on the disk", title="saved")
+
     async def on_unmount(self) -> None:
         """Quitting mid-reply keeps what was written, like Esc (only a killed process loses it).  Quitting between
         replies closes the model, so that its runner stays loaded for --keep-alive (backends/runner/resident.py):
@@ -393,7 +430,7 @@ class HearthApp(ScreenActions, App[None]):
         if turn is not None and self.loaded is not None:
             self.loaded.backend.abort(self._request_id)
             if turn.text:
-                self.store.add_message(turn.conversation_id, "assistant", turn.text, {"finish_reason": "abort"})
+                self.unsaved.add(self.store, turn.conversation_id, turn.text, {"finish_reason": "abort"})
         elif self.loaded is not None:
             try:
                 self.loaded.backend.close()

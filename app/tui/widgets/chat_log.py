@@ -57,7 +57,7 @@ class MessageBox(Markdown):
 class ChatLog(VerticalScroll):
     can_focus = False
 
-    async def show(self, messages: list[tuple[str, str, int, str]]) -> None:
+    async def show(self, messages: list[tuple[str, str, int | None, str]]) -> None:
         """(role, text, position, note) per message; the note goes under the box ("stopped")."""
         await self.remove_children()
         boxes = [MessageBox(role, text, pos) for role, text, pos, _ in messages]
