@@ -59,6 +59,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _add_engine_arguments(p)
     _add_path_and_latency_arguments(p)
     _add_output_and_remote_arguments(p)
+    _add_soak_arguments(p)
+
+
+def _add_soak_arguments(p: argparse.ArgumentParser) -> None:
+    """The soak: a long run of mixed traffic against `hearth serve`, every request accounted for (app/soak.py)."""
+    g = p.add_argument_group(
+        "soak",
+        "hearth bench --soak DURATION [--chaos] [--backend B] [--json]: start `hearth serve` (each engine in turn) and "
+        "drive mixed traffic for DURATION from several clients (both APIs, streams, schemas, tools, embeddings, "
+        "priorities, n > 1, logprobs, clients that leave, prompts at the context's edge, hostile bodies); exit 1 "
+        "when a request is lost or hangs, the server dies or a process is left after it stops",
+    )
+    g.add_argument("--soak", metavar="DURATION", help="run the soak for this long (30m, 60s, 1h30m)")
+    g.add_argument(
+        "--chaos",
+        action="store_true",
+        help="also SIGKILL, SIGSEGV and SIGSTOP the engine runners at random intervals",
+    )
+    g.add_argument("--backend", metavar="B", help="soak this engine only (default: llama.cpp, then torch)")
+    g.add_argument("--clients", type=int, default=4, metavar="N", help="concurrent soak clients (default 4)")
 
 
 def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
@@ -212,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
     # lazy: keeps `hearth --help` light (+asyncio, atexit, base64, 46 hearth modules)
     from app.bench import run_bench
 
+    if args.soak is not None:
+        return _run_soak(args)
     _check_arguments(args)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if "remote" in backends:  # a wrong key or an unreachable URL: one line and exit 2, before any table
@@ -371,3 +393,21 @@ def format_busy(n: int, results: list[dict]) -> str:
         f"busy CPU: {n} other process{'es' if n > 1 else ''} kept {'a core' if n == 1 else f'{n} cores'} busy "
         f"(a spinning loop each) during every run{chosen}"
     )
+
+
+def _run_soak(args: argparse.Namespace) -> int:
+    """`--soak`: app/soak.py's run; the report as text or JSON; 1 when anything was lost (soak_failed)."""
+    from app.durations import duration_seconds  # lazy: keeps `hearth --help` light (+1 hearth module)
+    from app.soak import SoakConfig, format_soak, run_soak, soak_failed  # lazy: heavy: httpx, psutil
+
+    try:
+        duration = duration_seconds(args.soak)
+    except ValueError as exc:
+        raise InvalidRequestError(f"--soak: {exc}", "e.g. --soak 30m or --soak 60s") from None
+    if duration is None or duration <= 0 or args.clients < 1:
+        raise InvalidRequestError("--soak needs a positive duration and --clients at least 1", "e.g. --soak 30m")
+    backends = (args.backend,) if args.backend else ("llama.cpp", "torch")
+    config = SoakConfig(duration, args.chaos, backends, model=args.model, clients=args.clients, seed=args.seed)
+    report = run_soak(config, sys.stderr)
+    print(json.dumps(report, indent=2) if args.json else format_soak(report))
+    return 1 if soak_failed(report) else 0

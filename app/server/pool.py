@@ -106,6 +106,10 @@ class ModelPool:
 
     # -- what is loaded -------------------------------------------------------------------------------------
     def _add(self, opened: Opened) -> Served:
+        name = opened.name
+        # the Backend contract's notices (a runner that crashed and restarted, a safer configuration) go to the
+        # server's log on stderr, as the chat app shows them
+        opened.backend.on_notice = lambda text: log.warning("%s: %s", name, text)  # type: ignore[method-assign]
         runner = Runner(opened.backend, self.limits, self.metrics, gauges=self._gauges)
         served = Served(
             opened.name,
