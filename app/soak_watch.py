@@ -66,7 +66,26 @@ class Kill:
     signal: str  # "SIGKILL" | "SIGSEGV" | "SIGSTOP"
 
 
-class Chaos:
+class _Background:
+    """A daemon thread running `_run` until `stop()` (which joins it); `_quit` is set to end it."""
+
+    def __init__(self, name: str) -> None:
+        self._quit = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._quit.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Chaos(_Background):
     """A thread that, every min_gap_s..max_gap_s (random, from rng), picks one runner of server_pid at random and
     sends SIGKILL, SIGSEGV or SIGSTOP (equally likely); a SIGSTOPped one gets SIGCONT after stop_s (past the
     server's heartbeat timeout, so the server has declared it frozen by then).  `start()`, `stop()` (joins; sends
@@ -91,16 +110,10 @@ class Chaos:
         self.stop_s = stop_s
         self.kills: list[Kill] = []
         self._stopped: dict[int, float] = {}  # pid -> monotonic time its SIGCONT is due
-        self._quit = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="soak-chaos", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
+        super().__init__("soak-chaos")
 
     def stop(self) -> None:
-        self._quit.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        super().stop()
         for pid in list(self._stopped):
             _send(pid, "SIGCONT")
         self._stopped.clear()
@@ -179,7 +192,7 @@ def take_sample(server_pid: int) -> Sample:
     )
 
 
-class Sampler:
+class Sampler(_Background):
     """A thread sampling the server process and its runners every interval_s (default 2.0) into `samples`;
     start() / stop().  The first sample is taken at start(); stop() joins."""
 
@@ -187,16 +200,7 @@ class Sampler:
         self.server_pid = server_pid
         self.interval_s = interval_s
         self.samples: list[Sample] = []
-        self._quit = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="soak-sampler", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._quit.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        super().__init__("soak-sampler")
 
     def _run(self) -> None:
         next_at = time.monotonic()
