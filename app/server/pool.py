@@ -204,8 +204,8 @@ class ModelPool:
         async with self._load_lock:
             if name in self.served:  # loaded while this waited for the lock
                 return self.served[name]
+            alone = await self._plan_alone(name)  # first: a model too large even alone unloads nothing
             await self._make_room_for_count()
-            alone = await self._plan_alone(name)
             deadline = time.monotonic() + WAIT_FOR_IDLE_S
             while True:
                 taken = self._taken_report()
