@@ -571,6 +571,11 @@ class RunnerBackend(ResidentTakeover, Backend):
                 continue
             if isinstance(reply, p.CallFailed):
                 p.raise_error(reply.error)
+            if isinstance(reply, p.ArrayReply):  # logits or embeddings
+                # the model computed something on this runner: as a finished reply does, it proves the runner
+                # works, so crashes before it were not "in a row" (an embeddings-only server under repeated
+                # kills would otherwise stop restarting after MAX_CRASHES_IN_A_ROW)
+                self._finished_ok()
             return reply
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:

@@ -202,3 +202,25 @@ def test_a_call_the_runner_died_under_runs_again_on_the_new_runner(tmp_path, mon
         b.tokenize("CRASH-CALL")
     assert b.tokenize("ok") == [111, 107]
     b.close()
+
+
+def test_embeddings_prove_a_runner_as_replies_do(tmp_path, monkeypatch):
+    """An embeddings-only server's runner killed again and again, with embeddings computed in between, keeps being
+    restarted: a finished embedding resets the crashes in a row as a finished reply does (the soak found that it
+    gave up after MAX_CRASHES_IN_A_ROW kills)."""
+    from backends.runner.client import MAX_CRASHES_IN_A_ROW
+
+    monkeypatch.setenv("HEARTH_FAKE_CALL_DELAY", "0")
+    b = _backend(tmp_path, name="tests.runner_fakes:EmbeddingFake")
+    b.load()
+    try:
+        for _ in range(MAX_CRASHES_IN_A_ROW + 2):
+            assert b.embed([[1, 2, 3]]).shape[0] == 1
+            pid = b.pid
+            os.kill(pid, 9)
+            deadline = time.monotonic() + 30
+            while b.pid in (None, pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert b.embed([[4, 5]]).shape[0] == 1  # still restarted after every kill
+    finally:
+        b.close()
