@@ -14,7 +14,8 @@ Report keys (--json, per engine under "results", and summed over engines at the 
 disconnects included, also counted under `disconnected`), clear_errors, lost, hangs, runner_kills,
 runner_restarts, rss_slope_mib_per_min (the server's, after the warm-up; the runners' under
 runners_rss_slope_mib_per_min), fd_growth, ttft_ms (p50/p95/p99 by priority; `ttft_ms_calm` leaves out requests
-sent within KILL_SHADOW_S after a kill), left_processes, and `lost_details` (the first few lost or hung requests).
+sent within KILL_SHADOW_S after a kill; `slowest_ttft` the slowest first tokens and how long after a kill they
+came), left_processes, and `lost_details` (the first few lost or hung requests).
 """
 
 from __future__ import annotations
@@ -173,6 +174,7 @@ def _report(
         "ttft_ms": ttft_by_priority(outcomes),
         "ttft_ms_calm": ttft_by_priority(calm),
         "by_kind": _by_kind(outcomes),
+        "slowest_ttft": slowest_ttft(outcomes, kills),
         "lost_details": [f"{o.kind}: {o.status}: {o.detail}" for o in outcomes if o.status in ("lost", "hang")][:20],
     }
 
@@ -186,6 +188,20 @@ def ttft_by_priority(outcomes: list[Outcome]) -> dict[str, dict[str, float]]:
     for priority in sorted({o.priority for o in outcomes if o.ttft_s is not None}):
         values = sorted(o.ttft_s * 1000 for o in outcomes if o.priority == priority and o.ttft_s is not None)
         out[str(priority)] = {f"p{q}": round(_quantile(values, q / 100), 1) for q in (50, 95, 99)} | {"n": len(values)}
+    return out
+
+
+def slowest_ttft(outcomes: list[Outcome], kills: list[float], n: int = 5) -> list[dict[str, Any]]:
+    """The n slowest first tokens, with their kind, priority and the seconds since the last kill before them
+    (None: none before), to tell a stream that waited out a kill from one that waited on other traffic."""
+    streamed = sorted((o for o in outcomes if o.ttft_s is not None), key=lambda o: -(o.ttft_s or 0.0))[:n]
+    out = []
+    for o in streamed:
+        before = [o.started_s - k for k in kills if k <= o.started_s]
+        since = round(min(before), 1) if before else None
+        out.append(
+            {"kind": o.kind, "priority": o.priority, "ttft_ms": round((o.ttft_s or 0) * 1000), "since_kill_s": since}
+        )
     return out
 
 
@@ -225,6 +241,11 @@ def format_soak(report: dict[str, Any]) -> str:
                 f"  TTFT priority {priority}: p50 {row['p50']:.0f} ms, p95 {row['p95']:.0f} ms, "
                 f"p99 {row['p99']:.0f} ms (n {row['n']}; away from kills p95 {calm.get('p95', 0):.0f} ms)"
             )
+        lines += [
+            f"  slow first token: {t['kind']} (priority {t['priority']}) {t['ttft_ms']} ms, "
+            + (f"{t['since_kill_s']:g} s after a kill" if t["since_kill_s"] is not None else "before any kill")
+            for t in r.get("slowest_ttft", [])[:3]
+        ]
         lines += [f"  left after stop: {p}" for p in r["left_processes"]]
         lines += [f"  lost: {d}" for d in r["lost_details"]]
     return "\n".join(lines)

@@ -3,7 +3,7 @@ counts, what fails a soak, and the text."""
 
 from __future__ import annotations
 
-from app.soak import _quantile, format_soak, soak_failed, ttft_by_priority
+from app.soak import _quantile, format_soak, slowest_ttft, soak_failed, ttft_by_priority
 from app.soak_traffic import Outcome
 
 
@@ -61,3 +61,17 @@ def test_the_text_report_says_what_happened() -> None:
     assert "torch: 3 requests: 2 answered (1 disconnected on purpose), 1 clear errors, 1 lost, 0 hangs" in text
     assert "TTFT priority -10: p50 100 ms, p95 200 ms" in text and "away from kills p95 150 ms" in text
     assert "lost: canary: lost: canary text differs" in text
+
+
+def test_the_slowest_first_tokens_say_how_long_after_a_kill_they_came() -> None:
+    outcomes = [
+        Outcome("openai_priority", "answered", -10, 3.8, 4.0, "", 100.0),
+        Outcome("openai_chat_stream", "answered", 0, 0.2, 1.0, "", 10.0),
+        Outcome("openai_chat", "answered", 0, None, 1.0, "", 20.0),
+    ]
+    got = slowest_ttft(outcomes, kills=[5.0, 90.0], n=2)
+    assert got == [
+        {"kind": "openai_priority", "priority": -10, "ttft_ms": 3800, "since_kill_s": 10.0},
+        {"kind": "openai_chat_stream", "priority": 0, "ttft_ms": 200, "since_kill_s": 5.0},
+    ]
+    assert slowest_ttft(outcomes, kills=[])[0]["since_kill_s"] is None
