@@ -28,8 +28,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,8 +36,6 @@ from typing import Any
 from backends.api import (
     Backend,
     Capabilities,
-    Description,
-    EngineStats,
     GenerationEvent,
     LoadOptions,
     ProgressCallback,
@@ -49,6 +46,7 @@ from backends.errors import HearthError, RunnerCrashedError
 from backends.modelspec import ModelSpec
 from backends.registry import backend_class, get_backend_info
 from backends.runner import protocol as p
+from backends.runner.calls import RunnerCalls
 from backends.runner.ladder import Fallback, RunnerConfig, next_config
 from backends.runner.memory import ConfigMemory, machine_key
 from backends.runner.process import CLOSE_TIMEOUT_S, Prestarted, RunnerProcess  # Prestarted: for app/loading.py
@@ -80,7 +78,7 @@ def backend_facts(name: str) -> tuple[str, Capabilities]:
     return info.name, info.capabilities
 
 
-class RunnerBackend(ResidentTakeover, Backend):
+class RunnerBackend(ResidentTakeover, RunnerCalls, Backend):
     """A Backend in a runner process.  `backend` is the registry name (or "module:Class") the runner loads;
     `fallback(name)` gives LoadOptions for another backend where it runs this model (the ladder's last rung);
     `memory` remembers what worked."""
@@ -546,81 +544,6 @@ class RunnerBackend(ResidentTakeover, Backend):
         if state is not None:
             state.aborted = True
             state.runner.send(p.Abort(request_id), f"abort({request_id})")
-
-    # -- calls --------------------------------------------------------------------------------------------
-    def _call(self, make: Callable[[int], Any], what: str) -> Any:
-        """One call to the runner, waiting while one restarts.  Every call is a pure read (tokenize, detokenize,
-        logits, embed, describe, stats), so a call the runner died under is sent once more to the runner that
-        replaces it, as a stream that had shown nothing is: it costs its caller time, not an error.  A second
-        death under the same call (the call may be what kills it), or supervision giving up, raises
-        RunnerCrashedError."""
-        deaths = 0
-        while True:
-            call_id = next(self._call_ids)
-            future: Future = Future()
-            with self._lock:  # registered before the runner can be marked dead, so on_death fails it if it dies
-                runner = self._current()
-                runner.calls[call_id] = future
-            runner.send(make(call_id), what)
-            try:
-                reply = future.result()
-            except RunnerCrashedError:
-                deaths += 1
-                if deaths > 1 or self._closed:
-                    raise
-                continue
-            if isinstance(reply, p.CallFailed):
-                p.raise_error(reply.error)
-            if isinstance(reply, p.ArrayReply):  # logits or embeddings
-                # the model computed something on this runner: as a finished reply does, it proves the runner
-                # works, so crashes before it were not "in a row" (an embeddings-only server under repeated
-                # kills would otherwise stop restarting after MAX_CRASHES_IN_A_ROW)
-                self._finished_ok()
-            return reply
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self._call(lambda i: p.Tokenize(i, text, add_special, parse_special), "tokenize()").token_ids
-
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        return self._call(lambda i: p.Detokenize(i, [int(t) for t in token_ids]), "detokenize()").text
-
-    def logits(self, token_ids: Sequence[int]) -> Any:
-        import numpy as np  # lazy: heavy: numpy
-
-        ids = [int(t) for t in token_ids]
-        reply = self._call(lambda i: p.Logits(i, ids), f"logits({len(ids)} tokens)")
-        return np.frombuffer(reply.data, dtype=np.float32).reshape(reply.shape)
-
-    def embed(self, inputs: Sequence[Sequence[int]]) -> Any:
-        import numpy as np  # lazy: heavy: numpy
-
-        batch = [[int(t) for t in ids] for ids in inputs]
-        reply = self._call(lambda i: p.Embed(i, batch), f"embed({len(batch)} inputs)")
-        return np.frombuffer(reply.data, dtype=np.float32).reshape(reply.shape)
-
-    def describe(self) -> Description:
-        try:
-            if self._unloaded:
-                raise RunnerCrashedError("unloaded")  # what it said when loaded, without loading it again
-            info = dict(self._call(lambda i: p.Describe(i), "describe()").describe)
-        except HearthError:
-            info = dict(self._describe)
-        runner = self._runner
-        info["runner_pid"] = runner.pid if runner is not None else None
-        if runner is not None and runner.resident:  # left loaded by an earlier command (resident.py)
-            info["runner_reused"] = True
-        if self.config.why:
-            info["runner_config"] = self.config.why
-        return Description.from_mapping(info)
-
-    def stats(self) -> EngineStats:
-        if self._unloaded:  # nothing is loaded: nothing to ask (and no reason to load it for /metrics)
-            return EngineStats()
-        return self._call(lambda i: p.Stats(i), "stats()").stats
-
-    def memory_in_use(self) -> dict[str, int]:
-        s = self.stats()
-        return {"rss_bytes": s.rss_bytes, "gpu_bytes": s.gpu_bytes}
 
     @property
     def n_ctx(self) -> int:
