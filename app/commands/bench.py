@@ -401,9 +401,9 @@ def _run_soak(args: argparse.Namespace) -> int:
     from app.soak import SoakConfig, format_soak, run_soak, soak_failed  # lazy: heavy: httpx, psutil
 
     try:
-        duration = duration_seconds(args.soak)
+        duration = duration_seconds(args.soak, "--soak")
     except ValueError as exc:
-        raise InvalidRequestError(f"--soak: {exc}", "e.g. --soak 30m or --soak 60s") from None
+        raise InvalidRequestError(str(exc), "e.g. --soak 30m or --soak 60s") from None
     if duration is None or duration <= 0 or args.clients < 1:
         raise InvalidRequestError("--soak needs a positive duration and --clients at least 1", "e.g. --soak 30m")
     backends = (args.backend,) if args.backend else ("llama.cpp", "torch")
