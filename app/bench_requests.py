@@ -145,30 +145,44 @@ def send_chat(backend: Any, w: Workload, *, remote: bool) -> Callable[[str, int,
 
 def send_over_http_chat(url: str, w: Workload) -> Callable[[str, int, int], Sample]:
     """--chat over HTTP: a streaming POST /v1/chat/completions with one user message (what chat clients send)."""
+    client = _thread_client(url)
+
+    def one(prompt: str, seed: int, priority: int) -> Sample:
+        body = {**_stream_body(w, seed, priority), "messages": [{"role": "user", "content": prompt}]}
+        return read_sse(
+            client(), "/v1/chat/completions", body, lambda c: (c["choices"][0].get("delta") or {}).get("content")
+        )
+
+    return one
+
+
+def _thread_client(url: str) -> Callable[[], Any]:
+    """An httpx client per calling thread (a client is not shared between threads), made on first use."""
     import httpx  # lazy: heavy: httpx
 
     local = threading.local()
 
-    def one(prompt: str, seed: int, priority: int) -> Sample:
-        client = getattr(local, "client", None)
-        if client is None:
-            client = local.client = httpx.Client(base_url=url, timeout=600)
-        body = {
-            "model": "bench",
-            "priority": priority,
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": w.gen_tokens,
-            "temperature": w.temperature,
-            "seed": seed,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": True,
-        }
-        return read_sse(
-            client, "/v1/chat/completions", body, lambda c: (c["choices"][0].get("delta") or {}).get("content")
-        )
+    def client() -> Any:
+        made = getattr(local, "client", None)
+        if made is None:
+            made = local.client = httpx.Client(base_url=url, timeout=600)
+        return made
 
-    return one
+    return client
+
+
+def _stream_body(w: Workload, seed: int, priority: int) -> dict[str, Any]:
+    """What both HTTP paths send besides the prompt: a streamed, seeded, fixed-length request with usage."""
+    return {
+        "model": "bench",
+        "priority": priority,
+        "max_tokens": w.gen_tokens,
+        "temperature": w.temperature,
+        "seed": seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
 
 
 def read_sse(client: Any, path: str, body: dict[str, Any], text_of: Callable[[dict], Any]) -> Sample:
@@ -198,25 +212,10 @@ def read_sse(client: Any, path: str, body: dict[str, Any], text_of: Callable[[di
 
 def send_over_http(url: str, w: Workload) -> Callable[[tuple[int, ...], int, int], Sample]:
     """The same request as a streaming POST /v1/completions with token ids (what an OpenAI client sends)."""
-    import httpx  # lazy: heavy: httpx
-
-    local = threading.local()
+    client = _thread_client(url)
 
     def one(prompt: tuple[int, ...], seed: int, priority: int) -> Sample:
-        client = getattr(local, "client", None)
-        if client is None:
-            client = local.client = httpx.Client(base_url=url, timeout=600)
-        body = {
-            "model": "bench",
-            "priority": priority,
-            "prompt": list(prompt),
-            "max_tokens": w.gen_tokens,
-            "temperature": w.temperature,
-            "seed": seed,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": True,
-        }
-        return read_sse(client, "/v1/completions", body, lambda c: c["choices"][0].get("text"))
+        body = {**_stream_body(w, seed, priority), "prompt": list(prompt)}
+        return read_sse(client(), "/v1/completions", body, lambda c: c["choices"][0].get("text"))
 
     return one
