@@ -10,6 +10,7 @@ from backends.api import Capabilities
 
 LLAMA_CPP = Capabilities(
     concurrent_requests=False,
+    preempts=True,  # between tokens and prompt pieces: backends/llama_cpp/turns.py
     prefix_cache=False,
     gpu_offload=True,
     gguf=True,
@@ -22,6 +23,7 @@ LLAMA_CPP = Capabilities(
 )
 TORCH = Capabilities(
     concurrent_requests=True,
+    preempts=True,
     prefix_cache=True,
     gpu_offload=True,
     gguf=True,

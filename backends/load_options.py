@@ -15,6 +15,7 @@ class Capabilities:
     """What a backend can do, readable without importing it (see backends.registry)."""
 
     concurrent_requests: bool = False  # batches several streams at once (continuous batching)
+    preempts: bool = False  # a request of a better priority takes the engine from a running one (which resumes)
     prefix_cache: bool = False  # reuses KV of shared prompt prefixes and reports cached_tokens
     gpu_offload: bool = False  # this installation can place layers on a GPU
     gguf: bool = True  # loads GGUF files

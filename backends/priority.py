@@ -50,22 +50,43 @@ class PriorityLock:
         priority, arrived = self._waiting[ticket]
         return (effective_priority(priority, now - arrived, self.aging_s), arrived, ticket)
 
-    def acquire(self, priority: int = API_PRIORITY) -> None:
+    def acquire(self, priority: int = API_PRIORITY, arrived: float | None = None) -> None:
+        """Wait for the turn at `priority`; `arrived` (a perf_counter time) ranks it as if it had queued then: a
+        request that gave its turn away keeps its place among its equals and the aging it earned."""
         with self._cv:
-            ticket = next(self._tickets)
-            self._waiting[ticket] = (priority, time.perf_counter())
-            try:
-                while True:
-                    if not self._held:
-                        now = time.perf_counter()
-                        if min(self._waiting, key=lambda t: self._rank(t, now)) == ticket:
-                            self._held = True
-                            return
-                    # aging changes ranks with time: look again now and then even if nobody releases
-                    self._cv.wait(timeout=self.aging_s if self._held else 0.05)
-            finally:
-                del self._waiting[ticket]
-                self._cv.notify_all()  # the next best waiter may now be first
+            self._wait_turn(priority, arrived)
+
+    def yield_turn(self, priority: int, arrived: float) -> None:
+        """The holder gives the turn to the best-ranked waiter and waits for it again at (priority, arrived), in one
+        step, so no later arrival of its own rank slips in between (llama.cpp's preemption: backends/llama_cpp)."""
+        with self._cv:
+            assert self._held, "yield_turn of an unlocked PriorityLock"
+            self._held = False
+            self._cv.notify_all()
+            self._wait_turn(priority, arrived)
+
+    def outranked(self, priority: int) -> bool:
+        """Whether a waiter's own priority is strictly better (lower) than `priority`.  Aging is left out on
+        purpose: it orders the queue, but a request lifted by waiting preempts nobody, so two requests of one
+        priority never take turns back and forth."""
+        with self._cv:
+            return any(p < priority for p, _ in self._waiting.values())
+
+    def _wait_turn(self, priority: int, arrived: float | None) -> None:
+        ticket = next(self._tickets)
+        self._waiting[ticket] = (priority, time.perf_counter() if arrived is None else arrived)
+        try:
+            while True:
+                if not self._held:
+                    now = time.perf_counter()
+                    if min(self._waiting, key=lambda t: self._rank(t, now)) == ticket:
+                        self._held = True
+                        return
+                # aging changes ranks with time: look again now and then even if nobody releases
+                self._cv.wait(timeout=self.aging_s if self._held else 0.05)
+        finally:
+            del self._waiting[ticket]
+            self._cv.notify_all()  # the next best waiter may now be first
 
     def release(self) -> None:
         with self._cv:
@@ -81,8 +102,8 @@ class PriorityLock:
         return len(self._waiting)
 
     @contextmanager
-    def hold(self, priority: int = API_PRIORITY) -> Iterator[None]:
-        self.acquire(priority)
+    def hold(self, priority: int = API_PRIORITY, arrived: float | None = None) -> Iterator[None]:
+        self.acquire(priority, arrived)
         try:
             yield
         finally:

@@ -5,12 +5,12 @@ request that finds them taken waits; when one frees, the best-ranked waiter gets
 then earlier arrival, a waiter gaining one level per backends.priority.AGING_S seconds waited (the engine's
 own rule, so the two never disagree for long and nothing waits forever).
 
-A backend that batches (the torch engine) preempts for a better priority itself, so its door does not make a
-better request wait behind the slot limit: a request whose priority is strictly better than that of some
-running request is let in at once, up to `2 x slots` running, and the engine preempts the worst one for it.
-Without this, a person's chat message behind 16 long batch streams would wait for one of them to end, whatever
-its priority.  A backend that serves one request at a time gets no such overtaking (it cannot preempt); its
-queue is ordered only.
+A backend that preempts (both local engines: the torch engine in its batch, llama.cpp by handing its one context
+over between tokens) does not make a better request wait behind the slot limit: a request whose priority is
+strictly better than that of some running request is let in at once, up to `2 x slots` running, and the engine
+preempts the worst one for it.  Without this, a person's chat message behind 16 long batch streams (or one long
+llama.cpp stream) would wait for one of them to end, whatever its priority.  A backend that cannot preempt (a remote
+server) gets no such overtaking; its queue is ordered only.
 
 Runs on the event loop's thread only (no locks).
 """

@@ -7,8 +7,8 @@ from the runner, with no thread per request: on a 2-core machine shared with the
 token is time taken from the batch.  Admission (app/server/admission.py): at most `slots` generations run at once
 (max-concurrency for a backend that batches; 1 for one that serialises, so "running" means what it says), and at
 most `queue_limit` more wait, taken in priority order (then arrival); beyond that the request is refused (429,
-Retry-After).  A backend that batches also takes a request that outranks a running one past the slot limit, and
-preempts for it.
+Retry-After).  A backend that preempts (both local engines) also takes a request that outranks a running one past the
+slot limit, and preempts for it.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ class Runner:
         self._set_gauges = gauges
         batches = backend.capabilities.concurrent_requests
         self.slots = limits.max_concurrency if batches else 1
-        # the torch engine preempts for priority; a remote server does not (it gets no priority: see remote)
-        self.admission = Admission(self.slots, preempts=batches and backend.capabilities.local)
+        # both local engines preempt for priority; a remote server does not (it gets no priority: see remote)
+        self.admission = Admission(self.slots, preempts=backend.capabilities.preempts)
         self.running = 0
         self.waiting = 0
         self.active: set[str] = set()  # request ids with a live backend stream

@@ -14,6 +14,7 @@ backend's own (backends/llama_cpp/one_thread.py explains the 2x it saves).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -24,6 +25,7 @@ from typing import Any
 from backends.api import (
     Backend,
     Description,
+    EngineStats,
     EventKind,
     FinishReason,
     GenerationEvent,
@@ -56,6 +58,7 @@ from backends.llama_cpp.overrides import cpu_expert_overrides
 from backends.llama_cpp.sampling import Sampling, start_sampling
 from backends.llama_cpp.threads import LlamaThreads, threads_to_use
 from backends.llama_cpp.tokens import tokenize
+from backends.llama_cpp.turns import common_prefix, park, prefill_piece, resume
 from backends.modelspec import ModelSpec
 from hwprobe.spare_cores import SpareCores
 
@@ -74,6 +77,8 @@ class LlamaCppBackend(Backend):
         self._notes: list[str] = []
         self._threads: LlamaThreads | None = None  # the count llama.cpp computes with, once loaded (threads.py)
         self._running: str | None = None  # the request holding the context
+        self._active: set[str] = set()  # requests holding or waiting to take back the context (preempted ones)
+        self._preemptions = 0  # turns given to a better-ranked request since load (EngineStats.preemptions)
         self._worker = OneThread("hearth-llama-cpp")
         self._extra_bufts: bool | None = None  # as loaded
         self._overrides: Any = None  # overrides.BuftOverrides the loaded model was given (kept alive)
@@ -173,8 +178,8 @@ class LlamaCppBackend(Backend):
     def close(self) -> None:
         llm, self._llm = self._llm, None
         if llm is not None:
-            if self._running is not None:
-                self.abort(self._running)
+            for rid in list(self._active):  # the running one and any preempted one waiting for its turn back
+                self.abort(rid)
             with self._serial:  # the running generation stops at its next token, then the context is freed
                 embedder, self._embedder = self._embedder, None
                 if embedder is not None:
@@ -331,11 +336,12 @@ class LlamaCppBackend(Backend):
     ) -> Iterator[GenerationEvent]:
         rid = request.request_id
         stats = RequestStats(prompt_tokens=len(ids))
-        with self._serial.hold(request.priority):  # one at a time, in priority order
+        with self._serial.hold(request.priority, submitted):  # one at a time, in priority order
             self._running = rid
+            self._active.add(rid)
             try:
                 stats.queue_s = time.perf_counter() - submitted
-                stats.cached_tokens = _common_prefix(llm._input_ids[: llm.n_tokens], ids)
+                stats.cached_tokens = common_prefix(llm._input_ids[: llm.n_tokens], ids)
                 if stats.cached_tokens >= len(ids):
                     stats.cached_tokens = len(ids) - 1  # llama.cpp replays the last prompt token
                 prompt_logprobs, error = self._score_prompt(llm, request, ids)
@@ -349,6 +355,7 @@ class LlamaCppBackend(Backend):
                     reason, error, error_code = yield from self._generate(llm, request, ids, stats, submitted, matcher)
             finally:
                 self._running = None
+                self._active.discard(rid)
                 with self._abort_lock:
                     self._aborted.discard(rid)
         stats.total_s = time.perf_counter() - submitted
@@ -377,11 +384,18 @@ class LlamaCppBackend(Backend):
         rid = request.request_id
         if self._is_aborted(rid):
             return FinishReason.ABORT, None, None
+        try:
+            if not self._prefill(llm, request, ids, submitted):
+                return FinishReason.ABORT, None, None
+        except MemoryError as exc:
+            return FinishReason.ERROR, f"out of memory while evaluating the prompt: {exc}", None
+        except (RuntimeError, ValueError) as exc:
+            return FinishReason.ERROR, f"llama.cpp failed while evaluating the prompt: {exc}", None
         s = start_sampling(
             llm, request.sampling, ids, self.spec.eos_token_ids, self._token_bytes, self._one_token_bytes, matcher
         )
         try:
-            reason = yield from self._decode(s, request, len(ids), stats, submitted)
+            reason = yield from self._decode(llm, s, request, len(ids), stats, submitted)
         except MemoryError as exc:
             return FinishReason.ERROR, f"out of memory while generating: {exc}", None
         except (RuntimeError, ValueError) as exc:  # llama_decode failures surface as RuntimeError
@@ -395,11 +409,36 @@ class LlamaCppBackend(Backend):
             yield GenerationEvent(EventKind.TOKEN, rid, text=tail)
         return reason, None, None
 
+    def _prefill(self, llm: Any, request: Request, ids: list[int], submitted: float) -> bool:
+        """Evaluate a long prompt a batch at a time, handing the context to a better-ranked request between
+        pieces (turns.py); False when the request was aborted meanwhile."""
+        piece = max(64, int(llm.n_batch))
+        while self._worker.call(prefill_piece, llm, ids, piece):
+            if not self._let_better_ones_run(llm, request, submitted):
+                return False
+        return True
+
+    def _let_better_ones_run(self, llm: Any, request: Request, submitted: float) -> bool:
+        """When a request of a better priority waits: park this generation's context, give the turn away, and
+        put the context back when the turn returns (turns.py).  False when this request was aborted meanwhile."""
+        if not self._serial.outranked(request.priority):
+            return True
+        parked = self._worker.call(park, llm)
+        self._preemptions += 1
+        self._running = None
+        self._serial.yield_turn(request.priority, submitted)
+        self._running = request.request_id
+        if self._is_aborted(request.request_id):
+            return False
+        self._worker.call(resume, llm, parked)
+        return True
+
     def _decode(
-        self, s: Sampling, request: Request, n_prompt: int, stats: RequestStats, submitted: float
+        self, llm: Any, s: Sampling, request: Request, n_prompt: int, stats: RequestStats, submitted: float
     ) -> Generator[GenerationEvent, None, FinishReason]:
         """A TOKEN event per token decoded, until end-of-sequence, a stop string, an abort, max_tokens or the
-        context's end; returns the finish reason."""
+        context's end; returns the finish reason.  Between tokens the context goes to a request of a better
+        priority when one waits, and comes back with this generation's state (turns.py)."""
         rid, sp = request.request_id, request.sampling
         end = object()
         threads, next_token = self._require_threads(), functools.partial(next, s.tokens, end)
@@ -423,9 +462,20 @@ class LlamaCppBackend(Backend):
                 return FinishReason.ABORT
             if stats.completion_tokens >= sp.max_tokens or n_prompt + stats.completion_tokens >= self.n_ctx:
                 return FinishReason.LENGTH
+            if not self._let_better_ones_run(llm, request, submitted):
+                return FinishReason.ABORT
         return FinishReason.LENGTH
 
     # -- facts -------------------------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        """Memory (the base class's), and the one context's queue: running, waiting, turns given away."""
+        return dataclasses.replace(
+            super().stats(),
+            running=int(self._serial.locked()),
+            waiting=self._serial.num_waiting,
+            preemptions=self._preemptions,
+        )
+
     def describe(self) -> Description:
         o = self.options
         info: dict[str, Any] = {
@@ -447,12 +497,3 @@ class LlamaCppBackend(Backend):
         if self._notes:
             info["notes"] = list(self._notes)
         return Description.from_mapping(info)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -67,3 +67,32 @@ def test_released_from_another_thread() -> None:
     threading.Thread(target=lock.release).start()
     lock.acquire()  # would hang if only the owner could release
     lock.release()
+
+
+def test_outranked_only_by_a_strictly_better_own_priority() -> None:
+    lock = PriorityLock(aging_s=0.05)
+    lock.acquire()  # a request at priority 0 runs
+    order, threads = _queue_up(lock, [0])
+    time.sleep(0.2)  # the waiter's rank is aged to -4, but aging preempts nobody
+    assert not lock.outranked(0)
+    _, better = _queue_up(lock, [-1], order)
+    assert lock.outranked(0) and not lock.outranked(-1)
+    lock.release()
+    for t in threads + better:
+        t.join(10)
+
+
+def test_yield_turn_lets_the_better_waiter_run_and_keeps_the_yielders_place() -> None:
+    """The holder at priority 0 yields to -5; a priority-0 request that arrived after the holder must not run before
+    the holder resumes (the holder keeps its arrival)."""
+    lock = PriorityLock()
+    arrived = time.perf_counter()
+    lock.acquire(0, arrived)
+    order, threads = _queue_up(lock, [0, -5])  # a later 0, then a better -5
+    lock.yield_turn(0, arrived)  # returns when the turn is ours again
+    order.append(99)  # the yielder, resumed
+    lock.release()
+    for t in threads:
+        t.join(10)
+    assert order == [-5, 99, 0]
+    assert not lock.locked() and lock.num_waiting == 0
