@@ -24,6 +24,7 @@ import contextlib
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from typing import Any, TextIO
 import httpx
 
 from app.server.background import free_port
+from app.soak_chat import ChatStandIn
 from app.soak_traffic import Outcome, Traffic, drive
 from app.soak_watch import (
     Chaos,
@@ -72,6 +74,7 @@ def run_soak(config: SoakConfig, err: TextIO) -> dict[str, Any]:
     total["rss_slope_mib_per_min"] = max(r["rss_slope_mib_per_min"] for r in results)
     total["fd_growth"] = max(r["fd_growth"] for r in results)
     total["left_processes"] = [p for r in results for p in r["left_processes"]]
+    total["store_lost"] = sum(r["store"]["lost"] for r in results)
     return {"duration_s": config.duration_s, "chaos": config.chaos, **total, "results": results}
 
 
@@ -86,7 +89,9 @@ def soak_engine(config: SoakConfig, backend: str, err: TextIO) -> tuple[dict[str
         print(f"soak: {backend} serving {model} on {url} for {config.duration_s:g} s", file=err, flush=True)
         sampler = Sampler(proc.pid)
         chaos = Chaos(proc.pid, random.Random(config.seed), stop_s=SOAK_RUNNER_TIMEOUT_S + 3) if config.chaos else None
+        chat = ChatStandIn(url, model, random.Random(config.seed + 1), config.duration_s, fill=config.chaos)
         sampler.start()
+        chat.start()
         if chaos is not None:
             chaos.start()
         try:
@@ -94,6 +99,7 @@ def soak_engine(config: SoakConfig, backend: str, err: TextIO) -> tuple[dict[str
         finally:
             if chaos is not None:
                 chaos.stop()
+            chat.stop()
             sampler.stop()
         server_alive = proc.poll() is None
     finally:
@@ -106,6 +112,8 @@ def soak_engine(config: SoakConfig, backend: str, err: TextIO) -> tuple[dict[str
     left = left_processes(pids, port)
     report = _report(backend, config, outcomes, sampler, chaos)
     report.update(server_alive=server_alive, server_exit_code=code, left_processes=left, log=str(log))
+    report["store"] = chat.report()
+    shutil.rmtree(chat.directory, ignore_errors=True)
     return report, outcomes
 
 
@@ -246,16 +254,30 @@ def format_soak(report: dict[str, Any]) -> str:
             + (f"{t['since_kill_s']:g} s after a kill" if t["since_kill_s"] is not None else "before any kill")
             for t in r.get("slowest_ttft", [])[:3]
         ]
+        lines.append(_store_line(r["store"]))
         lines += [f"  left after stop: {p}" for p in r["left_processes"]]
         lines += [f"  lost: {d}" for d in r["lost_details"]]
     return "\n".join(lines)
 
 
+def _store_line(st: dict[str, Any]) -> str:
+    skipped = st["fill_skipped"]
+    fills = f"{st['disk_fills']} disk fills" if skipped is None else f"disk not filled: {skipped}"
+    line = (
+        f"  chat store: {st['turns']} turns, {st['saved']} messages saved, {st['refused_while_full']} saves "
+        f"refused while full ({fills}), {st['lost']} lost"
+    )
+    return line + (f"; FAILED: {st['error']}" if st["error"] else "")
+
+
 def soak_failed(report: dict[str, Any]) -> bool:
-    """What makes `hearth bench --soak` exit 1: a lost or hung request, something left, the server dying."""
+    """What makes `hearth bench --soak` exit 1: a lost or hung request, a lost or unreadable saved message,
+    something left, the server dying."""
     return bool(
         report["lost"]
         or report["hangs"]
+        or report["store_lost"]
+        or any(r["store"]["error"] for r in report["results"])
         or report["left_processes"]
         or not all(r["server_alive"] for r in report["results"])
     )

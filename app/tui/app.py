@@ -30,11 +30,11 @@ from app.settings import Settings
 from app.store import ModelStore
 from app.tui import engine, events
 from app.tui.actions import ScreenActions
-from app.tui.unsaved import RETRY_S, UnsavedReplies
 from app.tui.widgets.chat_log import ChatLog, MessageBox
 from app.tui.widgets.prompt import PromptBox
 from app.tui.widgets.sidebar import Sidebar
 from app.tui.widgets.status import StatusBar
+from app.unsaved_replies import RETRY_S, UnsavedReplies
 from backends.sampling_defaults import SamplingDefaults
 from hwprobe.errors import HearthError
 
@@ -102,7 +102,7 @@ class HearthApp(ScreenActions, App[None]):
         self.pending: int | None = None  # conversation id waiting for the model to answer
         self.turn: Turn | None = None
         self.edit_from: int | None = None  # position an edited message replaces
-        self.unsaved = UnsavedReplies()  # replies a full disk refused, saved once there is room (app/tui/unsaved.py)
+        self.unsaved = UnsavedReplies()  # replies a full disk refused, saved once there is room (unsaved_replies.py)
         self._save_timer: Any = None
         self.conv: Conversation = self._initial_conversation()
         self._turn_ids = itertools.count(1)

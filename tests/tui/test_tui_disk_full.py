@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+import app.unsaved_replies as unsaved
 from app.conversations import ConversationStore, StoreFullError
-from app.tui import unsaved
 from tests.tui.conftest import chat_text, wait_for
 
 pytestmark = pytest.mark.tui

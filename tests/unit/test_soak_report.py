@@ -44,9 +44,23 @@ def _report(**over) -> dict:  # type: ignore[no-untyped-def]
         "lost_details": [],
         "server_alive": True,
         "server_exit_code": 0,
+        "store": {
+            "turns": 9,
+            "saved": 14,
+            "refused_while_full": 2,
+            "disk_fills": 1,
+            "fill_skipped": None,
+            "lost": 0,
+            "error": None,
+        },
     } | over
     keys = ("requests", "answered", "clear_errors", "lost", "hangs", "runner_kills", "runner_restarts", "fd_growth")
-    return {**{k: result[k] for k in keys}, "left_processes": result["left_processes"], "results": [result]}
+    totals = {k: result[k] for k in keys} | {"store_lost": result["store"]["lost"]}
+    return {**totals, "left_processes": result["left_processes"], "results": [result]}
+
+
+def _store(**over) -> dict:  # type: ignore[no-untyped-def]
+    return _report()["results"][0]["store"] | over
 
 
 def test_what_fails_a_soak() -> None:
@@ -54,6 +68,8 @@ def test_what_fails_a_soak() -> None:
     assert soak_failed(_report(lost=1)) and soak_failed(_report(hangs=1))
     assert soak_failed(_report(left_processes=["4121 python -m backends.runner.child"]))
     assert soak_failed(_report(server_alive=False))
+    assert soak_failed(_report(store=_store(lost=1)))  # a saved chat message missing after the disk filled
+    assert soak_failed(_report(store=_store(error="OperationalError: disk I/O error")))  # not a StoreFullError
 
 
 def test_the_text_report_says_what_happened() -> None:
@@ -61,6 +77,9 @@ def test_the_text_report_says_what_happened() -> None:
     assert "torch: 3 requests: 2 answered (1 disconnected on purpose), 1 clear errors, 1 lost, 0 hangs" in text
     assert "TTFT priority -10: p50 100 ms, p95 200 ms" in text and "away from kills p95 150 ms" in text
     assert "lost: canary: lost: canary text differs" in text
+    assert "chat store: 9 turns, 14 messages saved, 2 saves refused while full (1 disk fills), 0 lost" in text
+    skipped = format_soak(_report(store=_store(fill_skipped="/tmp is on tmpfs: its blocks are memory", disk_fills=0)))
+    assert "(disk not filled: /tmp is on tmpfs: its blocks are memory)" in skipped
 
 
 def test_the_slowest_first_tokens_say_how_long_after_a_kill_they_came() -> None:
