@@ -14,6 +14,7 @@ from typing import Any
 from backends.errors import ModelFormatError
 from backends.gguf_reader import MAX_TENSORS, open_regular
 from backends.model_limits import HINT, check_experts, check_heads, check_limit, check_positive_float
+from backends.quant_config import SIDE_FILES, SIDE_KEY, find_quant_config, logical_params, packed_modules
 from backends.spec_types import ModelSpec, TensorSpec
 
 _HF_ARCH = {
@@ -237,6 +238,10 @@ def spec_from_hf_folder(folder: str | os.PathLike[str]) -> ModelSpec:
     if not files:
         raise ModelFormatError(f"{folder} has no *.safetensors files", "download the weights (hearth pull REPO_ID)")
     tensors = tuple(_safetensors_tensors(files))
+    side = {f.name: read_json_object(f, "quantization config") for f in (folder / n for n in SIDE_FILES) if f.exists()}
+    quant = find_quant_config(config, side, str(cfg_path))
+    if quant is not None:  # GPTQ / AWQ: every packed module checked from the headers (backends/quant_config.py)
+        packed_modules(quant, tensors, str(folder))
     template = None
     special: dict[str, Any] = {}
     tok_cfg = folder / "tokenizer_config.json"
@@ -256,14 +261,14 @@ def spec_from_hf_folder(folder: str | os.PathLike[str]) -> ModelSpec:
     type_counts = Counter(t.ggml_type for t in tensors)
     dominant = type_counts.most_common(1)[0][0] if type_counts else "F16"
     names = {t.name for t in tensors}
-    shape["tied_embeddings"] = shape["tied_embeddings"] or "lm_head.weight" not in names
+    shape["tied_embeddings"] = shape["tied_embeddings"] or not {"lm_head.weight", "lm_head.qweight"} & names
     return ModelSpec(
         path=str(folder),
         format="safetensors",
         **shape,
-        file_type=dominant,
+        file_type=quant.label if quant is not None else dominant,
         file_size_bytes=sum(f.stat().st_size for f in files),
-        param_count=sum(t.n_elements for t in tensors),
+        param_count=logical_params(quant, tensors) if quant is not None else sum(t.n_elements for t in tensors),
         tensor_types=dict(type_counts),
         tensors=tensors,
         chat_template=template,
@@ -278,14 +283,18 @@ def spec_from_hf_folder(folder: str | os.PathLike[str]) -> ModelSpec:
         bos_token_text=_token_text(special.get("bos_token")),
         eos_token_text=_token_text(special.get("eos_token")),
         files=tuple(str(f) for f in files),
-        metadata=_metadata(folder, config),
+        metadata=_metadata(folder, config, side if quant is not None and "quantization_config" not in config else {}),
     )
 
 
-def _metadata(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """The spec's metadata: config.json, and generation_config.json when there is one (the makers' sampling
-    defaults: backends/sampling_defaults.py)."""
+def _metadata(folder: Path, config: dict[str, Any], side: dict[str, Any]) -> dict[str, Any]:
+    """The spec's metadata: config.json, generation_config.json when there is one (the makers' sampling
+    defaults: backends/sampling_defaults.py), and the quantization side file's config the folder runs by
+    (`side`: {file name: config}, first one; quant_config.spec_quant reads it back)."""
     metadata: dict[str, Any] = {"config": config}
+    for cfg in side.values():
+        metadata[SIDE_KEY] = cfg
+        break
     gen_cfg = folder / "generation_config.json"
     if gen_cfg.exists():
         metadata["generation_config"] = read_json_object(gen_cfg, "generation config")

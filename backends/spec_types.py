@@ -10,7 +10,7 @@ from typing import Any
 from backends.weight_map import REPACK_KIND, repacked_params, unkept_types
 from hwprobe.shape import ModelShape
 
-SCHEMA_VERSION = 3  # bump when the fields or the checks change: the store's metadata cache keys on it
+SCHEMA_VERSION = 4  # bump when the fields or the checks change: the store's metadata cache keys on it
 
 
 REMOTE_FORMAT = "remote"

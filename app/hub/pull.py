@@ -47,6 +47,8 @@ SAFETENSORS_FILES = (
     "special_tokens_map.json",
     "*.safetensors",
     "model.safetensors.index.json",
+    "quantize_config.json",  # a GPTQ folder's quantization (AutoGPTQ, GPTQModel): backends/quant_config.py
+    "quant_config.json",  # an AWQ folder's (AutoAWQ)
 )
 DISK_SLACK_BYTES = 256 * 1024 * 1024  # never fill the disk to the last byte
 

@@ -41,9 +41,11 @@ import torch
 from torch import nn
 
 from backends.errors import ConfigError, ModelFormatError, UnsupportedArchitectureError
-from backends.modelspec import ModelSpec
+from backends.modelspec import ModelSpec, TensorSpec
+from backends.quant_config import packed_modules, spec_quant
 from backends.torch_engine import quantize
 from backends.torch_engine.gguf_repack import GGUF_BLOCKS, merge_kept
+from backends.torch_engine.gptq_awq import INPUT_PERM
 from backends.torch_engine.models import FAMILIES, family
 from backends.torch_engine.models.layers import DecoderConfig, DecoderModel
 from backends.torch_engine.quantize import (
@@ -161,7 +163,7 @@ def check_file_shapes(spec: ModelSpec, cfg: DecoderConfig) -> None:
         "mlp.gate_up_proj.weight": (2 * cfg.ffn_size, h),
     }
     names = weight_names(spec.architecture, spec.format)
-    for t in spec.tensors:
+    for t in (*spec.tensors, *_packed_as_weights(spec)):
         key, layer = template(_text_model_name(t.name))
         if key not in names:
             continue
@@ -182,6 +184,18 @@ def check_file_shapes(spec: ModelSpec, cfg: DecoderConfig) -> None:
                 f"{spec.architecture} model its config describes needs {list(want)}",
                 "the file is damaged or its config does not match its weights",
             )
+
+
+def _packed_as_weights(spec: ModelSpec) -> tuple[TensorSpec, ...]:
+    """A GPTQ / AWQ folder's packed modules as the (out, in) weights they stand for, so check_file_shapes checks
+    them against the config like any weight (quant_config.packed_modules checked the packing itself)."""
+    quant = spec_quant(spec.path, spec.metadata) if spec.format != "gguf" else None
+    if quant is None:
+        return ()
+    return tuple(
+        TensorSpec(m.prefix + ".weight", quant.label, (m.out_features, m.in_features), 0, 0)
+        for m in packed_modules(quant, spec.tensors, spec.path)
+    )
 
 
 def _is_projection(key: str, names: dict[str, tuple[str, str | None]]) -> bool:
@@ -256,6 +270,11 @@ def read_plan(spec: ModelSpec, keep_gguf_quant: bool, rtn: QuantConfig | None, t
     check_file_shapes(spec, cfg)
     if tp is None or tp.world <= 1:
         return cfg, None
+    if spec.format != "gguf" and spec_quant(spec.path, spec.metadata) is not None:
+        raise ConfigError(
+            f"{spec.name} is a {spec.file_type} checkpoint, which the torch engine does not split over GPUs yet",
+            "run it on one GPU (--tensor-parallel 1), or use a GGUF or 16-bit copy of the model",
+        )
     names = weight_names(spec.architecture, spec.format)
     plan = tp_read_plan(cfg, tp.rank, tp.world, _down_group(spec, names, keep_gguf_quant, rtn, cfg.ffn_size))
     return plan.local_config(cfg), plan  # the model is built at this rank's widths
@@ -292,9 +311,16 @@ def read_params(
     params: dict[str, torch.Tensor | QuantWeight] = {}
     shards: dict[str, dict[int, torch.Tensor | QuantWeight]] = {}
     factors: dict[str, torch.Tensor] = {}  # rope_freqs / rope_factors_short / rope_factors_long, as read
+    perms: dict[str, dict[int, torch.Tensor]] = {}  # GPTQ act-order input orders, as shards are
     for name, tensor in file_weights(spec, keep, scale_dtype, dtype, select):
         if name in ROPE_FACTOR_TENSORS:
             factors[name] = tensor.reshape(-1)
+            continue
+        if name.endswith(INPUT_PERM):
+            key, layer = template(_text_model_name(name.removesuffix(INPUT_PERM) + ".weight"))
+            if key in names:
+                target, shard = names[key]
+                perms.setdefault(target.format(i=layer), {})[SHARDS.get(shard or "", 0)] = tensor
             continue
         key, layer = template(_text_model_name(name))
         if key not in names:
@@ -306,10 +332,31 @@ def read_params(
             params[target] = tensor
         else:
             shards.setdefault(target, {})[SHARDS[shard]] = tensor
+    counts = {target: len(parts) for target, parts in shards.items()}
     for target in list(shards):  # popped as merged: a merged copy never lives beside every layer's parts
         parts = shards.pop(target)
         params[target] = _merge([parts.pop(i) for i in sorted(parts)], dtype)
+    params.update(_input_perms(spec, perms, counts))
     return params, factors
+
+
+def _input_perms(
+    spec: ModelSpec, perms: dict[str, dict[int, torch.Tensor]], shard_counts: dict[str, int]
+) -> dict[str, torch.Tensor]:
+    """{module + INPUT_PERM: input order} of the act-order projections (QuantLinear's input_perm).  The shards
+    of a merged projection read the same input, so they must share one order (GPTQ quantizes Q, K and V from the
+    same inputs, hence the same order); a checkpoint where they differ is refused, not run wrong."""
+    out = {}
+    for target, parts in perms.items():
+        orders = [parts.get(i) for i in range(shard_counts.get(target, 1))]
+        first = orders[0]
+        if first is None or any(p is None or not torch.equal(p, first) for p in orders):
+            raise ModelFormatError(
+                f"{spec.path}: the act-order input orders (g_idx) of the parts of {target} differ",
+                "hearth runs act-order checkpoints whose Q/K/V and gate/up share one order: use another quantization",
+            )
+        out[target.removesuffix(".weight") + INPUT_PERM] = first
+    return out
 
 
 def _select(plan: Any, names: dict[str, tuple[str, str | None]], name: str) -> Selection:
@@ -393,7 +440,12 @@ def assemble(
         for target, qw in quantized.items():
             module = target.removesuffix(".weight")
             bias = params.get(module + ".bias")
-            set_submodule(model, module, QuantLinear(qw, bias if isinstance(bias, torch.Tensor) else None))
+            perm = params.get(module + INPUT_PERM)
+            set_submodule(
+                model,
+                module,
+                QuantLinear(qw, bias if isinstance(bias, torch.Tensor) else None, input_perm=perm),  # type: ignore[arg-type]
+            )
         if isinstance(model.lm_head, QuantLinear):
             model.lm_head.dense_min_rows = HEAD_DENSE_MIN_ROWS
     if cfg.tied_embeddings and isinstance(model.lm_head, nn.Linear):

@@ -22,7 +22,9 @@ import torch
 from torch import nn
 
 from backends.api import LoadOptions
+from backends.errors import ModelFormatError
 from backends.modelspec import ModelSpec
+from backends.quant_config import spec_quant
 from backends.thread_tuner import IdleCores, ThreadTuner
 from backends.torch_engine.cpu_head import install_int8_head
 from backends.torch_engine.cpu_load import CpuLoad, load_for_cpu
@@ -202,7 +204,13 @@ def _read_model(
     the CPU through the prepared-weight cache (cpu_load.py); else the dense loader."""
     from backends.torch_engine.loader import load_model  # lazy: heavy: numpy
 
+    checkpoint = spec_quant(spec.path, spec.metadata) if spec.format != "gguf" else None
     if spec.n_experts:
+        if checkpoint is not None:
+            raise ModelFormatError(
+                f"{spec.path} is a {checkpoint.label} mixture of experts, which the torch engine does not run yet",
+                "use a GGUF of this model",
+            )
         from backends.torch_engine.moe_loader import load_moe_model  # lazy: heavy: numpy
 
         if weight_quant == "gguf":  # the CPU default; MoE weights load dense, and describe() says so
@@ -222,7 +230,8 @@ def _read_model(
             trim_heap,
             int8_head=wants_int8_head(device, dtype, ops),
         )
-        return _ReadModel(cpu.model, weight_quant, cpu)
+        # a GPTQ / AWQ checkpoint's projections are its own packed weights whatever weight_quant says
+        return _ReadModel(cpu.model, checkpoint.label if checkpoint else weight_quant, cpu)
     model = load_model(
         spec,
         ops,
@@ -233,7 +242,7 @@ def _read_model(
         n_ctx=options.n_ctx,
         tp=tp,  # a rank reads only its share of the file (issue 25: whole models ran ranks out of memory)
     )
-    return _ReadModel(model, weight_quant, None)
+    return _ReadModel(model, checkpoint.label if checkpoint else weight_quant, None)
 
 
 def _shard_kv_heads(spec: ModelSpec, model: nn.Module, tp: Comm | None) -> tuple[int, int]:

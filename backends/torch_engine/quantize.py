@@ -69,14 +69,21 @@ class QuantConfig:
 
 
 class QuantLinear(nn.Module):
-    """y = (x * input_scale) @ dequant(W)^T + bias, with W kept quantized.
+    """y = (x[..., input_perm] * input_scale) @ dequant(W)^T + bias, with W kept quantized.
 
     `impl` picks the kernel: "auto" (Triton on CUDA, the plain-torch reference elsewhere), "torch", "triton".
     `input_scale` is AWQ's inverse per-channel activation scale, (in_features,), or None.
+    `input_perm` is a GPTQ act-order checkpoint's input order, (in_features,) int64, or None: its weight's
+    columns were permuted once at load so that its groups run contiguously (gptq_awq.py), and the activations
+    take the same permutation here, one gather per call.
     """
 
     def __init__(
-        self, weight: QuantWeight, bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None
+        self,
+        weight: QuantWeight,
+        bias: torch.Tensor | None = None,
+        input_scale: torch.Tensor | None = None,
+        input_perm: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.kind = weight.kind
@@ -89,6 +96,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("offsets", weight.offsets)
         self.register_buffer("bias", bias)
         self.register_buffer("input_scale", input_scale)
+        self.register_buffer("input_perm", input_perm)
         self._cpu: CpuPackedWeight | None = None  # set by pack_for_cpu
         self._cpu_rows: Callable[[torch.Tensor], torch.Tensor] | None = None  # (rows, K) bf16 -> (rows, N): see forward
         self._dense: torch.Tensor | None = None  # set by keep_dense_copy: used for many-row inputs
@@ -123,7 +131,7 @@ class QuantLinear(nn.Module):
         prepared.py) as this layer's weight; the generic buffers are dropped."""
         self._cpu = packed
         self.qweight = self.scales = self.offsets = None
-        if self.bias is None and self.input_scale is None:
+        if self.bias is None and self.input_scale is None and self.input_perm is None:
             self._cpu_rows = cpu_rows_kernel(self._cpu)
 
     def keep_dense_copy(self, dtype: torch.dtype) -> int:
@@ -143,6 +151,8 @@ class QuantLinear(nn.Module):
             # starter-model step, where the general one below cost ~9 us a call over the kernel's own time.
             if self._dense is None or self._quantized_rows(x.shape[0]) >= x.shape[0]:
                 return fast(x.contiguous())
+        if self.input_perm is not None:
+            x = x.index_select(-1, self.input_perm)
         if self.input_scale is not None:
             x = x * self.input_scale.to(x.dtype)
         if self._dense is not None:
@@ -182,7 +192,8 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         packed = ", cpu-packed" if self._cpu is not None else ""
-        return f"{self.in_features}->{self.out_features}, {self.kind}, group_size={self.group_size}{packed}"
+        perm = ", input_perm" if self.input_perm is not None else ""
+        return f"{self.in_features}->{self.out_features}, {self.kind}, group_size={self.group_size}{packed}{perm}"
 
 
 def keep_dense_copies(model: nn.Module, dtype: torch.dtype, budget_bytes: int) -> int:

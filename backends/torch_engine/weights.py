@@ -16,7 +16,9 @@ import torch
 from backends.errors import ModelFormatError
 from backends.gguf_reader import read_model_header
 from backends.modelspec import ModelSpec
+from backends.quant_config import packed_modules, spec_quant
 from backends.torch_engine.gguf_repack import GGUF_BLOCKS, repack_gguf
+from backends.torch_engine.gptq_awq import packed_weights
 from backends.torch_engine.tp.layers import _cols
 from kernels.quant_matmul import QuantWeight
 
@@ -33,11 +35,17 @@ def file_weights(
     select: Callable[[str], Selection] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor | QuantWeight]]:
     """Every tensor of the model's file(s): gguf_weights for a GGUF (`keep`, `scale_dtype` and `dtype` as
-    there), hf_weights for a Hugging Face folder (tensors come in their dtype); `select`: a tensor-parallel
-    rank's rows and columns of each tensor (None: whole tensors)."""
+    there), hf_weights for a Hugging Face folder (tensors come in their dtype; a GPTQ / AWQ folder's packed
+    modules as QuantWeights with scales in `scale_dtype`: gptq_awq.packed_weights); `select`: a
+    tensor-parallel rank's rows and columns of each tensor (None: whole tensors)."""
     select = select or no_selection
     if spec.format == "gguf":
         return gguf_weights(spec, keep, scale_dtype, dtype, select)
+    quant = spec_quant(spec.path, spec.metadata)
+    if quant is not None:  # GPTQ / AWQ: each packed module as a QuantWeight (gptq_awq.py), never 16-bit
+        return packed_weights(
+            hf_weights(spec, select), quant, packed_modules(quant, spec.tensors, spec.path), scale_dtype
+        )
     return hf_weights(spec, select)
 
 
