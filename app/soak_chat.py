@@ -5,10 +5,11 @@ moment now and then (app/soak_disk.py).
 Each turn: save the user's message (refused while the disk is full: the chat app keeps it in the prompt box, here
 it is sent again at the next turn), ask the server for the reply at the chat app's priority, and save the reply
 through the chat app's own UnsavedReplies (refused: kept in memory, saved before anything else once there is
-room).  At the end the store is opened afresh and must hold every message it accepted and every reply, in order:
-anything missing is lost.  Report (under "store"): turns, saved (messages in the store), refused_while_full
-(saves the full disk refused, each one a StoreFullError, the message the chat app shows), disk_fills,
-fill_skipped (why the disk was not filled, or null) and lost.
+room).  A fill turn fills the disk once the reply has come, for FILL_HOLD_S: the reply's save and the next message
+meet a full disk.  At the end the store is opened afresh and must hold every message it accepted and every
+reply, in order: anything missing is lost.  Report (under "store"): turns, saved (messages in the store),
+refused_while_full (saves the full disk refused, each one a StoreFullError, the message the chat app shows),
+disk_fills, fill_skipped (why the disk was not filled, or null) and lost.
 """
 
 from __future__ import annotations
@@ -85,12 +86,15 @@ class ChatStandIn:
             store.close()
 
     def _fill_turn(self, store: ConversationStore, client: httpx.Client, conversation_id: int) -> None:
-        """A turn whose reply arrives on a full disk, and a next message typed before there is room again."""
+        """A turn whose reply is saved on a full disk, and a next message typed before there is room again.  The
+        reply is asked for before the disk fills, so the disk is full for FILL_HOLD_S and not a moment longer
+        (a reply can take a minute under chaos, and the whole machine shares the disk)."""
         text = self._save_user(store, conversation_id)
         if text is None:
             return
+        reply = self._ask(client, text)
         with self._full_disk():
-            self._reply(store, client, conversation_id, text)
+            self._save_reply(store, conversation_id, reply)
             self._save_user(store, conversation_id)  # refused: the chat app keeps it in the prompt box
             time.sleep(FILL_HOLD_S)
 
@@ -132,7 +136,9 @@ class ChatStandIn:
         return text
 
     def _reply(self, store: ConversationStore, client: httpx.Client, conversation_id: int, text: str) -> None:
-        reply = self._ask(client, text)
+        self._save_reply(store, conversation_id, self._ask(client, text))
+
+    def _save_reply(self, store: ConversationStore, conversation_id: int, reply: str) -> None:
         self.expected.append(("assistant", reply))
         if not self._unsaved.add(store, conversation_id, reply, None):
             self.refused += 1  # kept in memory, saved before the next message
