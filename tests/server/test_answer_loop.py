@@ -14,21 +14,13 @@ import pytest
 from app.server.ollama_answers import OllamaLines
 from backends.api import Capabilities, EventKind
 from tests.fakes import FakeBackend, fake_spec, loaded_fake
+from tests.tool_fixtures import CALL, WEATHER
 
 pytestmark = pytest.mark.server
 
 ASK = [{"role": "user", "content": "Capital?"}]
 OLLAMA = {"model": "fake-model", "messages": ASK}
 OPENAI = {"model": "fake-model", "messages": ASK}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 THINKING_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"

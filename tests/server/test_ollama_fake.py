@@ -13,20 +13,12 @@ from app.server.background import BackgroundServer
 from backends.api import Capabilities
 from tests.fakes import FakeBackend, loaded_fake
 from tests.runner_fakes import EmbeddingFake
+from tests.tool_fixtures import CALL, WEATHER
 
 ollama = pytest.importorskip("ollama")
 
 pytestmark = pytest.mark.server
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 

@@ -13,16 +13,9 @@ from backends.api import SamplingParams, ToolCall
 from backends.tools import parse_reply, tool_request_from_openai
 from backends.tools.detect import detect
 from tests.fakes import fake_spec
+from tests.tool_fixtures import WEATHER
 from tests.tools import templates as T
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 CALL_ID = "abcDEF123"  # nine letters and digits: Mistral's templates insist
 HISTORY = [
     {"role": "system", "content": "Be brief."},
