@@ -40,7 +40,7 @@ def _torch_dtype(plan: Plan, report: HardwareReport) -> str:
     if plan.quant in _TORCH_DTYPES:
         return _TORCH_DTYPES[plan.quant]
     if not plan.device.startswith("cuda"):  # a CPU plan keeps a GGUF's blocks only with bf16 compute
-        return "bfloat16"
+        return "float32" if plan.kv_cache_type == "f32" else "bfloat16"  # f32: a GPTQ / AWQ folder without AVX-512
     used = {d.index for d in plan.devices if d.kind == "gpu" and d.used}
     ccs = [g.cc for g in report.gpus if g.index in used] if plan.device.startswith("cuda") else []
     if not ccs or any(cc is None for cc in ccs):

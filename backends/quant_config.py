@@ -259,6 +259,45 @@ def logical_params(quant: CheckpointQuant, tensors: Iterable[_Tensor]) -> int:
     return total
 
 
+REGROUP_SIZES = (128, 64, 32)  # a per-channel int4 weight is re-expressed in the first of these dividing K (gptq_awq)
+# projections that read the same input share one act-order permutation once merged (loader._input_perms)
+_SHARED_INPUT = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+
+
+def loaded_group(quant: CheckpointQuant, in_features: int) -> int:
+    """Input features per scale as the engine holds a module (gptq_awq._int4): per-channel int4 is regrouped."""
+    group = quant.group_for(in_features)
+    if quant.bits == 4 and group == in_features:
+        return next((g for g in REGROUP_SIZES if in_features % g == 0), group)
+    return group
+
+
+def planner_extra(
+    quant: CheckpointQuant, modules: Iterable[PackedModule], n_layers: int, layer_of: Any
+) -> dict[str, Any]:
+    """What the planner needs to price the loaded checkpoint (hwprobe.memory.checkpoint_weights; hwprobe reads no
+    files): the label, bits, whether int8 is per channel, and per block (packed weights, scale groups, act-order
+    input features: one permutation per merged projection).  `layer_of`: a tensor name's block index or None."""
+    layers = [[0, 0, 0] for _ in range(n_layers)]
+    perms: set[tuple[int, str]] = set()
+    for m in modules:
+        i = layer_of(m.prefix + ".weight")
+        if i is None or i >= n_layers:
+            continue
+        layers[i][0] += m.out_features * m.in_features
+        layers[i][1] += m.out_features * m.in_features // loaded_group(quant, m.in_features)
+        leaf = m.prefix.rsplit(".", 1)[-1]
+        if quant.desc_act and m.has_g_idx and (i, _SHARED_INPUT.get(leaf, leaf)) not in perms:
+            perms.add((i, _SHARED_INPUT.get(leaf, leaf)))
+            layers[i][2] += m.in_features
+    return {
+        "label": quant.label,
+        "bits": quant.bits,
+        "per_channel": quant.group_size == -1,
+        "layers": [tuple(x) for x in layers],
+    }
+
+
 SIDE_FILES = ("quantize_config.json", "quant_config.json")  # AutoGPTQ / GPTQModel, AutoAWQ
 SIDE_KEY = "quantize_config"  # ModelSpec.metadata key of a side file's config (hf_folder puts it there)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from backends.quant_config import packed_modules, planner_extra, spec_quant
 from backends.weight_map import REPACK_KIND, repacked_params, unkept_types
 from hwprobe.shape import ModelShape
 
@@ -110,6 +111,9 @@ class ModelSpec:
             extra["gguf_unkept_types"] = unkept_types(self.tensors, self.n_layers, self.architecture)
             if out is not None and out is not embed:  # an untied head: kept as int4 / int8 on the CPU, or None
                 extra["gguf_head_kind"] = REPACK_KIND.get(out.ggml_type)
+        elif (quant := spec_quant(self.path, self.metadata)) is not None:  # GPTQ / AWQ: its own packed weights
+            modules = packed_modules(quant, self.tensors, self.path)
+            extra["checkpoint_quant"] = planner_extra(quant, modules, self.n_layers, _layer_index)
         return ModelShape(
             name=self.name,
             architecture=self.architecture,

@@ -4,8 +4,9 @@ Each builder proposes configurations of one kind, sized by the fit searches (hwp
 engine's weight formats whole on the fewest GPUs (`torch_full`), llama.cpp's quants whole on GPUs
 (`llama_full`), llama.cpp's partial offload (`llama_partial`), the torch engine streaming blocks from host RAM
 (`torch_offload`), a mixture-of-experts model's routed experts in host RAM (`expert_placement`), and the CPU-only
-plans of both engines (`llama_cpu`, `torch_cpu`).  Split from hwprobe/planner.py, which races them and decides;
-these only propose and size.
+plans of both engines (`llama_cpu`, `torch_cpu`).  A GPTQ / AWQ folder (hwprobe.memory.checkpoint_label) is
+planned in its own format only, on one GPU or the CPU: the torch engine runs nothing else of it, llama.cpp
+none.  Split from hwprobe/planner.py, which races them and decides; these only propose and size.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def torch_formats(gpus: Iterable[GpuInfo], shape: ModelShape, prefs: Prefs) -> l
     ccs = [g.cc for g in gpus]
     if not ccs or any(cc is None or cc < TORCH_ENGINE_MIN_CC for cc in ccs):
         return []
+    if (label := m.checkpoint_label(shape)) is not None:  # GPTQ / AWQ: its own packed weights, nothing else
+        return [label]
     half = "bf16" if all(cc >= BF16_MIN_CC for cc in ccs) else "fp16"  # type: ignore[operator]
     eight = ["W8A16"] + (["FP8"] if all(cc >= FP8_MIN_CC for cc in ccs) else [])  # type: ignore[operator]
     # W4A16 only where llama.cpp cannot run a better 4-bit file instead (see hwprobe.planner's docstring)
@@ -95,10 +98,12 @@ def torch_gpu_sets(report: HardwareReport, shape: ModelShape, prefs: Prefs) -> l
         if len(usable) < prefs.tensor_parallel or not shape_tp_ok(shape, prefs.tensor_parallel):
             return []
         return [(tuple(sorted(g.index for g in usable[: prefs.tensor_parallel])), "tensor")]
+    one_gpu = m.checkpoint_label(shape) is not None  # the loader splits no GPTQ / AWQ checkpoint over GPUs yet
     return [
         (gpus, split)
         for gpus, split in gpu_sets(report)
         if split != "layer"
+        and (len(gpus) == 1 or not one_gpu)
         and len(gpus) <= TORCH_ENGINE_MAX_GPUS
         and (len(gpus) == 1 or prefs.tensor_parallel is None)
         and shape_tp_ok(shape, len(gpus))
@@ -246,7 +251,8 @@ def torch_cpu(report, shape, prefs, lo, hi) -> Candidate:
     else:
         fmt = "fp32"
     kv = "f32" if fmt == "fp32" else "f16"
-    layout = m.torch_cpu_weights(shape, fmt, report.ram_total_mib * m.MIB)
+    fmt = m.checkpoint_label(shape) or fmt  # a GPTQ / AWQ folder keeps its packed weights in either dtype
+    layout = m.torch_cpu_weights(shape, fmt, report.ram_total_mib * m.MIB, bf16=kv != "f32")
 
     def make(ctx: int) -> Candidate:  # a full decode batch's gathered KV is priced from the start
         return Candidate("torch", fmt, layout, ctx, kv, False, (), "none", 0, prefs.n_batch, prefs.max_num_seqs)

@@ -41,6 +41,8 @@ def _torch_weights(shape: ModelShape, c: Candidate, tried: tuple[str, ...]) -> s
             "runs; Q6_K, Q5_K and the rest without a layout of their own within half an int8 level): "
             + _kept_projections(shape)
         )
+    elif c.quant == m.checkpoint_label(shape):
+        what = _checkpoint_what(c.quant)
     else:
         what = _TORCH_FORMAT_WHAT.get(c.quant, c.quant)
     sizes = ", ".join(f"{f} {m.weights(shape, f).total_bytes / 2**30:.1f} GiB" for f in tried)
@@ -137,7 +139,17 @@ def _torch_backend(
         out.append(_torch_weights(shape, c, torch_tried))
     elif c.quant == m.TORCH_GGUF:
         out.append(_cpu_gguf_weights(report, shape, c))
+    elif c.quant == m.checkpoint_label(shape):
+        out.append(f"weights {_checkpoint_what(c.quant)}")
     return out
+
+
+def _checkpoint_what(label: str) -> str:
+    """A GPTQ / AWQ folder's weights, for the reasons."""
+    return (
+        f"{label}, the folder's own packed integers (never decoded to 16 bits nor quantized again: the torch engine "
+        "runs them with its int4 / int8 kernels; llama.cpp reads GGUF only)"
+    )
 
 
 def _cpu_gguf_weights(report: HardwareReport, shape: ModelShape, c: Candidate) -> str:

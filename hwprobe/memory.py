@@ -80,6 +80,17 @@ TORCH_GGUF = "GGUF"
 GGUF_REPACKED_INT4_BYTES = 0.5 + 2 * 2 / 32
 GGUF_REPACKED_INT8_BYTES = 1 + 2 / 32
 
+# A GPTQ / AWQ folder (shape.extra["checkpoint_quant"], the format named by its label, "GPTQ-4bit-g128"): the
+# torch engine holds its own packed integers (backends/torch_engine/gptq_awq.py), never 16-bit nor re-quantized.
+# Bytes per weight as loaded, G the group size (a per-channel int4 weight regrouped to 128: quant_config
+# .loaded_group), measured on tiny checkpoints (tests/hwprobe/test_planner_gptq_awq.py): on a GPU int4
+# 0.5 + 2 x 2/G (16-bit scale and offset), int8 1 + 2/G; on a CPU with bf16 compute torch's packed kernels int4
+# 0.5 + 2 x 2/G, per-channel int8 1 + 2/G, group-wise int8 as two int4 halves 1 + 8/G; with float32 compute (no
+# packing) int4 0.5 + 2 x 4/G, int8 1 + 4/G; plus an int64 input order (8 bytes) per input feature of each
+# act-order projection (one per merged Q/K/V or gate/up).  The rest as TORCH_GGUF's: 16-bit, norms float32.
+CHECKPOINT_QUANT = "checkpoint_quant"
+CHECKPOINT_PERM_BYTES = 8
+
 # block of 32 + fp16 scale for q8_0 / q4_0; "f32": the torch engine on a CPU without bf16 (its KV follows the
 # compute dtype there)
 KV_BYTES_PER_ELEMENT = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
@@ -171,6 +182,8 @@ def weights(shape: ModelShape, quant: str | None = None) -> WeightLayout:
         if layout is None:
             raise ValueError(f"{shape.name}: no GGUF projections the torch engine keeps as blocks")
         return layout
+    if quant == checkpoint_label(shape):
+        return checkpoint_weights(shape, "gpu")
     embed_params = shape.vocab_size * shape.hidden_size
     per_layer = _params_per_layer(shape)
     if quant in TORCH_FORMAT_BPW:  # the embedding in the compute dtype: 16 bits, 32 for fp32
@@ -198,6 +211,45 @@ def torch_gguf_weights(shape: ModelShape) -> WeightLayout | None:
     return WeightLayout(layers, embed, embed, shape.hidden_size * 4, shape.tied_embeddings)
 
 
+def checkpoint_quant(shape: ModelShape) -> dict | None:
+    """A GPTQ / AWQ folder's planner facts (backends.quant_config.planner_extra), or None."""
+    found = shape.extra.get(CHECKPOINT_QUANT) if shape.extra else None
+    return found if found and len(found.get("layers", ())) == shape.n_layers else None
+
+
+def checkpoint_label(shape: ModelShape) -> str | None:
+    """The format of a GPTQ / AWQ folder ("GPTQ-4bit-g128", "AWQ-4bit-g128"), the only one it is planned in."""
+    found = checkpoint_quant(shape)
+    return found["label"] if found else None
+
+
+def _checkpoint_bytes(cq: dict, n_weights: int, n_groups: int, where: str) -> float:
+    """Packed weights and their scales as the engine holds them `where` ("gpu", "cpu_bf16", "cpu_fp32")."""
+    if cq["bits"] == 4:
+        per_group = 2 * (4 if where == "cpu_fp32" else 2)
+        return 0.5 * n_weights + per_group * n_groups
+    if where == "cpu_bf16" and not cq["per_channel"]:  # two int4 halves (kernels/quant_matmul_cpu.py)
+        return n_weights + 8 * n_groups
+    return n_weights + (4 if where == "cpu_fp32" else 2) * n_groups
+
+
+def checkpoint_weights(shape: ModelShape, where: str = "gpu") -> WeightLayout:
+    """What the torch engine holds for a GPTQ / AWQ folder `where` ("gpu", "cpu_bf16", "cpu_fp32"): the module
+    comment above CHECKPOINT_QUANT.  The CPU's dense prompt copies and int8 head are torch_cpu_weights'."""
+    cq = checkpoint_quant(shape)
+    if cq is None:
+        raise ValueError(f"{shape.name}: no GPTQ / AWQ checkpoint facts")
+    dense = 4 if where == "cpu_fp32" else 2
+    norms = 2 * shape.hidden_size
+    projections = _params_per_layer(shape) - norms
+    layers = tuple(
+        int(_checkpoint_bytes(cq, n, g, where) + CHECKPOINT_PERM_BYTES * p + (projections - n) * dense + norms * 4)
+        for n, g, p in cq["layers"]
+    )
+    embed = shape.vocab_size * shape.hidden_size * dense
+    return WeightLayout(layers, embed, embed, shape.hidden_size * 4, shape.tied_embeddings)
+
+
 def torch_cpu_dense_copy_budget(ram_total_bytes: int) -> int:
     """What the torch engine on the CPU may spend on dense copies of its quantized projections."""
     return min(TORCH_CPU_DENSE_COPY_MAX_BYTES, ram_total_bytes // TORCH_CPU_DENSE_COPY_RAM_SHARE)
@@ -218,11 +270,14 @@ def _cpu_head_kind(shape: ModelShape) -> str | None:
     return "int8" if any(abs(bits - b) < 0.01 for b in (8.5, 5.5, 6.0, 6.5625)) else None
 
 
-def torch_cpu_weights(shape: ModelShape, fmt: str, ram_total_bytes: int) -> WeightLayout:
+def torch_cpu_weights(shape: ModelShape, fmt: str, ram_total_bytes: int, bf16: bool = True) -> WeightLayout:
     """What the torch engine holds in host RAM running on the CPU in `fmt`: TORCH_GGUF (bf16 compute, a GGUF's
     quantized projection blocks repacked (weight_map.REPACK_KIND),
-    backends/torch_engine/model_runner.resolve_weight_quant "auto"), "bf16" or "fp32" (dense).  Each term as the
-    engine holds it (module docstring)."""
+    backends/torch_engine/model_runner.resolve_weight_quant "auto"), "bf16" or "fp32" (dense), or a GPTQ / AWQ
+    folder's label (its packed weights, in `bf16` compute or float32).  Each term as the engine holds it (module
+    docstring)."""
+    if fmt == checkpoint_label(shape):
+        return _cpu_checkpoint_weights(shape, ram_total_bytes, bf16)
     if fmt != TORCH_GGUF:
         return weights(shape, fmt)
     kept = shape.extra.get("gguf_repacked") if shape.extra else None
@@ -248,6 +303,19 @@ def torch_cpu_weights(shape: ModelShape, fmt: str, ram_total_bytes: int) -> Weig
     # float32 scale a vocabulary row (backends/torch_engine/cpu_head.py)
     int8_head = 0 if head_kind else embed_params + 4 * shape.vocab_size
     return WeightLayout(layers, embed, head, shape.hidden_size * 4 + int8_head, shape.tied_embeddings, copies)
+
+
+def _cpu_checkpoint_weights(shape: ModelShape, ram_total_bytes: int, bf16: bool) -> WeightLayout:
+    """A GPTQ / AWQ folder on the CPU: checkpoint_weights, plus dense copies of the packed projections for prompt
+    rows when they fit torch_cpu_dense_copy_budget, and with bf16 compute an int8 copy of the 16-bit head (the
+    same terms as a GGUF's: torch_cpu_weights)."""
+    layout = checkpoint_weights(shape, "cpu_bf16" if bf16 else "cpu_fp32")
+    packed = sum(n for n, _, _ in checkpoint_quant(shape)["layers"])  # type: ignore[index]
+    copies = (2 if bf16 else 4) * packed
+    copies = copies if copies <= torch_cpu_dense_copy_budget(ram_total_bytes) else 0
+    int8_head = shape.vocab_size * shape.hidden_size + 4 * shape.vocab_size if bf16 else 0
+    other = layout.other_bytes + int8_head
+    return WeightLayout(layout.layer_bytes, layout.embedding_bytes, layout.head_bytes, other, layout.tied, copies)
 
 
 def torch_tokenizer_bytes(shape: ModelShape) -> int:

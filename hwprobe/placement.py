@@ -277,7 +277,8 @@ def decode_efficiency(shape: ModelShape, c: Candidate, gpu: GpuInfo) -> Efficien
         b8 = int8 * projections * m.GGUF_REPACKED_INT8_BYTES
         parts = [(b4, efficiency("torch", "int4", cc, records)), (b8, efficiency("torch", "int8", cc, records))]
         return mixed_share([*parts, (max(total - b4 - b8, 0), sixteen)])
-    kind = TORCH_KIND.get(c.quant, "16bit")
+    cq = m.checkpoint_quant(shape)
+    kind = f"int{cq['bits']}" if cq and c.quant == cq["label"] else TORCH_KIND.get(c.quant, "16bit")
     if kind == "16bit":
         return sixteen
     quantized = sum(c.layout.layer_bytes)

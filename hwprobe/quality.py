@@ -59,6 +59,27 @@ TORCH_PPL_INCREASE_PCT = {
     "W4A16": (12.0, _STARTER + ": 16.83 -> 18.8 on 209 tokens (AWQ-style clip search)"),
 }
 
+_LLAMA2_INT4 = (
+    "Llama-2-7B on WikiText-2 at 4 bits in groups of 128, FP16 5.47 (github.com/dwithchenna/llm-quantization, "
+    "GPTQ by AutoGPTQ, AWQ by its own implementation; the AWQ paper, arXiv 2306.00978, gives AWQ 5.60 too)"
+)
+# GPTQ / AWQ checkpoints (ModelSpec.file_type labels, by "METHOD-Nbit"), against the 16-bit model they were made from
+CHECKPOINT_PPL_INCREASE_PCT = {
+    "GPTQ-4bit": (7.3, _LLAMA2_INT4 + ": GPTQ 5.87"),
+    "AWQ-4bit": (2.4, _LLAMA2_INT4 + ": AWQ 5.60"),
+    # no published 8-bit figure at hand: per-channel round-to-nearest int8 (W8A16's) bounds it from above
+    "GPTQ-8bit": (0.2, "at most W8A16's: " + _STARTER + ": 16.83 -> 16.86 on 209 tokens"),
+}
+
+
+def checkpoint_quality(label: str) -> QualityLoss | None:
+    """The default figure of a GPTQ / AWQ label ("GPTQ-4bit-g128-actorder"), or None for any other format."""
+    method_bits = "-".join(label.split("-")[:2])
+    if method_bits not in CHECKPOINT_PPL_INCREASE_PCT:
+        return None
+    pct, source = CHECKPOINT_PPL_INCREASE_PCT[method_bits]
+    return QualityLoss(pct, f"default: {source}")
+
 
 @dataclass(frozen=True)
 class QualityLoss:
@@ -70,7 +91,8 @@ def format_quality(fmt: str, backend: str, source_quant: str | None, records: di
     """The perplexity increase of running a model as `fmt` on `backend`, against the model's best format: its
     own file for a GGUF (`source_quant`, the file type: its own blocks, in either engine, cost nothing more), the
     16-bit weights otherwise.  `records`: this model's measured figures, format -> (pct, source), from `hearth
-    ppl --compare` (app/quality_records.py); they win over the defaults, whose sources are named."""
+    ppl --compare` (app/measurements.py); they win over the defaults, whose sources are named.  A GPTQ / AWQ
+    folder's label costs what its method does against the 16-bit original (CHECKPOINT_PPL_INCREASE_PCT)."""
     if records and fmt in records:
         pct, source = records[fmt]
         return QualityLoss(float(pct), f"measured: {source}")
@@ -83,6 +105,8 @@ def format_quality(fmt: str, backend: str, source_quant: str | None, records: di
         pct, source = TORCH_PPL_INCREASE_PCT[fmt]
         more = f" (on top of the file's {source_quant})" if source_quant else ""
         return QualityLoss(pct, f"default: {source}{more}")
+    if (checkpoint := checkpoint_quality(fmt)) is not None:  # a GPTQ / AWQ folder's own packed weights
+        return checkpoint
     if fmt in LLAMA_CPP_PPL_INCREASE_PCT:
         return QualityLoss(LLAMA_CPP_PPL_INCREASE_PCT[fmt], f"default: {_LLAMA_CPP_SCOREBOARD}")
     return QualityLoss(100.0, f"unknown: no figure for {fmt}")

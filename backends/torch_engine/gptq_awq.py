@@ -32,13 +32,12 @@ import torch
 
 from backends.errors import ModelFormatError
 from backends.model_limits import HINT
-from backends.quant_config import PACKED, CheckpointQuant, PackedModule
+from backends.quant_config import PACKED, REGROUP_SIZES, CheckpointQuant, PackedModule
 from kernels.quant_matmul import QuantWeight, pack_int4, unpack_int4
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds output column AWQ_ORDER[i] of its 8
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # output column c of the 8 sits in nibble AWQ_REVERSE_ORDER[c]
 INPUT_PERM = ".input_perm"  # packed_weights yields a module's act-order permutation under its prefix + this
-REGROUP_SIZES = (128, 64, 32)  # a per-channel int4 weight is re-expressed in the first of these dividing K
 
 
 def _le_bytes(words: torch.Tensor) -> torch.Tensor:
