@@ -29,39 +29,33 @@ A safetensors folder (no file llama.cpp reads) or --backend torch that fits no G
 half, no race), else runs the torch engine on the CPU.
 A user-fixed value (ctx, KV type, backend, quant, n_gpu_layers) is taken as given and the plan says what it costs;
 --backend torch with --n-gpu-layers N (0 < N < layers) is planned as that streaming, with N blocks resident.
-The candidates named in backticks are built in hwprobe/candidates.py; this module races them and decides.
+The candidates named in backticks are built in hwprobe/candidates.py; the steps are the rows of hwprobe/strategies.py's
+table (STRATEGIES, and RACERS for step 1's race); this module runs the table and finishes the plan (placement,
+tensor parallelism, the KV pool, swap space, the reasons).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 from hwprobe import memory as m
 from hwprobe import race
 from hwprobe.candidates import (
     KV_LADDER,
-    expert_placement,
     gpu_sets,
-    llama_cpu,
-    llama_full,
-    llama_partial,
     llama_quants,
-    torch_cpu,
     torch_formats,
-    torch_full,
-    torch_offload,
     try_llama_full,
 )
 from hwprobe.errors import ConfigError, PlanError
-from hwprobe.fit_search import fits
 from hwprobe.placement import Candidate, expected_tokens_per_s, price, shares
 from hwprobe.plan_types import PLANNED_BACKENDS, Plan, PlanCandidate, Prefs
 from hwprobe.report import HardwareReport
 from hwprobe.shape import ModelShape
-from hwprobe.support import torch_engine_refusal
+from hwprobe.strategies import Ask, Choice, choose
+from hwprobe.strategies import serving as serving
 from hwprobe.swap_space import with_swap_space
-from hwprobe.tensor_parallel import no_tp_error, tp_kv_fraction, tp_race_reason
+from hwprobe.tensor_parallel import tp_kv_fraction, tp_race_reason
 
 _torch_formats = torch_formats  # tests/hwprobe/test_planner_torch_quant.py imports it from here
 
@@ -80,40 +74,6 @@ def _tp_race(
     alt = try_llama_full(report, shape, dataclasses.replace(prefs, backend="llama.cpp"), lo, hi, quants)
     alt_tps = expected_tokens_per_s(report, shape, alt, price(report, shape, alt)) if alt is not None else 0.0
     return tp_race_reason(c.gpus, c.quant, tps, alt and (alt.split_mode, alt.quant), alt_tps)
-
-
-def _full_gpu_race(report, shape, prefs, lo, hi, quants, torch_ok: bool, llama_ok: bool):
-    """The speed race (hwprobe.race) among everything that fits whole on GPUs: each torch format (torch_full) and
-    each llama.cpp quant (llama_full); None when nothing fits.  Returns (chosen, candidate summaries, reason)."""
-    cands = torch_full(report, shape, prefs, lo, hi) if torch_ok and prefs.backend in ("auto", "torch") else []
-    if llama_ok and prefs.backend in ("auto", "llama.cpp"):
-        cands += [c for q, layout in quants if (c := llama_full(report, shape, prefs, lo, hi, q, layout))]
-    if not cands:
-        return None
-    entries = [race.entry(report, shape, c, prefs, serving(prefs)) for c in cands]
-    win = race.winner(entries, serving(prefs), hi)
-    why = race.race_reason(entries, win, serving(prefs), prefs.max_ppl_increase_pct) if len(entries) > 1 else None
-    return win.candidate, race.summaries(entries, win), why
-
-
-def _score(report: HardwareReport, shape: ModelShape, c: Candidate) -> tuple[bool, float]:
-    return fits(report, shape, c), expected_tokens_per_s(report, shape, c, price(report, shape, c))
-
-
-def _faster(
-    report: HardwareReport, shape: ModelShape, llama: Candidate, streamed: Candidate | None, *, batching: bool = False
-) -> tuple[Candidate, tuple[Candidate, float] | None]:
-    """The faster of llama.cpp's partial offload and the torch engine streaming blocks (a candidate that does
-    not fit loses to one that does; a tie goes to llama.cpp), and the loser with its tokens/s for the reasons.
-    `batching` (serving): the torch engine wins whenever it fits, since each step streams the blocks once for
-    every request in the batch while llama.cpp answers one request at a time."""
-    if streamed is None:
-        return llama, None
-
-    by_llama, by_torch = _score(report, shape, llama), _score(report, shape, streamed)
-    if by_torch > by_llama or (batching and by_torch[0]):
-        return streamed, (llama, by_llama[1])
-    return llama, (streamed, by_torch[1])
 
 
 def _with_flags(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Candidate) -> Candidate:
@@ -136,25 +96,13 @@ def _with_flags(report: HardwareReport, shape: ModelShape, prefs: Prefs, c: Cand
     )
 
 
-@dataclass(frozen=True)
-class _Choice:
-    """What plan() chose (before the user's flags are applied) and what it weighed on the way, for the reasons."""
-
-    chosen: Candidate
-    raced: tuple[PlanCandidate, ...] = ()  # what the speed race weighed (hwprobe.race), the chosen one marked
-    race_why: str | None = None  # the race's own reason, when more than one candidate ran
-    rival: tuple[Candidate, float] | None = None  # the partial offload that lost the race (step 3)
-    expert_race: tuple[Candidate, float, Candidate, float] | None = None  # (experts, tps, layer offload, tps)
-    single: tuple[Candidate, float] | None = None  # serving: the one-at-a-time plan the batching one replaced
-
-
 def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) -> Plan:
     """The best configuration for `shape` on the machine in `report` (see the module docstring)."""
     prefs = prefs or Prefs()
     _check(prefs)
     lo, hi = _ctx_range(shape, prefs)
     quants = llama_quants(shape, prefs)
-    choice = _choose(report, shape, prefs, lo, hi, quants)
+    choice = choose(Ask(report, shape, prefs, lo, hi, quants))
     chosen = _with_flags(report, shape, prefs, choice.chosen)
     if chosen.backend == "torch":  # fitting needed one sequence; the pool takes up to max_num_seqs
         chosen = dataclasses.replace(chosen, max_num_seqs=prefs.max_num_seqs)
@@ -198,96 +146,6 @@ def plan(report: HardwareReport, shape: ModelShape, prefs: Prefs | None = None) 
     )
 
 
-def _choose(report: HardwareReport, shape: ModelShape, prefs: Prefs, lo: int, hi: int, quants) -> _Choice:
-    """The module docstring's steps in order: the race of what fits whole on the GPUs, else the torch engine
-    where only it may run the model, else the partial offloads and the CPU."""
-    file_format = _file_format(shape)
-    found = _full_gpu_race(
-        report,
-        shape,
-        prefs,
-        lo,
-        hi,
-        quants,
-        torch_ok=prefs.n_gpu_layers in (None, -1, shape.n_layers),
-        llama_ok=file_format != "safetensors" and not _tp_asked(prefs),
-    )
-    if found is not None:
-        chosen, raced, race_why = found
-        return _Choice(chosen, raced, race_why)
-    only_torch = _torch_only(report, shape, prefs, lo, hi)
-    if only_torch is not None:
-        return _Choice(only_torch)
-    return _offload(report, shape, prefs, lo, hi, quants)
-
-
-def _file_format(shape: ModelShape) -> str | None:
-    return shape.extra.get("file_format") if shape.extra else None
-
-
-def _tp_asked(prefs: Prefs) -> bool:
-    return prefs.tensor_parallel is not None and prefs.tensor_parallel > 1
-
-
-def _torch_only(report: HardwareReport, shape: ModelShape, prefs: Prefs, lo: int, hi: int) -> Candidate | None:
-    """Nothing fits whole on the GPUs: where only the torch engine may run the model (a safetensors folder,
-    --backend torch, --tensor-parallel), it streams blocks from host RAM, else runs on the CPU; None: llama.cpp's
-    offload is next."""
-    file_format = _file_format(shape)
-    fixed = prefs.n_gpu_layers if prefs.n_gpu_layers is not None and 0 < prefs.n_gpu_layers < shape.n_layers else None
-    torch_only = prefs.backend == "torch" or (prefs.backend == "auto" and file_format == "safetensors")
-    chosen = None
-    if torch_only and (prefs.n_gpu_layers is None or fixed is not None):
-        chosen = torch_offload(report, shape, prefs, lo, hi, fixed)
-    if _tp_asked(prefs) and chosen is None:
-        if report.gpus:
-            raise no_tp_error(report, shape, prefs.tensor_parallel)  # type: ignore[arg-type]
-        return torch_cpu(report, shape, prefs, lo, hi)  # ranks on the CPU's cores (tests, CI)
-    if chosen is None and (prefs.backend == "torch" or file_format == "safetensors"):
-        return torch_cpu(report, shape, prefs, lo, hi)
-    return chosen
-
-
-def _offload(report: HardwareReport, shape: ModelShape, prefs: Prefs, lo: int, hi: int, quants) -> _Choice:
-    """Nothing fits whole on the GPUs (the race tried every llama.cpp quant too): steps 2 and 3, llama.cpp's
-    partial offload (or the CPU) against the torch engine streaming blocks, then a MoE model's expert placement."""
-    chosen = llama_partial(report, shape, prefs, lo, quants)
-    rival: tuple[Candidate, float] | None = None
-    single: tuple[Candidate, float] | None = None
-    if not chosen.gpus:  # CPU only: RAM is cheap, so the best quant at the target context if it fits
-        chosen = llama_cpu(report, shape, prefs, lo, hi, quants) or chosen
-    if prefs.backend == "auto" and prefs.n_gpu_layers is None:
-        chosen, rival = _faster(
-            report, shape, chosen, torch_offload(report, shape, prefs, lo, hi), batching=serving(prefs)
-        )
-        if not chosen.gpus and serving(prefs):
-            chosen, single = _serve_on_cpu(report, shape, prefs, lo, hi, chosen)
-    return _with_expert_race(report, shape, prefs, lo, quants, _Choice(chosen, rival=rival, single=single))
-
-
-def _with_expert_race(
-    report: HardwareReport, shape: ModelShape, prefs: Prefs, lo: int, quants, choice: _Choice
-) -> _Choice:
-    """Expert placement (step 2's third contender) races the layer offload chosen, and wins when its estimate
-    is higher; serving keeps the batching torch engine it chose."""
-    chosen = choice.chosen
-    experts = (
-        expert_placement(report, shape, prefs, lo, quants)
-        if chosen.gpus
-        and prefs.backend in ("auto", "llama.cpp")
-        and prefs.n_gpu_layers is None
-        and not (serving(prefs) and chosen.backend == "torch")
-        else None
-    )
-    if experts is None:
-        return choice
-    by_experts, by_layers = _score(report, shape, experts), _score(report, shape, chosen)
-    expert_race = (experts, by_experts[1], chosen, by_layers[1])
-    if by_experts > by_layers:
-        return dataclasses.replace(choice, chosen=experts, rival=None, expert_race=expert_race)
-    return dataclasses.replace(choice, expert_race=expert_race)
-
-
 def _reasons(
     report: HardwareReport,
     shape: ModelShape,
@@ -296,7 +154,7 @@ def _reasons(
     devices,
     tps: float,
     quants,
-    choice: _Choice,
+    choice: Choice,
 ) -> tuple[str, ...]:
     """The plan's reasons (hwprobe.explain), then the speed race's."""
     from hwprobe.explain import reasons  # lazy: keeps `hearth --help` light (+2 hearth modules)
@@ -408,30 +266,6 @@ def _check(prefs: Prefs) -> None:
             "--tensor-parallel is the torch engine's; llama.cpp splits across GPUs by itself",
             "drop --tensor-parallel, or use --backend torch",
         )
-
-
-def serving(prefs: Prefs) -> bool:
-    """Concurrent clients are expected (`hearth serve`, more than one at once) and the backend is the plan's."""
-    return prefs.prefer_batching and prefs.backend == "auto" and prefs.max_num_seqs > 1
-
-
-def _serve_on_cpu(
-    report,
-    shape,
-    prefs,
-    lo,
-    hi,
-    llama: Candidate,
-) -> tuple[Candidate, tuple[Candidate, float] | None]:
-    """Serving from host RAM: the torch engine (continuous batching) instead of llama.cpp's one request at a
-    time, where it runs the model and its batch's KV pool fits RAM; else llama.cpp.  Returns the chosen plan and
-    llama.cpp's single-stream candidate with its tokens/s (for the reasons), or None when llama.cpp stays."""
-    if torch_engine_refusal(shape) is not None:
-        return llama, None
-    torch = torch_cpu(report, shape, prefs, lo, hi)
-    if not fits(report, shape, torch):
-        return llama, None
-    return torch, (llama, expected_tokens_per_s(report, shape, llama, price(report, shape, llama)))
 
 
 def _no_fit(report: HardwareReport, shape: ModelShape, c: Candidate, devices) -> PlanError:
