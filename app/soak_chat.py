@@ -9,7 +9,7 @@ room).  A fill turn fills the disk once the reply has come, for FILL_HOLD_S: the
 meet a full disk.  At the end the store is opened afresh and must hold every message it accepted and every
 reply, in order: anything missing is lost.  Report (under "store"): turns, saved (messages in the store),
 refused_while_full (saves the full disk refused, each one a StoreFullError, the message the chat app shows),
-disk_fills, fill_skipped (why the disk was not filled, or null) and lost.
+disk_fills, longest_fill_s, fill_skipped (why the disk was not filled, or null) and lost.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class ChatStandIn:
         self._next_fill = time.monotonic() + min(20.0, duration_s / 3)
         self.expected: list[tuple[str, str]] = []  # (role, text) the store accepted or must still save, in order
         self.turns = self.refused = self.fills = 0
+        self.full_s = 0.0  # the longest time the disk was held full
         self._pending_user: str | None = None  # a message the full disk refused, sent again at the next turn
         self._unsaved = UnsavedReplies()
         self._quit = threading.Event()
@@ -107,10 +108,12 @@ class ChatStandIn:
             yield
             return
         self.fills += 1
+        began = time.monotonic()
         try:
             yield
         finally:
             fill.__exit__()
+            self.full_s = max(self.full_s, time.monotonic() - began)
 
     def _turn(self, store: ConversationStore, client: httpx.Client, conversation_id: int) -> None:
         text = self._save_user(store, conversation_id)
@@ -178,6 +181,7 @@ class ChatStandIn:
             "saved": len(saved),
             "refused_while_full": self.refused,
             "disk_fills": self.fills,
+            "longest_fill_s": round(self.full_s, 2),
             "fill_skipped": self.fill_skipped,
             "lost": lost,
             "error": self.error,
