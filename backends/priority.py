@@ -58,7 +58,9 @@ class PriorityLock:
 
     def yield_turn(self, priority: int, arrived: float) -> None:
         """The holder gives the turn to the best-ranked waiter and waits for it again at (priority, arrived), in one
-        step, so no later arrival of its own rank slips in between (llama.cpp's preemption: backends/llama_cpp)."""
+        step, so no later arrival of its rank slips in between (llama.cpp's preemption: backends/llama_cpp).  The
+        caller passes as `arrived` now minus the time it has waited so far, so that it is aged by its waiting as
+        the waiter it yields to is, not by the time it ran."""
         with self._cv:
             assert self._held, "yield_turn of an unlocked PriorityLock"
             self._held = False

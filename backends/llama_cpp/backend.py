@@ -60,6 +60,7 @@ from backends.llama_cpp.threads import LlamaThreads, threads_to_use
 from backends.llama_cpp.tokens import tokenize
 from backends.llama_cpp.turns import common_prefix, park, prefill_piece, resume
 from backends.modelspec import ModelSpec
+from backends.priority import effective_priority
 from hwprobe.spare_cores import SpareCores
 
 # (the "X as X" imports above: what Llama() is built with, importable from here as before it moved to loading.py)
@@ -79,6 +80,7 @@ class LlamaCppBackend(Backend):
         self._running: str | None = None  # the request holding the context
         self._active: set[str] = set()  # requests holding or waiting to take back the context (preempted ones)
         self._preemptions = 0  # turns given to a better-ranked request since load (EngineStats.preemptions)
+        self._waited: dict[str, float] = {}  # request id -> seconds it has waited for the context so far
         self._worker = OneThread("hearth-llama-cpp")
         self._extra_bufts: bool | None = None  # as loaded
         self._overrides: Any = None  # overrides.BuftOverrides the loaded model was given (kept alive)
@@ -341,6 +343,7 @@ class LlamaCppBackend(Backend):
             self._active.add(rid)
             try:
                 stats.queue_s = time.perf_counter() - submitted
+                self._waited[rid] = stats.queue_s
                 stats.cached_tokens = common_prefix(llm._input_ids[: llm.n_tokens], ids)
                 if stats.cached_tokens >= len(ids):
                     stats.cached_tokens = len(ids) - 1  # llama.cpp replays the last prompt token
@@ -356,6 +359,7 @@ class LlamaCppBackend(Backend):
             finally:
                 self._running = None
                 self._active.discard(rid)
+                self._waited.pop(rid, None)
                 with self._abort_lock:
                     self._aborted.discard(rid)
         stats.total_s = time.perf_counter() - submitted
@@ -420,15 +424,26 @@ class LlamaCppBackend(Backend):
 
     def _let_better_ones_run(self, llm: Any, request: Request, submitted: float) -> bool:
         """When a request of a better priority waits: park this generation's context, give the turn away, and
-        put the context back when the turn returns (turns.py).  False when this request was aborted meanwhile."""
-        if not self._serial.outranked(request.priority):
+        put the context back when the turn returns (turns.py).  False when this request was aborted meanwhile.
+
+        "Better" as the torch engine's scheduler has it: a waiter's own priority strictly below this request's
+        priority aged by the time it has waited so far (backends.priority.effective_priority), so a request that
+        waited long is not pushed back again by every slightly better newcomer."""
+        rid = request.request_id
+        aged = effective_priority(request.priority, self._waited.get(rid, 0.0), self._serial.aging_s)
+        if not self._serial.outranked(aged):
             return True
         parked = self._worker.call(park, llm)
         self._preemptions += 1
         self._running = None
-        self._serial.yield_turn(request.priority, submitted)
-        self._running = request.request_id
-        if self._is_aborted(request.request_id):
+        gave = time.perf_counter()
+        # queued as if it had arrived `waited` seconds ago: the lock ages it by its waiting, not by its running
+        # time, as `aged` above does (by its arrival it would outrank the newcomer it yields to and take the turn
+        # straight back, token after token)
+        self._serial.yield_turn(request.priority, gave - self._waited.get(rid, 0.0))
+        self._waited[rid] = self._waited.get(rid, 0.0) + time.perf_counter() - gave
+        self._running = rid
+        if self._is_aborted(rid):
             return False
         self._worker.call(resume, llm, parked)
         return True

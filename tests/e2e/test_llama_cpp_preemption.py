@@ -93,3 +93,45 @@ def test_a_chat_goes_between_the_pieces_of_a_long_prompt(backend) -> None:
     bg.join()
     assert chat.first < bg.first  # the chat's first token came before the long prompt's
     assert tuple(bg.ids) == alone_bg
+
+
+def test_a_request_that_waited_long_is_not_pushed_back_by_a_slightly_better_one(backend) -> None:
+    """As the torch engine's scheduler: a newcomer preempts only when its priority beats the running request's
+    priority aged by the time that one waited (here 3 levels: 0.35 s at 0.1 s a level)."""
+    backend._serial.aging_s = 0.1
+    try:
+        backend._serial.acquire(-100)  # the context is busy: the background request queues
+        bg = Timed(backend, _background(COUNT, 60))
+        time.sleep(0.35)
+        backend._serial.release()
+        while len(bg.ids) < 5:
+            time.sleep(0.005)
+        before = backend.stats().preemptions
+        slightly = Timed(backend, _chat(backend, -1)).join()
+        assert backend.stats().preemptions == before and slightly.first > bg.end  # -1 does not beat 0 aged to -3
+        bg.join()
+        bg = Timed(backend, _background(COUNT, 60))
+        while len(bg.ids) < 5:
+            time.sleep(0.005)
+        much = Timed(backend, _chat(backend, -10)).join()
+        bg.join()
+        assert backend.stats().preemptions > before and much.end < bg.end
+    finally:
+        backend._serial.aging_s = 5.0
+
+
+def test_a_preempted_request_is_aged_by_its_waiting_not_its_running(backend) -> None:
+    """A stream that has run 0.6 s (6 aging levels at 0.1 s) but never waited yields once to a -1 chat and lets it
+    finish first.  Ranked in the queue by its arrival it would outrank the chat it yields to (0 aged to -6), take
+    the turn straight back and yield again at every token."""
+    backend._serial.aging_s = 0.1
+    try:
+        bg = Timed(backend, _background(COUNT, 150))
+        time.sleep(0.6)
+        assert bg.ids and not bg.end
+        before = backend.stats().preemptions
+        chat = Timed(backend, _chat(backend, -1)).join()
+        bg.join()
+        assert backend.stats().preemptions == before + 1 and chat.end < bg.end
+    finally:
+        backend._serial.aging_s = 5.0
