@@ -21,7 +21,8 @@ from hwprobe.support import BF16_MIN_CC
 
 _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # plan.quant -> LoadOptions.weight_quant; "GGUF" is the file's own quantized (weight_map.REPACK_KIND) blocks, repacked
-_TORCH_QUANTS = {"W8A16": "int8", "W4A16": "int4", "FP8": "fp8", "GGUF": "gguf"}
+# (backends/torch_engine/quantize.MIXED: "W4A16+attn8" is int4 with the attention projections int8)
+_TORCH_QUANTS = {"W8A16": "int8", "W4A16": "int4", "FP8": "fp8", "GGUF": "gguf", "W4A16+attn8": "int4+attn8"}
 
 
 def physical_cores() -> int:

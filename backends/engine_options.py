@@ -22,7 +22,8 @@ from backends.load_options import LoadOptions
 # test checks they agree)
 TorchKVCacheType = Literal["f16", "fp16", "bf16", "fp32", "f32"]
 TorchDtype = Literal["auto", "float32", "bfloat16", "float16"]
-TorchWeightQuant = Literal["auto", "none", "gguf", "int8", "int4", "fp8"]
+# "int4+attn8": per-layer mixed precision, attention projections int8 and MLP int4 (torch_engine/quantize.MIXED)
+TorchWeightQuant = Literal["auto", "none", "gguf", "int8", "int4", "fp8", "int4+attn8"]
 Speculative = Literal["off", "ngram", "draft"]  # "auto" is the planner's, resolved before loading
 # llama.cpp's: ggml types of the K and V caches (backends/llama_cpp/backend.py KV_TYPES)
 LlamaCppKVCacheType = Literal["f16", "q8_0", "q4_0", "bf16", "f32"]

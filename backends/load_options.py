@@ -55,8 +55,9 @@ class LoadOptions:
     swap_space_bytes: int = 0
     dtype: str = "auto"  # torch engine weights: "auto" | "float32" | "bfloat16" | "float16"
     # torch engine weights: "auto" (CPU + bf16 + GGUF -> "gguf", else "none") | "none" (dense in `dtype`) |
-    # "gguf" (keep a GGUF's quantized (weight_map.REPACK_KIND) projection blocks) | "int8" | "int4" | "fp8"
-    # (round-to-nearest, applied by the loader to each projection as it is read)
+    # "gguf" (keep a GGUF's quantized (weight_map.REPACK_KIND) projection blocks) | "int8" | "int4" | "fp8" |
+    # "int4+attn8" (attention projections int8, MLP int4) (round-to-nearest, applied by the loader to each
+    # projection as it is read)
     weight_quant: str = "auto"
     device: str = "auto"  # torch engine: "auto" | "cpu" | "cuda" | "cuda:N"
     seed: int = 0  # backend-level seed for anything not seeded per request

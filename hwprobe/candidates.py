@@ -52,7 +52,11 @@ def torch_formats(gpus: Iterable[GpuInfo], shape: ModelShape, prefs: Prefs) -> l
     W8A16 before FP8: the same bytes, and int8 per channel keeps more of the weights than e4m3 (measured on the
     starter, 1024 tokens of tests/data/english.txt: perplexity 14.76 dense, 14.72 W8A16, 14.98 FP8), and the
     weight-only FP8 kernel reads as many bytes and widens them to 16 bits for its matmul, so it should be no
-    faster (not measured: no GPU yet)."""
+    faster (not measured: no GPU yet).
+
+    W4A16+attn8 (memory.TORCH_MIXED: attention projections W8A16, MLP W4A16) wherever W4A16 is, before it: more
+    bytes, less loss (starter perplexity +9.4 % against W4A16's +11.5 %, hwprobe.quality).  For a GGUF source each
+    format's lowest bits count (its MLP's 4.25 for the mixed one), so it is never below the file's own bits."""
     ccs = [g.cc for g in gpus]
     if not ccs or any(cc is None or cc < TORCH_ENGINE_MIN_CC for cc in ccs):
         return []
@@ -61,13 +65,14 @@ def torch_formats(gpus: Iterable[GpuInfo], shape: ModelShape, prefs: Prefs) -> l
     half = "bf16" if all(cc >= BF16_MIN_CC for cc in ccs) else "fp16"  # type: ignore[operator]
     eight = ["W8A16"] + (["FP8"] if all(cc >= FP8_MIN_CC for cc in ccs) else [])  # type: ignore[operator]
     # W4A16 only where llama.cpp cannot run a better 4-bit file instead (see hwprobe.planner's docstring)
-    int4 = ["W4A16"] if prefs.backend == "torch" or (shape.extra or {}).get("file_format") == "safetensors" else []
+    four = prefs.backend == "torch" or (shape.extra or {}).get("file_format") == "safetensors"
+    int4 = [m.TORCH_MIXED, "W4A16"] if four else []
     if shape.quant:  # a GGUF source: its own blocks, or a format of at least its bits; never decoded to 16 bits
         own = [m.TORCH_GGUF] if m.torch_gguf_weights(shape) is not None else []
         requant = eight + int4
         if shape.weight_bytes and shape.param_count:
             source_bpw = 8 * shape.weight_bytes / shape.param_count
-            requant = [f for f in requant if m.TORCH_FORMAT_BPW[f] >= source_bpw - 0.01]
+            requant = [f for f in requant if m.torch_format_lowest_bpw(f) >= source_bpw - 0.01]
         # 16 bits only for a 16-bit file, or where no projection type of the file has a kernel (the reason says
         # which: explain_engine.py): decoding 4.9 bits to 16 adds no quality, only bytes
         formats = [*own, *requant] if own else [half, *requant]

@@ -70,6 +70,12 @@ LOWEST_DEFAULT_QUANT = "Q4_K_M"  # below this only when the user asks (quality d
 # W8A16: int8 + one fp16 scale per output channel; W4A16: int4 in groups of 128 with fp16 scale and zero;
 # FP8: e4m3 + a per-channel scale, native on compute capability 8.9+.
 TORCH_FORMAT_BPW = {"fp32": 32.0, "bf16": 16.0, "fp16": 16.0, "FP8": 8.0, "W8A16": 8.0, "W4A16": 4.25}
+# "W4A16+attn8": precision per layer (backends/torch_engine/quantize.MIXED, weight_quant "int4+attn8"): the
+# attention projections (Q, K, V, O) as W8A16, the MLP's (gate, up, down) as W4A16, embedding and head 16-bit as
+# in the others, norms float32 as loaded; priced part by part (torch_mixed_bytes).  Named after the kind most
+# weights take (the MLP holds ~80 % of a Llama-3-8B block's projections), "+" the part raised to 8 bits.
+TORCH_MIXED = "W4A16+attn8"
+TORCH_MIXED_PARTS = (("attention", "W8A16"), ("mlp", "W4A16"))
 # "GGUF": the torch engine keeps a GGUF's own quantized (weight_map.REPACK_KIND) projection blocks (weight_quant
 # "gguf"), repacked into groups of 32 with scales (and int4 offsets) in the 16-bit compute dtype: int4
 # 0.5 + 2 x 2/32 bytes per weight (5.0 bits: Q4_0's 4.5 gains an offset, Q4_K's 4.5 loses its 6-bit sub-block
@@ -168,7 +174,8 @@ def routed_expert_share(shape: ModelShape) -> float:
 def weights(shape: ModelShape, quant: str | None = None) -> WeightLayout:
     """Weight bytes by place.  quant=None: the file's exact bytes (needs shape.layer_bytes); a quant name: the
     GGUF ladder's bits per weight; a torch format (TORCH_FORMAT_BPW): linear layers at it, embeddings at 16;
-    TORCH_GGUF: the torch engine holding the file's own blocks (torch_gguf_weights)."""
+    TORCH_MIXED: attention and MLP projections each at their part's bits (torch_mixed_bytes); TORCH_GGUF: the
+    torch engine holding the file's own blocks (torch_gguf_weights)."""
     if quant is None:
         if not shape.layer_bytes or shape.weight_bytes is None:
             raise ValueError(f"{shape.name}: no file bytes; give a quant")
@@ -184,6 +191,10 @@ def weights(shape: ModelShape, quant: str | None = None) -> WeightLayout:
         return layout
     if quant == checkpoint_label(shape):
         return checkpoint_weights(shape, "gpu")
+    if quant == TORCH_MIXED:
+        embed = shape.vocab_size * shape.hidden_size * 2
+        layer = sum(torch_mixed_bytes(shape)) + 2 * shape.hidden_size * 4
+        return WeightLayout((layer,) * shape.n_layers, embed, embed, shape.hidden_size * 4, shape.tied_embeddings)
     embed_params = shape.vocab_size * shape.hidden_size
     per_layer = _params_per_layer(shape)
     if quant in TORCH_FORMAT_BPW:  # the embedding in the compute dtype: 16 bits, 32 for fp32
@@ -193,6 +204,29 @@ def weights(shape: ModelShape, quant: str | None = None) -> WeightLayout:
     layer = int(per_layer * layer_bpw / 8)
     embed = int(embed_params * embed_bpw / 8)
     return WeightLayout((layer,) * shape.n_layers, embed, embed, shape.hidden_size * 4, shape.tied_embeddings)
+
+
+def attention_params(shape: ModelShape) -> int:
+    """Weights of one block's attention projections (Q, K, V and O)."""
+    q_and_o = 2 * shape.hidden_size * shape.n_heads * shape.head_dim
+    return q_and_o + 2 * shape.hidden_size * shape.n_kv_heads * shape.head_dim
+
+
+def torch_mixed_bytes(shape: ModelShape) -> tuple[int, int]:
+    """(attention, MLP) bytes of one block in TORCH_MIXED: the attention projections at W8A16's bits a weight, the
+    rest of the projections (gate, up, down) at W4A16's.  Llama-3-8B: 41.9 M x 1 B + 176.2 M x 0.53 B a block."""
+    attention = attention_params(shape)
+    parts = dict(TORCH_MIXED_PARTS)
+    mlp = projection_params(shape) - attention
+    return int(attention * TORCH_FORMAT_BPW[parts["attention"]] / 8), int(mlp * TORCH_FORMAT_BPW[parts["mlp"]] / 8)
+
+
+def torch_format_lowest_bpw(fmt: str) -> float:
+    """The fewest bits a weight any projection of torch format `fmt` holds (TORCH_MIXED: its MLP's): a GGUF is
+    never re-quantized below its own bits."""
+    if fmt == TORCH_MIXED:
+        return min(TORCH_FORMAT_BPW[part] for _, part in TORCH_MIXED_PARTS)
+    return TORCH_FORMAT_BPW[fmt]
 
 
 def torch_gguf_weights(shape: ModelShape) -> WeightLayout | None:

@@ -257,14 +257,16 @@ def _price_torch_offload(report: HardwareReport, shape: ModelShape, c: Candidate
 
 
 # the kind of weights each torch format's projections are (hwprobe.decode_speed kinds): for the measured
-# efficiencies here, and for the decode records `hearth bench` keeps (app/measurements.py)
+# efficiencies here, and for the decode records `hearth bench` keeps (app/measurements.py); W4A16+attn8 holds two
+# kinds, so it has no entry (decode_efficiency mixes them; no record of one kernel's speed is kept from it)
 TORCH_KIND = {"bf16": "16bit", "fp16": "16bit", "fp32": "16bit", "W8A16": "int8", "FP8": "fp8", "W4A16": "int4"}
 
 
 def decode_efficiency(shape: ModelShape, c: Candidate, gpu: GpuInfo) -> Efficiency:
     """The measured share of `gpu`'s bandwidth candidate c's decode reaches there (hwprobe.decode_speed): llama.cpp's
     kernels as one figure; the torch engine's by the bytes of each kind its format holds (the projections in the
-    format's kind, the rest 16-bit; the GGUF layout's int4 and int8 blocks each at their own kernel's share)."""
+    format's kind, the rest 16-bit; the GGUF layout's int4 and int8 blocks, and W4A16+attn8's int8 attention and
+    int4 MLP, each at their own kernel's share)."""
     records, cc = gpu.decode_records, gpu.cc
     if c.backend != "torch":
         return efficiency("llama.cpp", "ggml", cc, records)
@@ -277,6 +279,10 @@ def decode_efficiency(shape: ModelShape, c: Candidate, gpu: GpuInfo) -> Efficien
         b8 = int8 * projections * m.GGUF_REPACKED_INT8_BYTES
         parts = [(b4, efficiency("torch", "int4", cc, records)), (b8, efficiency("torch", "int8", cc, records))]
         return mixed_share([*parts, (max(total - b4 - b8, 0), sixteen)])
+    if c.quant == m.TORCH_MIXED:
+        attention, mlp = (b * shape.n_layers for b in m.torch_mixed_bytes(shape))
+        parts = [(attention, efficiency("torch", "int8", cc, records)), (mlp, efficiency("torch", "int4", cc, records))]
+        return mixed_share([*parts, (max(total - attention - mlp, 0), sixteen)])
     cq = m.checkpoint_quant(shape)
     kind = f"int{cq['bits']}" if cq and c.quant == cq["label"] else TORCH_KIND.get(c.quant, "16bit")
     if kind == "16bit":

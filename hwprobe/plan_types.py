@@ -150,7 +150,9 @@ class DeviceMemory:
 @dataclass(frozen=True)
 class Plan:
     backend: str  # "llama.cpp" | "torch"
-    quant: str  # GGUF quant ("Q4_K_M") or torch weight format ("bf16", "W8A16", "W4A16", "FP8", "GGUF": own blocks)
+    # GGUF quant ("Q4_K_M") or torch weight format ("bf16", "W8A16", "W4A16", "FP8", "W4A16+attn8": attention W8A16
+    # and MLP W4A16, "GGUF": own blocks)
+    quant: str
     n_gpu_layers: int  # transformer layers on GPUs, 0..n_layers
     n_layers: int
     split_mode: str  # "none" | "layer" | "row" | "tensor"

@@ -9,7 +9,7 @@ Policy (issues 3 and 41), in this order (budgets: free VRAM minus the safety mar
        quantized GGUF its own blocks ("GGUF", weight_map.REPACK_KIND), never decoded to 16 bits where its types
        have a kernel (16 bits only where none has, said so); W8A16 and FP8 (8.9+) quantized while loading,
        never below a GGUF's own bits; W4A16 only where llama.cpp has no better 4-bit file to run (a safetensors
-       folder, or --backend torch);
+       folder, or --backend torch), and there also W4A16+attn8 (precision per layer: attention W8A16, MLP W4A16);
      - each llama.cpp quant (`llama_full`): a GGUF file's own, or the ladder's for a config.json down to
        Q4_K_M (lower ones only when asked, with a warning);
      each with its expected speed from measured efficiencies (hwprobe/decode_speed.py) and its perplexity cost

@@ -20,7 +20,7 @@ TORCH_ENGINE_MOE_ARCHITECTURES = ("llama", "qwen2moe", "qwen3moe")
 # round-to-nearest, backends/torch_engine/loader.py), or keeps a GGUF's own quantized blocks
 # (weight_map.REPACK_KIND; "GGUF"), so a quantized plan never needs the full-precision bytes on the device.  Several
 # GPUs only by tensor parallelism (backends/torch_engine/tp: one rank per GPU), never by a layer split.
-TORCH_ENGINE_RUNNABLE_FORMATS = ("bf16", "fp16", "GGUF", "W8A16", "FP8", "W4A16")
+TORCH_ENGINE_RUNNABLE_FORMATS = ("bf16", "fp16", "GGUF", "W8A16", "FP8", "W4A16+attn8", "W4A16")
 TORCH_ENGINE_MAX_GPUS = 8
 
 # GGUF tokenizers the torch engine builds: byte-level BPE ("gpt2") with these pre-tokenizers

@@ -18,8 +18,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from hwprobe.shape import ModelShape
 
 # The torch engine's weight formats by quality, best first (equal ranks: equal quality); llama.cpp's quants
-# where they compare (anything else of the ladder ranks below all of these)
-TORCH_QUALITY = {"bf16": 0, "fp16": 0, "GGUF": 1, "W8A16": 2, "FP8": 3, "W4A16": 4}
+# where they compare (anything else of the ladder ranks below all of these); W4A16+attn8 (attention W8A16, MLP
+# W4A16) between FP8 and W4A16
+TORCH_QUALITY = {"bf16": 0, "fp16": 0, "GGUF": 1, "W8A16": 2, "FP8": 3, "W4A16+attn8": 3.5, "W4A16": 4}
 LLAMA_CPP_QUALITY = {"F16": 0, "BF16": 0, "Q8_0": 2}
 
 

@@ -29,6 +29,8 @@ device ever holds the dense model whole when the plan asked for a quantized one:
   int4 clip search runs at ~6 M weights/s on this 2-core CPU (a 13 B model would take 36 minutes), a GPU's
   memory bandwidth should make it seconds (not measured yet: no GPU here); and the dense chunk crosses PCIe
   once, as the dense weight would have.
+- "int4+attn8" (quantize.MIXED): the same, per projection at its own kind (quantize.config_for): the attention
+  projections int8, the MLP's int4.
 """
 
 from __future__ import annotations
@@ -210,7 +212,7 @@ def _quantize_on_load(weight: torch.Tensor, config: QuantConfig, device: torch.d
     return weight if layer_cfg is None else quantize.quantize_rows(weight, layer_cfg, device)
 
 
-LOAD_QUANTS = ("none", "gguf", "int8", "int4", "fp8")
+LOAD_QUANTS = ("none", "gguf", "int8", "int4", "fp8", quantize.MIXED)
 
 
 def complete_params(model: DecoderModel, params: dict, spec: ModelSpec, what: str) -> set[str]:
@@ -242,7 +244,8 @@ def load_model(
     tp: a tensor-parallel rank: the model is this rank's share, read as such (only its rows and columns leave
     the file, before dequantizing and before the copy to the device: tp/layers.ReadPlan), with its collectives.
     weight_quant (one of LOAD_QUANTS): "none" dense in `dtype`; "gguf" keeps a GGUF's quantized projection
-    blocks (gguf_repack); "int8" / "int4" / "fp8" quantize each projection as it is read (module docstring).
+    blocks (gguf_repack); "int8" / "int4" / "fp8" / "int4+attn8" quantize each projection as it is read (module
+    docstring).
     host_layers: the first so many blocks will stream from host RAM (offload.py): their weights never stay on
     `device`, and the model is returned on the host for offload.offload_layers to place (a model that needs
     offload does not fit on the device whole, even for a moment).  n_ctx: the context the engine runs, which
@@ -252,9 +255,7 @@ def load_model(
     preparing the tensors (read_params), assembling the model from them (assemble), and a rank's wrappers."""
     if weight_quant not in LOAD_QUANTS:
         raise ConfigError(f"the loader's weight quantization is one of {', '.join(LOAD_QUANTS)}, got {weight_quant!r}")
-    rtn = None
-    if weight_quant in ("int8", "int4", "fp8"):
-        rtn = QuantConfig(kind=weight_quant)
+    rtn = None if weight_quant in ("none", "gguf") else quantize.config_for(weight_quant)
     cfg, plan = read_plan(spec, weight_quant == "gguf", rtn, tp)
     params, factors = read_params(spec, cfg, dtype, device, weight_quant == "gguf", rtn, host_layers, plan)
     model = assemble(spec, cfg, ops, params, factors, n_ctx)
@@ -415,7 +416,7 @@ class _Prepare:
         # weight would be converted again in every layer of every step
         tensor = tensor.float() + self.norm_offset if target.endswith("norm.weight") else tensor.to(self.dtype)
         if self.rtn is not None and is_projection_param(target):
-            tensor = _quantize_on_load(tensor, self.rtn, self.device)
+            tensor = _quantize_on_load(tensor, self.rtn.for_module(target.removesuffix(".weight")), self.device)
             if layer is not None and layer < self.host_layers:  # quantized on the device, kept on the host
                 tensor = tensor.to("cpu")
         return tensor
@@ -478,7 +479,7 @@ def _down_group(spec: ModelSpec, names: dict, keep_gguf: bool, rtn: QuantConfig 
     groups, as tp/layers.shard_model's does): a kept GGUF block (32), an int4 group, else 1 (dense, or int8 /
     fp8 per channel, quantized from the rank's own columns)."""
     if rtn is not None:
-        layer = layer_config(rtn, ffn)
+        layer = layer_config(rtn.for_module("layers.0.mlp.down_proj"), ffn)
         return layer.group_size if layer is not None and layer.kind == "int4" else 1
     if keep_gguf and spec.format == "gguf":
         for t in spec.tensors:

@@ -40,7 +40,7 @@ from backends.torch_engine.model_load import (
 )
 from backends.torch_engine.offload import LayerStreamer
 from backends.torch_engine.parts import kv_pool_blocks
-from backends.torch_engine.quantize import DENSE_MIN_ROWS, QUANTIZED_ROWS, QuantLinear
+from backends.torch_engine.quantize import DENSE_MIN_ROWS, MIXED, QUANTIZED_ROWS, QuantLinear
 from backends.torch_engine.scripted_decode import install as install_scripted
 from backends.torch_engine.seams import BLOCK_SIZE, RunnerOutput, ScheduledRequest, SchedulerOutput
 from backends.torch_engine.swap_cost import SwapCost
@@ -82,14 +82,14 @@ def _cpu_has_bf16() -> bool:
         return False
 
 
-WEIGHT_QUANTS = ("auto", "none", "gguf", "int8", "int4", "fp8")
+WEIGHT_QUANTS = ("auto", "none", "gguf", "int8", "int4", "fp8", MIXED)
 
 
 def resolve_weight_quant(name: str, spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> str:
     """ "auto": on CPU with bf16 compute, a GGUF keeps its 4-bit projection blocks ("gguf"): the same weights
     llama.cpp runs, read at 4.5-5 bits instead of 16 through torch's packed int4 kernel (a starter-model decode
     step at batch 1 went from ~33 ms to ~16 ms; see kernels/quant_matmul_cpu.py).  Anywhere else dense
-    weights ("none"): the plan picks int8/int4/fp8 for GPUs explicitly, and without bf16 the CPU kernels
+    weights ("none"): the plan picks int8/int4/fp8/int4+attn8 for GPUs explicitly, and without bf16 the CPU kernels
     are slower than a dense fp32 matmul."""
     if name not in WEIGHT_QUANTS:
         raise ConfigError(f"the torch engine's weight quantization is one of {', '.join(WEIGHT_QUANTS)}, got {name!r}")

@@ -3,6 +3,12 @@
 The model code never knows about quantization (gpt-fast's idea).  Three ways to get quantized weights:
 - `quantize_model(model, QuantConfig(kind="int8" | "int4" | "fp8"))`: round-to-nearest from the fp16/bf16/fp32
   weights already in the model; int8 and fp8 per output channel, int4 with per-group scales and offsets.
+  `QuantConfig.per_module` gives some modules another kind: `config_for(MIXED)` is the per-layer precision
+  "int4+attn8" (the plan's "W4A16+attn8"): the attention projections (qkv_proj, o_proj) int8, the MLP's
+  (gate_up_proj, down_proj) int4.  Why that split: the MLP holds two thirds (Llama-2-7B) to four fifths
+  (Llama-3-8B) of a block's projection weights, so int4 there keeps most of int4's saving, while the attention
+  projections keep int8's accuracy.  On the starter (tests/kernels/test_quantized_perplexity.py) it costs +15 %
+  perplexity by round-to-nearest where W4A16 costs +34 %, and +9.4 % where W4A16 costs +11.5 % AWQ-style.
 - the same with `calibration=` activations (see `collect_calibration`): activation-aware scaling in the spirit
   of AWQ: input channels that carry large activations are scaled up before rounding (so they lose less
   precision) and the inverse scale is applied to the activations; the exponent is searched per layer.
@@ -47,6 +53,10 @@ from kernels.quant_matmul_cpu import (
 QUANTIZED_ROWS: contextvars.ContextVar[int | None] = contextvars.ContextVar("hearth_quantized_rows", default=None)
 
 KINDS = ("int8", "int4", "fp8")
+# The per-layer mixed precision (weight_quant and config_for's name): int4 with the attention projections at
+# int8.  Named as the kind most weights take, "+" what is raised: the plan's "W4A16+attn8" (hwprobe.memory).
+MIXED = "int4+attn8"
+ATTENTION_MODULES = "*.attn.*"  # fnmatch pattern of the attention projections (models/layers.py: attn.qkv_proj, o_proj)
 DENSE_MIN_ROWS = 32  # inputs with this many rows use a QuantLinear's dense copy when it has one
 # an untied Q8_0 lm head as two int4 halves costs twice an int4 matmul: outside a runner step (which keeps
 # decode rows on the quantized kernel) dense wins from ~4 rows (vocab 49152: 0.97 vs 1.71 ms at 1 row, 5.9 vs
@@ -62,10 +72,29 @@ class QuantConfig:
     group_size: int = 128  # int4: input features per scale/offset
     skip: tuple[str, ...] = ("lm_head", "*.lm_head", "output")  # fnmatch patterns of module names kept dense
     clip_ratios: tuple[float, ...] = (1.0, 0.95, 0.9, 0.85, 0.8)  # int4: per-group range shrink search (1.0 = RTN)
+    # (fnmatch pattern of module names, kind): modules quantized to another kind than `kind`, the first match
+    # wins (mixed precision per layer: config_for(MIXED))
+    per_module: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown quantization {self.kind!r}; choose one of {', '.join(KINDS)}")
+        for kind in (self.kind, *(k for _, k in self.per_module)):
+            if kind not in KINDS:
+                raise ValueError(f"unknown quantization {kind!r}; choose one of {', '.join(KINDS)}")
+
+    def for_module(self, name: str) -> QuantConfig:
+        """The config module `name` ("layers.3.attn.qkv_proj") is quantized with: its per_module kind if a
+        pattern matches, else `kind`; the result has no per_module of its own."""
+        if not self.per_module:
+            return self
+        kind = next((k for pattern, k in self.per_module if fnmatch.fnmatchcase(name, pattern)), self.kind)
+        return dataclasses.replace(self, kind=kind, per_module=())
+
+
+def config_for(weight_quant: str) -> QuantConfig:
+    """The round-to-nearest config of a loader weight_quant: "int8" | "int4" | "fp8" | MIXED."""
+    if weight_quant == MIXED:
+        return QuantConfig("int4", per_module=((ATTENTION_MODULES, "int8"),))
+    return QuantConfig(kind=weight_quant)
 
 
 class QuantLinear(nn.Module):
@@ -279,7 +308,8 @@ def quantize_rows(
 def quantize_model(
     model: nn.Module, config: QuantConfig, calibration: dict[str, torch.Tensor] | None = None
 ) -> nn.Module:
-    """Replace every nn.Linear (except config.skip) by a QuantLinear, in place; returns the model.
+    """Replace every nn.Linear (except config.skip) by a QuantLinear, in place; returns the model.  Each module
+    takes config.for_module's kind (mixed precision per layer).
 
     calibration: {module name: (rows, in_features) inputs seen by that Linear} from `collect_calibration`;
     when given, layers found in it get activation-aware scaling.  Group sizes per layer: `layer_config`.
@@ -291,7 +321,7 @@ def quantize_model(
         (name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear) and not _skipped(name, config)
     ]
     for name, linear in targets:
-        layer_cfg = layer_config(config, linear.in_features)
+        layer_cfg = layer_config(config.for_module(name), linear.in_features)
         if layer_cfg is None:
             continue
         weight = linear.weight.detach()

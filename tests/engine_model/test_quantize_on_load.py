@@ -225,7 +225,7 @@ def test_planner_prices_the_starter_as_loaded(starter_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("kind", ["int8", "int4", quantize.MIXED])
 def test_cuda_peak_is_the_quantized_model_not_the_dense_one(tmp_path: Path, kind: str) -> None:
     """On a GPU: the most memory allocated while loading (KV pool aside) is the quantized weights plus one
     chunk's scratch (quantize.QUANT_CHUNK_ELEMENTS: ~100 MB for int4's clip search; 256 MiB allowed), below the

@@ -29,7 +29,7 @@ from hwprobe.report import load_report
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EIGHT_BIT_OR_BETTER = {"bf16", "fp16", "F16", "FP8", "W8A16", "Q8_0"}
-Q4_K_M_OR_BETTER = EIGHT_BIT_OR_BETTER | {"Q6_K", "Q5_K_M", "Q4_K_M", "W4A16"}
+Q4_K_M_OR_BETTER = EIGHT_BIT_OR_BETTER | {"Q6_K", "Q5_K_M", "Q4_K_M", "W4A16+attn8", "W4A16"}
 
 
 def hw(name: str):
@@ -98,7 +98,8 @@ def test_torch_engine_is_offered_only_what_it_can_load() -> None:
     p = plan(hw("rtx4090_24gb"), LLAMA3_8B, Prefs(backend="torch"))
     assert (p.backend, p.quant, p.split_mode) == ("torch", "bf16", "none")
     # Formats its loader produces, on one GPU or in tensor parallelism over P2P-joined ones (never a layer
-    # split); W4A16 never for a model llama.cpp could run from a GGUF at Q4_K_M or better (config-only shapes).
+    # split); W4A16 (nor W4A16+attn8, whose MLP is W4A16) never for a model llama.cpp could run from a GGUF at
+    # Q4_K_M or better (config-only shapes).
     for fixture in ("rtx3090_24gb", "rtx4090_24gb", "2x3090_nvlink", "2x4090_no_p2p", "rtx4060_laptop_8gb"):
         for shape in ALL:
             try:
@@ -107,7 +108,7 @@ def test_torch_engine_is_offered_only_what_it_can_load() -> None:
                 continue  # e.g. a 70B on the 8 GB laptop: nothing fits, said with the numbers
             assert q.backend != "torch" or (
                 q.quant in TORCH_ENGINE_RUNNABLE_FORMATS
-                and q.quant != "W4A16"
+                and q.quant not in ("W4A16", "W4A16+attn8")
                 and (
                     len(q.tensor_split) <= 1
                     or q.split_mode == "tensor"

@@ -239,7 +239,7 @@ def test_a_safetensors_model_too_big_for_the_card_streams_rather_than_running_on
     assert any(
         r.startswith(
             "backend torch: the torch engine supports llama but none of its formats fits entirely "
-            "on GPU 0 (bf16 128.5 GiB, W8A16 64.7 GiB, W4A16 34.8 GiB)"
+            "on GPU 0 (bf16 128.5 GiB, W8A16 64.7 GiB, W4A16+attn8 40.1 GiB, W4A16 34.8 GiB)"
         )
         for r in p.reasons
     )

@@ -76,8 +76,9 @@ def test_13b_fp16_safetensors_on_a_24gb_card_runs_torch_int8(fixture: str) -> No
 
 def test_fp8_comes_after_int8_and_only_from_compute_capability_8_9() -> None:
     shape = safetensors(LLAMA2_13B)
-    assert _torch_formats(hw("rtx4090_24gb").gpus, shape, Prefs()) == ["bf16", "W8A16", "FP8", "W4A16"]
-    assert _torch_formats(hw("rtx3090_24gb").gpus, shape, Prefs()) == ["bf16", "W8A16", "W4A16"]
+    mixed = "W4A16+attn8"  # attention W8A16, MLP W4A16: wherever W4A16 is, before it
+    assert _torch_formats(hw("rtx4090_24gb").gpus, shape, Prefs()) == ["bf16", "W8A16", "FP8", mixed, "W4A16"]
+    assert _torch_formats(hw("rtx3090_24gb").gpus, shape, Prefs()) == ["bf16", "W8A16", mixed, "W4A16"]
 
 
 def test_7b_fp16_safetensors_on_a_24gb_card_stays_bf16() -> None:
@@ -135,7 +136,7 @@ def test_a_gguf_dequantizes_what_does_not_repack() -> None:
     "shape,want",
     [
         (Q8_0_7B, ["GGUF"]),  # W8A16 (8.0) would be below its 8.5 bits; never bf16: its own blocks have a kernel
-        (Q4_K_M_7B, ["GGUF", "W8A16", "FP8"]),  # never W4A16 (4.25 < 4.89)
+        (Q4_K_M_7B, ["GGUF", "W8A16", "FP8"]),  # never W4A16 nor W4A16+attn8 (its MLP's 4.25 < 4.89)
         (Q6_K_7B, ["GGUF", "W8A16", "FP8"]),  # its blocks as int8 (8.5 bits): W8A16's 8.0 stays above 6.56
     ],
 )
@@ -147,8 +148,9 @@ def test_a_gguf_is_never_recut_below_its_own_bits(shape, want) -> None:
 def test_a_gguf_without_repackable_blocks_has_no_gguf_format() -> None:
     gpus = hw("rtx4090_24gb").gpus
     assert _torch_formats(gpus, IQ1_M_7B, Prefs()) == ["bf16", "W8A16", "FP8"]
-    # asked for the torch engine, W4A16's 4.25 bits are above IQ1_M's 1.75: allowed
-    assert _torch_formats(gpus, IQ1_M_7B, Prefs(backend="torch")) == ["bf16", "W8A16", "FP8", "W4A16"]
+    # asked for the torch engine, W4A16's 4.25 bits are above IQ1_M's 1.75: allowed, and the mixed one with it
+    want = ["bf16", "W8A16", "FP8", "W4A16+attn8", "W4A16"]
+    assert _torch_formats(gpus, IQ1_M_7B, Prefs(backend="torch")) == want
 
 
 def test_a_gguf_whose_types_have_no_kernel_is_decoded_to_16_bits_and_says_so() -> None:
