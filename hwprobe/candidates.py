@@ -55,7 +55,7 @@ def torch_formats(gpus: Iterable[GpuInfo], shape: ModelShape, prefs: Prefs) -> l
     faster (not measured: no GPU yet).
 
     W4A16+attn8 (memory.TORCH_MIXED: attention projections W8A16, MLP W4A16) wherever W4A16 is, before it: more
-    bytes, less loss (starter perplexity +9.4 % against W4A16's +11.5 %, hwprobe.quality).  For a GGUF source each
+    bytes, less loss (starter perplexity +15 % against W4A16's +34 %, hwprobe.quality).  For a GGUF source each
     format's lowest bits count (its MLP's 4.25 for the mixed one), so it is never below the file's own bits."""
     ccs = [g.cc for g in gpus]
     if not ccs or any(cc is None or cc < TORCH_ENGINE_MIN_CC for cc in ccs):

@@ -45,7 +45,7 @@ def test_the_mixed_format_is_priced_part_by_part() -> None:
 
 def test_its_quality_default_is_the_starters_measurement() -> None:
     q = format_quality(MIXED, "torch", None)
-    assert q.pct == 9.4 and "16.83 -> 18.42" in q.source and "test_quantized_perplexity" in q.source
+    assert q.pct == 15.3 and "16.83 -> 19.40" in q.source and "test_quantized_perplexity" in q.source
     assert format_quality("W8A16", "torch", None).pct < q.pct < format_quality("W4A16", "torch", None).pct
 
 
@@ -56,8 +56,8 @@ def test_a_safetensors_8b_on_a_4090_lists_it_between_w8a16_and_w4a16() -> None:
     mixed = next(c for c in p.candidates if c.quant == MIXED)
     w8 = next(c for c in p.candidates if c.quant == "W8A16")
     w4 = next(c for c in p.candidates if c.quant == "W4A16")
-    assert (mixed.ppl_increase_pct, mixed.backend, mixed.ctx) == (9.4, "torch", 8192)
-    assert not mixed.within_budget  # +9.4 % against the default +1 %
+    assert (mixed.ppl_increase_pct, mixed.backend, mixed.ctx) == (15.3, "torch", 8192)
+    assert not mixed.within_budget  # +15.3 % against the default +1 %
     # on today's table: its int8 attention at int8's share, its int4 MLP at int4's, so between the two in speed
     assert w4.efficiency < mixed.efficiency < w8.efficiency
     assert w4.expected_tokens_per_s < mixed.expected_tokens_per_s < w8.expected_tokens_per_s
@@ -72,7 +72,7 @@ EQUAL_KERNELS = (
 
 
 @pytest.mark.parametrize(
-    "budget,want", [(0.0, "bf16"), (1.0, "W8A16"), (9.4, MIXED), (10.0, MIXED), (12.0, "W4A16"), (50.0, "W4A16")]
+    "budget,want", [(0.0, "bf16"), (1.0, "W8A16"), (15.3, MIXED), (20.0, MIXED), (33.8, "W4A16"), (50.0, "W4A16")]
 )
 def test_the_budget_decides_whether_it_wins(budget: float, want: str) -> None:
     p = plan(rtx4090(*EQUAL_KERNELS), ST_8B, Prefs(max_ppl_increase_pct=budget))
@@ -81,7 +81,7 @@ def test_the_budget_decides_whether_it_wins(budget: float, want: str) -> None:
     assert speeds["W4A16"] > speeds[MIXED] > speeds["W8A16"] > speeds["bf16"]
     if want == MIXED:  # the reasons name it, its figure and where the figure came from
         race = next(r for r in p.reasons if r.startswith("engine race: "))
-        assert race.startswith(f"engine race: torch {MIXED} ~") and "+9.4 % perplexity (default)" in race
+        assert race.startswith(f"engine race: torch {MIXED} ~") and "+15.3 % perplexity (default)" in race
         assert any(r.startswith(f"weights {MIXED} (precision per layer") for r in p.reasons)
         assert 6_100 < p.devices[0].weights_mib < 6_200  # 6,439,321,600 bytes
 
@@ -91,7 +91,7 @@ def test_a_mixed_plan_loads_as_int4_with_int8_attention() -> None:
     from app.settings import Settings
 
     report = rtx4090(*EQUAL_KERNELS)
-    p = plan(report, ST_8B, Prefs(max_ppl_increase_pct=10.0))
+    p = plan(report, ST_8B, Prefs(max_ppl_increase_pct=20.0))
     o = plan_options(p, report, Settings(), backend="torch", seqs=1, draft_path=None)
     assert (o.weight_quant, o.dtype, o.device) == ("int4+attn8", "bfloat16", "cuda:0")
 
