@@ -18,7 +18,7 @@ import psutil
 from app.loaded import Decision, Loaded
 from app.measurements import quality_records_for, with_decode_records
 from app.paths import get_paths
-from app.plan_options import kernel_check_record, physical_cores, plan_options
+from app.plan_options import TORCH_QUANTS, kernel_check_record, physical_cores, plan_options
 from app.remote import open_remote
 from app.runner_start import in_process, prestart
 from app.settings import Settings, keep_alive_seconds
@@ -275,11 +275,26 @@ def _decide(
     logits_all: bool,
     reused: frozenset[int] = frozenset(),
     report: HardwareReport | None = None,
+    weight_format: str | None = None,
 ) -> Decision:
     decision = decide(spec, settings, hardware_file, serving=serving, command=command, reused=reused, report=report)
     if logits_all:
         decision.options = dataclasses.replace(decision.options, logits_all=True)
+    if weight_format is not None:
+        decision.options = _forced_weights(decision, weight_format)
     return decision
+
+
+def _forced_weights(decision: Decision, weight_format: str) -> LoadOptions:
+    """The torch engine's weights in `weight_format` (a plan's torch format: "W8A16", "W4A16+attn8" ...) whatever
+    the plan chose: `hearth ppl --compare-formats` measures each format the planner may offer, on any machine."""
+    quant = TORCH_QUANTS.get(weight_format)
+    if decision.backend != "torch" or quant is None:
+        raise ConfigError(
+            f"{weight_format} weights are made by the torch engine while loading; this plan runs {decision.backend}",
+            "use --backend torch, and one of " + ", ".join(TORCH_QUANTS),
+        )
+    return dataclasses.replace(decision.options, weight_quant=quant)
 
 
 def open_backend(
@@ -294,12 +309,14 @@ def open_backend(
     command: str | None = None,
     prestarted: Prestarted | None = None,
     report: HardwareReport | None = None,
+    weight_format: str | None = None,
 ) -> Loaded:
     """`logits_all` keeps the logits of every prompt position (only `hearth ppl` needs it: it costs memory);
     `serving`: plan for concurrent clients (`hearth serve`, see decide); `command`: what will run, which sizes
     the KV pool (decide); `prestarted`: the command's runner, started before it imported this module
     (app/runner_start.py); without it one is started here, before the model is resolved and planned.  `report`:
-    plan for it instead of probing (decide)."""
+    plan for it instead of probing (decide).  `weight_format`: the torch engine's weights in that format whatever
+    the plan chose (_forced_weights)."""
     if settings.backend == "remote":
         return _open_remote(settings, progress=progress, load=load, logits_all=logits_all, prestarted=prestarted)
     # the runner starts first: its imports overlap resolving and planning the model here (prestart)
@@ -310,7 +327,7 @@ def open_backend(
         store = store or ModelStore()
         entry, spec = store.spec(settings.model)
         reused = _take_over_residents(spec, settings, command) if load else frozenset()
-        decision = _decide(spec, settings, hardware_file, serving, command, logits_all, reused, report)
+        decision = _decide(spec, settings, hardware_file, serving, command, logits_all, reused, report, weight_format)
         if load and spec.chat_template and not logits_all:
             # the chat template renders in a worker process (backends/template_process.py): start it now, on the
             # core the runner's start leaves idle, instead of after the load, before the first prompt
@@ -332,7 +349,9 @@ def open_backend(
     if load and isinstance(backend, RunnerBackend) and backend.end_other_residents():
         # an earlier command's runner held this model with another plan (engine, context, sequences): the plan
         # counted its memory as taken; that memory is free now, so plan again (backends/runner/resident.py)
-        decision = _decide(spec, settings, hardware_file, serving, command, logits_all, report=report)
+        decision = _decide(
+            spec, settings, hardware_file, serving, command, logits_all, report=report, weight_format=weight_format
+        )
         backend = build(decision, prestarted=backend.release_prestarted())
     if load:
         backend.load(progress)

@@ -22,7 +22,7 @@ from hwprobe.support import BF16_MIN_CC
 _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # plan.quant -> LoadOptions.weight_quant; "GGUF" is the file's own quantized (weight_map.REPACK_KIND) blocks, repacked
 # (backends/torch_engine/quantize.MIXED: "W4A16+attn8" is int4 with the attention projections int8)
-_TORCH_QUANTS = {"W8A16": "int8", "W4A16": "int4", "FP8": "fp8", "GGUF": "gguf", "W4A16+attn8": "int4+attn8"}
+TORCH_QUANTS = {"W8A16": "int8", "W4A16": "int4", "FP8": "fp8", "GGUF": "gguf", "W4A16+attn8": "int4+attn8"}
 
 
 def physical_cores() -> int:
@@ -75,7 +75,7 @@ def plan_options(
         dtype=_torch_dtype(plan, report) if torch else "auto",
         # every torch plan names its weights: "GGUF" (the file's blocks, GPU or CPU), a quantized format, or
         # dense ("none") in the plan's dtype
-        weight_quant=_TORCH_QUANTS.get(plan.quant, "none") if torch else "auto",
+        weight_quant=TORCH_QUANTS.get(plan.quant, "none") if torch else "auto",
         device=plan.device if torch else "auto",
         # a MoE plan's overflow experts in host RAM (llama.cpp tensor buffer overrides); a user-fixed
         # --n-gpu-layers is plain layer offload

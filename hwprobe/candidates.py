@@ -57,7 +57,18 @@ def torch_formats(gpus: Iterable[GpuInfo], shape: ModelShape, prefs: Prefs) -> l
     W4A16+attn8 (memory.TORCH_MIXED: attention projections W8A16, MLP W4A16) wherever W4A16 is, before it: more
     bytes, less loss (starter perplexity +15 % against W4A16's +34 %, hwprobe.quality).  For a GGUF source each
     format's lowest bits count (its MLP's 4.25 for the mixed one), so it is never below the file's own bits."""
-    ccs = [g.cc for g in gpus]
+    return _formats([g.cc for g in gpus], shape, prefs)
+
+
+def quantized_formats(shape: ModelShape, prefs: Prefs) -> list[str]:
+    """The formats quantized while loading that the planner may offer for `shape` on a GPU that runs them all
+    (compute capability 8.9: FP8 too), best quality first: what `hearth ppl --compare-formats` measures against
+    the model's best format (its 16 bits, or a GGUF's own blocks), which is left out, as is a GPTQ / AWQ label."""
+    own = {"bf16", "fp16", m.TORCH_GGUF, m.checkpoint_label(shape)}
+    return [f for f in _formats([FP8_MIN_CC], shape, prefs) if f not in own]
+
+
+def _formats(ccs: list, shape: ModelShape, prefs: Prefs) -> list[str]:
     if not ccs or any(cc is None or cc < TORCH_ENGINE_MIN_CC for cc in ccs):
         return []
     if (label := m.checkpoint_label(shape)) is not None:  # GPTQ / AWQ: its own packed weights, nothing else

@@ -127,3 +127,37 @@ def test_ppl_command_refuses_a_missing_file(tmp_path, capsys):
     from app.cli import main
 
     assert main(["ppl", str(tmp_path / "missing.txt")]) == 2
+
+
+def test_ppl_compare_with_a_gptq_folder_records_it_under_the_folders_own_name(tmp_path, capsys):
+    """`hearth ppl --model ORIGINAL --compare GPTQ_FOLDER`: the GPTQ folder is a model of its own, whose plan
+    reads the records under its name; the measured figure lands there too (and under the original's, as any
+    compared format's) and replaces the folder's published default in its plan."""
+    pytest.importorskip("safetensors")
+    from app.cli import main
+    from app.measurements import quality_records_for
+    from tests.gptq_awq_factory import Variant, dense_weights, write_byte_tokenizer, write_dense, write_quantized
+
+    gptq, _ = write_quantized(tmp_path / "tiny-gptq", Variant())
+    original = write_dense(tmp_path / "tiny-f32", dense_weights(0))  # the weights the checkpoint was made from
+    for folder in (gptq, original):
+        write_byte_tokenizer(folder)
+    assert main(["plan", str(gptq), "--json"]) == 0
+    chosen = next(c for c in json.loads(capsys.readouterr().out)["candidates"] if c["chosen"])
+    assert chosen["quant"] == "GPTQ-4bit-g32" and chosen["quality_source"].startswith("default:")
+    f = tmp_path / "t.txt"
+    f.write_text(TEXT[:300], encoding="utf-8")  # one token a byte: 300 tokens, 5 windows of 64
+    argv = ["ppl", str(f), "--model", str(original), "--compare", str(gptq), "--backend", "torch", "--ctx", "64"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "as GPTQ-4bit-g32" in out and "and as tiny-gptq's own format (its plan reads it)" in out, out
+    assert main([*argv, "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)["compare"]["recorded"]
+    assert (rec["model"], rec["format"], rec["checkpoint"]) == ("tiny-f32", "GPTQ-4bit-g32", "tiny-gptq")
+    for name in ("tiny-f32", "tiny-gptq"):
+        ((fmt, pct, source),) = quality_records_for(name)
+        assert (fmt, pct) == ("GPTQ-4bit-g32", rec["ppl_increase_pct"]) and source.startswith("hearth ppl --compare")
+    assert main(["plan", str(gptq), "--json"]) == 0
+    chosen = next(c for c in json.loads(capsys.readouterr().out)["candidates"] if c["chosen"])
+    assert chosen["quality_source"].startswith("measured: hearth ppl --compare on")
+    assert chosen["ppl_increase_pct"] == rec["ppl_increase_pct"]
