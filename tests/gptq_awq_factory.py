@@ -201,8 +201,17 @@ def _write(folder: Path, tensors: dict[str, torch.Tensor], config: dict) -> Path
 def write_quantized(folder: Path, v: Variant, seed: int = 0, side_file: bool = False):
     """A GPTQ / AWQ folder of a random tiny Llama; returns (folder, the dense float32 weights it stands for).
     side_file: the config in quantize_config.json (AutoGPTQ's place) instead of config.json."""
-    tensors, ref = quantize_checkpoint(dense_weights(seed), v, seed + 1)
-    config = dict(CONFIG) if side_file else {**CONFIG, "quantization_config": v.config()}
+    return write_checkpoint(folder, dense_weights(seed), CONFIG, v, seed + 1, side_file)
+
+
+def write_checkpoint(
+    folder: Path, sd: dict[str, torch.Tensor], model_config: dict, v: Variant, seed: int = 1, side_file: bool = False
+):
+    """A GPTQ / AWQ folder of any Llama-named float state dict `sd` (config.json: `model_config`), its other
+    tensors in float16 as published checkpoints keep them; returns (folder, the dense float32 weights it stands
+    for)."""
+    tensors, ref = quantize_checkpoint(sd, v, seed)
+    config = dict(model_config) if side_file else {**model_config, "quantization_config": v.config()}
     _write(
         folder,
         {k: t.half() if t.is_floating_point() and k.endswith(".weight") else t for k, t in tensors.items()},
@@ -213,6 +222,19 @@ def write_quantized(folder: Path, v: Variant, seed: int = 0, side_file: bool = F
     return folder, {k: (t.half().float() if not k.endswith(("proj.weight",)) else t) for k, t in ref.items()}
 
 
-def write_dense(folder: Path, weights: dict[str, torch.Tensor]) -> Path:
+def write_dense(folder: Path, weights: dict[str, torch.Tensor], config: dict = CONFIG) -> Path:
     """A float32 folder of the same model (the reference)."""
-    return _write(folder, {k: t.float() for k, t in weights.items()}, dict(CONFIG))
+    return _write(folder, {k: t.float() for k, t in weights.items()}, dict(config))
+
+
+def write_byte_tokenizer(folder: Path) -> Path:
+    """A tokenizer.json for the tiny vocabulary of 256: one token per byte (byte-level BPE without merges), so
+    the folder runs through the commands (`hearth ppl`, `run`) that tokenize text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"

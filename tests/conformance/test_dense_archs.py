@@ -25,6 +25,7 @@ from backends.torch_engine.model_runner import ModelRunner
 from backends.torch_engine.tokenizer import load_tokenizer
 from tests.arch_factory import write_tiny_arch
 from tests.greedy_agreement import assert_backends_agree
+from tests.hf_export import hf_config, hf_state
 
 PROMPT = "The quick brown fox jumps over the lazy dog. def f(x):\n    return x * 42\n"
 # F16: llama.cpp rounds the activations to f16 for its f16 matmuls (measured: 0.007 of Gemma's 5.3 logit range).
@@ -143,81 +144,6 @@ def test_reference_kernels_agree_with_the_fast_path(tmp_path: Path, arch: str) -
 # -- the Hugging Face layout of the same weights ------------------------------------------------------------
 
 
-def _hf_state(model, arch: str) -> dict[str, torch.Tensor]:
-    cfg = model.cfg
-    offset = 1.0 if arch == "gemma3" else 0.0  # Hugging Face's Gemma stores w of its (1 + w) norms
-
-    def norm(t: torch.Tensor) -> torch.Tensor:
-        return t - offset
-
-    sd = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": norm(model.norm.weight)}
-    if not cfg.tied_embeddings:
-        sd["lm_head.weight"] = model.lm_head.weight
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        sd[p + "self_attn.o_proj.weight"] = layer.attn.o_proj.weight
-        sd[p + "mlp.down_proj.weight"] = layer.mlp.down_proj.weight
-        sd[p + "input_layernorm.weight"] = norm(layer.input_norm.weight)
-        if arch == "phi3":
-            sd[p + "self_attn.qkv_proj.weight"] = layer.attn.qkv_proj.weight
-            sd[p + "mlp.gate_up_proj.weight"] = layer.mlp.gate_up_proj.weight
-        else:
-            wq, wk, wv = layer.attn.qkv_proj.weight.split((q, kv, kv))
-            gate, up = layer.mlp.gate_up_proj.weight.chunk(2)
-            sd.update(
-                {
-                    p + "self_attn.q_proj.weight": wq,
-                    p + "self_attn.k_proj.weight": wk,
-                    p + "self_attn.v_proj.weight": wv,
-                    p + "mlp.gate_proj.weight": gate,
-                    p + "mlp.up_proj.weight": up,
-                    p + "self_attn.q_norm.weight": norm(layer.attn.q_norm.weight),
-                    p + "self_attn.k_norm.weight": norm(layer.attn.k_norm.weight),
-                }
-            )
-        if arch == "gemma3":
-            sd[p + "post_attention_layernorm.weight"] = norm(layer.attn_post_norm.weight)
-            sd[p + "pre_feedforward_layernorm.weight"] = norm(layer.post_norm.weight)
-            sd[p + "post_feedforward_layernorm.weight"] = norm(layer.ffn_post_norm.weight)
-        else:
-            sd[p + "post_attention_layernorm.weight"] = layer.post_norm.weight
-    return sd
-
-
-def _hf_config(cfg, arch: str) -> dict:
-    config = {
-        "architectures": [
-            {"qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}[arch]
-        ],
-        "hidden_size": cfg.hidden_size,
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim,
-        "intermediate_size": cfg.ffn_size,
-        "vocab_size": cfg.vocab_size,
-        "rope_theta": cfg.rope_base,
-        "rms_norm_eps": cfg.rms_eps,
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": cfg.tied_embeddings,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }
-    if arch == "gemma3":
-        config.update(
-            query_pre_attn_scalar=cfg.head_dim,
-            sliding_window=cfg.sliding_window,
-            rope_local_base_freq=10000.0,
-            hidden_activation="gelu_pytorch_tanh",
-            layer_types=["sliding_attention" if s else "full_attention" for s in cfg.window_layers],
-            final_logit_softcapping=None,
-        )
-    if arch == "phi3":
-        config.update(partial_rotary_factor=cfg.rope_dim / cfg.head_dim, sliding_window=2047)
-    return config
-
-
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3", "phi3"])
 def test_hf_folder_matches_its_gguf(tmp_path: Path, arch: str) -> None:
     from safetensors.torch import save_file
@@ -226,9 +152,9 @@ def test_hf_folder_matches_its_gguf(tmp_path: Path, arch: str) -> None:
     gguf_runner = _runner(path)
     folder = tmp_path / "hf"
     folder.mkdir()
-    sd = _hf_state(gguf_runner.model, arch)
+    sd = hf_state(gguf_runner.model, arch)
     save_file({k: v.detach().float().contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(_hf_config(gguf_runner.model.cfg, arch)))
+    (folder / "config.json").write_text(json.dumps(hf_config(gguf_runner.model.cfg, arch)))
     tok = load_tokenizer(load_spec(path))
     tok._tk.save(str(folder / "tokenizer.json"))
     hf_runner = _runner(folder)
@@ -247,10 +173,10 @@ def test_gemma3_multimodal_folder_loads_its_language_model(tmp_path: Path) -> No
     gguf_runner = _runner(path)
     folder = tmp_path / "hf"
     folder.mkdir()
-    sd = {"language_model." + k: v for k, v in _hf_state(gguf_runner.model, "gemma3").items()}
+    sd = {"language_model." + k: v for k, v in hf_state(gguf_runner.model, "gemma3").items()}
     sd["vision_tower.vision_model.embeddings.patch_embedding.weight"] = torch.ones(4, 3, 2, 2)
     save_file({k: v.detach().float().contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
-    text = _hf_config(gguf_runner.model.cfg, "gemma3")
+    text = hf_config(gguf_runner.model.cfg, "gemma3")
     text.pop("architectures")
     (folder / "config.json").write_text(
         json.dumps(

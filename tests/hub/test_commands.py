@@ -111,3 +111,44 @@ def test_safetensors_repo_with_include(hub, tmp_path):
         "model.safetensors",
         "tokenizer.json",
     ]
+
+
+@pytest.mark.parametrize(
+    "method, side_file, side_config, label",
+    [
+        ("gptq", "quantize_config.json", None, "GPTQ-4bit-g32"),  # AutoGPTQ's file: the Variant's own config
+        (  # AutoAWQ's file and keys
+            "awq",
+            "quant_config.json",
+            {"zero_point": True, "q_group_size": 32, "w_bit": 4, "version": "GEMM"},
+            "AWQ-4bit-g32",
+        ),
+    ],
+)
+def test_pull_gptq_awq_repo_fetches_its_side_config(hub, tmp_path, capsys, method, side_file, side_config, label):
+    """A GPTQ / AWQ repo whose quantization lives in a side file (not config.json): the pull fetches it, so
+    the pulled folder reads as its packed format in `hearth models` and `hearth show`, and runs."""
+    pytest.importorskip("safetensors")
+    from tests.gptq_awq_factory import Variant, write_byte_tokenizer, write_quantized
+
+    folder, _ = write_quantized(tmp_path / "q", Variant(method=method), side_file=True)
+    if side_config is not None:
+        (folder / "quantize_config.json").unlink()
+        (folder / side_file).write_text(json.dumps(side_config))
+    write_byte_tokenizer(folder)
+    files = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert "quantization_config" not in json.loads(files["config.json"]) and side_file in files
+    hub.repos["acme/Tiny-Quant"] = FakeRepo({**files, "README.md": b"not fetched"})
+    assert main(["pull", "acme/Tiny-Quant"]) == 0
+    assert f"fetching {side_file}" in capsys.readouterr().err
+    pulled = Path(ModelStore().get("tiny-quant").path)
+    assert sorted(p.name for p in pulled.iterdir() if not p.name.startswith(".")) == sorted(
+        ["config.json", "model.safetensors", "tokenizer.json", side_file]
+    )
+    assert main(["models", "--json"]) == 0
+    row = {r["name"]: r for r in json.loads(capsys.readouterr().out)}["tiny-quant"]
+    assert (row["quant"], row["format"], row["backends"]) == (label, "safetensors", ["torch"])
+    assert main(["show", "tiny-quant"]) == 0
+    shown = capsys.readouterr().out
+    assert f"quant         {label}" in shown and "the folder's own packed integers" in shown, shown
+    assert main(["run", "--model", "tiny-quant", "--max-tokens", "2", "hello"]) == 0
