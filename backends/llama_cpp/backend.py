@@ -58,7 +58,7 @@ from backends.llama_cpp.overrides import cpu_expert_overrides
 from backends.llama_cpp.sampling import Sampling, start_sampling
 from backends.llama_cpp.threads import LlamaThreads, threads_to_use
 from backends.llama_cpp.tokens import tokenize
-from backends.llama_cpp.turns import common_prefix, park, prefill_piece, resume
+from backends.llama_cpp.turns import PieceSizer, common_prefix, park, prefill_piece, resume
 from backends.modelspec import ModelSpec
 from backends.priority import effective_priority
 from hwprobe.spare_cores import SpareCores
@@ -414,13 +414,16 @@ class LlamaCppBackend(Backend):
         return reason, None, None
 
     def _prefill(self, llm: Any, request: Request, ids: list[int], submitted: float) -> bool:
-        """Evaluate a long prompt a batch at a time, handing the context to a better-ranked request between
-        pieces (turns.py); False when the request was aborted meanwhile."""
-        piece = max(64, int(llm.n_batch))
-        while self._worker.call(prefill_piece, llm, ids, piece):
+        """Evaluate a long prompt a piece at a time (pieces of about PIECE_S each: turns.py PieceSizer), handing
+        the context to a better-ranked request between pieces; False when the request was aborted meanwhile."""
+        pieces = PieceSizer(int(llm.n_batch))
+        while True:
+            began = time.perf_counter()
+            if not self._worker.call(prefill_piece, llm, ids, pieces.size):
+                return True
+            pieces.timed(pieces.size, time.perf_counter() - began)
             if not self._let_better_ones_run(llm, request, submitted):
                 return False
-        return True
 
     def _let_better_ones_run(self, llm: Any, request: Request, submitted: float) -> bool:
         """When a request of a better priority waits: park this generation's context, give the turn away, and

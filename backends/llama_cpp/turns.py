@@ -16,7 +16,10 @@ app/server/admission.py).  When the copy would take more than half the memory fr
 and `resume` re-evaluates the ids instead (only what differs from what the other request left).
 
 Long prompts are evaluated `piece` tokens at a time (`prefill_piece`) so that a better-ranked request also gets the
-context between the pieces of a long prefill, not after all of it.
+context between the pieces of a long prefill, not after all of it.  A piece is sized by time, not by llama.cpp's
+n_batch (`PieceSizer`): what a chat message waits for is the piece in progress, and on a CPU a 512-token batch is
+seconds (the starter on 2 Xeon cores, extra buffer types off: 2.2 s at 512 tokens, 0.3 s at 64, the same ~260
+tokens/s either way), where on a GPU it is milliseconds (the pieces grow to n_batch after the first).
 
 Every function here runs on the backend's llama.cpp thread (one_thread.py).
 """
@@ -88,8 +91,7 @@ def kv_restore(llm: Any, kv: Any) -> bool:
 def prefill_piece(llm: Any, ids: Sequence[int], piece: int) -> bool:
     """Evaluate the next `piece` tokens of the prompt `ids` after what the cache already holds of it; False when
     at most `piece` tokens are left (generate() evaluates those itself, and always the last token: it samples from
-    that token's logits).  A piece ends where llama.cpp's own batches would (piece = n_batch), so pieces cost no
-    extra decode calls."""
+    that token's logits).  `piece` is PieceSizer's (at most n_batch: one llama.cpp decode call a piece)."""
     done = common_prefix(llm.input_ids[: llm.n_tokens], ids)
     done = min(done, len(ids) - 1)
     if len(ids) - 1 - done <= piece:
@@ -97,6 +99,27 @@ def prefill_piece(llm: Any, ids: Sequence[int], piece: int) -> bool:
     llm.n_tokens = done
     llm.eval(list(ids[done : done + piece]))
     return True
+
+
+PIECE_S = 0.25  # a prompt piece's target time: about what a better-ranked request waits for the context
+FIRST_PIECE = 64  # tokens of a prompt's first piece, before its rate is known
+PIECE_STEP = 16  # pieces are whole multiples of this (the KV cache's block)
+
+
+class PieceSizer:
+    """The next prompt piece's length: as many tokens as the last piece's rate evaluates in PIECE_S, between
+    PIECE_STEP and n_batch (a larger piece would be split by llama.cpp anyway)."""
+
+    def __init__(self, n_batch: int) -> None:
+        self.limit = max(PIECE_STEP, int(n_batch))
+        self.size = min(FIRST_PIECE, self.limit)
+
+    def timed(self, tokens: int, seconds: float) -> int:
+        """Record that `tokens` took `seconds`; the next piece's size."""
+        rate = tokens / max(seconds, 1e-6)
+        fitting = int(rate * PIECE_S) // PIECE_STEP * PIECE_STEP
+        self.size = max(PIECE_STEP, min(self.limit, fitting))
+        return self.size
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -1,13 +1,13 @@
 """backends/llama_cpp/turns.py on a stand-in for llama-cpp-python's Llama (its context's ids, n_tokens, eval and
 sampler): a parked generation gets back exactly its context and its own sampler object, from the copied cells
 without evaluating anything, or (no copy) re-evaluating only what the other request changed; a long prompt goes in
-pieces that end where llama.cpp's batches would.  The real cells: tests/e2e/test_llama_cpp_preemption.py."""
+pieces sized by time (at most n_batch).  The real cells: tests/e2e/test_llama_cpp_preemption.py."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from backends.llama_cpp.turns import park, prefill_piece, resume
+from backends.llama_cpp.turns import FIRST_PIECE, PIECE_S, PieceSizer, park, prefill_piece, resume
 
 
 class FakeLlama:
@@ -103,3 +103,16 @@ def test_prefill_continues_from_what_another_request_left() -> None:
     llm.evals.clear()
     assert prefill_piece(llm, ids, piece=8)
     assert llm.evals == [ids[2:10]] and llm.context() == ids[:10]
+
+
+def test_pieces_are_sized_by_time_not_by_the_batch() -> None:
+    """A chat message waits for the piece in progress: on a CPU that evaluates 260 tokens/s (the starter on 2 Xeon
+    cores) a piece is ~64 tokens (0.25 s), not n_batch's 512 (2 s); on a GPU the pieces grow to n_batch."""
+    cpu = PieceSizer(512)
+    assert cpu.size == FIRST_PIECE
+    assert cpu.timed(64, 64 / 260) == 64  # 260 tok/s x PIECE_S = 65 -> 64, whole multiples of 16
+    assert cpu.timed(64, 2.0) == 16  # a piece that crawled (a second process took the cores): the least piece
+    assert cpu.size * 2.0 / 64 <= 2 * PIECE_S
+    gpu = PieceSizer(512)
+    assert gpu.timed(64, 0.004) == 512  # 16k tok/s: n_batch is the most a piece takes
+    assert PieceSizer(8).size == 16 and PieceSizer(32).size == 32
