@@ -11,9 +11,19 @@ int4  (W4A16): qweight uint8 (N, K // 2), two values per byte: k = 2j in the low
       (offset = -dmin * min) without requantising.  G = 128 by default, 32 for GGUF blocks.
 fp8   : qweight float8_e4m3fn (N, K); scales (N, 1). w[n, k] = float(qweight[n, k]) * scales[n, 0].
       The Triton path needs compute capability >= 8.9 (Ada/Hopper); elsewhere only the reference runs.
+q6    : GGUF Q6_K as it is (no requantization: 6.5625 bits a weight); K a multiple of 256, group_size 16.
+      w[n, k] = super_scales[n, k // 256] * scales[n, k // 16] * (q[n, k] - 32), q in 0..63 of 6 bits.
+      qweight uint8 (N, K // 2): q's low 4 bits, packed as int4's (k = 2j low nibble, 2j + 1 high nibble of byte j).
+      qhigh uint8 (N, K // 4): q's high 2 bits, four to a byte, in chunks of 64 weights: byte 16c + b holds those
+      of weights 64c + 2b, 64c + 2b + 1, 64c + 32 + 2b, 64c + 32 + 2b + 1 in bits 0-1, 2-3, 4-5, 6-7.  Why that
+      order (kernels/q6_gemv_triton.py): int32 word w of a chunk's qhigh holds the high bits of just the weights
+      of nibble word w of each 32-weight half of the chunk, byte i those of nibble byte i, so one shift and one
+      mask set the high bits of four values beside their nibbles, a value a byte (`lo & 0x0F0F0F0F | hi_shifted
+      & 0x30303030`).  scales int8 (N, K // 16): Q6_K's sub-scales; super_scales float16 (N, K // 256): its d.
+      Triton kernels on CUDA and the reference elsewhere: no CPU kernel (q6 is meant for GPUs alone).
 
-Scales and offsets are stored in the activation dtype (fp16 or bf16) or float32.
-Bytes per weight: int8 1 + 2/G, int4 0.5 + 4/G (4.25 bits at G = 128), fp8 1.
+Scales and offsets of int8 / int4 / fp8 are stored in the activation dtype (fp16 or bf16) or float32.
+Bytes per weight: int8 1 + 2/G, int4 0.5 + 4/G (4.25 bits at G = 128), fp8 1, q6 0.5 + 0.25 + 1/16 + 2/256 = 0.8203.
 """
 
 from __future__ import annotations
@@ -29,13 +39,15 @@ FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 class QuantWeight:
     """A quantized (N, K) weight in one of the layouts above (the seam between quantize transforms and kernels)."""
 
-    kind: str  # "int8" | "int4" | "fp8"
-    qweight: torch.Tensor  # int8 (N, K) | uint8 (N, K // 2) | float8_e4m3fn (N, K)
-    scales: torch.Tensor  # (N, K // group_size)
-    offsets: torch.Tensor | None  # int4 only: (N, K // group_size); None for int8 / fp8
+    kind: str  # "int8" | "int4" | "fp8" | "q6"
+    qweight: torch.Tensor  # int8 (N, K) | uint8 (N, K // 2) | float8_e4m3fn (N, K) | q6: uint8 (N, K // 2)
+    scales: torch.Tensor  # (N, K // group_size); q6: int8 sub-scales (N, K // 16)
+    offsets: torch.Tensor | None  # int4 only: (N, K // group_size); None for int8 / fp8 / q6
     group_size: int  # input features per scale; K for per-channel
     in_features: int  # K
     out_features: int  # N
+    qhigh: torch.Tensor | None = None  # q6 only: uint8 (N, K // 4), the values' high 2 bits (layout above)
+    super_scales: torch.Tensor | None = None  # q6 only: float16 (N, K // 256), one d per 256 weights
 
     def to(self, device: torch.device | str) -> QuantWeight:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -49,11 +61,13 @@ class QuantWeight:
             self.group_size,
             self.in_features,
             self.out_features,
+            move(self.qhigh),
+            move(self.super_scales),
         )
 
     @property
     def nbytes(self) -> int:
-        parts = (self.qweight, self.scales, self.offsets)
+        parts = (self.qweight, self.scales, self.offsets, self.qhigh, self.super_scales)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
 
@@ -68,17 +82,19 @@ def concat_rows(parts: list[QuantWeight]) -> QuantWeight:
         p.kind == first.kind and p.group_size == first.group_size and p.in_features == first.in_features for p in parts
     ), "concat_rows needs one kind, group size and input width"
 
-    def cat(field: str) -> torch.Tensor:
-        return torch.cat([getattr(p, field) for p in parts], dim=0)
+    def cat(field: str) -> torch.Tensor | None:
+        return None if getattr(first, field) is None else torch.cat([getattr(p, field) for p in parts], dim=0)
 
     return QuantWeight(
         first.kind,
         cat("qweight"),
         cat("scales"),
-        None if first.offsets is None else cat("offsets"),
+        cat("offsets"),
         first.group_size,
         first.in_features,
         sum(p.out_features for p in parts),
+        cat("qhigh"),
+        cat("super_scales"),
     )
 
 
@@ -93,6 +109,24 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     """(N, K // 2) uint8 -> (N, K) uint8 in 0..15 (inverse of pack_int4)."""
     low, high = packed & 0x0F, packed >> 4
     return torch.stack([low, high], dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
+def pack_q6_high(high: torch.Tensor) -> torch.Tensor:
+    """(N, K) integers in 0..3 (the 6-bit values' high bits) -> qhigh uint8 (N, K // 4) in q6's order: byte
+    16c + b holds weights 64c + 2b + o + 32h (o, h in 0..1) in bits 2 (2h + o) and up."""
+    n, k = high.shape
+    assert k % 64 == 0, "q6 packs its high bits in chunks of 64 weights"
+    fields = high.to(torch.uint8).reshape(n, k // 64, 2, 16, 2)  # (N, chunk c, half h, byte b, odd o)
+    fields = fields.permute(0, 1, 3, 2, 4).reshape(n, k // 64, 16, 4)  # (..., b, field 2h + o)
+    return (fields[..., 0] | fields[..., 1] << 2 | fields[..., 2] << 4 | fields[..., 3] << 6).reshape(n, k // 4)
+
+
+def unpack_q6_high(qhigh: torch.Tensor) -> torch.Tensor:
+    """qhigh uint8 (N, K // 4) -> (N, K) uint8 in 0..3 (inverse of pack_q6_high)."""
+    n, k = qhigh.shape[0], qhigh.shape[1] * 4
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=qhigh.device)
+    fields = (qhigh.reshape(n, k // 64, 16, 1) >> shifts) & 3  # (N, c, b, field 2h + o)
+    return fields.reshape(n, k // 64, 16, 2, 2).permute(0, 1, 3, 2, 4).reshape(n, k)
 
 
 # ---- dequantize (the reference semantics of each layout) -----------------------------------------------------
@@ -112,7 +146,17 @@ def dequantize(w: QuantWeight) -> torch.Tensor:
         return q * _per_column(w.scales, w.group_size) + _per_column(w.offsets, w.group_size)
     if w.kind == "fp8":
         return w.qweight.float() * _per_column(w.scales, w.group_size)
+    if w.kind == "q6":
+        return _dequantize_q6(w)
     raise ValueError(f"unknown quantized weight kind {w.kind!r}")
+
+
+def _dequantize_q6(w: QuantWeight) -> torch.Tensor:
+    """q6 -> float32 (N, K), exactly Q6_K's weights: d * sc * (q - 32) needs at most 11 + 7 + 5 significant bits,
+    so float32 holds it exactly whatever the order of the products (gguf's dequantizer multiplies d * sc first)."""
+    q = unpack_int4(w.qweight).to(torch.int16) | (unpack_q6_high(w.qhigh).to(torch.int16) << 4)
+    sub = w.scales.to(torch.int16).repeat_interleave(16, dim=1) * (q - 32)  # exact: |sc (q - 32)| <= 4096
+    return sub.float() * _per_column(w.super_scales, 256)
 
 
 def quant_matmul_reference(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

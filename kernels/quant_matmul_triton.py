@@ -3,8 +3,9 @@
 out[m, n] = sum_k x[m, k] * (q[n, k] * scale[n, k // G] (+ offset[n, k // G]))
 
 Calls of 1 to 16 rows of int4 / int8 weights in 32-multiples go to kernels/quant_gemv_triton.py (no MMA tile
-to pad one row to); this kernel serves the rest.  One kernel for the three kinds (a constexpr picks how a weight
-tile is decoded).  Each program owns a
+to pad one row to); this kernel serves the rest.  q6 weights (GGUF Q6_K as it is) have kernels of their own:
+kernels/q6_gemv_triton.py for 1 to 16 rows, kernels/q6_matmul_triton.py's tl.dot kernel for more.  One kernel for
+the three kinds (a constexpr picks how a weight tile is decoded).  Each program owns a
 (BLOCK_M, BLOCK_N) output tile and walks K in BLOCK_K steps: it loads the quantized tile (for int4 the packed
 bytes once, each nibble plane then multiplied with its half of x's columns), scales it in float32, casts to x's
 dtype and feeds tl.dot with a float32 accumulator.  Decode (M = 1..16) reads each weight byte exactly once, which
@@ -20,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import q6_gemv_triton, q6_matmul_triton
 from kernels import quant_gemv_triton as gemv
 from kernels.quant_matmul import QuantWeight
 
@@ -176,7 +178,11 @@ def quant_matmul_triton(
     blocks: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """x: (..., K) -> (..., N) in x's dtype.  blocks = (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K) overrides the choice
-    (tests use it to exercise edge tiles and split K on tiny shapes)."""
+    (tests use it to exercise edge tiles and split K on tiny shapes; q6 takes none)."""
+    if w.kind == "q6":
+        if blocks is not None:
+            raise ValueError("blocks sets the int4 / int8 / fp8 kernel's tiles; q6 weights have kernels of their own")
+        return _q6_matmul(x, w, bias)
     _check(x, w)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, w.in_features)  # (M, K)
@@ -224,3 +230,18 @@ def quant_matmul_triton(
     if bias is not None:
         out = out + bias.to(x.dtype)
     return out.reshape(*lead, n)
+
+
+def _q6_matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """q6: 1 to 16 rows to the decode kernel (kernels/q6_gemv_triton.py), more to the tl.dot kernel."""
+    q6_matmul_triton.check_q6(x, w)
+    if not _runnable(x):
+        raise RuntimeError("the Triton quantized matmul runs on CUDA tensors (or under TRITON_INTERPRET=1)")
+    x2 = x.reshape(-1, w.in_features)  # (M, K)
+    if q6_gemv_triton.supports(w, x2.shape[0]):
+        out = q6_gemv_triton.q6_gemv_triton(x2, w)
+    else:
+        out = q6_matmul_triton.q6_matmul_triton(x2, w)
+    if bias is not None:
+        out = out + bias.to(x.dtype)
+    return out.reshape(*x.shape[:-1], w.out_features)

@@ -112,18 +112,18 @@ def test_decode_rows_are_dispatched_to_it_and_the_rest_to_the_tile_kernel(monkey
 # ---- compiled for real GPUs, no GPU needed -------------------------------------------------------------------
 
 # Compiling needs the real @triton.jit (this suite runs under TRITON_INTERPRET=1): a child process without it
-# compiles every case once and hands back the PTX.
+# compiles every case once and hands back the PTX (compile_ptx; tests/kernels/test_q6_gemv.py uses it too).
 _COMPILE = r"""
-import inspect, json, sys
+import importlib, inspect, json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels import quant_gemv_triton as gemv
 
-TYPES = {"x_ptr": "*fp16", "w_ptr": "*i32", "s_ptr": "*fp16", "o_ptr": "*fp16", "out_ptr": "*fp16"}
+module = importlib.import_module(sys.argv[1])
+TYPES = json.loads(sys.argv[2])  # pointer arguments' types; every other non-constexpr argument is an i32
 out = {}
-for key, (name, consts, cc, warps) in json.loads(sys.argv[1]).items():
-    fn = getattr(gemv, name)
+for key, (name, consts, cc, warps) in json.loads(sys.argv[3]).items():
+    fn = getattr(module, name)
     names = list(inspect.signature(fn.fn).parameters)
     sig = {a: "constexpr" if a in consts else TYPES.get(a, "i32") for a in names}
     # what Triton specializes at launch: 16-byte aligned pointers, K, groups and strides multiples of 16 (true
@@ -151,15 +151,15 @@ def _cases() -> dict[str, tuple[str, dict, int, int]]:
     return cases
 
 
-@pytest.fixture(scope="module")
-def ptx() -> dict[str, str]:
+def compile_ptx(module: str, types: dict[str, str], cases: dict[str, tuple[str, dict, int, int]]) -> dict[str, str]:
+    """{case: PTX} for cases {key: (kernel name in `module`, constexprs, compute capability, num_warps)}."""
     import json
     import os
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run(
-        [sys.executable, "-c", _COMPILE, json.dumps(_cases())],
+        [sys.executable, "-c", _COMPILE, module, json.dumps(types), json.dumps(cases)],
         capture_output=True,
         text=True,
         env=env,
@@ -168,6 +168,12 @@ def ptx() -> dict[str, str]:
     )
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def ptx() -> dict[str, str]:
+    types = {"x_ptr": "*fp16", "w_ptr": "*i32", "s_ptr": "*fp16", "o_ptr": "*fp16", "out_ptr": "*fp16"}
+    return compile_ptx("kernels.quant_gemv_triton", types, _cases())
 
 
 def _spills(ptx: str, cc: int) -> tuple[int, int]:
