@@ -109,8 +109,9 @@ class ModelSpec:
         if self.format == "gguf":  # per layer (int4, int8) weights the torch engine keeps as the file's blocks
             extra["gguf_repacked"] = repacked_params(self.tensors, self.n_layers, self.architecture)
             extra["gguf_unkept_types"] = unkept_types(self.tensors, self.n_layers, self.architecture)
-            if out is not None and out is not embed:  # an untied head: kept as int4 / int8 on the CPU, or None
+            if out is not None and out is not embed:  # untied: head and embedding kept as int4 / int8, or None (16-bit)
                 extra["gguf_head_kind"] = REPACK_KIND.get(out.ggml_type)
+                extra["gguf_embed_kind"] = REPACK_KIND.get(embed.ggml_type) if embed is not None else None
         elif (quant := spec_quant(self.path, self.metadata)) is not None:  # GPTQ / AWQ: its own packed weights
             modules = packed_modules(quant, self.tensors, self.path)
             extra["checkpoint_quant"] = planner_extra(quant, modules, self.n_layers, _layer_index)

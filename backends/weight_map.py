@@ -143,9 +143,10 @@ def repacked_params(
     tensors: Iterable[_Tensor], n_layers: int, architecture: str = "llama"
 ) -> tuple[tuple[int, int], ...]:
     """Per layer, (weights kept as int4, weights kept as int8) when a GGUF loads with weight_quant "gguf": a
-    projection keeps its blocks when every shard of its merged parameter has a REPACK_KIND, as int8 when they
-    mix int4 and int8 (the loader's _merge rule, gguf_repack.merge_kept); the others are dequantized to the
-    compute dtype."""
+    projection keeps its blocks when every shard of its merged parameter has a REPACK_KIND, each shard at its own
+    kind (one QuantLinear when they share it, else a SplitLinear of the parts: the loader's _merge rule,
+    gguf_repack.merge_kept); the others are dequantized to the compute dtype.  The head and the embedding are
+    outside the blocks: ModelSpec.to_shape gives their kinds (extra["gguf_head_kind"], ["gguf_embed_kind"])."""
     groups: dict[tuple[int, str], list[_Tensor]] = {}
     name_map = names(architecture, "gguf")
     for t in tensors:
@@ -155,7 +156,7 @@ def repacked_params(
             groups.setdefault((layer, target), []).append(t)
     kept = [[0, 0] for _ in range(n_layers)]
     for (layer, _), parts in groups.items():
-        kinds = {REPACK_KIND.get(t.ggml_type) for t in parts}
-        if None not in kinds:
-            kept[layer][0 if kinds == {"int4"} else 1] += sum(t.n_elements for t in parts)
+        if all(t.ggml_type in REPACK_KIND for t in parts):
+            for t in parts:
+                kept[layer][0 if REPACK_KIND[t.ggml_type] == "int4" else 1] += t.n_elements
     return tuple((a, b) for a, b in kept)

@@ -23,12 +23,14 @@ allocates, checked against its own log on this machine (tests/hwprobe/test_estim
   allocates exactly that (LoadOptions.kv_cache_bytes).
 - the torch engine on the CPU (torch_cpu_weights): what it holds after loading, measured on the starter: a
   GGUF's Q4_0/Q4_1/Q4_K projections repacked for torch's int4 CPU kernel (0.625 bytes a weight), Q8_0, Q5_0
-  and Q6_K ones as int8 read in two int4 halves (1.25), the rest and the embedding (a tied head is the same
-  tensor) in bf16, norms in float32, and bf16 dense copies of every repacked projection for prompt rows when they fit
-  torch_cpu_dense_copy_budget; plus its tokenizer (TORCH_TOKENIZER_BYTES_PER_TOKEN); its compute buffers are
-  llama.cpp's formula for a prompt chunk (an upper bound there: the starter's 512-token chunks at up to 8192
-  tokens of context peaked 53-67 MiB above the loaded model, the formula says 167) plus the K and V its
-  attention gathers for a full decode batch (torch_cpu_attention_bytes).
+  and Q6_K ones as int8 read in two int4 halves (1.25), an untied head likewise, an untied model's repacked
+  embedding in the GPU's layout (it is gathered, never multiplied: GGUF_REPACKED_INT4 / INT8_BYTES), the rest
+  and a tied embedding (the head is the same tensor) in bf16, norms in float32, and bf16 dense copies of every
+  repacked projection for prompt rows when they fit torch_cpu_dense_copy_budget; plus its tokenizer
+  (TORCH_TOKENIZER_BYTES_PER_TOKEN); its compute buffers are llama.cpp's formula for a prompt chunk (an upper
+  bound there: the starter's 512-token chunks at up to 8192 tokens of context peaked 53-67 MiB above the loaded
+  model, the formula says 167) plus the K and V its attention gathers for a full decode batch
+  (torch_cpu_attention_bytes).
 - overhead per GPU: the CUDA context, cuBLAS workspace and llama.cpp's own small buffers; more for PyTorch
   (its caching allocator keeps freed blocks).
 - safety margin: what the planner never plans into: max(512 MiB, 3 % of the card) per GPU, 1 GiB of host RAM.
@@ -79,9 +81,13 @@ TORCH_MIXED_PARTS = (("attention", "W8A16"), ("mlp", "W4A16"))
 # "GGUF": the torch engine keeps a GGUF's own quantized (weight_map.REPACK_KIND) projection blocks (weight_quant
 # "gguf"), repacked into groups of 32 with scales (and int4 offsets) in the 16-bit compute dtype: int4
 # 0.5 + 2 x 2/32 bytes per weight (5.0 bits: Q4_0's 4.5 gains an offset, Q4_K's 4.5 loses its 6-bit sub-block
-# packing), int8 1 + 2/32 (8.5 bits: Q8_0's own size; Q5_0's 5.5 and Q6_K's 6.56 grow to it).  Projections
-# that do not repack, embedding and head are 16-bit; RMSNorm weights float32.  Which projections repack comes
-# from the file (shape.extra["gguf_repacked"]).
+# packing), int8 1 + 2/32 (8.5 bits: Q8_0's own size; Q5_0's 5.5 and Q6_K's 6.56 grow to it).  A merged
+# projection whose parts repack to different kinds keeps each part at its own (split_linear.py).  An untied
+# model's head and embedding are held the same way when their types repack (a QuantLinear and a QuantEmbedding);
+# projections that do not repack and a tied embedding (also the head) are 16-bit; RMSNorm weights float32.  Which
+# projections repack comes from the file (shape.extra["gguf_repacked"]), the head's and embedding's kinds too
+# (["gguf_head_kind"], ["gguf_embed_kind"]).  Llama-3-8B Q4_K_M on a GPU: 5.3 GiB (was 6.6 with the mixed Q/K/V
+# requantized to int8 and a 16-bit embedding and head).
 TORCH_GGUF = "GGUF"
 GGUF_REPACKED_INT4_BYTES = 0.5 + 2 * 2 / 32
 GGUF_REPACKED_INT8_BYTES = 1 + 2 / 32
@@ -231,7 +237,8 @@ def torch_format_lowest_bpw(fmt: str) -> float:
 
 def torch_gguf_weights(shape: ModelShape) -> WeightLayout | None:
     """What the torch engine holds on a GPU for a GGUF loaded with its own blocks (TORCH_GGUF), or None when no
-    projection of the file repacks (an F16 or Q6_K file: that would just be bf16)."""
+    projection of the file repacks (an F16 file: that would just be bf16): the projections as kept, an untied
+    head and embedding at their repacked kinds' bytes (16-bit where their type does not repack)."""
     kept = shape.extra.get("gguf_repacked") if shape.extra else None
     if not kept or not any(n4 or n8 for n4, n8 in kept) or len(kept) != shape.n_layers:
         return None
@@ -241,8 +248,19 @@ def torch_gguf_weights(shape: ModelShape) -> WeightLayout | None:
         int(n4 * GGUF_REPACKED_INT4_BYTES + n8 * GGUF_REPACKED_INT8_BYTES + (projections - n4 - n8) * 2 + norms * 4)
         for n4, n8 in kept
     )
-    embed = shape.vocab_size * shape.hidden_size * 2
-    return WeightLayout(layers, embed, embed, shape.hidden_size * 4, shape.tied_embeddings)
+    embed_params = shape.vocab_size * shape.hidden_size
+    embed = _repacked_bytes(embed_params, _embed_kind(shape), GGUF_REPACKED_INT4_BYTES, GGUF_REPACKED_INT8_BYTES)
+    if shape.tied_embeddings:
+        return WeightLayout(layers, embed, embed, shape.hidden_size * 4, True)
+    head = _repacked_bytes(embed_params, _head_kind(shape), GGUF_REPACKED_INT4_BYTES, GGUF_REPACKED_INT8_BYTES)
+    return WeightLayout(layers, embed, head, shape.hidden_size * 4, False)
+
+
+def _repacked_bytes(n_weights: int, kind: str | None, int4_bytes: float, int8_bytes: float) -> int:
+    """Bytes of `n_weights` held as repacked `kind` ("int4" / "int8"), or 16-bit when None."""
+    if kind is None:
+        return n_weights * 2
+    return int(n_weights * (int4_bytes if kind == "int4" else int8_bytes))
 
 
 def checkpoint_quant(shape: ModelShape) -> dict | None:
@@ -289,16 +307,33 @@ def torch_cpu_dense_copy_budget(ram_total_bytes: int) -> int:
     return min(TORCH_CPU_DENSE_COPY_MAX_BYTES, ram_total_bytes // TORCH_CPU_DENSE_COPY_RAM_SHARE)
 
 
-def _cpu_head_kind(shape: ModelShape) -> str | None:
-    """The repacked kind of an untied GGUF head on the CPU ("int4" / "int8"), or None when it stays bf16: the
-    head's type's REPACK_KIND as ModelSpec.to_shape gives it (extra["gguf_head_kind"]).  A shape without it (a
-    hand-written one) is judged by its bytes: 4.5 or 5.0 bits a weight is Q4_0/Q4_K/Q4_1, 8.5 Q8_0, 5.5
-    Q5_0/Q5_K, 6.0 Q5_1 and 6.5625 Q6_K (int8: backends/torch_engine/gguf_repack.py)."""
+def _head_kind(shape: ModelShape) -> str | None:
+    """The repacked kind of an untied GGUF head ("int4" / "int8"), or None when it stays 16-bit: the head's
+    type's REPACK_KIND as ModelSpec.to_shape gives it (extra["gguf_head_kind"]), else judged by its bytes
+    (_kind_of_bytes)."""
     if shape.tied_embeddings or not shape.output_bytes:
         return None
     if shape.extra and "gguf_head_kind" in shape.extra:
         return shape.extra["gguf_head_kind"]
-    bits = 8 * shape.output_bytes / max(shape.vocab_size * shape.hidden_size, 1)
+    return _kind_of_bytes(shape.output_bytes, shape)
+
+
+def _embed_kind(shape: ModelShape) -> str | None:
+    """The repacked kind of an untied model's GGUF token embedding ("int4" / "int8"), or None when it stays
+    16-bit (a tied one always does: the head reads it whole): extra["gguf_embed_kind"] as ModelSpec.to_shape
+    gives it, else judged by its bytes (_kind_of_bytes)."""
+    if shape.tied_embeddings or not shape.output_bytes or not shape.embedding_bytes:
+        return None
+    if shape.extra and "gguf_embed_kind" in shape.extra:
+        return shape.extra["gguf_embed_kind"]
+    return _kind_of_bytes(shape.embedding_bytes, shape)
+
+
+def _kind_of_bytes(n_bytes: int, shape: ModelShape) -> str | None:
+    """A hand-written shape's vocab x hidden tensor judged by its bytes: 4.5 or 5.0 bits a weight is
+    Q4_0/Q4_K/Q4_1 (int4), 8.5 Q8_0, 5.5 Q5_0/Q5_K, 6.0 Q5_1 and 6.5625 Q6_K (int8:
+    backends/torch_engine/gguf_repack.py); anything else None (16-bit)."""
+    bits = 8 * n_bytes / max(shape.vocab_size * shape.hidden_size, 1)
     if any(abs(bits - b) < 0.01 for b in (4.5, 5.0)):
         return "int4"
     return "int8" if any(abs(bits - b) < 0.01 for b in (8.5, 5.5, 6.0, 6.5625)) else None
@@ -324,13 +359,12 @@ def torch_cpu_weights(shape: ModelShape, fmt: str, ram_total_bytes: int, bf16: b
         for n4, n8 in kept
     )
     embed_params = shape.vocab_size * shape.hidden_size
-    embed = embed_params * 2
-    head_kind = _cpu_head_kind(shape)
-    head = (
-        embed
-        if head_kind is None
-        else int(embed_params * (TORCH_CPU_INT4_BYTES if head_kind == "int4" else TORCH_CPU_INT8_BYTES))
-    )
+    # the embedding is gathered, not packed for a kernel: the generic layout, scales in bf16 (quant_embedding.py)
+    embed = _repacked_bytes(embed_params, _embed_kind(shape), GGUF_REPACKED_INT4_BYTES, GGUF_REPACKED_INT8_BYTES)
+    head_kind = _head_kind(shape)
+    head = embed if shape.tied_embeddings else embed_params * 2
+    if head_kind is not None:
+        head = _repacked_bytes(embed_params, head_kind, TORCH_CPU_INT4_BYTES, TORCH_CPU_INT8_BYTES)
     quantized = sum(n4 + n8 for n4, n8 in kept) + (embed_params if head_kind else 0)
     copies = 2 * quantized if 2 * quantized <= torch_cpu_dense_copy_budget(ram_total_bytes) else 0
     # a bf16 head (tied, or untied but not repacked) also gets an int8 copy for decode rows: 1 byte a weight and a

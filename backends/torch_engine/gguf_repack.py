@@ -21,7 +21,8 @@ whatever device they are on; no dense copy of the weight is made.  What each typ
   dequantized projection would take (the CPU's kernels read no narrower group-wise format).
 
 Other types (IQ1_S/IQ1_M, the ternary TQ and the MXFP4/NVFP4 ones) are dequantized by the loader to the
-compute dtype.  A merged projection whose shards repack to int4 and int8 becomes int8 (`merge_kept`).
+compute dtype.  A merged projection whose shards repack to int4 and int8 keeps each shard at its own kind
+(`merge_kept`: a SplitLinear of the parts).
 backends/weight_map.REPACK_KIND and repacked_params are the same rules for the planner's arithmetic.
 """
 
@@ -31,7 +32,7 @@ import gguf.quants
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from kernels.quant_matmul import QuantWeight, concat_rows, dequantize, pack_int4, quantize_int8
+from kernels.quant_matmul import QuantWeight, concat_rows, pack_int4, quantize_int8
 
 # requantized to int8 per 32 from gguf's own dequantizer's exact values (module docstring)
 REQUANTIZED = ("Q5_1", "Q5_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S")
@@ -134,22 +135,20 @@ def q6_k_weights(blocks: torch.Tensor) -> torch.Tensor:
     return (d[:, None, None] * (sc[:, :, None] * q).float()).reshape(n, 256)  # sc * q is exact in int16
 
 
-def merge_kept(parts: list[QuantWeight]) -> QuantWeight | None:
-    """The shards of a merged projection (Q/K/V, gate/up) as one QuantWeight, or None when they cannot be.
-
-    One kind: stacked as they are.  int4 beside int8 (a Q4_K_M layer's Q4_K Q and K beside its Q6_K V): the
-    int4 shards are requantized to int8 per 32 like Q6_K (within half a level, an eighth of their own 4-bit
-    step) and the int8 ones kept, rather than dequantizing the whole projection to 16 bits.
-    weight_map.repacked_params is the same rule for the planner."""
-    kinds = {p.kind for p in parts}
-    if any(p.group_size != parts[0].group_size for p in parts):
-        return None
-    if len(kinds) == 1:
-        return concat_rows(parts)
-    if kinds != {"int4", "int8"} or parts[0].group_size != GROUP:
-        return None
-    scale_dtype = next(p.scales.dtype for p in parts if p.kind == "int8")
-    return concat_rows([p if p.kind == "int8" else requantize_int8(dequantize(p), scale_dtype) for p in parts])
+def merge_kept(parts: list[QuantWeight]) -> QuantWeight | list[QuantWeight]:
+    """The shards of a merged projection (Q/K/V, gate/up) as one QuantWeight when they share a kind and group
+    size (stacked as they are), else as parts each kept at its own kind, neighbours of one kind stacked into one
+    part: the loader holds them as a SplitLinear (split_linear.py), one QuantLinear a part.  A Q4_K_M layer's
+    Q4_K Q and K beside its Q6_K V are thus [Q and K int4, V int8], where they used to be requantized to int8
+    together.  weight_map.repacked_params is the same rule for the planner."""
+    runs: list[list[QuantWeight]] = []
+    for p in parts:
+        if runs and (p.kind, p.group_size) == (runs[-1][0].kind, runs[-1][0].group_size):
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    merged = [run[0] if len(run) == 1 else concat_rows(run) for run in runs]
+    return merged[0] if len(merged) == 1 else merged
 
 
 def requantize_int8(w: torch.Tensor, scale_dtype: torch.dtype) -> QuantWeight:

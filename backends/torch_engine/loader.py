@@ -18,9 +18,13 @@ device ever holds the dense model whole when the plan asked for a quantized one:
   group size 32 and the projection becomes a QuantLinear.  That keeps exactly the weights llama.cpp runs for
   Q4_0/Q4_1/Q4_K/Q8_0/Q5_0 (the others, Q6_K for one, requantized to int8 per 32 within half a level; gguf_repack
   says why), at 5 (int4) or 8.5 (int8) bits each instead of 16.  A merged projection (Q/K/V, gate/up) stays
-  quantized only when all its parts repack (int4 beside int8, as Q4_K_M's Q4_K Q and K beside a Q6_K V: int8,
-  gguf_repack.merge_kept); otherwise that projection is dequantized like the rest (weight_map.repacked_params is the
-  same rule for the planner's arithmetic).
+  quantized only when all its parts repack: one QuantLinear when they share a kind, else a SplitLinear whose parts
+  keep their own kinds (Q4_K_M's Q4_K Q and K int4 beside its Q6_K V int8: gguf_repack.merge_kept,
+  split_linear.py); otherwise that projection is dequantized like the rest.  An untied model also keeps its lm head
+  (a QuantLinear) and its token embedding (a QuantEmbedding, quant_embedding.py: the step's rows gathered, then
+  dequantized) as the file's repacked blocks, on every device; a tied one keeps the dense embedding, which the
+  head reads whole every step.  weight_map.repacked_params and hwprobe.memory.torch_gguf_weights /
+  torch_cpu_weights are the same rules for the planner's arithmetic.
 - "int8" / "int4" / "fp8": each projection weight is quantized by round-to-nearest (quantize.quantize_rows,
   the same quantizer quantize_model uses, hence the same weights bit for bit) right after it is read and
   converted to the compute dtype, on the device the model will run on, a few MiB of rows at a time; only the
@@ -50,6 +54,7 @@ from backends.torch_engine.gguf_repack import GGUF_BLOCKS, merge_kept
 from backends.torch_engine.gptq_awq import INPUT_PERM
 from backends.torch_engine.models import FAMILIES, family
 from backends.torch_engine.models.layers import DecoderConfig, DecoderModel
+from backends.torch_engine.quant_embedding import QuantEmbedding
 from backends.torch_engine.quantize import (
     HEAD_DENSE_MIN_ROWS,
     QuantConfig,
@@ -57,6 +62,7 @@ from backends.torch_engine.quantize import (
     layer_config,
     set_submodule,
 )
+from backends.torch_engine.split_linear import SplitLinear
 from backends.torch_engine.tp.layers import read_plan as tp_read_plan
 from backends.torch_engine.tp.layers import wrap_loaded_shares
 from backends.torch_engine.weights import FREQ_FACTORS, ROPE_FACTOR_TENSORS, Selection, file_weights, unreorder
@@ -125,14 +131,15 @@ def _unreorder_any(w: torch.Tensor | QuantWeight, n_heads: int) -> torch.Tensor 
     )
 
 
-def _merge(parts: list[torch.Tensor | QuantWeight], dtype: torch.dtype) -> torch.Tensor | QuantWeight:
+Kept = torch.Tensor | QuantWeight | list[QuantWeight]  # a parameter as read: a split projection is a list of parts
+
+
+def _merge(parts: list[torch.Tensor | QuantWeight], dtype: torch.dtype) -> Kept:
     """Concatenate the shards of a merged projection along the outputs: quantized when every shard is
-    (gguf_repack.merge_kept: one kind, or int4 beside int8 as int8), else dense in `dtype` (quantized shards
-    dequantized)."""
+    (gguf_repack.merge_kept: one QuantWeight of one kind, or the parts at their own kinds, a SplitLinear's), else
+    dense in `dtype` (quantized shards dequantized)."""
     if all(isinstance(p, QuantWeight) for p in parts):
-        kept = merge_kept(parts)  # type: ignore[arg-type]
-        if kept is not None:
-            return kept
+        return merge_kept(parts)  # type: ignore[arg-type]
     dense = [p if isinstance(p, torch.Tensor) else dequantize(p).to(dtype) for p in parts]
     return torch.cat(dense, dim=0)
 
@@ -290,9 +297,10 @@ def read_params(
     rtn: QuantConfig | None,
     host_layers: int,
     plan: Any,
-) -> tuple[dict[str, torch.Tensor | QuantWeight], dict[str, torch.Tensor]]:
+) -> tuple[dict[str, Kept], dict[str, torch.Tensor]]:
     """Every file tensor under its model parameter name, prepared: Q/K rows un-reordered, norms in float32,
-    the rest in `dtype` or quantized (kept GGUF blocks, or `rtn` on `device`), merged projections merged.
+    the rest in `dtype` or quantized (kept GGUF blocks, or `rtn` on `device`), merged projections merged (a list of
+    parts where they keep different kinds: a SplitLinear).
     Returns (params, RoPE factor tensors as read)."""
     gguf = spec.format == "gguf"
     names = weight_names(spec.architecture, spec.format)
@@ -307,9 +315,9 @@ def read_params(
         norm_offset=0.0 if gguf else getattr(fam, "HF_NORM_OFFSET", 0.0),
     )
     scale_dtype = torch.float32 if device.type == "cpu" else dtype  # CPU packing rounds the scales once itself
-    keep = functools.partial(_keep_quantized, names, keep_gguf_quant, _quantized_head(keep_gguf_quant, device, cfg))
+    keep = functools.partial(_keep_quantized, names, keep_gguf_quant, _quantized_ends(keep_gguf_quant, cfg))
     select = functools.partial(_select, plan, names)
-    params: dict[str, torch.Tensor | QuantWeight] = {}
+    params: dict[str, Kept] = {}
     shards: dict[str, dict[int, torch.Tensor | QuantWeight]] = {}
     factors: dict[str, torch.Tensor] = {}  # rope_freqs / rope_factors_short / rope_factors_long, as read
     perms: dict[str, dict[int, torch.Tensor]] = {}  # GPTQ act-order input orders, as shards are
@@ -370,27 +378,29 @@ def _select(plan: Any, names: dict[str, tuple[str, str | None]], name: str) -> S
     return plan.select(target.format(i=layer), shard)
 
 
-_HEAD_NAME = "output.weight"  # the GGUF name of an untied lm head
+_ENDS = ("output.weight", "token_embd.weight")  # the GGUF names of an untied lm head and the token embedding
 
 
-def _quantized_head(keep_gguf_quant: bool, device: torch.device, cfg: DecoderConfig) -> bool:
-    """Whether a GGUF's untied lm head keeps its quantized blocks too: on CPU, where a decode step reads it
-    whole.  A tied head stays the dense embedding (bf16, held anyway for the lookup), for every row: measured on
+def _quantized_ends(keep_gguf_quant: bool, cfg: DecoderConfig) -> bool:
+    """Whether a GGUF's untied lm head and token embedding keep their quantized blocks too, on every device: the
+    head a QuantLinear (a decode step reads it whole: Llama 3's Q6_K head as int8 is 558 MB a step where bf16 is
+    1050), the embedding a QuantEmbedding (quant_embedding.py: 1 GiB of bf16 rows for Llama 3, of which a step
+    reads a few).  A tied head stays the dense embedding (bf16, held once for both), for every row: measured on
     the starter (Q8_0 embedding, 49152 x 576), the int4 kernel's two halves cost 0.97 / 1.47 / 5.9 ms at
     1 / 4 / 16 rows against the dense matmul's 1.71 / 1.79 / 2.59 (torch's int4 kernel re-reads the weight every
     4 rows), and the dense head is the more accurate one (mean |error| 0.029 vs 0.045 against the file's exact
     Q8_0 logits; top-1 0.961 vs 0.945) and gives a row the same bits at any row count, prompt rows included.
     On the CPU's bf16 path the runner then gives decode rows an int8 copy of it (cpu_head.py: fbgemm's int8
     dot products, 1.1-1.3 vs 7-11 ms of CPU a call on the loaded Zen 4); prompt rows keep this dense one."""
-    return keep_gguf_quant and device.type == "cpu" and not cfg.tied_embeddings
+    return keep_gguf_quant and not cfg.tied_embeddings
 
 
 def _keep_quantized(
-    names: dict[str, tuple[str, str | None]], keep_gguf_quant: bool, quant_head: bool, name: str, qtype: object
+    names: dict[str, tuple[str, str | None]], keep_gguf_quant: bool, quant_ends: bool, name: str, qtype: object
 ) -> bool:
     """Whether GGUF tensor `name` keeps its quantized blocks (gguf_weights' `keep`): the block projections
-    when the GGUF's quantization is kept, and the lm head where _quantized_head says so."""
-    return (keep_gguf_quant and _is_projection(template(name)[0], names)) or (quant_head and name == _HEAD_NAME)
+    when the GGUF's quantization is kept, and an untied model's head and embedding (_quantized_ends)."""
+    return (keep_gguf_quant and _is_projection(template(name)[0], names)) or (quant_ends and name in _ENDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,6 +421,11 @@ class _Prepare:
         if self.reorder and shard in ("q", "k"):
             tensor = _unreorder_any(tensor, self.cfg.n_heads if shard == "q" else self.cfg.n_kv_heads)
         if not isinstance(tensor, torch.Tensor):
+            if target == "embed.weight" and tensor.kind not in QuantEmbedding.KINDS:  # no gather for that layout
+                return dequantize(tensor).to(self.dtype)
+            if target == "embed.weight":  # a QuantEmbedding's rows come out in its scales' dtype: the compute one
+                offsets = None if tensor.offsets is None else tensor.offsets.to(self.dtype)
+                tensor = dataclasses.replace(tensor, scales=tensor.scales.to(self.dtype), offsets=offsets)
             return tensor
         # RMSNorm weights stay float32: the norm runs in float32 anyway (as llama.cpp's does), and a bf16
         # weight would be converted again in every layer of every step
@@ -426,33 +441,44 @@ def assemble(
     spec: ModelSpec,
     cfg: DecoderConfig,
     ops: KernelSet,
-    params: dict[str, torch.Tensor | QuantWeight],
+    params: dict[str, Kept],
     factors: dict[str, torch.Tensor],
     n_ctx: int,
 ) -> DecoderModel:
     """The family's model built on the meta device and given `params` (no copy): dense ones assigned, quantized
-    projections as QuantLinear modules, a tied head sharing the embedding; then its RoPE frequencies."""
+    projections as QuantLinear modules (SplitLinear where a merged one's parts keep different kinds), a kept
+    embedding as a QuantEmbedding, a tied head sharing the embedding; then its RoPE frequencies."""
     with torch.device("meta"):
         model = family(spec.architecture).MODEL(cfg, ops)
     complete_params(model, params, spec, f"{spec.architecture} model")
-    quantized = {k: v for k, v in params.items() if isinstance(v, QuantWeight)}
+    quantized = {k: v for k, v in params.items() if not isinstance(v, torch.Tensor)}
     model.load_state_dict({k: v for k, v in params.items() if k not in quantized}, strict=False, assign=True)
-    if quantized:
-        for target, qw in quantized.items():
-            module = target.removesuffix(".weight")
-            bias = params.get(module + ".bias")
-            perm = params.get(module + INPUT_PERM)
-            set_submodule(
-                model,
-                module,
-                QuantLinear(qw, bias if isinstance(bias, torch.Tensor) else None, input_perm=perm),  # type: ignore[arg-type]
-            )
-        if isinstance(model.lm_head, QuantLinear):
-            model.lm_head.dense_min_rows = HEAD_DENSE_MIN_ROWS
+    for target, qw in quantized.items():
+        module = target.removesuffix(".weight")
+        if module == "embed":
+            model.embed = QuantEmbedding(qw, qw.scales.dtype)  # type: ignore[union-attr]
+            continue
+        bias = params.get(module + ".bias")
+        perm = params.get(module + INPUT_PERM)
+        set_submodule(model, module, quant_module(qw, bias if isinstance(bias, torch.Tensor) else None, perm))  # type: ignore[arg-type]
+    if isinstance(model.lm_head, QuantLinear):
+        model.lm_head.dense_min_rows = HEAD_DENSE_MIN_ROWS
     if cfg.tied_embeddings and isinstance(model.lm_head, nn.Linear):
         model.lm_head.weight = model.embed.weight
     set_rope(model, cfg, factors, n_ctx)
     return model
+
+
+def quant_module(
+    weight: QuantWeight | list[QuantWeight], bias: torch.Tensor | None, input_perm: torch.Tensor | None
+) -> nn.Module:
+    """A quantized projection's module: a QuantLinear, or for the parts of a merged projection that keep different
+    kinds a SplitLinear of one QuantLinear each (the bias cut at the parts' rows; an input order serves all)."""
+    if isinstance(weight, QuantWeight):
+        return QuantLinear(weight, bias, input_perm=input_perm)
+    widths = [w.out_features for w in weight]
+    biases = [None] * len(weight) if bias is None else [b.clone() for b in bias.split(widths)]
+    return SplitLinear([QuantLinear(w, b, input_perm=input_perm) for w, b in zip(weight, biases)])
 
 
 def set_rope(model: DecoderModel, cfg: DecoderConfig, factors: dict[str, torch.Tensor], n_ctx: int) -> None:

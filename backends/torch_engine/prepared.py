@@ -4,13 +4,14 @@
 packed layers, dense prefill copies) and returns (tensors, meta): every parameter and buffer by its name, each
 QuantLinear's CPU-packed weight (its CpuPackedWeight's tensor fields, whatever they are) and dense copy under
 `<layer>._cpu.<field>` and `<layer>._dense`, and in `meta` the rest (layer attributes, the packed weight's
-non-tensor fields, which parameters are one shared tensor, e.g. a tied head).  Nothing here names a layout:
-a new packed format changes the fields it finds, and weight_cache.PREPARE_FORMAT is bumped.
+non-tensor fields, which parameters are one shared tensor, e.g. a tied head, the split projections'
+(split_linear.py) part counts, the quantized embeddings' (quant_embedding.py) attributes).  Nothing here names a
+layout: a new packed format changes the fields it finds, and weight_cache.PREPARE_FORMAT is bumped.
 
 `restore_prepared(model, tensors, meta)` fills a model built on the meta device (the family's constructor, the
-same config) from them: QuantLinear modules are put where meta lists them, then every tensor is assigned (no
-copy: the cache's mapped tensors become the parameters).  A tensor missing, or one left on the meta device, is a
-ValueError: the caller treats the entry as corrupt and prepares afresh.
+same config) from them: SplitLinear, QuantLinear and QuantEmbedding modules are put where meta lists them, then
+every tensor is assigned (no copy: the cache's mapped tensors become the parameters).  A tensor missing, or one
+left on the meta device, is a ValueError: the caller treats the entry as corrupt and prepares afresh.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from backends.torch_engine.quant_embedding import QuantEmbedding
 from backends.torch_engine.quantize import QuantLinear, set_submodule
+from backends.torch_engine.split_linear import SplitLinear
 from kernels.quant_matmul import QuantWeight
 from kernels.quant_matmul_cpu import CpuPackedWeight
 
@@ -62,7 +65,26 @@ def prepared_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str,
         if m._dense is not None:
             tensors[f"{name}._dense"] = m._dense.contiguous()
         layers[name] = info
-    meta = {"params": params, "buffers": buffers, "aliases": aliases, "quant_layers": layers}
+    splits = {name: len(m.parts) for name, m in model.named_modules() if isinstance(m, SplitLinear)}
+    embeddings = {
+        name: {
+            "kind": m.kind,
+            "group_size": m.group_size,
+            "rows": m.num_embeddings,
+            "width": m.embedding_dim,
+            "dtype": str(m.dtype).removeprefix("torch."),
+        }
+        for name, m in model.named_modules()
+        if isinstance(m, QuantEmbedding)
+    }
+    meta = {
+        "params": params,
+        "buffers": buffers,
+        "aliases": aliases,
+        "quant_layers": layers,
+        "split_layers": splits,
+        "quant_embeddings": embeddings,
+    }
     return tensors, meta
 
 
@@ -70,20 +92,7 @@ def restore_prepared(model: nn.Module, tensors: dict[str, torch.Tensor], meta: d
     """Fill `model` (built on the meta device) from prepared_state's output; ValueError when they do not fit."""
     try:
         layers: dict[str, Any] = meta["quant_layers"]
-        for name, info in layers.items():
-            plain = model.get_submodule(name)
-            if (getattr(plain, "in_features", None), getattr(plain, "out_features", None)) != (
-                info["in_features"],
-                info["out_features"],
-            ):
-                raise ValueError(f"{name} is {info['in_features']}->{info['out_features']} in the entry")
-            shell = QuantWeight(
-                info["kind"], None, None, None, info["group_size"], info["in_features"], info["out_features"]
-            )  # type: ignore[arg-type]  # the generic buffers stay None: the layer holds its packed form
-            layer = QuantLinear(shell)
-            layer.impl = info["impl"]
-            layer.dense_min_rows = info["dense_min_rows"]
-            set_submodule(model, name, layer)
+        _place_modules(model, layers, meta.get("split_layers", {}), meta.get("quant_embeddings", {}))
         for name in meta["params"]:
             module, attr = _owner(model, name)
             old = module._parameters.get(attr)
@@ -119,6 +128,43 @@ def restore_prepared(model: nn.Module, tensors: dict[str, torch.Tensor], meta: d
     if left:
         raise ValueError(f"the prepared tensors lack {len(left)} of the model's, e.g. {left[0]}")
     return model
+
+
+def _place_modules(
+    model: nn.Module, layers: dict[str, Any], splits: dict[str, int], embeddings: dict[str, Any]
+) -> None:
+    """Put empty SplitLinear, QuantLinear and QuantEmbedding modules where the entry had them (their tensors are
+    assigned afterwards); a layer whose size differs from the model's is a ValueError."""
+    for name, n_parts in splits.items():  # first: their parts' names go through them
+        plain = model.get_submodule(name)
+        set_submodule(model, name, SplitLinear([_shell(layers[f"{name}.parts.{i}"]) for i in range(n_parts)]))
+        _check_size(name, plain, model.get_submodule(name))
+    for name, info in layers.items():
+        if not any(name.startswith(split + ".parts.") for split in splits):
+            layer = _shell(info)
+            _check_size(name, model.get_submodule(name), layer)
+            set_submodule(model, name, layer)
+    for name, info in embeddings.items():
+        plain = model.get_submodule(name)
+        if (plain.num_embeddings, plain.embedding_dim) != (info["rows"], info["width"]):
+            raise ValueError(f"{name} is {info['rows']} x {info['width']} in the entry")
+        shell = QuantWeight(info["kind"], None, None, None, info["group_size"], info["width"], info["rows"])  # type: ignore[arg-type]
+        set_submodule(model, name, QuantEmbedding(shell, getattr(torch, info["dtype"])))
+
+
+def _shell(info: dict[str, Any]) -> QuantLinear:
+    """A QuantLinear of the entry's attributes whose generic buffers stay None: it holds its packed form."""
+    shell = QuantWeight(info["kind"], None, None, None, info["group_size"], info["in_features"], info["out_features"])  # type: ignore[arg-type]
+    layer = QuantLinear(shell)
+    layer.impl = info["impl"]
+    layer.dense_min_rows = info["dense_min_rows"]
+    return layer
+
+
+def _check_size(name: str, plain: nn.Module, layer: nn.Module) -> None:
+    want = (getattr(plain, "in_features", None), getattr(plain, "out_features", None))
+    if want != (layer.in_features, layer.out_features):
+        raise ValueError(f"{name} is {layer.in_features}->{layer.out_features} in the entry, {want} in the model")
 
 
 def _check_shape(name: str, old: torch.Tensor | None, new: torch.Tensor) -> None:

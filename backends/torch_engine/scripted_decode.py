@@ -19,7 +19,8 @@ Where it applies (`unavailable_reason` says why not): CPU, the "torch" kernel se
 `Block` (Llama, Mistral, SmolLM2, Qwen3 with its QK-norm) with SiLU, or Gemma 3's sandwich-norm `GemmaBlock`
 with GeGLU; sliding windows of one size (their layers' own RoPE tables and windowed mask, as
 with_sliding_window builds it for the eager path); no biases, full rotary dimensions, every projection on
-torch's packed int4/int8 kernels, head-major KV caches, no offload.  Steps it
+torch's packed int4/int8 kernels (a split one, split_linear.py, part by part, its outputs concatenated as
+SplitLinear.forward does), head-major KV caches, no offload.  Steps it
 takes (`accepts`): decode-only, every row on the quantized kernels (quantize.QUANTIZED_ROWS).
 HEARTH_SCRIPTED_DECODE=0 turns it off.  TorchScript is deprecated in torch 2.x (it warns once; the warning is
 silenced here) but still ships; if a torch drops it, scripting fails and the engine runs eagerly, saying why.
@@ -36,6 +37,7 @@ import torch
 from torch import nn
 
 from backends.torch_engine.quantize import QUANTIZED_ROWS, QuantLinear
+from backends.torch_engine.split_linear import SplitLinear
 from kernels.attention import (
     AttentionMetadata,
     _head_major_memory,
@@ -54,8 +56,9 @@ _KINDS = {"int4": INT4, "int8-split": INT8_SPLIT, "int8": INT8}
 
 class _Layers(nn.Module):
     """The decoder layers of one model, flattened into lists the script indexes (4 projections a layer:
-    qkv, o, gate_up, down).  Scripted by `ScriptedDecode`; `forward` mirrors models/layers.py Block.forward
-    on the eager CPU kernels op for op (see the module docstring)."""
+    qkv, o, gate_up, down; a split projection's parts follow each other, `firsts` and `counts` say where).
+    Scripted by `ScriptedDecode`; `forward` mirrors models/layers.py Block.forward on the eager CPU kernels op
+    for op (see the module docstring)."""
 
     def __init__(
         self,
@@ -65,6 +68,8 @@ class _Layers(nn.Module):
         scales_lo: list[torch.Tensor],
         kinds: list[int],
         groups: list[int],
+        firsts: list[int],
+        counts: list[int],
         norms: list[torch.Tensor],
         qk_norms: list[torch.Tensor],
         k_memory: list[torch.Tensor],
@@ -79,7 +84,8 @@ class _Layers(nn.Module):
     ) -> None:
         super().__init__()
         self.packed, self.packed_lo, self.scales, self.scales_lo = packed, packed_lo, scales, scales_lo
-        self.kinds, self.groups = kinds, groups
+        self.kinds, self.groups = kinds, groups  # per part
+        self.firsts, self.counts = firsts, counts  # per projection: its first part and how many
         # per layer ([weight, 0] float32: rms_norm_torch): input norm, pre-MLP norm; with `sandwich` (Gemma 3's
         # block) four: input, after attention, pre-MLP, after the MLP
         self.norms = norms
@@ -99,9 +105,19 @@ class _Layers(nn.Module):
         self.v_planes = [m.view(self.n_kv_heads, -1, self.head_dim) for m in v_memory]
         self.eps, self.scale = eps, scale
 
-    def linear(self, x: torch.Tensor, i: int) -> torch.Tensor:
-        """QuantLinear's decode path: cpu_rows_kernel(w)(x.contiguous())."""
+    def linear(self, x: torch.Tensor, p: int) -> torch.Tensor:
+        """Projection p: its one part's kernel, or a split projection's parts concatenated (SplitLinear.forward)."""
         x = x.contiguous()
+        first, count = self.firsts[p], self.counts[p]
+        if count == 1:
+            return self.part(x, first)
+        outs: list[torch.Tensor] = []
+        for j in range(count):
+            outs.append(self.part(x, first + j))
+        return torch.cat(outs, dim=-1)
+
+    def part(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """QuantLinear's decode path for part i: cpu_rows_kernel(w)(x) (x contiguous)."""
         kind = self.kinds[i]
         if kind == 0:
             return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed[i], self.groups[i], self.scales[i])
@@ -214,10 +230,46 @@ def unavailable_reason(model: nn.Module, ops_name: str, dtype: torch.dtype, devi
     if len(windows) > 1:
         return "off (sliding windows of more than one size run on the eager path)"
     for layer in model.layers:
-        for proj in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+        for proj in _projections(layer):
             if not isinstance(proj, QuantLinear) or proj._cpu is None or proj._cpu_rows is None:
                 return "off (some projections have biases or input scales, or are not on the packed CPU kernels)"
     return None
+
+
+def _packed_parts(layers: nn.ModuleList) -> tuple[list[list[Any]], list[int], list[int]]:
+    """The packed kernels' operands of every layer's projections, part by part in the script's order: the lists
+    (packed, packed_lo, scales, scales_lo, kind, group size), "_lo" the low half of an int8-split part and empty
+    otherwise; and per projection its first part and part count (a split projection has several)."""
+    columns: list[list[Any]] = [[], [], [], [], [], []]
+    firsts, counts = [], []
+    empty = torch.empty(0)
+    for layer in layers:
+        for proj in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            parts = list(proj.parts) if isinstance(proj, SplitLinear) else [proj]
+            firsts.append(len(columns[0]))
+            counts.append(len(parts))
+            for part in parts:
+                w = part._cpu
+                split = w.kind == "int8-split"
+                row = (
+                    w.packed[0] if split else w.packed,
+                    w.packed[1] if split else empty,
+                    w.scales[0] if split else w.scales,
+                    w.scales[1] if split else empty,
+                    _KINDS[w.kind],
+                    w.group_size,
+                )
+                for column, value in zip(columns, row):
+                    column.append(value)
+    return columns, firsts, counts
+
+
+def _projections(layer: nn.Module) -> list[nn.Module]:
+    """A layer's projections in the script's order (qkv, o, gate_up, down), a split one as its parts."""
+    out: list[nn.Module] = []
+    for proj in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+        out += list(proj.parts) if isinstance(proj, SplitLinear) else [proj]
+    return out
 
 
 class ScriptedDecode:
@@ -232,8 +284,9 @@ class ScriptedDecode:
 
     def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         cfg = model.cfg
-        packed, packed_lo, scales, scales_lo, kinds, groups, norms, qk_norms = [], [], [], [], [], [], [], []
-        empty = torch.empty(0)
+        (packed, packed_lo, scales, scales_lo, kinds, groups), firsts, counts = _packed_parts(model.layers)
+        norms: list[torch.Tensor] = []
+        qk_norms: list[torch.Tensor] = []
         sandwich = hasattr(model.layers[0], "attn_post_norm")  # Gemma 3's block (unavailable_reason: one kind)
         for layer in model.layers:
             if sandwich:
@@ -243,15 +296,6 @@ class ScriptedDecode:
             norms += [_padded_weight(norm.weight) for norm in order]
             if cfg.qk_norm:
                 qk_norms += [_padded_weight(layer.attn.q_norm.weight), _padded_weight(layer.attn.k_norm.weight)]
-            for proj in (layer.attn.qkv_proj, layer.attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
-                w = proj._cpu
-                split = w.kind == "int8-split"
-                packed.append(w.packed[0] if split else w.packed)
-                scales.append(w.scales[0] if split else w.scales)
-                packed_lo.append(w.packed[1] if split else empty)
-                scales_lo.append(w.scales[1] if split else empty)
-                kinds.append(_KINDS[w.kind])
-                groups.append(w.group_size)
         k_memory, v_memory = [], []
         for k_cache, v_cache in kv_caches:
             km, vm = _head_major_memory(k_cache), _head_major_memory(v_cache)
@@ -274,6 +318,8 @@ class ScriptedDecode:
             scales_lo,
             kinds,
             groups,
+            firsts,
+            counts,
             norms,
             qk_norms,
             k_memory,

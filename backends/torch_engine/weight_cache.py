@@ -1,5 +1,5 @@
 """A disk cache of prepared weights: what the loader and the CPU preparation made of a model file (repacked
-GGUF blocks, torch's packed int4 layout, dense prefill copies, dequantized embeddings), kept so the next start
+GGUF blocks, torch's packed int4 layout, dense prefill copies, embeddings), kept so the next start
 maps them instead of making them again.
 
 The cache knows nothing of layouts: an entry is a dict of named plain tensors plus a JSON-able `meta` dict,
@@ -46,7 +46,9 @@ log = logging.getLogger(__name__)
 # 2: entries of bf16 models with a plain tied/dense head also hold the int8 decode head's rows (cpu_load.py).
 # 3: GGUF Q5_0 and Q6_K projections are kept as int8 blocks (gguf_repack.py), no longer dequantized to bf16.
 # 4: the other K-quant, legacy and IQ4/IQ3/IQ2 types kept as int8 too (gguf_repack.REQUANTIZED).
-PREPARE_FORMAT = 4
+# 5: merged projections of mixed kinds split (split_linear.py), an untied embedding kept quantized
+#    (quant_embedding.py): new module kinds in the entries.
+PREPARE_FORMAT = 5
 DEFAULT_MAX_BYTES = 8 << 30  # the whole cache folder; the starter's entry is ~290 MiB
 SUFFIX = ".pt"
 

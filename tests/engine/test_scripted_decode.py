@@ -100,6 +100,31 @@ def test_the_scripted_loop_gives_the_eager_bits(tmp_path, weight_type: str, weig
     runner.close()
 
 
+def test_split_projections_give_the_eager_bits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Q and K int4 (Q4_1) beside a Q8_0 V, an int4 gate beside a Q8_0 up: split projections (split_linear.py)
+    run part by part in the script, their outputs concatenated as SplitLinear.forward does."""
+    from backends.torch_engine.split_linear import SplitLinear
+
+    path = write_tiny_llama(
+        tmp_path / "mixed.gguf",
+        weight_type="Q4_1",
+        hidden=128,
+        ffn=256,
+        n_layers=3,
+        tensor_types={"attn_v.weight": "Q8_0", "ffn_up.weight": "Q8_0"},
+    )
+    runner = _runner(load_spec(path))
+    layer = runner.model.layers[0]
+    assert isinstance(layer.attn.qkv_proj, SplitLinear) and isinstance(layer.mlp.gate_up_proj, SplitLinear)
+    assert [p._cpu.kind for p in layer.attn.qkv_proj.parts] == ["int4", "int8-split"]
+    scripted = runner.model.scripted_decode
+    assert scripted is not None, runner.describe()["scripted_decode"]
+    for rows in (1, 2):
+        _assert_same(_decode(runner, rows), _eager_decode(runner, rows))
+    assert scripted.check == {"verdict": "ok", "rows": 1}
+    runner.close()
+
+
 def test_qwen3_qk_norm_gives_the_eager_bits(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # head_dim 64 with hidden 128 and 4 heads: Qwen3's head size is its own, not hidden / heads
     path = write_tiny_arch(tmp_path / "qwen3.gguf", "qwen3", hidden=128, ffn=256, head_dim=64, weight_type="Q8_0")

@@ -189,7 +189,8 @@ def _layer_bytes(layer: torch.nn.Module) -> int:
 def test_planner_prices_the_gguf_blocks_the_loader_keeps(tmp_path: Path) -> None:
     """hwprobe's "GGUF" torch format (memory.torch_gguf_weights over ModelSpec.to_shape's per-layer counts) is
     exactly what load_model(weight_quant="gguf") holds on a GPU, here the 'meta' device: Q4_0 projections at 5
-    bits, a Q8_0 down projection at 8.5, and Q/K/V dense because its V is F16 (one merged parameter, one kind)."""
+    bits, a Q8_0 down projection at 8.5, Q/K/V dense because its V is F16 (no layout of ours), the untied Q4_0
+    head at 5 bits and the F32 embedding 16-bit.  Mixed kinds: test_split_and_quant_embedding.py."""
     from hwprobe import memory
 
     spec = load_spec(
@@ -204,7 +205,8 @@ def test_planner_prices_the_gguf_blocks_the_loader_keeps(tmp_path: Path) -> None
     layer = model.layers[0]
     assert type(layer.attn.qkv_proj) is torch.nn.Linear
     assert (layer.attn.o_proj.kind, layer.mlp.gate_up_proj.kind, layer.mlp.down_proj.kind) == ("int4", "int4", "int8")
-    assert isinstance(model.lm_head, torch.nn.Linear)  # on a GPU the head stays dense (only the CPU path keeps it)
+    assert isinstance(model.lm_head, QuantLinear) and model.lm_head.kind == "int4"  # the file's blocks, any device
+    assert type(model.embed) is torch.nn.Embedding  # an F32 embedding has no blocks to keep
     layout = memory.torch_gguf_weights(spec.to_shape())
     assert layout is not None
     assert list(layout.layer_bytes) == [_layer_bytes(b) for b in model.layers]

@@ -322,27 +322,23 @@ def test_weight_map_names_the_kinds_repack_gguf_gives() -> None:
         assert (qw.kind, qw.group_size) == (kind, 32)
 
 
-def test_merged_int4_and_int8_shards_become_int8() -> None:
-    """A Q4_K_M layer's Q/K/V: Q4_K Q and K beside a Q6_K V.  The merged projection is int8: the int8 shard as
-    it was, the int4 ones requantized within half a level; shards of one kind stack as they are."""
+def test_merged_int4_and_int8_shards_keep_their_own_kinds() -> None:
+    """A Q4_K_M layer's Q/K/V: Q4_K Q and K beside a Q6_K V.  The merged projection is split, not requantized:
+    Q and K stacked as one int4 part (exactly their repacked weights), V its own int8 part; shards of one kind
+    stack into one QuantWeight; any other mix of kinds splits the same way."""
     from backends.torch_engine.gguf_repack import merge_kept
     from backends.torch_engine.loader import _merge
 
     q = repack_gguf(torch.from_numpy(_random_q4_k(8, 512, seed=1)), "Q4_K", 8, 512, torch.float32)
     k = repack_gguf(torch.from_numpy(_random_q4_k(4, 512, seed=2)), "Q4_K", 4, 512, torch.float32)
     v = repack_gguf(torch.from_numpy(_random_q6_k(4, 512, seed=3)), "Q6_K", 4, 512, torch.float32)
-    merged = _merge([q, k, v], torch.bfloat16)
-    assert (merged.kind, merged.group_size, merged.out_features) == ("int8", 32, 16)
-    rows = dequantize(merged)
-    assert torch.equal(rows[12:], dequantize(v))
-    for lo, part in ((0, q), (8, k)):
-        block = dataclasses.replace(
-            merged,
-            qweight=merged.qweight[lo : lo + part.out_features],
-            scales=merged.scales[lo : lo + part.out_features],
-        )
-        _assert_within_half_a_level(block, dequantize(part).numpy())
+    parts = _merge([q, k, v], torch.bfloat16)
+    assert isinstance(parts, list) and [(p.kind, p.out_features) for p in parts] == [("int4", 12), ("int8", 4)]
+    assert torch.equal(dequantize(parts[0]), torch.cat([dequantize(q), dequantize(k)]))
+    assert parts[1] is v
     assert merge_kept([q, k]).kind == "int4" and torch.equal(dequantize(merge_kept([q, k]))[:8], dequantize(q))
+    assert [p.kind for p in merge_kept([q, v, k])] == ["int4", "int8", "int4"]  # only neighbours stack
     fp8 = dataclasses.replace(v, kind="fp8")
-    assert merge_kept([q, fp8]) is None  # no rule for other mixes: the loader dequantizes them
-    assert _merge([q, fp8], torch.bfloat16).dtype == torch.bfloat16
+    assert [p.kind for p in merge_kept([q, fp8])] == ["int4", "fp8"]
+    dense = torch.randn(4, 512).to(torch.bfloat16)
+    assert _merge([q, dense], torch.bfloat16).dtype == torch.bfloat16  # a dense part: all dense

@@ -38,6 +38,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     models["qwen2"] = write_tiny_llama(
         d / "tiny-qwen2.gguf", weight_type="F32", tied=False, architecture="qwen2", qkv_bias=True, **TINY
     )
+    # Q4_K_M-like kinds: int4 Q and K beside an int8 V, an int4 gate beside an int8 up (split projections, each part
+    # cut to the rank's rows), an int4 embedding (a quantized slice a rank) and an int8 head
+    models["mixed"] = write_tiny_llama(
+        d / "tiny-mixed.gguf",
+        weight_type="Q8_0",
+        tied=False,
+        tensor_types={s: "Q4_0" for s in ("attn_q.weight", "attn_k.weight", "ffn_gate.weight", "token_embd.weight")},
+        **TINY,
+    )
     return models
 
 
@@ -53,7 +62,8 @@ def _logits(runner: ModelRunner) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "weights,dtype,tol", [("F32", "float32", 1e-4), ("Q4_0", "bfloat16", 0.02), ("qwen2", "float32", 1e-4)]
+    "weights,dtype,tol",
+    [("F32", "float32", 1e-4), ("Q4_0", "bfloat16", 0.02), ("qwen2", "float32", 1e-4), ("mixed", "bfloat16", 0.02)],
 )
 def test_two_ranks_give_one_ranks_logits(tiny, weights: str, dtype: str, tol: float) -> None:
     spec = load_spec(tiny[weights])
@@ -65,6 +75,8 @@ def test_two_ranks_give_one_ranks_logits(tiny, weights: str, dtype: str, tol: fl
     assert info["tensor_parallel"] == 2 and info["tp_heads"] == [4, 2] and info["tp_kv_heads"] == [2, 1]
     if weights == "Q4_0":  # the GGUF blocks were split, not dequantized: every projection still packed
         assert info["weight_quant"] == "gguf" and info["cpu_packed_layers"] == 4 * TINY["n_layers"] + 1
+    if weights == "mixed":  # Q/K/V and gate/up in two parts each, every part packed
+        assert info["weight_quant"] == "gguf" and info["cpu_packed_layers"] == 6 * TINY["n_layers"] + 1
     two = _logits(tp)
     assert two.shape == one.shape == (42, spec.vocab_size)
     bound = tol * one.abs().max().item()

@@ -1,4 +1,5 @@
-"""weight_map.repacked_params: which GGUF projections the torch engine keeps as blocks (the loader's _merge rule),
+"""weight_map.repacked_params: which GGUF projections the torch engine keeps as blocks, each shard of a merged one at
+its own kind (the loader's _merge rule),
 as ModelSpec.to_shape hands it to the planner; pure Python (no torch)."""
 
 from __future__ import annotations
@@ -47,14 +48,14 @@ def test_template() -> None:
 def test_merged_parameters_keep_their_blocks_only_when_every_shard_repacks() -> None:
     tensors = [
         *_layer(0),  # all Q4_K: 1140 int4
-        *_layer(1, v="Q6_K", down="Q6_K"),  # Q4_K_M's "more bits" layer: Q/K/V (int4 beside int8) and down int8
+        *_layer(1, v="Q6_K", down="Q6_K"),  # Q4_K_M's "more bits" layer: Q and K int4 beside V int8 (split), down int8
         *_layer(2, q="Q4_0", k="Q4_1", v="Q4_K", gate="Q8_0", up="Q8_0", down="Q8_0"),  # int4 mixes; gate/up int8
-        *_layer(3, v="Q8_0", gate="F16"),  # F16 never repacks: gate/up dense
+        *_layer(3, v="Q8_0", gate="F16"),  # F16 never repacks: gate/up dense; Q/K int4 beside V int8
         *_layer(4),  # beyond n_layers (a stray tensor): ignored
         T("token_embd.weight", "Q4_K", 5000),
         T("output.weight", "Q6_K", 5000),  # not projections
     ]
-    assert repacked_params(tensors, 4) == ((1140, 0), (100 + 600, 140 + 300), (240, 900), (100 + 300, 140))
+    assert repacked_params(tensors, 4) == ((1140, 0), (120 + 100 + 600, 20 + 300), (240, 900), (120 + 100 + 300, 20))
 
 
 def test_a_file_without_repackable_types_keeps_nothing() -> None:

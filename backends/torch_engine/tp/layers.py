@@ -3,11 +3,13 @@
 Works on the shared layers' names (models/llama.py): embed, layers[i].attn.qkv_proj / o_proj,
 layers[i].mlp.gate_up_proj / down_proj, lm_head, and the attention's n_heads / n_kv_heads / split.
 
-- qkv_proj: column-parallel by head (this rank's query heads, then its KV heads' K and V rows).
+- qkv_proj: column-parallel by head (this rank's query heads, then its KV heads' K and V rows).  A split
+  projection (split_linear.SplitLinear: parts of different kinds) keeps its parts, each cut to this rank's rows.
 - o_proj, down_proj: row-parallel (this rank's input columns), then one all-reduce each: the only two
   collectives of a layer.
 - gate_up_proj: column-parallel (this rank's FFN rows of gate and of up).
-- embed: vocabulary-parallel (rows of this rank's slice; ids outside it give zeros; all-reduce).
+- embed: vocabulary-parallel (rows of this rank's slice; ids outside it give zeros; all-reduce); a quantized
+  embedding (quant_embedding.QuantEmbedding) keeps its slice quantized.
 - lm_head: vocabulary-parallel (logits of this rank's slice; gathered on rank 0).
 
 Quantized projections (QuantWeight: the GGUF Q4/Q8 blocks and the int8/int4/fp8 layouts) keep their scales
@@ -26,7 +28,9 @@ import torch
 from torch import nn
 
 from backends.errors import ConfigError
+from backends.torch_engine.quant_embedding import QuantEmbedding
 from backends.torch_engine.quantize import QuantLinear
+from backends.torch_engine.split_linear import SplitLinear
 from backends.torch_engine.tp.comm import Comm
 from backends.torch_engine.tp.partition import HeadShard, balanced, ffn_shards, head_shards
 from kernels.quant_matmul import QuantWeight, concat_rows, dequantize
@@ -108,19 +112,32 @@ class RowParallel(nn.Module):
 
 
 class VocabParallelEmbedding(nn.Module):
-    """Rows [start, stop) of the table; a token outside them contributes zeros; the all-reduce completes it."""
+    """Rows [start, stop) of the table (a dense weight, or a QuantEmbedding of just those rows); a token outside
+    them contributes zeros; the all-reduce completes it."""
 
-    def __init__(self, weight: torch.Tensor, start: int, comm: Comm) -> None:
+    def __init__(self, table: torch.Tensor | QuantEmbedding, start: int, comm: Comm) -> None:
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        if isinstance(table, QuantEmbedding):
+            self.quantized: QuantEmbedding | None = table
+            self.rows = table.num_embeddings
+        else:
+            self.quantized = None
+            self.weight = nn.Parameter(table, requires_grad=False)
+            self.rows = table.shape[0]
         self.start, self.comm = start, comm
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.start
-        inside = (local >= 0) & (local < self.weight.shape[0])
-        x = nn.functional.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight)
+        inside = (local >= 0) & (local < self.rows)
+        local = local.clamp(0, self.rows - 1)
+        x = nn.functional.embedding(local, self.weight) if self.quantized is None else self.quantized(local)
         x = x * inside.unsqueeze(-1).to(x.dtype)  # (num_tokens, hidden)
         return self.comm.all_reduce(x)
+
+
+def _embed_table(embed: nn.Module) -> torch.Tensor | QuantEmbedding:
+    """What VocabParallelEmbedding takes of a loaded embedding: its dense weight, or the QuantEmbedding itself."""
+    return embed if isinstance(embed, QuantEmbedding) else embed.weight.data
 
 
 class VocabParallelHead(nn.Module):
@@ -143,7 +160,7 @@ def shard_model(model: nn.Module, comm: Comm) -> HeadShard:
     rank, world = comm.rank, comm.world
     heads = head_shards(cfg.n_heads, cfg.n_kv_heads, world)[rank]
     hd = cfg.head_dim
-    dtype = model.embed.weight.dtype
+    dtype = model.embed.dtype if isinstance(model.embed, QuantEmbedding) else model.embed.weight.dtype
     for layer in model.layers:
         if not hasattr(layer.mlp, "gate_up_proj"):  # e.g. a mixture of experts: no rule for it here yet
             raise ConfigError(
@@ -162,10 +179,7 @@ def _shard_attention(attn: nn.Module, h: HeadShard, hd: int, cfg, comm: Comm, dt
         (q_size + h.kv_start * hd, q_size + h.kv_stop * hd),
         (q_size + kv_size + h.kv_start * hd, q_size + kv_size + h.kv_stop * hd),
     ]
-    w, b = _weight(attn.qkv_proj), attn.qkv_proj.bias
-    weight = _cat_rows([_rows(w, lo, hi) for lo, hi in spans])
-    bias = None if b is None else torch.cat([b.data[lo:hi] for lo, hi in spans])
-    attn.qkv_proj = _linear(weight, bias)
+    attn.qkv_proj = _rows_of(attn.qkv_proj, spans)
     attn.n_heads, attn.n_kv_heads = h.num_heads, h.num_kv_heads
     attn.split = (h.num_heads * hd, h.num_kv_heads * hd, h.num_kv_heads * hd)
     o = attn.o_proj
@@ -181,18 +195,37 @@ def _shard_mlp(mlp: nn.Module, ffn: int, comm: Comm, dtype: torch.dtype) -> None
     group = down.group_size if isinstance(down, QuantWeight) and down.group_size < down.in_features else 1
     unit = math.lcm(group, ROW_UNIT)
     lo, hi = ffn_shards(ffn, comm.world, unit)[comm.rank]
-    gu = _weight(mlp.gate_up_proj)
-    mlp.gate_up_proj = _linear(_cat_rows([_rows(gu, lo, hi), _rows(gu, ffn + lo, ffn + hi)]), None)
+    mlp.gate_up_proj = _rows_of(mlp.gate_up_proj, [(lo, hi), (ffn + lo, ffn + hi)])
     mlp.down_proj = RowParallel(
         _linear(_cols(down, lo, hi, dtype), None), None if mlp.down_proj.bias is None else mlp.down_proj.bias.data, comm
     )
+
+
+def _rows_of(m: nn.Module, spans: list[tuple[int, int]]) -> nn.Module:
+    """Output rows `spans` of a column-parallel projection as a new module (with its bias rows).  A SplitLinear
+    keeps its parts, each cut to the spans that fall inside it (a span never crosses parts: Q, K, V and gate, up
+    are cut apart)."""
+    if isinstance(m, SplitLinear):
+        parts, at = [], 0
+        for part in m.parts:
+            inside = [(lo - at, hi - at) for lo, hi in spans if at <= lo and hi <= at + part.out_features]
+            parts.append(_rows_of(part, inside))
+            at += part.out_features
+        return SplitLinear(parts)
+    w, b = _weight(m), m.bias
+    bias = None if b is None else torch.cat([b.data[lo:hi] for lo, hi in spans])
+    return _linear(_cat_rows([_rows(w, lo, hi) for lo, hi in spans]), bias)
 
 
 def _shard_vocab(model: nn.Module, cfg, comm: Comm) -> None:
     spans = balanced(cfg.vocab_size, comm.world, ROW_UNIT)
     lo, hi = spans[comm.rank]
     widths = [b - a for a, b in spans]
-    table = model.embed.weight.data[lo:hi].clone()
+    embed = model.embed
+    if isinstance(embed, QuantEmbedding):
+        table: torch.Tensor | QuantEmbedding = QuantEmbedding(_rows(embed.weight, lo, hi), embed.dtype)  # type: ignore[arg-type]
+    else:
+        table = embed.weight.data[lo:hi].clone()
     model.embed = VocabParallelEmbedding(table, lo, comm)
     if cfg.tied_embeddings:
         head = _linear(model.embed.weight.data, None)
@@ -290,7 +323,7 @@ def wrap_loaded_shares(model: nn.Module, plan: ReadPlan, comm: Comm) -> HeadShar
             bias = m.bias.data if isinstance(m.bias, torch.Tensor) else None
             setattr(parent, name, RowParallel(_linear(_weight(m), None), bias, comm))
     head = model.lm_head
-    model.embed = VocabParallelEmbedding(model.embed.weight.data, plan.vocab[0], comm)
+    model.embed = VocabParallelEmbedding(_embed_table(model.embed), plan.vocab[0], comm)
     if model.cfg.tied_embeddings:
         head = _linear(model.embed.weight.data, None)
         head.weight = model.embed.weight
