@@ -220,13 +220,16 @@ def make_backend(
         if prestarted is not None:
             prestarted.discard()
         return backend_class(name)(spec, options)
+    # no fallback: a remembered configuration on the other backend is ignored too (RunnerBackend._apply_memory)
+    pinned = command in MEASURING_COMMANDS or settings.backend != "auto"
+    fallback = None if pinned else _fallback(spec, settings, hardware_file, logits_all, memory, command)
     return RunnerBackend(
         spec,
         options,
         backend=name,
         memory=memory,
         log_dir=get_paths().log_dir / "runners",
-        fallback=_fallback(spec, settings, hardware_file, logits_all, memory, command),
+        fallback=fallback,
         prestarted=prestarted,
         resident_dir=resident_dir(get_paths().data_dir),
         keep_alive_s=keep_alive_for(command, settings),
@@ -234,6 +237,15 @@ def make_backend(
     )
 
 
+# What measures the backend it names (`hearth bench`: each row is one engine's figures), and any command whose
+# backend the user named (--backend, the settings' backend, HEARTH_BACKEND: the user's choice wins): the runner never
+# moves to the other backend, neither by the ladder after a crash nor by a remembered configuration
+# (backends/runner/memory.py).  The same remembered entry also turned `hearth bench --soak --backend torch`'s server
+# into llama.cpp's.
+# One torch runner that crashed before its first reply left the starter remembered "on the llama.cpp backend instead
+# of torch", and every later `hearth bench --backends torch` row was llama.cpp's figures under torch's name (TTFT
+# 1,070 ms, prefill 120 tok/s, RSS 180 MiB on the loaded 2-core machine: no torch in that runner at all).
+MEASURING_COMMANDS = ("bench",)
 LINGERING_COMMANDS = ("run", "chat")  # what a person types again and again; serve, bench and ppl never linger
 
 
