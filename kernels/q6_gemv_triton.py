@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.quant_gemv_triton import split_k_for
 from kernels.quant_matmul import QuantWeight
 
 BLOCK = 256  # weights per d (a Q6_K block)
@@ -268,11 +269,7 @@ def pick_blocks(m: int, n: int, k: int, sms: int | None) -> tuple[int, int, int,
     if not sms:
         return max(1, triton.next_power_of_2(m)), 64, 4, 1, 1
     block_m, block_n, block_c, warps = gpu_blocks(m)
-    split_k = 1
-    tiles, blocks = triton.cdiv(n, block_n), k // BLOCK
-    while tiles * split_k < 2 * sms and blocks // (block_c * split_k * 2) >= 2:
-        split_k *= 2
-    return block_m, block_n, block_c, split_k, warps
+    return block_m, block_n, block_c, split_k_for(triton.cdiv(n, block_n), k // BLOCK, block_c, sms), warps
 
 
 def q6_gemv_triton(

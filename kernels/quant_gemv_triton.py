@@ -201,11 +201,16 @@ def pick_blocks(m: int, n: int, k: int, sms: int | None, int4: bool = True) -> t
     if not sms:
         return max(1, triton.next_power_of_2(m)), 64, 8, 1, 1
     block_m, block_n, block_c, warps = gpu_blocks(m, int4)
+    return block_m, block_n, block_c, split_k_for(triton.cdiv(n, block_n), k // CHUNK, block_c, sms), warps
+
+
+def split_k_for(tiles: int, steps: int, per_program: int, sms: int) -> int:
+    """How many ways to split K (a power of two): until `tiles` output tiles x the splits cover the GPU's `sms` SMs
+    twice, while each split keeps at least two programs' worth (`per_program` of the `steps` K steps each)."""
     split_k = 1
-    tiles, chunks = triton.cdiv(n, block_n), k // CHUNK
-    while tiles * split_k < 2 * sms and chunks // (block_c * split_k * 2) >= 2:
+    while tiles * split_k < 2 * sms and steps // (per_program * split_k * 2) >= 2:
         split_k *= 2
-    return block_m, block_n, block_c, split_k, warps
+    return split_k
 
 
 def quant_gemv_triton(
