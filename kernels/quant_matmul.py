@@ -28,6 +28,7 @@ Bytes per weight: int8 1 + 2/G, int4 0.5 + 4/G (4.25 bits at G = 128), fp8 1, q6
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,19 +51,55 @@ class QuantWeight:
     super_scales: torch.Tensor | None = None  # q6 only: float16 (N, K // 256), one d per 256 weights
 
     def to(self, device: torch.device | str) -> QuantWeight:
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device)
+        return self.map_rows(lambda t: t.to(device))
+
+    def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> QuantWeight:
+        """The weight with `fn` applied to each of its tensors along their first dimension, the output rows (every
+        layout keeps every field per output row): a move, a row slice, a reorder of the rows.  out_features is
+        the result's row count."""
+
+        def each(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else fn(t)
+
+        qweight = fn(self.qweight)
+        return QuantWeight(
+            self.kind,
+            qweight,
+            fn(self.scales),
+            each(self.offsets),
+            self.group_size,
+            self.in_features,
+            int(qweight.shape[0]),
+            each(self.qhigh),
+            each(self.super_scales),
+        )
+
+    @property
+    def column_unit(self) -> int:
+        """The fewest input columns a slice of this weight may start or end on and stay quantized: a group, or q6's
+        256-weight block (its super-scale and its high bits' 64-weight chunks)."""
+        return 256 if self.kind == "q6" else self.group_size
+
+    def columns(self, lo: int, hi: int) -> QuantWeight | None:
+        """Input columns [lo, hi) as a QuantWeight of their own (copies), or None when an end falls inside a
+        column_unit (hi may be in_features)."""
+        unit = self.column_unit
+        if lo % unit or (hi % unit and hi != self.in_features) or not 0 <= lo < hi <= self.in_features:
+            return None
+
+        def cut(t: torch.Tensor | None, per: int) -> torch.Tensor | None:  # per: input columns a stored column holds
+            return None if t is None else t[:, lo // per : -(-hi // per)].contiguous()
 
         return QuantWeight(
             self.kind,
-            move(self.qweight),
-            move(self.scales),
-            move(self.offsets),
+            cut(self.qweight, 2 if self.kind in ("int4", "q6") else 1),  # type: ignore[arg-type]
+            cut(self.scales, self.group_size),  # type: ignore[arg-type]
+            cut(self.offsets, self.group_size),
             self.group_size,
-            self.in_features,
+            hi - lo,
             self.out_features,
-            move(self.qhigh),
-            move(self.super_scales),
+            cut(self.qhigh, 4),
+            cut(self.super_scales, 256),
         )
 
     @property

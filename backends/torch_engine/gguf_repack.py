@@ -9,12 +9,14 @@ whatever device they are on; no dense copy of the weight is made.  What each typ
 - Q5_0 -> int8: w = d * (q5 - 16) with q5 in 0..31 is an int8 value in -16..15 with the block's scale d,
   exactly the file's weights.  In 8 bits instead of 5.5: torch's CPU kernels read group-wise int8 as two int4
   halves (kernels/quant_matmul_cpu.py), and no kernel of ours reads 5-bit values; still half of bf16.
-- Q6_K -> int8 per group of 32, requantized: Q6_K scales every 16 values (d * sc, sc int8) and none of our
-  kernels takes groups of 16, so the exact values are rebuilt with integer ops and rounded to the nearest of
-  255 levels per 32 (scale max|w| / 127, rounded to bf16 first since the CPU kernel holds its scales in bf16).
-  The added error is at most half a level, about a quarter of Q6_K's own rounding step (its 64 levels per
-  16 values), so these are not bit for bit the weights llama.cpp runs.  Measured on Gemma 3 270M's Q6_K
-  down projections: see the README ("Which GGUF types the torch engine keeps quantized").
+- Q6_K -> on a GPU, "q6" (gguf_q6.py): the file's blocks bit for bit at 6.5625 bits, read by Triton kernels
+  of their own.  On the CPU (no kernel of ours reads q6 there) int8 per group of 32, requantized: Q6_K scales
+  every 16 values (d * sc, sc int8) and the CPU's kernels take no groups of 16, so the exact values are rebuilt
+  with integer ops and rounded to the nearest of 255 levels per 32 (scale max|w| / 127, rounded to bf16 first
+  since the CPU kernel holds its scales in bf16).  The added error is at most half a level, about a quarter of
+  Q6_K's own rounding step (its 64 levels per 16 values), so these are not bit for bit the weights llama.cpp
+  runs.  Measured on Gemma 3 270M's Q6_K down projections: see the README ("Which GGUF types the torch engine
+  keeps quantized").
 - The other K-quants and legacy types (Q5_1, Q5_K, Q3_K, Q2_K) and the IQ4/IQ3/IQ2 types -> int8 per 32 the
   same way, from the exact values gguf's own dequantizer gives (`REQUANTIZED`): within half an int8 level,
   a small fraction of their own step; 8.5 bits a weight where the file has 2-6, but half of the bf16 a
@@ -32,6 +34,7 @@ import gguf.quants
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from backends.torch_engine.gguf_q6 import repack_q6k
 from kernels.quant_matmul import QuantWeight, concat_rows, pack_int4, quantize_int8
 
 # requantized to int8 per 32 from gguf's own dequantizer's exact values (module docstring)
@@ -45,9 +48,15 @@ GROUP = 32
 
 
 def repack_gguf(
-    raw: torch.Tensor, ggml_type: str, out_features: int, in_features: int, scale_dtype: torch.dtype = torch.float16
+    raw: torch.Tensor,
+    ggml_type: str,
+    out_features: int,
+    in_features: int,
+    scale_dtype: torch.dtype = torch.float16,
+    q6: bool = False,
 ) -> QuantWeight:
-    """GGUF blocks of an (out_features, in_features) weight -> QuantWeight (int4 or int8, group size 32).
+    """GGUF blocks of an (out_features, in_features) weight -> QuantWeight (int4 or int8, group size 32; with
+    `q6`, Q6_K as it is: kind "q6", gguf_q6.repack_q6k, for the GPU's kernels).
 
     raw: uint8, (out_features, bytes_per_row) or flat, exactly as stored in the file (gguf's reader gives it).
     Only integer ops unpack the values; scales come from the blocks' fp16 fields (Q4_K: d * sc and dmin * m).
@@ -65,6 +74,8 @@ def repack_gguf(
             f"got {raw.numel()} {raw.dtype}"
         )
     blocks = raw.reshape(out_features * n_blocks, block_bytes)
+    if q6 and ggml_type == "Q6_K":
+        return repack_q6k(blocks, out_features, in_features)
     groups = (out_features, in_features // GROUP)
     if ggml_type == "Q8_0":
         d = _f16(blocks[:, 0:2])

@@ -16,8 +16,9 @@ device ever holds the dense model whole when the plan asked for a quantized one:
 - "gguf": projection weights stored in a quantized GGUF type (weight_map.REPACK_KIND) are not dequantized to the
   compute dtype: their blocks are repacked (backends.torch_engine.gguf_repack) into hearth's int4 / int8 layout with
   group size 32 and the projection becomes a QuantLinear.  That keeps exactly the weights llama.cpp runs for
-  Q4_0/Q4_1/Q4_K/Q8_0/Q5_0 (the others, Q6_K for one, requantized to int8 per 32 within half a level; gguf_repack
-  says why), at 5 (int4) or 8.5 (int8) bits each instead of 16.  A merged projection (Q/K/V, gate/up) stays
+  Q4_0/Q4_1/Q4_K/Q8_0/Q5_0, and on CUDA for Q6_K too (kind "q6", its own 6.56 bits: native_q6); the others, and
+  Q6_K on the CPU, are requantized to int8 per 32 within half a level (gguf_repack says why); 5 (int4) or 8.5
+  (int8) bits each instead of 16.  A merged projection (Q/K/V, gate/up) stays
   quantized only when all its parts repack: one QuantLinear when they share a kind, else a SplitLinear whose parts
   keep their own kinds (Q4_K_M's Q4_K Q and K int4 beside its Q6_K V int8: gguf_repack.merge_kept,
   split_linear.py); otherwise that projection is dequantized like the rest.  An untied model also keeps its lm head
@@ -123,12 +124,7 @@ def _unreorder_any(w: torch.Tensor | QuantWeight, n_heads: int) -> torch.Tensor 
     """unreorder for a dense weight, or for the rows of a quantized one (groups run along the inputs)."""
     if isinstance(w, torch.Tensor):
         return unreorder(w, n_heads)
-    return dataclasses.replace(
-        w,
-        qweight=unreorder(w.qweight, n_heads),
-        scales=unreorder(w.scales, n_heads),
-        offsets=None if w.offsets is None else unreorder(w.offsets, n_heads),
-    )
+    return w.map_rows(lambda t: unreorder(t, n_heads))
 
 
 Kept = torch.Tensor | QuantWeight | list[QuantWeight]  # a parameter as read: a split projection is a list of parts
@@ -263,17 +259,20 @@ def load_model(
     if weight_quant not in LOAD_QUANTS:
         raise ConfigError(f"the loader's weight quantization is one of {', '.join(LOAD_QUANTS)}, got {weight_quant!r}")
     rtn = None if weight_quant in ("none", "gguf") else quantize.config_for(weight_quant)
-    cfg, plan = read_plan(spec, weight_quant == "gguf", rtn, tp)
+    cfg, plan = read_plan(spec, weight_quant == "gguf", rtn, tp, native_q6(device))
     params, factors = read_params(spec, cfg, dtype, device, weight_quant == "gguf", rtn, host_layers, plan)
-    model = assemble(spec, cfg, ops, params, factors, n_ctx)
+    model = assemble(spec, cfg, ops, params, factors, n_ctx, dtype)
     if plan is not None:
         wrap_loaded_shares(model, plan, tp)  # type: ignore[arg-type]
     return (model if host_layers else model.to(device)).eval()
 
 
-def read_plan(spec: ModelSpec, keep_gguf_quant: bool, rtn: QuantConfig | None, tp: Comm | None) -> tuple[Any, Any]:
+def read_plan(
+    spec: ModelSpec, keep_gguf_quant: bool, rtn: QuantConfig | None, tp: Comm | None, q6: bool = False
+) -> tuple[Any, Any]:
     """(config, tensor-parallel read plan or None): the model's config from the spec, every file tensor's shape
-    checked against it, and for a rank of a group the share it reads (the config then at the rank's widths)."""
+    checked against it, and for a rank of a group the share it reads (the config then at the rank's widths).
+    q6: Q6_K blocks load as kind "q6" (native_q6), whose input columns split on whole 256-weight blocks."""
     cfg = config_from_spec(spec)
     check_file_shapes(spec, cfg)
     if tp is None or tp.world <= 1:
@@ -284,7 +283,7 @@ def read_plan(spec: ModelSpec, keep_gguf_quant: bool, rtn: QuantConfig | None, t
             "run it on one GPU (--tensor-parallel 1), or use a GGUF or 16-bit copy of the model",
         )
     names = weight_names(spec.architecture, spec.format)
-    plan = tp_read_plan(cfg, tp.rank, tp.world, _down_group(spec, names, keep_gguf_quant, rtn, cfg.ffn_size))
+    plan = tp_read_plan(cfg, tp.rank, tp.world, _down_group(spec, names, keep_gguf_quant, rtn, cfg.ffn_size, q6))
     return plan.local_config(cfg), plan  # the model is built at this rank's widths
 
 
@@ -317,11 +316,12 @@ def read_params(
     scale_dtype = torch.float32 if device.type == "cpu" else dtype  # CPU packing rounds the scales once itself
     keep = functools.partial(_keep_quantized, names, keep_gguf_quant, _quantized_ends(keep_gguf_quant, cfg))
     select = functools.partial(_select, plan, names)
+    q6 = native_q6(device)
     params: dict[str, Kept] = {}
     shards: dict[str, dict[int, torch.Tensor | QuantWeight]] = {}
     factors: dict[str, torch.Tensor] = {}  # rope_freqs / rope_factors_short / rope_factors_long, as read
     perms: dict[str, dict[int, torch.Tensor]] = {}  # GPTQ act-order input orders, as shards are
-    for name, tensor in file_weights(spec, keep, scale_dtype, dtype, select):
+    for name, tensor in file_weights(spec, keep, scale_dtype, dtype, select, lambda name: q6):
         if name in ROPE_FACTOR_TENSORS:
             factors[name] = tensor.reshape(-1)
             continue
@@ -378,6 +378,14 @@ def _select(plan: Any, names: dict[str, tuple[str, str | None]], name: str) -> S
     return plan.select(target.format(i=layer), shard)
 
 
+def native_q6(device: torch.device) -> bool:
+    """Whether kept Q6_K blocks load as they are (kind "q6", gguf_q6.py: 6.5625 bits, the file's weights) rather
+    than requantized to int8 (8.5 bits): on CUDA, where kernels/q6_gemv_triton.py and q6_matmul_triton.py read
+    them; the CPU's kernels read no q6, so there int8 (gguf_repack.py).  Offloaded blocks (offload.py) stream to
+    the GPU and run there: q6 too.  hwprobe.memory prices the same (GGUF_Q6_BYTES on a GPU)."""
+    return device.type == "cuda"
+
+
 _ENDS = ("output.weight", "token_embd.weight")  # the GGUF names of an untied lm head and the token embedding
 
 
@@ -423,7 +431,7 @@ class _Prepare:
         if not isinstance(tensor, torch.Tensor):
             if target == "embed.weight" and tensor.kind not in QuantEmbedding.KINDS:  # no gather for that layout
                 return dequantize(tensor).to(self.dtype)
-            if target == "embed.weight":  # a QuantEmbedding's rows come out in its scales' dtype: the compute one
+            if target == "embed.weight" and tensor.kind != "q6":  # scales in the compute dtype (q6's are the file's)
                 offsets = None if tensor.offsets is None else tensor.offsets.to(self.dtype)
                 tensor = dataclasses.replace(tensor, scales=tensor.scales.to(self.dtype), offsets=offsets)
             return tensor
@@ -444,6 +452,7 @@ def assemble(
     params: dict[str, Kept],
     factors: dict[str, torch.Tensor],
     n_ctx: int,
+    dtype: torch.dtype,
 ) -> DecoderModel:
     """The family's model built on the meta device and given `params` (no copy): dense ones assigned, quantized
     projections as QuantLinear modules (SplitLinear where a merged one's parts keep different kinds), a kept
@@ -456,7 +465,7 @@ def assemble(
     for target, qw in quantized.items():
         module = target.removesuffix(".weight")
         if module == "embed":
-            model.embed = QuantEmbedding(qw, qw.scales.dtype)  # type: ignore[union-attr]
+            model.embed = QuantEmbedding(qw, dtype)  # type: ignore[arg-type]
             continue
         bias = params.get(module + ".bias")
         perm = params.get(module + INPUT_PERM)
@@ -500,16 +509,22 @@ def set_rope(model: DecoderModel, cfg: DecoderConfig, factors: dict[str, torch.T
         model.inv_freq_local = rope_inv_freq(rot, cfg.rope_base_local)
 
 
-def _down_group(spec: ModelSpec, names: dict, keep_gguf: bool, rtn: QuantConfig | None, ffn: int) -> int:
+def _down_group(
+    spec: ModelSpec, names: dict, keep_gguf: bool, rtn: QuantConfig | None, ffn: int, q6: bool = False
+) -> int:
     """The quantization group of down_proj's inputs as the loader will hold it (its FFN split falls on whole
-    groups, as tp/layers.shard_model's does): a kept GGUF block (32), an int4 group, else 1 (dense, or int8 /
-    fp8 per channel, quantized from the rank's own columns)."""
+    groups, as tp/layers.shard_model's does): a kept GGUF block (32; 256 where any layer's is Q6_K kept as q6:
+    QuantWeight.column_unit), an int4 group, else 1 (dense, or int8 / fp8 per channel, quantized from the rank's
+    own columns)."""
     if rtn is not None:
         layer = layer_config(rtn.for_module("layers.0.mlp.down_proj"), ffn)
         return layer.group_size if layer is not None and layer.kind == "int4" else 1
     if keep_gguf and spec.format == "gguf":
-        for t in spec.tensors:
-            key, _ = template(_text_model_name(t.name))
-            if names.get(key, ("", None))[0].endswith("mlp.down_proj.weight"):
-                return 32 if t.ggml_type in GGUF_BLOCKS else 1
+        downs = [
+            t.ggml_type
+            for t in spec.tensors
+            if names.get(template(_text_model_name(t.name))[0], ("", None))[0].endswith("mlp.down_proj.weight")
+        ]
+        if downs and downs[0] in GGUF_BLOCKS:
+            return 256 if q6 and "Q6_K" in downs else 32
     return 1

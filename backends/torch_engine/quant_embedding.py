@@ -1,10 +1,13 @@
-"""A token embedding kept in its repacked GGUF form (kernels/quant_matmul.py's int4 / int8 layouts, groups of 32).
+"""A token embedding kept in its repacked GGUF form (kernels/quant_matmul.py's int4 / int8 layouts, groups of 32,
+or on a GPU Q6_K as it is, "q6").
 
 Why: the embedding is a table the model reads a few rows of a step, yet held dense it is vocab x hidden x 2 bytes,
 1 GiB for Llama 3's 128256 x 4096, more than the file's Q4_K rows (282 MiB).  An untied model's embedding is
 used for nothing else, so the loader keeps it as the file's blocks repacked (gguf_repack.repack_gguf: Q4_0 / Q4_1
-/ Q4_K int4, Q8_0 / Q5_0 / Q6_K and the rest int8: weight_map.REPACK_KIND) and this module gathers the rows of
-the step's tokens and dequantizes only them.  A tied embedding stays dense: the head reads it whole every step.
+/ Q4_K int4, Q8_0 / Q5_0 / Q6_K and the rest int8: weight_map.REPACK_KIND; Q6_K as q6 on a GPU) and this module
+gathers the rows of the step's tokens (every field of every layout is per row: QuantWeight.map_rows) and
+dequantizes only them, with the layouts' own reference (kernels/quant_matmul.dequantize).  A tied embedding
+stays dense: the head reads it whole every step.
 
 The rows are exactly those of the dense lookup of the same repacked weights (dequantize(w).to(dtype)[ids]):
 the same float32 products and sums, element by element, then one rounding to the compute dtype.  Torch ops only,
@@ -16,21 +19,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.quant_matmul import QuantWeight, unpack_int4
+from kernels.quant_matmul import QuantWeight, dequantize
 
 
 class QuantEmbedding(nn.Module):
-    """embed(ids) = dequantize(weight)[ids] in `dtype`, holding `weight` (int4 or int8, vocab rows) quantized.
+    """embed(ids) = dequantize(weight)[ids] in `dtype`, holding `weight` (int4, int8 or q6, vocab rows) quantized.
 
-    Buffers qweight, scales, offsets (int4 only) as QuantLinear names them, so byte counts and the prepared-weight
-    cache see them like any module's buffers."""
+    Buffers qweight, scales, offsets (int4 only), qhigh and super_scales (q6 only) as QuantLinear names them, so
+    byte counts and the prepared-weight cache see them like any module's buffers."""
 
-    KINDS = ("int4", "int8")  # the layouts it gathers from
+    KINDS = ("int4", "int8", "q6")  # the layouts it gathers from
 
     def __init__(self, weight: QuantWeight, dtype: torch.dtype) -> None:
         super().__init__()
         if weight.kind not in self.KINDS or weight.in_features % weight.group_size:
-            raise ValueError(f"a quantized embedding is int4 or int8 in whole groups, not {weight.kind}")
+            raise ValueError(f"a quantized embedding is int4, int8 or q6 in whole groups, not {weight.kind}")
         self.kind = weight.kind
         self.group_size = weight.group_size
         self.num_embeddings = weight.out_features
@@ -39,12 +42,22 @@ class QuantEmbedding(nn.Module):
         self.register_buffer("qweight", weight.qweight)
         self.register_buffer("scales", weight.scales)
         self.register_buffer("offsets", weight.offsets)
+        self.register_buffer("qhigh", weight.qhigh)
+        self.register_buffer("super_scales", weight.super_scales)
 
     @property
     def weight(self) -> QuantWeight:
         """The whole table as a QuantWeight (tensor parallelism cuts its rows: tp/layers.py)."""
         return QuantWeight(
-            self.kind, self.qweight, self.scales, self.offsets, self.group_size, self.embedding_dim, self.num_embeddings
+            self.kind,
+            self.qweight,
+            self.scales,
+            self.offsets,
+            self.group_size,
+            self.embedding_dim,
+            self.num_embeddings,
+            self.qhigh,
+            self.super_scales,
         )
 
     @property
@@ -54,17 +67,8 @@ class QuantEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (...,) int64 -> (..., embedding_dim) in self.dtype."""
         flat = ids.reshape(-1)
-        n, k, g = flat.shape[0], self.embedding_dim, self.group_size
-
-        def per_value(t: torch.Tensor) -> torch.Tensor:  # (n, K // G) -> (n, K): each group's value on its G values
-            return t.index_select(0, flat).float()[:, :, None].expand(n, k // g, g).reshape(n, k)
-
-        q = self.qweight.index_select(0, flat)  # (n, K) int8 | (n, K // 2) uint8
-        if self.kind == "int8":
-            rows = q.float() * per_value(self.scales)
-        else:
-            rows = unpack_int4(q).float() * per_value(self.scales) + per_value(self.offsets)
-        return rows.to(self.dtype).reshape(*ids.shape, k)
+        rows = dequantize(self.weight.map_rows(lambda t: t.index_select(0, flat)))
+        return rows.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.kind}, group_size={self.group_size}"

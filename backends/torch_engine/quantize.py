@@ -123,6 +123,8 @@ class QuantLinear(nn.Module):
         self.register_buffer("qweight", weight.qweight)
         self.register_buffer("scales", weight.scales)
         self.register_buffer("offsets", weight.offsets)
+        self.register_buffer("qhigh", weight.qhigh)  # q6 only (kernels/quant_matmul.py)
+        self.register_buffer("super_scales", weight.super_scales)  # q6 only
         self.register_buffer("bias", bias)
         self.register_buffer("input_scale", input_scale)
         self.register_buffer("input_perm", input_perm)
@@ -136,7 +138,15 @@ class QuantLinear(nn.Module):
         if self._cpu is not None:
             raise RuntimeError("this layer was re-laid for the CPU kernels; its generic layout is gone")
         return QuantWeight(
-            self.kind, self.qweight, self.scales, self.offsets, self.group_size, self.in_features, self.out_features
+            self.kind,
+            self.qweight,
+            self.scales,
+            self.offsets,
+            self.group_size,
+            self.in_features,
+            self.out_features,
+            self.qhigh,
+            self.super_scales,
         )
 
     @property
@@ -159,7 +169,7 @@ class QuantLinear(nn.Module):
         """Hold `packed` (pack_for_cpu's output, or the same restored from the prepared-weight cache:
         prepared.py) as this layer's weight; the generic buffers are dropped."""
         self._cpu = packed
-        self.qweight = self.scales = self.offsets = None
+        self.qweight = self.scales = self.offsets = self.qhigh = self.super_scales = None
         if self.bias is None and self.input_scale is None and self.input_perm is None:
             self._cpu_rows = cpu_rows_kernel(self._cpu)
 

@@ -229,7 +229,7 @@ def test_a_tied_model_keeps_the_dense_embedding(tmp_path: Path) -> None:
 
 def test_a_quantized_weight_of_another_kind_is_no_embedding() -> None:
     fp8 = QuantWeight("fp8", torch.zeros(4, 32), torch.ones(4, 1), None, 32, 32, 4)
-    with pytest.raises(ValueError, match="int4 or int8"):
+    with pytest.raises(ValueError, match="int4, int8 or q6"):
         QuantEmbedding(fp8, torch.bfloat16)
 
 

@@ -93,6 +93,25 @@ def test_rows_concatenate_and_move_with_every_tensor() -> None:
     assert torch.equal(dequantize(both), torch.cat([dequantize(a.to("cpu")), dequantize(b.to("cpu"))]))
 
 
+def test_rows_and_whole_blocks_of_columns_cut_every_tensor() -> None:
+    """What tensor parallelism and the Q/K un-reordering do to a q6 weight (tp/layers._rows / _cols,
+    QuantWeight.map_rows / columns): rows cut or reordered and 256-weight blocks of columns keep the weights;
+    a column span inside a block is none (the caller dequantizes)."""
+    from backends.torch_engine.tp.layers import _cols, _rows
+
+    w = _q6(12, 768, 3).to("cpu")
+    dense = dequantize(w)
+    order = torch.randperm(12, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(dequantize(w.map_rows(lambda t: t[order])), dense[order])
+    assert torch.equal(dequantize(_rows(w, 2, 7)), dense[2:7])
+    cut = w.columns(256, 768)
+    assert cut is not None and cut.in_features == 512 and torch.equal(dequantize(cut), dense[:, 256:])
+    assert w.column_unit == 256 and w.columns(32, 256) is None and w.columns(0, 300) is None
+    inside = _cols(w, 128, 512, torch.float32)
+    assert isinstance(inside, torch.Tensor) and torch.equal(inside, dense[:, 128:512])
+    assert torch.equal(dequantize(_cols(w, 0, 512, torch.float32)), dense[:, :512])
+
+
 # ---- the kernels against the reference (Triton interpreter on CPU, or the GPU) ------------------------------
 
 

@@ -14,7 +14,8 @@ layers[i].mlp.gate_up_proj / down_proj, lm_head, and the attention's n_heads / n
 
 Quantized projections (QuantWeight: the GGUF Q4/Q8 blocks and the int8/int4/fp8 layouts) keep their scales
 per output row and per group of `group_size` inputs, so output rows slice freely and input columns slice on
-whole groups; a column split that would cut a group dequantizes that projection (dense in the model's dtype).
+whole groups (q6, GGUF Q6_K as it is, on whole 256-weight blocks: QuantWeight.column_unit); a column split that
+would cut one dequantizes that projection (dense in the model's dtype).
 Applied after loading and before the CPU packing (quantize.prepare_for_cpu), which then packs the shares.
 """
 
@@ -44,15 +45,7 @@ def _rows(w: torch.Tensor | QuantWeight, lo: int, hi: int) -> torch.Tensor | Qua
     """Output rows [lo, hi), copied: a view would keep the whole tensor alive."""
     if isinstance(w, torch.Tensor):
         return w[lo:hi].clone()
-    return QuantWeight(
-        w.kind,
-        w.qweight[lo:hi].clone(),
-        w.scales[lo:hi].clone(),
-        None if w.offsets is None else w.offsets[lo:hi].clone(),
-        w.group_size,
-        w.in_features,
-        hi - lo,
-    )
+    return w.map_rows(lambda t: t[lo:hi].clone())
 
 
 def _cat_rows(parts: list) -> torch.Tensor | QuantWeight:
@@ -62,22 +55,12 @@ def _cat_rows(parts: list) -> torch.Tensor | QuantWeight:
 
 
 def _cols(w: torch.Tensor | QuantWeight, lo: int, hi: int, dtype: torch.dtype) -> torch.Tensor | QuantWeight:
-    """Input columns [lo, hi): quantized when both ends fall on group boundaries, else dense in `dtype`."""
+    """Input columns [lo, hi): quantized when both ends fall on the weight's column_unit (a group; q6's 256-weight
+    block), else dense in `dtype`."""
     if isinstance(w, torch.Tensor):
         return w[:, lo:hi].contiguous()
-    g = w.group_size
-    if lo % g or (hi % g and hi != w.in_features):
-        return dequantize(w)[:, lo:hi].to(dtype).contiguous()
-    per_byte = 2 if w.kind == "int4" else 1  # int4 packs two inputs per byte
-    return QuantWeight(
-        w.kind,
-        w.qweight[:, lo // per_byte : hi // per_byte].contiguous(),
-        w.scales[:, lo // g : -(-hi // g)].contiguous(),
-        None if w.offsets is None else w.offsets[:, lo // g : -(-hi // g)].contiguous(),
-        g,
-        hi - lo,
-        w.out_features,
-    )
+    cut = w.columns(lo, hi)
+    return dequantize(w)[:, lo:hi].to(dtype).contiguous() if cut is None else cut
 
 
 def _weight(m: nn.Module) -> torch.Tensor | QuantWeight:
@@ -192,7 +175,7 @@ def _shard_attention(attn: nn.Module, h: HeadShard, hd: int, cfg, comm: Comm, dt
 
 def _shard_mlp(mlp: nn.Module, ffn: int, comm: Comm, dtype: torch.dtype) -> None:
     down = _weight(mlp.down_proj)
-    group = down.group_size if isinstance(down, QuantWeight) and down.group_size < down.in_features else 1
+    group = down.column_unit if isinstance(down, QuantWeight) and down.group_size < down.in_features else 1
     unit = math.lcm(group, ROW_UNIT)
     lo, hi = ffn_shards(ffn, comm.world, unit)[comm.rank]
     mlp.gate_up_proj = _rows_of(mlp.gate_up_proj, [(lo, hi), (ffn + lo, ffn + hi)])
