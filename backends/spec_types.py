@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from backends.quant_config import packed_modules, planner_extra, spec_quant
-from backends.weight_map import REPACK_KIND, repacked_params, unkept_types
+from backends.weight_map import GPU_REPACK_KIND, REPACK_KIND, q6_params, repacked_params, unkept_types
 from hwprobe.shape import ModelShape
 
 SCHEMA_VERSION = 4  # bump when the fields or the checks change: the store's metadata cache keys on it
@@ -108,10 +108,13 @@ class ModelSpec:
         extra: dict[str, Any] = {"rope_scaling": self.rope_scaling, "file_format": self.format}
         if self.format == "gguf":  # per layer (int4, int8) weights the torch engine keeps as the file's blocks
             extra["gguf_repacked"] = repacked_params(self.tensors, self.n_layers, self.architecture)
+            extra["gguf_q6"] = q6_params(self.tensors, self.n_layers, self.architecture)  # of the int8: q6 on a GPU
             extra["gguf_unkept_types"] = unkept_types(self.tensors, self.n_layers, self.architecture)
             if out is not None and out is not embed:  # untied: head and embedding kept as int4 / int8, or None (16-bit)
                 extra["gguf_head_kind"] = REPACK_KIND.get(out.ggml_type)
                 extra["gguf_embed_kind"] = REPACK_KIND.get(embed.ggml_type) if embed is not None else None
+                extra["gguf_head_gpu_kind"] = GPU_REPACK_KIND.get(out.ggml_type)  # Q6_K: q6
+                extra["gguf_embed_gpu_kind"] = GPU_REPACK_KIND.get(embed.ggml_type) if embed is not None else None
         elif (quant := spec_quant(self.path, self.metadata)) is not None:  # GPTQ / AWQ: its own packed weights
             modules = packed_modules(quant, self.tensors, self.path)
             extra["checkpoint_quant"] = planner_extra(quant, modules, self.n_layers, _layer_index)

@@ -14,7 +14,7 @@ None); Q/K/V fill qkv_proj and gate/up fill gate_up_proj, in the order of SHARDS
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 GGUF_NAMES: dict[str, tuple[str, str | None]] = {
@@ -99,6 +99,10 @@ REPACK_KIND = {
     **dict.fromkeys(("IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S"), "int8"),
 }
 
+# On a GPU the loader keeps Q6_K blocks as they are (kind "q6", 6.5625 bits: backends/torch_engine/loader.native_q6),
+# the rest as REPACK_KIND; hwprobe.memory prices a GPU load with these.
+GPU_REPACK_KIND = {**REPACK_KIND, "Q6_K": "q6"}
+
 _LAYER = re.compile(r"\.(\d+)\.")
 
 
@@ -147,6 +151,22 @@ def repacked_params(
     kind (one QuantLinear when they share it, else a SplitLinear of the parts: the loader's _merge rule,
     gguf_repack.merge_kept); the others are dequantized to the compute dtype.  The head and the embedding are
     outside the blocks: ModelSpec.to_shape gives their kinds (extra["gguf_head_kind"], ["gguf_embed_kind"])."""
+    kept = [[0, 0] for _ in range(n_layers)]
+    for layer, t in _kept_projections(tensors, n_layers, architecture):
+        kept[layer][0 if REPACK_KIND[t.ggml_type] == "int4" else 1] += t.n_elements
+    return tuple((a, b) for a, b in kept)
+
+
+def q6_params(tensors: Iterable[_Tensor], n_layers: int, architecture: str = "llama") -> tuple[int, ...]:
+    """Per layer, the weights of repacked_params' int8 ones that are Q6_K: on a GPU they stay q6 (GPU_REPACK_KIND)."""
+    kept = [0] * n_layers
+    for layer, t in _kept_projections(tensors, n_layers, architecture):
+        kept[layer] += t.n_elements if t.ggml_type == "Q6_K" else 0
+    return tuple(kept)
+
+
+def _kept_projections(tensors: Iterable[_Tensor], n_layers: int, architecture: str) -> Iterator[tuple[int, _Tensor]]:
+    """(layer, tensor) of every block projection shard a "gguf" load keeps as blocks (repacked_params' rule)."""
     groups: dict[tuple[int, str], list[_Tensor]] = {}
     name_map = names(architecture, "gguf")
     for t in tensors:
@@ -154,9 +174,6 @@ def repacked_params(
         target = name_map.get(key, ("", None))[0]
         if layer is not None and layer < n_layers and is_projection_param(target):
             groups.setdefault((layer, target), []).append(t)
-    kept = [[0, 0] for _ in range(n_layers)]
     for (layer, _), parts in groups.items():
         if all(t.ggml_type in REPACK_KIND for t in parts):
-            for t in parts:
-                kept[layer][0 if REPACK_KIND[t.ggml_type] == "int4" else 1] += t.n_elements
-    return tuple((a, b) for a, b in kept)
+            yield from ((layer, t) for t in parts)

@@ -11,15 +11,17 @@ first (`share_for`):
 
 1. this device's own records (GpuInfo.decode_records, from `hearth bench` runs on it: hwprobe.report), keyed by
    engine and kind;
-2. the table below, per GPU generation, each row with its source; a generation without a row of its own takes
-   the nearest generation's and says so;
+2. the table below, per GPU generation, each row with its source (the committed GPU records' rows,
+   hwprobe/recorded_rows.py, over the hand-entered ones); a generation without a row of its own takes the nearest
+   generation's and says so;
 3. ASSUMED_SHARE, said to be an assumption.
 
 Kinds: the torch engine's "16bit" (bf16/fp16), "int8" (W8A16, GGUF blocks kept as int8), "int4" (W4A16, GGUF
-blocks kept as int4), "fp8"; llama.cpp's "ggml" (its quantized matmul-vector kernels, one figure for every
-type).  A candidate holding several kinds (the torch engine's GGUF layout: int4 and int8 blocks beside 16-bit
-tensors) decodes at the bytes-weighted mix (`mixed_share`).  `batch16` is a whole step's aggregate speed with 16
-streams over one stream's (1.0 for llama.cpp, which llama-cpp-python runs one request at a time).
+blocks kept as int4), "fp8", "q6" (GGUF Q6_K kept as it is on a GPU); llama.cpp's "ggml" (its quantized
+matmul-vector kernels, one figure for every type).  A candidate holding several kinds (the torch engine's GGUF
+layout: int4, int8 and q6 blocks beside 16-bit tensors) decodes at the bytes-weighted mix (`mixed_share`).
+`batch16` is a whole step's aggregate speed with 16 streams over one stream's (1.0 for llama.cpp, which
+llama-cpp-python runs one request at a time).
 
 Pure stdlib: the planner's module, tested with hand-made records.
 """
@@ -29,12 +31,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hwprobe.bandwidth import GPU_SECONDS_PER_LAYER
+from hwprobe.recorded_rows import ROWS
 
 ASSUMED_SHARE = 0.75  # the old single assumption, kept only for what nobody has measured
 # the torch engine on a CPU at 16 streams over one: the starter on a 2-core Intel Xeon, 281 against 60.8 tokens/s
 # (`hearth bench`, NOTES.md); a CPU with more cores gains more, so this is the low end
 TORCH_CPU_BATCH16 = 4.6
-ENGINE_KINDS = {"torch": ("16bit", "int8", "int4", "fp8"), "llama.cpp": ("ggml",)}
+ENGINE_KINDS = {"torch": ("16bit", "int8", "int4", "fp8", "q6"), "llama.cpp": ("ggml",)}
 
 
 @dataclass(frozen=True)
@@ -86,11 +89,25 @@ TABLE: dict[tuple[str, str], dict[str, Measured]] = {
     ("torch", "int4"): {"hopper": Measured(83.6, 4.00e9, 32, 4800, _H200, 950.0)},
     # FP8 reads the bytes of int8 through a kernel of the same shape; its decode was not timed on its own
     ("torch", "fp8"): {"hopper": Measured(88.5, 7.02e9, 32, 4800, _H200 + " (int8's figure: FP8 not timed)", 1210.0)},
+    # GGUF Q6_K as it is (kernels/q6_gemv_triton.py, issue 42) has not run on a GPU yet: int8's figure until it has
+    ("torch", "q6"): {"hopper": Measured(88.5, 7.02e9, 32, 4800, _H200 + " (int8's figure: q6 not timed)", 1210.0)},
     ("llama.cpp", "ggml"): {
         "ada": Measured(130.0, 4.62e9, 32, 1008, _LLAMA_CPP_4090),
         "ampere": Measured(157.0, 4.37e9, 32, 936, _LLAMA_CPP_3090),
     },
 }
+
+
+def with_recorded(table: dict, rows: dict[tuple[str, str], dict[str, tuple]]) -> dict:
+    """`table` with the GPU records' rows (hwprobe/recorded_rows.py's form) over its rows of the same generation: a
+    card's record of today's kernels says more than an older run's figures."""
+    out = {key: dict(by_generation) for key, by_generation in table.items()}
+    for key, by_generation in rows.items():
+        out.setdefault(key, {}).update({gen: Measured(*args) for gen, args in by_generation.items()})
+    return out
+
+
+TABLE = with_recorded(TABLE, ROWS)  # the committed records (bench/gpu/, scripts/gpu_record_table.py)
 
 # by compute capability; the order is the order of nearness
 GENERATIONS = (("turing", (7, 5)), ("ampere", (8, 0)), ("ada", (8, 9)), ("hopper", (9, 0)), ("blackwell", (10, 0)))

@@ -42,8 +42,8 @@ def _torch_weights(shape: ModelShape, c: Candidate, tried: tuple[str, ...]) -> s
     elif c.quant == m.TORCH_GGUF:
         what = (
             f"GGUF, the file's own {shape.quant} blocks repacked for the engine's kernels (the weights llama.cpp "
-            "runs; Q6_K, Q5_K and the rest without a layout of their own within half an int8 level): "
-            + _kept_projections(shape)
+            "runs, Q6_K as it is; Q5_K and the rest without a layout of their own within half an int8 level): "
+            + _kept_projections(shape, gpu=True)
         )
     elif c.quant == m.checkpoint_label(shape):
         what = _checkpoint_what(c.quant)
@@ -53,13 +53,19 @@ def _torch_weights(shape: ModelShape, c: Candidate, tried: tuple[str, ...]) -> s
     return f"weights {what}" + (f"; better formats do not fit ({sizes})" if tried else "")
 
 
-def _kept_projections(shape: ModelShape) -> str:
-    """Which share of the projections a TORCH_GGUF load keeps as int4 and int8 blocks, and what is left dense."""
+def _kept_projections(shape: ModelShape, gpu: bool = False) -> str:
+    """Which share of the projections a TORCH_GGUF load keeps as int4, int8 and (on a GPU) q6 blocks, and what is
+    left dense."""
     int4, int8 = m.gguf_repacked_shares(shape)
+    q6 = sum(m.gguf_q6_params(shape)) / max(m.projection_params(shape) * shape.n_layers, 1) if gpu else 0.0
     kept = " and ".join(
         f"{100 * share:.0f} % as {kind}"
-        for share, kind in ((int4, "int4 (5.0 bits)"), (int8, "int8 (8.5 bits)"))
-        if share
+        for share, kind in (
+            (int4, "int4 (5.0 bits)"),
+            (int8 - q6, "int8 (8.5 bits)"),
+            (q6, "q6 (6.56 bits, Q6_K as it is)"),
+        )
+        if share > 1e-9
     )
     unkept = _unkept(shape)
     dense = (

@@ -60,3 +60,30 @@ def known_bandwidth_gbps(name: str) -> float | None:
     lower = name.lower()
     best = max((k for k in _BANDWIDTH_GBPS if k in lower), key=len, default=None)
     return float(_BANDWIDTH_GBPS[best]) if best else None
+
+
+# name fragment (lower case) -> GPU generation as hwprobe.decode_speed names them, for a GPU record that carries a
+# name and no compute capability (scripts/gpu_record_table.py)
+_GENERATION = {
+    "rtx 50": "blackwell",
+    "rtx 40": "ada",
+    "6000 ada": "ada",
+    "l40": "ada",
+    "l4": "ada",
+    "rtx 30": "ampere",
+    "a100": "ampere",
+    "a10": "ampere",
+    "rtx a": "ampere",
+    "h100": "hopper",
+    "h200": "hopper",
+    "rtx 20": "turing",
+    "titan rtx": "turing",
+    "t4": "turing",
+}
+
+
+def known_generation(name: str) -> str | None:
+    """The GPU generation ("ampere", "ada", "hopper", ...) of a GPU by its marketing name, or None."""
+    lower = name.lower()
+    best = max((k for k in _GENERATION if k in lower), key=len, default=None)
+    return _GENERATION[best] if best else None

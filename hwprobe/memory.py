@@ -81,16 +81,19 @@ TORCH_MIXED_PARTS = (("attention", "W8A16"), ("mlp", "W4A16"))
 # "GGUF": the torch engine keeps a GGUF's own quantized (weight_map.REPACK_KIND) projection blocks (weight_quant
 # "gguf"), repacked into groups of 32 with scales (and int4 offsets) in the 16-bit compute dtype: int4
 # 0.5 + 2 x 2/32 bytes per weight (5.0 bits: Q4_0's 4.5 gains an offset, Q4_K's 4.5 loses its 6-bit sub-block
-# packing), int8 1 + 2/32 (8.5 bits: Q8_0's own size; Q5_0's 5.5 and Q6_K's 6.56 grow to it).  A merged
+# packing), int8 1 + 2/32 (8.5 bits: Q8_0's own size; Q5_0's 5.5 grows to it, and on the CPU Q6_K's 6.56), on a
+# GPU Q6_K as it is ("q6": 0.5 + 0.25 + 16/256 + 2/256 bytes, its 6.5625 bits; extra["gguf_q6"]).  A merged
 # projection whose parts repack to different kinds keeps each part at its own (split_linear.py).  An untied
 # model's head and embedding are held the same way when their types repack (a QuantLinear and a QuantEmbedding);
 # projections that do not repack and a tied embedding (also the head) are 16-bit; RMSNorm weights float32.  Which
 # projections repack comes from the file (shape.extra["gguf_repacked"]), the head's and embedding's kinds too
-# (["gguf_head_kind"], ["gguf_embed_kind"]).  Llama-3-8B Q4_K_M on a GPU: 5.3 GiB (was 6.6 with the mixed Q/K/V
-# requantized to int8 and a 16-bit embedding and head).
+# (["gguf_head_kind"], ["gguf_embed_kind"]; on a GPU ["gguf_head_gpu_kind"], ["gguf_embed_gpu_kind"]).  Llama-3-8B
+# Q4_K_M on a GPU: 4.9 GiB (6.6 with the mixed Q/K/V requantized to int8 and a 16-bit embedding and head, 5.3 with
+# Q6_K as int8).
 TORCH_GGUF = "GGUF"
 GGUF_REPACKED_INT4_BYTES = 0.5 + 2 * 2 / 32
 GGUF_REPACKED_INT8_BYTES = 1 + 2 / 32
+GGUF_Q6_BYTES = 0.5 + 0.25 + 16 / 256 + 2 / 256  # low nibbles, high 2 bits, int8 sub-scales per 16, fp16 d per 256
 
 # A GPTQ / AWQ folder (shape.extra["checkpoint_quant"], the format named by its label, "GPTQ-4bit-g128"): the
 # torch engine holds its own packed integers (backends/torch_engine/gptq_awq.py), never 16-bit nor re-quantized.
@@ -237,30 +240,66 @@ def torch_format_lowest_bpw(fmt: str) -> float:
 
 def torch_gguf_weights(shape: ModelShape) -> WeightLayout | None:
     """What the torch engine holds on a GPU for a GGUF loaded with its own blocks (TORCH_GGUF), or None when no
-    projection of the file repacks (an F16 file: that would just be bf16): the projections as kept, an untied
-    head and embedding at their repacked kinds' bytes (16-bit where their type does not repack)."""
+    projection of the file repacks (an F16 file: that would just be bf16): the projections as kept (Q6_K as q6),
+    an untied head and embedding at their GPU kinds' bytes (16-bit where their type does not repack)."""
     kept = shape.extra.get("gguf_repacked") if shape.extra else None
     if not kept or not any(n4 or n8 for n4, n8 in kept) or len(kept) != shape.n_layers:
         return None
+    q6 = gguf_q6_params(shape)
     norms = 2 * shape.hidden_size
     projections = _params_per_layer(shape) - norms
     layers = tuple(
-        int(n4 * GGUF_REPACKED_INT4_BYTES + n8 * GGUF_REPACKED_INT8_BYTES + (projections - n4 - n8) * 2 + norms * 4)
-        for n4, n8 in kept
+        int(
+            n4 * GGUF_REPACKED_INT4_BYTES
+            + (n8 - n6) * GGUF_REPACKED_INT8_BYTES
+            + n6 * GGUF_Q6_BYTES
+            + (projections - n4 - n8) * 2
+            + norms * 4
+        )
+        for (n4, n8), n6 in zip(kept, q6)
     )
     embed_params = shape.vocab_size * shape.hidden_size
-    embed = _repacked_bytes(embed_params, _embed_kind(shape), GGUF_REPACKED_INT4_BYTES, GGUF_REPACKED_INT8_BYTES)
+    embed = _repacked_bytes(
+        embed_params, _embed_kind(shape, gpu=True), GGUF_REPACKED_INT4_BYTES, GGUF_REPACKED_INT8_BYTES
+    )
     if shape.tied_embeddings:
         return WeightLayout(layers, embed, embed, shape.hidden_size * 4, True)
-    head = _repacked_bytes(embed_params, _head_kind(shape), GGUF_REPACKED_INT4_BYTES, GGUF_REPACKED_INT8_BYTES)
+    head = _repacked_bytes(
+        embed_params, _head_kind(shape, gpu=True), GGUF_REPACKED_INT4_BYTES, GGUF_REPACKED_INT8_BYTES
+    )
     return WeightLayout(layers, embed, head, shape.hidden_size * 4, False)
 
 
+def torch_gguf_kind_bytes(shape: ModelShape) -> dict[str, float]:
+    """Bytes a decode step reads of each quantized kind a GPU load of the GGUF holds (torch_gguf_weights): the
+    projections' int4, int8 and q6 blocks, and an untied head at its kind (the embedding is a few rows a step: not
+    read whole).  The rest (16-bit projections, a 16-bit or tied head, norms) is not listed."""
+    kept = shape.extra.get("gguf_repacked") if shape.extra else None
+    if not kept or len(kept) != shape.n_layers:
+        return {}
+    n6 = sum(gguf_q6_params(shape))
+    n4, n8 = sum(a for a, _ in kept), sum(b for _, b in kept) - n6
+    out = {"int4": n4 * GGUF_REPACKED_INT4_BYTES, "int8": n8 * GGUF_REPACKED_INT8_BYTES, "q6": n6 * GGUF_Q6_BYTES}
+    head = _head_kind(shape, gpu=True)
+    if head is not None:
+        out[head] += _repacked_bytes(
+            shape.vocab_size * shape.hidden_size, head, GGUF_REPACKED_INT4_BYTES, GGUF_REPACKED_INT8_BYTES
+        )
+    return {kind: b for kind, b in out.items() if b}
+
+
+def gguf_q6_params(shape: ModelShape) -> tuple[int, ...]:
+    """Per layer, the weights of the int8-kept projections that are Q6_K, which a GPU load keeps as q6 (0 each for a
+    hand-written shape that does not say)."""
+    q6 = shape.extra.get("gguf_q6") if shape.extra else None
+    return tuple(q6) if q6 and len(q6) == shape.n_layers else (0,) * shape.n_layers
+
+
 def _repacked_bytes(n_weights: int, kind: str | None, int4_bytes: float, int8_bytes: float) -> int:
-    """Bytes of `n_weights` held as repacked `kind` ("int4" / "int8"), or 16-bit when None."""
+    """Bytes of `n_weights` held as repacked `kind` ("int4" / "int8" / "q6"), or 16-bit when None."""
     if kind is None:
         return n_weights * 2
-    return int(n_weights * (int4_bytes if kind == "int4" else int8_bytes))
+    return int(n_weights * {"int4": int4_bytes, "q6": GGUF_Q6_BYTES}.get(kind, int8_bytes))
 
 
 def checkpoint_quant(shape: ModelShape) -> dict | None:
@@ -307,35 +346,42 @@ def torch_cpu_dense_copy_budget(ram_total_bytes: int) -> int:
     return min(TORCH_CPU_DENSE_COPY_MAX_BYTES, ram_total_bytes // TORCH_CPU_DENSE_COPY_RAM_SHARE)
 
 
-def _head_kind(shape: ModelShape) -> str | None:
-    """The repacked kind of an untied GGUF head ("int4" / "int8"), or None when it stays 16-bit: the head's
-    type's REPACK_KIND as ModelSpec.to_shape gives it (extra["gguf_head_kind"]), else judged by its bytes
-    (_kind_of_bytes)."""
+def _head_kind(shape: ModelShape, gpu: bool = False) -> str | None:
+    """The repacked kind of an untied GGUF head ("int4" / "int8", on a GPU also "q6"), or None when it stays
+    16-bit: the head's type's kind as ModelSpec.to_shape gives it (extra["gguf_head_kind"], on a GPU
+    ["gguf_head_gpu_kind"]), else judged by its bytes (_kind_of_bytes)."""
     if shape.tied_embeddings or not shape.output_bytes:
         return None
-    if shape.extra and "gguf_head_kind" in shape.extra:
-        return shape.extra["gguf_head_kind"]
-    return _kind_of_bytes(shape.output_bytes, shape)
+    return _end_kind(shape, "head", shape.output_bytes, gpu)
 
 
-def _embed_kind(shape: ModelShape) -> str | None:
-    """The repacked kind of an untied model's GGUF token embedding ("int4" / "int8"), or None when it stays
-    16-bit (a tied one always does: the head reads it whole): extra["gguf_embed_kind"] as ModelSpec.to_shape
-    gives it, else judged by its bytes (_kind_of_bytes)."""
+def _embed_kind(shape: ModelShape, gpu: bool = False) -> str | None:
+    """The repacked kind of an untied model's GGUF token embedding ("int4" / "int8", on a GPU also "q6"), or None
+    when it stays 16-bit (a tied one always does: the head reads it whole): extra["gguf_embed_kind"] (on a GPU
+    ["gguf_embed_gpu_kind"]) as ModelSpec.to_shape gives it, else judged by its bytes (_kind_of_bytes)."""
     if shape.tied_embeddings or not shape.output_bytes or not shape.embedding_bytes:
         return None
-    if shape.extra and "gguf_embed_kind" in shape.extra:
-        return shape.extra["gguf_embed_kind"]
-    return _kind_of_bytes(shape.embedding_bytes, shape)
+    return _end_kind(shape, "embed", shape.embedding_bytes, gpu)
 
 
-def _kind_of_bytes(n_bytes: int, shape: ModelShape) -> str | None:
+def _end_kind(shape: ModelShape, end: str, n_bytes: int, gpu: bool) -> str | None:
+    extra = shape.extra or {}
+    keys = (f"gguf_{end}_gpu_kind", f"gguf_{end}_kind") if gpu else (f"gguf_{end}_kind",)
+    for key in keys:
+        if key in extra:
+            return extra[key]
+    return _kind_of_bytes(n_bytes, shape, gpu)
+
+
+def _kind_of_bytes(n_bytes: int, shape: ModelShape, gpu: bool = False) -> str | None:
     """A hand-written shape's vocab x hidden tensor judged by its bytes: 4.5 or 5.0 bits a weight is
-    Q4_0/Q4_K/Q4_1 (int4), 8.5 Q8_0, 5.5 Q5_0/Q5_K, 6.0 Q5_1 and 6.5625 Q6_K (int8:
-    backends/torch_engine/gguf_repack.py); anything else None (16-bit)."""
+    Q4_0/Q4_K/Q4_1 (int4), 8.5 Q8_0, 5.5 Q5_0/Q5_K, 6.0 Q5_1 and 6.5625 Q6_K (int8: backends/torch_engine/
+    gguf_repack.py; Q6_K q6 on a GPU); anything else None (16-bit)."""
     bits = 8 * n_bytes / max(shape.vocab_size * shape.hidden_size, 1)
     if any(abs(bits - b) < 0.01 for b in (4.5, 5.0)):
         return "int4"
+    if gpu and abs(bits - 6.5625) < 0.01:
+        return "q6"
     return "int8" if any(abs(bits - b) < 0.01 for b in (8.5, 5.5, 6.0, 6.5625)) else None
 
 

@@ -266,19 +266,16 @@ def decode_efficiency(shape: ModelShape, c: Candidate, gpu: GpuInfo) -> Efficien
     """The measured share of `gpu`'s bandwidth candidate c's decode reaches there (hwprobe.decode_speed): llama.cpp's
     kernels as one figure; the torch engine's by the bytes of each kind its format holds (the projections in the
     format's kind, the rest 16-bit; the GGUF layout's int4 and int8 blocks, and W4A16+attn8's int8 attention and
-    int4 MLP, each at their own kernel's share)."""
+    int4 MLP, each at their own kernel's share; the GGUF layout's q6 blocks and quantized head too)."""
     records, cc = gpu.decode_records, gpu.cc
     if c.backend != "torch":
         return efficiency("llama.cpp", "ggml", cc, records)
     sixteen = efficiency("torch", "16bit", cc, records)
     total = sum(c.layout.layer_bytes) + c.layout.head_bytes + c.layout.other_bytes
     if c.quant == m.TORCH_GGUF:
-        int4, int8 = m.gguf_repacked_shares(shape)
-        projections = m.projection_params(shape) * shape.n_layers
-        b4 = int4 * projections * m.GGUF_REPACKED_INT4_BYTES
-        b8 = int8 * projections * m.GGUF_REPACKED_INT8_BYTES
-        parts = [(b4, efficiency("torch", "int4", cc, records)), (b8, efficiency("torch", "int8", cc, records))]
-        return mixed_share([*parts, (max(total - b4 - b8, 0), sixteen)])
+        kinds = m.torch_gguf_kind_bytes(shape)  # the blocks and a quantized head, each at its own kernel's share
+        parts = [(b, efficiency("torch", kind, cc, records)) for kind, b in kinds.items()]
+        return mixed_share([*parts, (max(total - sum(kinds.values()), 0), sixteen)])
     if c.quant == m.TORCH_MIXED:
         attention, mlp = (b * shape.n_layers for b in m.torch_mixed_bytes(shape))
         parts = [(attention, efficiency("torch", "int8", cc, records)), (mlp, efficiency("torch", "int4", cc, records))]

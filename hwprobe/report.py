@@ -45,7 +45,7 @@ class DecodeRecord:
     planner prefers to its table of measured figures per GPU generation (hwprobe.decode_speed)."""
 
     engine: str  # "torch" | "llama.cpp"
-    kind: str  # what the weights were: hwprobe.decode_speed.ENGINE_KINDS ("16bit", "int8", "int4", "fp8", "ggml")
+    kind: str  # what the weights were: hwprobe.decode_speed.ENGINE_KINDS ("16bit", "int8", "int4", "fp8", "q6", "ggml")
     share: float  # of the GPU's peak bandwidth its weight reads reached at one stream (launch cost taken out)
     batch16: float = 1.0  # aggregate tokens/s at 16 streams over one stream's (1.0: not measured)
     source: str = ""  # what was run, and when

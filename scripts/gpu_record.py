@@ -6,7 +6,8 @@ measured):
 2. per-kernel GB/s at 1, 2, 4, 8 and 16 rows on Llama-3-8B's projection shapes (merged QKV, O, merged gate/up,
    down): hearth's decode kernel (kernels/quant_gemv_triton.py, what quant_matmul_triton sends 1-16 rows to)
    and the old tl.dot kernel (the same call with explicit tiles) on the int4 (GGUF Q4_K's layout: groups of 32
-   with scale and offset) and int8 (groups of 32: Q8_0's) layouts, torch's int4 tinygemm
+   with scale and offset) and int8 (groups of 32: Q8_0's) layouts, hearth's q6 decode kernel (GGUF Q6_K as it
+   is: kernels/q6_gemv_triton.py; it ran as int8 before), torch's int4 tinygemm
    (aten._weight_int4pack_mm, its own layout, groups of 32) and cuBLAS bf16 (F.linear).  GB/s counts the
    bytes of the weight as that kernel stores it (values, scales, offsets), so each figure compares with the
    copy bandwidth;
@@ -132,7 +133,7 @@ class Record:
 class Case:
     """One kernel on one weight: `run(x)` with x (m, in_features) -> (m, out_features)."""
 
-    layout: str  # "int4" | "int8" | "bf16"
+    layout: str  # "int4" | "int8" | "q6" | "bf16"
     kernel: str  # "hearth" | "old" | "tinygemm" | "cublas"
     weight_bytes: int  # what the kernel reads of the weight: values, scales, offsets, in its own layout
     run: Callable
@@ -153,9 +154,10 @@ def seconds_per_call(fn: Callable[[], object], cuda: bool) -> float:
 
 
 def quant_cases(n: int, k: int, device, dtype) -> list[Case]:
-    """hearth's decode kernel and the old tl.dot kernel on random int4 and int8 weights, groups of 32."""
+    """hearth's decode kernel and the old tl.dot kernel on random int4 and int8 weights (groups of 32) and q6 ones."""
     import torch
 
+    from kernels import q6_matmul_triton
     from kernels import quant_matmul_triton as qmt
     from kernels.quant_matmul import QuantWeight
 
@@ -178,6 +180,21 @@ def quant_cases(n: int, k: int, device, dtype) -> list[Case]:
         # explicit tiles: the same call as the engine's before issue 42, the tl.dot kernel at every row count
         old = lambda x, w=w: qmt.quant_matmul_triton(x, w, blocks=qmt._pick_blocks(x.shape[0], n, k, x.device))  # noqa: E731
         cases.append(Case(w.kind, "old", w.nbytes, old))
+    # GGUF Q6_K as it is (kernels/q6_gemv_triton.py; before issue 42 it ran as int8, which the int8 rows measure);
+    # its "old" is its tl.dot kernel (q6_matmul_triton, what takes more than 16 rows) at every row count
+    q6 = QuantWeight(
+        "q6",
+        torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device),
+        torch.randint(0, 16, (n, k // 16), dtype=torch.int8, device=device),
+        None,
+        16,
+        k,
+        n,
+        qhigh=torch.randint(0, 256, (n, k // 4), dtype=torch.uint8, device=device),
+        super_scales=(torch.rand(n, k // 256, device=device) * 1e-4 + 6e-5).half(),
+    )
+    cases.append(Case("q6", "hearth", q6.nbytes, lambda x: qmt.quant_matmul_triton(x, q6)))
+    cases.append(Case("q6", "old", q6.nbytes, lambda x: q6_matmul_triton.q6_matmul_triton(x, q6)))
     return cases
 
 
@@ -213,7 +230,7 @@ def compare_kernels(cases: list[Case], x, shape: str) -> None:
     """hearth's kernel against the old one on the same weight and rows: a miscompile shows here as a line."""
     import torch
 
-    for layout in ("int4", "int8"):
+    for layout in ("int4", "int8", "q6"):
         new, old = (next(c for c in cases if c.layout == layout and c.kernel == k) for k in ("hearth", "old"))
         a, b = new.run(x).float(), old.run(x).float()
         rel = ((a - b).abs().max() / b.abs().max().clamp(min=1e-6)).item()

@@ -178,9 +178,12 @@ def test_a_record_that_makes_the_torch_engine_faster_wins_it_the_single_stream()
         hw("rtx4090_24gb"),
         DecodeRecord("torch", "int4", 0.9, 12.0, "new int4 kernel"),
         DecodeRecord("torch", "int8", 0.9, 12.0, "new int8 kernel"),
+        DecodeRecord("torch", "q6", 0.9, 12.0, "new q6 kernel"),
     )
     p = plan(fast, shape)
-    assert (p.backend, p.quant) == ("torch", "GGUF")  # its own blocks (5.0 / 8.5 bits) now read faster
+    assert (p.backend, p.quant) == ("torch", "GGUF")  # its own blocks (5.0 / 6.56 bits) now read faster
+    chosen = next(c for c in p.candidates if c.chosen)
+    assert all(f"new {k} kernel" in chosen.efficiency_source for k in ("int4", "q6"))  # V, down and the head: q6
     llama = next(c for c in p.candidates if c.backend == "llama.cpp")
     assert p.expected_tokens_per_s > llama.expected_tokens_per_s
 

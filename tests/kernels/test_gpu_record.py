@@ -3,25 +3,19 @@ and types in the JSON, and its random Q4_K_M GGUF has llama.cpp's types, finite 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.kernels
+from tests.script_module import load_script
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+pytestmark = pytest.mark.kernels
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"scripts/{name}.py")
 
 
 def test_record_writer_keys_and_types(tmp_path: Path) -> None:
@@ -48,6 +42,8 @@ def test_record_writer_keys_and_types(tmp_path: Path) -> None:
         ("int4", "old"),
         ("int8", "hearth"),
         ("int8", "old"),
+        ("q6", "hearth"),
+        ("q6", "old"),
         ("int4", "tinygemm"),
         ("bf16", "cublas"),
     }
