@@ -56,7 +56,7 @@ def _q6_bytes(la, lb, hw, G: tl.constexpr):
 
 
 @triton.jit
-def _value_at(q, i: tl.constexpr):
+def value_at(q, i: tl.constexpr):
     """Byte i of each int32 as the float q - 32: ORed into the bits of 2**23 a byte is the float 2**23 + q exactly,
     and 2**23 + 32 = 8388640 comes off in one subtraction."""
     return (((q >> (8 * i)) & 0xFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388640.0
@@ -81,9 +81,9 @@ def _row_partials(x_ptrs, mask, la, lb, hw):
             # byte i of group g = 2h + o: weight 32 h + 8 w + 2 i + o of the quarter
             xp = tl.load(x_ptrs + (32 * (g // 2) + 2 * i + g % 2), mask=mask, other=0.0).to(tl.float32)
             if g < 2:
-                part_a += xp * _value_at(q, i)
+                part_a += xp * value_at(q, i)
             else:
-                part_b += xp * _value_at(q, i)
+                part_b += xp * value_at(q, i)
     return part_a, part_b
 
 
@@ -97,12 +97,25 @@ def _rows_partials(x_ptrs, mask, la, lb, hw, BLOCK_M: tl.constexpr):
         q = _q6_bytes(la, lb, hw, g)
         for i in tl.static_range(4):
             xp = tl.load(x_ptrs + (32 * (g // 2) + 2 * i + g % 2), mask=mask, other=0.0).to(tl.float32)
-            prod = xp[:, None, :, :] * _value_at(q, i)[None, :, :, :]
+            prod = xp[:, None, :, :] * value_at(q, i)[None, :, :, :]
             if g < 2:
                 part_a += prod
             else:
                 part_b += prod
     return part_a, part_b
+
+
+@triton.jit
+def _load_quarter(l_ptr, h_ptr, s_ptr, l_off, h_off, s_off, w_mask, wn_mask, t: tl.constexpr):
+    """Quarter t of each (n, block) of a step, as int32 words: `la` and `lb` the nibbles of its weights 0-31 and
+    32-63, `hw` their high bits ((BLOCK_N, BLOCK_C, 4) each, one 16-byte load a row of 4), `sw` its four int8
+    sub-scales ((BLOCK_N, BLOCK_C)).  l_off, h_off: quarter 0's word offsets; s_off: a block's first sub-scale
+    word."""
+    la = tl.load(l_ptr + l_off + 8 * t, mask=w_mask, other=0)
+    lb = tl.load(l_ptr + l_off + (8 * t + 4), mask=w_mask, other=0)
+    hw = tl.load(h_ptr + h_off + 4 * t, mask=w_mask, other=0)
+    sw = tl.load(s_ptr + s_off + t, mask=wn_mask, other=0)
+    return la, lb, hw, sw
 
 
 @triton.jit
@@ -155,12 +168,10 @@ def _q6_row_kernel(
         l_off = rn[:, None, None] * stride_ln + rc[None, :, None] * 32 + rw[None, None, :]
         h_off = rn[:, None, None] * stride_hn + rc[None, :, None] * 16 + rw[None, None, :]
         xk = rn[:, None, None] * 0 + rc[None, :, None] * 256 + rw[None, None, :] * 8  # the weights' layout
+        s_off = rn[:, None] * stride_sn + rc[None, :] * 4
         blk = tl.zeros((BLOCK_N, BLOCK_C), dtype=tl.float32)
         for t in tl.static_range(4):
-            la = tl.load(l_ptr + l_off + 8 * t, mask=w_mask, other=0)
-            lb = tl.load(l_ptr + l_off + (8 * t + 4), mask=w_mask, other=0)
-            hw = tl.load(h_ptr + h_off + 4 * t, mask=w_mask, other=0)
-            sw = tl.load(s_ptr + rn[:, None] * stride_sn + rc[None, :] * 4 + t, mask=wn_mask, other=0)
+            la, lb, hw, sw = _load_quarter(l_ptr, h_ptr, s_ptr, l_off, h_off, s_off, w_mask, wn_mask, t)
             part_a, part_b = _row_partials(x_ptr + xk + 64 * t, w_mask, la, lb, hw)
             blk += _scaled(part_a, part_b, first, sw, 2)
         acc += tl.sum(blk * d, axis=1)
@@ -216,12 +227,10 @@ def _q6_rows_kernel(
         # x of word w of each block: (BLOCK_M, BLOCK_C, 4)
         x_base = x_ptr + rm[:, None, None] * stride_xm + rc[None, :, None] * 256 + rw[None, None, :] * 8
         xm_mask = m_mask[:, None, None] & c_mask[None, :, None]
+        s_off = rn[:, None] * stride_sn + rc[None, :] * 4
         blk = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_C), dtype=tl.float32)
         for t in tl.static_range(4):
-            la = tl.load(l_ptr + l_off + 8 * t, mask=w_mask, other=0)
-            lb = tl.load(l_ptr + l_off + (8 * t + 4), mask=w_mask, other=0)
-            hw = tl.load(h_ptr + h_off + 4 * t, mask=w_mask, other=0)
-            sw = tl.load(s_ptr + rn[:, None] * stride_sn + rc[None, :] * 4 + t, mask=wn_mask, other=0)
+            la, lb, hw, sw = _load_quarter(l_ptr, h_ptr, s_ptr, l_off, h_off, s_off, w_mask, wn_mask, t)
             part_a, part_b = _rows_partials(x_base + 64 * t, xm_mask, la, lb, hw, BLOCK_M)
             blk += _scaled(part_a, part_b, first, sw[None, :, :], 3)
         acc += tl.sum(blk * d[None, :, :], axis=2)

@@ -13,53 +13,17 @@ from backends.modelspec import load_spec
 from backends.torch_engine.model_runner import ModelRunner
 from backends.torch_engine.tokenizer import load_tokenizer
 from tests.gguf_factory import write_tiny_llama
+from tests.hf_export import hf_config, hf_state
 
 
 def _hf_folder_from(runner: ModelRunner, gguf_tok, folder: Path) -> None:
-    """Write the runner's weights under Hugging Face names (split back into q/k/v and gate/up)."""
+    """Write the runner's weights under Hugging Face names (tests/hf_export.py), its config and tokenizer."""
     from safetensors.torch import save_file
 
-    cfg = runner.model.cfg
-    sd = {"model.embed_tokens.weight": runner.model.embed.weight, "model.norm.weight": runner.model.norm.weight}
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    for i, layer in enumerate(runner.model.layers):
-        p = f"model.layers.{i}."
-        wq, wk, wv = layer.attn.qkv_proj.weight.split((q, kv, kv))
-        gate, up = layer.mlp.gate_up_proj.weight.chunk(2)
-        sd.update(
-            {
-                p + "self_attn.q_proj.weight": wq,
-                p + "self_attn.k_proj.weight": wk,
-                p + "self_attn.v_proj.weight": wv,
-                p + "self_attn.o_proj.weight": layer.attn.o_proj.weight,
-                p + "mlp.gate_proj.weight": gate,
-                p + "mlp.up_proj.weight": up,
-                p + "mlp.down_proj.weight": layer.mlp.down_proj.weight,
-                p + "input_layernorm.weight": layer.input_norm.weight,
-                p + "post_attention_layernorm.weight": layer.post_norm.weight,
-            }
-        )
+    sd = hf_state(runner.model, "llama")
     folder.mkdir()
     save_file({k: v.detach().float().contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(
-        json.dumps(
-            {
-                "architectures": ["LlamaForCausalLM"],
-                "hidden_size": cfg.hidden_size,
-                "num_hidden_layers": cfg.n_layers,
-                "num_attention_heads": cfg.n_heads,
-                "num_key_value_heads": cfg.n_kv_heads,
-                "intermediate_size": cfg.ffn_size,
-                "vocab_size": cfg.vocab_size,
-                "rope_theta": cfg.rope_base,
-                "rms_norm_eps": cfg.rms_eps,
-                "max_position_embeddings": 256,
-                "tie_word_embeddings": True,
-                "bos_token_id": 1,
-                "eos_token_id": 2,
-            }
-        )
-    )
+    (folder / "config.json").write_text(json.dumps(hf_config(runner.model.cfg, "llama")))
     gguf_tok._tk.save(str(folder / "tokenizer.json"))
 
 
