@@ -59,7 +59,7 @@ class CheckShape:
     n_experts: int = 0
     top_k: int = 0
     activation: str = "silu"  # "silu" | "gelu" (Gemma's GeGLU)
-    quant_kinds: tuple[str, ...] = ()  # weight formats of the quantized projections: "int8", "int4", "fp8"
+    quant_kinds: tuple[str, ...] = ()  # weight formats of the quantized projections: "int8", "int4", "fp8", "q6"
 
 
 @dataclass(frozen=True)
@@ -215,12 +215,16 @@ def _attention_cases(shape, kernels, fallback, reference, device, dtype, randn) 
 
 def _quant_case(kind: str, hidden: int, ffn: int, device, dtype, randn) -> _Case:  # type: ignore[no-untyped-def]
 
-    weight = randn(ffn, hidden, scale=hidden**-0.5).float()
-    qw = {
-        "int8": lambda: qm.quantize_int8(weight, None, dtype),
-        "int4": lambda: qm.quantize_int4(weight, 128 if hidden % 128 == 0 else 32, dtype),
-        "fp8": lambda: qm.quantize_fp8(weight, dtype),
-    }[kind]()
+    if kind == "q6":  # GGUF Q6_K as it is: no quantizer makes it, so random blocks; K whole 256-weight blocks
+        hidden = max(256, hidden // 256 * 256)
+        qw = _random_q6(ffn, hidden, device)
+    else:
+        weight = randn(ffn, hidden, scale=hidden**-0.5).float()
+        qw = {
+            "int8": lambda: qm.quantize_int8(weight, None, dtype),
+            "int4": lambda: qm.quantize_int4(weight, 128 if hidden % 128 == 0 else 32, dtype),
+            "fp8": lambda: qm.quantize_fp8(weight, dtype),
+        }[kind]()
     x = randn(TOKENS, hidden)
 
     def triton_matmul() -> torch.Tensor:
@@ -235,6 +239,17 @@ def _quant_case(kind: str, hidden: int, ffn: int, device, dtype, randn) -> _Case
         lambda: qm.quant_matmul_torch(x, qw),
         lambda: qm.quant_matmul_reference(x, qw),
     )
+
+
+def _random_q6(n: int, k: int, device: Any) -> qm.QuantWeight:
+    """A q6 weight of random 6-bit values, sub-scales in 1..15 and d = 1 / (150 sqrt(k)): weights of about 1 / sqrt(k)
+    (sc ~ 8, q - 32 ~ 18), so outputs of order one."""
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randint(0, 64, (n, k), generator=gen)
+    sub = torch.randint(1, 16, (n, k // 16), generator=gen).to(torch.int8)
+    d = torch.full((n, k // 256), 1 / (150 * k**0.5), dtype=torch.float16)
+    w = qm.QuantWeight("q6", qm.pack_int4(q & 15), sub, None, 16, k, n, qm.pack_q6_high(q >> 4), d)
+    return w.to(device)
 
 
 def _flat(out: Any) -> list[torch.Tensor]:

@@ -207,7 +207,7 @@ def record_graph_check(record: str | os.PathLike[str] | None, key: dict[str, str
 
 def doctor_check(spec: ModelSpec, record: str | os.PathLike[str] | None, budget_s: float = 300.0) -> KernelCheck:
     """`hearth doctor --kernels`: every Triton kernel `spec`'s model could call, in every weight format this
-    device runs (int8, int4, and fp8 from compute capability 8.9), checked again now and recorded: on the GPU,
+    device runs (int8, int4, q6, and fp8 from compute capability 8.9), checked again now and recorded: on the GPU,
     or on CPU under the Triton interpreter (the caller sets TRITON_INTERPRET=1 before anything imports the
     kernels)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -215,7 +215,7 @@ def doctor_check(spec: ModelSpec, record: str | os.PathLike[str] | None, budget_
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     else:
         dtype = torch.float32  # the interpreter does no bf16 arithmetic
-    kinds = ("int8", "int4") + (("fp8",) if fp8_supported(device) else ())
+    kinds = ("int8", "int4", "q6") + (("fp8",) if fp8_supported(device) else ())
     shape = dataclasses.replace(spec_shape(spec), quant_kinds=kinds)
     return check_kernels(shape, kernel_set("triton"), device, dtype, record, budget_s, again=True)
 

@@ -97,9 +97,9 @@ def test_a_quantized_format_that_fails_is_replaced_alone(monkeypatch: pytest.Mon
         return real(x, w, bias, **kw)
 
     monkeypatch.setattr(qmt, "quant_matmul_triton", int4_broken)
-    shape = dataclasses.replace(SHAPE, hidden=128, ffn=64, quant_kinds=("int8", "int4"))
+    shape = dataclasses.replace(SHAPE, hidden=128, ffn=64, quant_kinds=("int8", "int4", "q6"))
     verdicts = {v.name: v for v in _check(kernel_set("triton"), shape, judge_speed=False)}
-    assert verdicts["quant_matmul.int8"].verdict == "ok"
+    assert verdicts["quant_matmul.int8"].verdict == "ok" and verdicts["quant_matmul.q6"].verdict == "ok"
     assert verdicts["quant_matmul.int4"].verdict == "failed"
     assert selfcheck.replaced_quant_kinds(list(verdicts.values())) == {"int4"}
 
