@@ -2,8 +2,10 @@
 # Build llama.cpp's own llama-bench with CUDA, for the side-by-side of issue 42 item 4, on a machine without a
 # GPU; and gather the wheels the GPU machine lacks.  Output (both under build/, which git ignores):
 #
-#   build/llama-bench-cuda/   llama-bench (stripped) + BUILD.txt: what the device call carries (must stay under
-#                             the 64 MiB that travels with the tree, the tree included)
+#   build/llama-bench-cuda/   llama-bench.xz (stripped, then xz -9) + BUILD.txt: what the device call carries (must
+#                             stay under the 64 MiB that travels with the tree, the tree included: stripped, the
+#                             binary is 67.8 MB for sm_89 + sm_90, xz makes it 38 MB; scripts/gpu_record.py
+#                             unpacks it with Python's lzma on the GPU machine)
 #   build/gpu-wheels/         gguf's wheel (the GPU machine's Python has torch, Triton, numpy, tokenizers, not gguf)
 #
 # The source is the llama.cpp that llama-cpp-python vendors (its sdist's vendor/llama.cpp), so the comparison is
@@ -118,7 +120,7 @@ build() {
 }
 
 check() {
-    local bin="$OUT/llama-bench"
+    local bin="$1"
     log "shared libraries it asks for:"
     readelf -d "$bin" | grep NEEDED | sed 's/^/    /'
     local help rc=0
@@ -140,18 +142,21 @@ main() {
     build
     local took=$((SECONDS - began))
     mkdir -p "$OUT"
-    strip -o "$OUT/llama-bench" "$WORK/cmake/bin/llama-bench"
+    rm -f "$OUT/llama-bench"  # an earlier build's uncompressed copy: too big to carry
+    local bin="$WORK/llama-bench.stripped"
+    strip -o "$bin" "$WORK/cmake/bin/llama-bench"
+    xz -9 -T"$JOBS" -c "$bin" >"$OUT/llama-bench.xz.part" && mv "$OUT/llama-bench.xz.part" "$OUT/llama-bench.xz"
     local size
-    size=$(stat -c %s "$OUT/llama-bench")
+    size=$(stat -c %s "$bin")
     {
         echo "llama-bench from llama-cpp-python $LLAMA_CPP_PYTHON's vendor/llama.cpp"
         echo "nvcc: $("$CUDA_ROOT/bin/nvcc" --version | tail -1); CUDA architectures: $CUDA_ARCHS; cuBLAS $CUBLAS (dynamic)"
         echo "build: $took s with -j$JOBS on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
-        echo "size: $size bytes stripped; sha256 $(sha256sum "$OUT/llama-bench" | cut -d' ' -f1)"
-        echo "needs at run time: $(readelf -d "$OUT/llama-bench" | grep NEEDED | sed -E 's/.*\[(.*)\]/\1/' | xargs)"
+        echo "size: $size bytes stripped, $(stat -c %s "$OUT/llama-bench.xz") as llama-bench.xz; sha256 of the binary $(sha256sum "$bin" | cut -d' ' -f1)"
+        echo "needs at run time: $(readelf -d "$bin" | grep NEEDED | sed -E 's/.*\[(.*)\]/\1/' | xargs)"
     } >"$OUT/BUILD.txt"
     cat "$OUT/BUILD.txt"
-    check
+    check "$bin"
     log "carried folders: $(du -sh "$OUT" | cut -f1) build/llama-bench-cuda, $(du -sh "$WHEELS" | cut -f1) build/gpu-wheels"
 }
 

@@ -104,8 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--llama-bench",
         default=None,
-        help="llama.cpp's CUDA llama-bench for --record (default: build/llama-bench-cuda/llama-bench, built by "
-        "scripts/build_llama_bench.sh)",
+        help="llama.cpp's CUDA llama-bench for --record, plain or .xz (default: build/llama-bench-cuda/llama-bench.xz, "
+        "built by scripts/build_llama_bench.sh)",
     )
     p.add_argument(
         "--budget-s",

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import gc
 import json
+import lzma
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,7 +49,9 @@ import make_random_gguf  # after the path above
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD_DIR = ROOT / "bench" / "gpu"
-LLAMA_BENCH = ROOT / "build" / "llama-bench-cuda" / "llama-bench"
+# xz-compressed by scripts/build_llama_bench.sh (67.8 MB stripped would not travel: 64 MiB does); a plain binary there
+# (or given with --llama-bench) runs as it is
+LLAMA_BENCH = ROOT / "build" / "llama-bench-cuda" / "llama-bench.xz"
 # (name, out_features, in_features) of Llama-3-8B's projections as the engine runs them (Q/K/V and gate/up merged)
 SHAPES_8B = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336))
 SHAPES_TINY = (("qkv", 128, 256), ("down", 256, 512))
@@ -297,6 +301,17 @@ def cuda_library_dirs() -> list[str]:
     return found
 
 
+def runnable(binary: Path, folder: Path) -> Path:
+    """`binary` ready to run: an .xz one unpacked into `folder` (Python's lzma: no xz needed there), executable."""
+    if binary.suffix != ".xz":
+        return binary
+    out = folder / binary.stem
+    with lzma.open(binary) as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    out.chmod(0o755)
+    return out
+
+
 def llama_bench_tokens_per_s(binary: Path, gguf: Path, timeout_s: float = 300) -> float | None:
     """llama-bench tg128 on all layers of the GPU (its mean over 5 repetitions), or None with the reason printed."""
     env = dict(os.environ)
@@ -395,7 +410,7 @@ def end_to_end_rows(record: Record, args, device: str, deadline: Deadline) -> No
         elif not binary.is_file():
             print(f"  llama-bench: {binary} is not there (scripts/build_llama_bench.sh builds it; carry its folder)")
         elif deadline.allows("llama.cpp", scale):
-            tps = llama_bench_tokens_per_s(binary, gguf)
+            tps = llama_bench_tokens_per_s(runnable(binary, Path(tmp)), gguf)
             if tps is not None:
                 record.end_to_end("llama.cpp", "Q4_K_M", 1, tps)
         for fmt, weight_quant in (("Q4_K_M", "gguf"), ("bf16", "none")):

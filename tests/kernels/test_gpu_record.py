@@ -89,3 +89,20 @@ def test_random_q4_k_m_gguf(tmp_path: Path) -> None:
         for _, t, d in maker.tensor_plan(maker.LLAMA3_8B)
     )
     assert total == 4_912_898_048
+
+
+def test_a_compressed_llama_bench_unpacks_to_a_runnable_binary(tmp_path: Path) -> None:
+    """scripts/build_llama_bench.sh carries llama-bench as .xz (67.8 MB stripped is over the 64 MiB that travels);
+    gpu_record.runnable unpacks it with Python's lzma, executable; a plain binary is used as it is."""
+    import lzma
+    import subprocess
+
+    record_mod = _script("gpu_record")
+    packed = tmp_path / "llama-bench.xz"
+    packed.write_bytes(lzma.compress(b"#!/bin/sh\necho tg128 ok\n"))
+    (tmp_path / "run").mkdir()
+    binary = record_mod.runnable(packed, tmp_path / "run")
+    assert binary == tmp_path / "run" / "llama-bench"
+    assert subprocess.run([binary], capture_output=True, text=True, check=True).stdout == "tg128 ok\n"
+    assert record_mod.runnable(binary, tmp_path) == binary
+    assert record_mod.LLAMA_BENCH.name == "llama-bench.xz"
