@@ -161,8 +161,10 @@ def pack_q6_high(high: torch.Tensor) -> torch.Tensor:
 def unpack_q6_high(qhigh: torch.Tensor) -> torch.Tensor:
     """qhigh uint8 (N, K // 4) -> (N, K) uint8 in 0..3 (inverse of pack_q6_high)."""
     n, k = qhigh.shape[0], qhigh.shape[1] * 4
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=qhigh.device)
-    fields = (qhigh.reshape(n, k // 64, 16, 1) >> shifts) & 3  # (N, c, b, field 2h + o)
+    q = qhigh.reshape(n, k // 64, 16)
+    # shifts by Python ints, no shift tensor: a tensor made from a list is a host-to-device copy, which a CUDA graph
+    # capture refuses (a q6 embedding's lookup, quant_embedding.py, runs inside the decode step's graph)
+    fields = torch.stack([(q >> s) & 3 for s in (0, 2, 4, 6)], dim=-1)  # (N, c, b, field 2h + o)
     return fields.reshape(n, k // 64, 16, 2, 2).permute(0, 1, 3, 2, 4).reshape(n, k)
 
 

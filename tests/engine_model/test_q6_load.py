@@ -118,3 +118,24 @@ def test_a_tensor_parallel_ffn_split_falls_on_whole_q6_blocks(q4_k_m: ModelSpec)
     gguf_names = names(q4_k_m.architecture, "gguf")
     assert loader._down_group(q4_k_m, gguf_names, True, None, q4_k_m.ffn_size, q6=True) == 256
     assert loader._down_group(q4_k_m, gguf_names, True, None, q4_k_m.ffn_size, q6=False) == 32
+
+
+def test_a_q6_lookup_copies_nothing_from_the_host(q4_k_m: ModelSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A q6 embedding's lookup runs inside the decode step's CUDA graph, whose capture refuses a host-to-device
+    copy: it makes no tensor from host data (torch.tensor / as_tensor), and gives the dense lookup's rows."""
+    from backends.torch_engine.gguf_q6 import repack_q6k
+
+    gen = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (64, 210), dtype=torch.uint8, generator=gen)
+    blocks[:, 208:210] = torch.tensor([0x00, 0x14], dtype=torch.uint8)  # d = 2**-10 (fp16 0x1400)
+    weight = repack_q6k(blocks, 64, 256)
+    embed = QuantEmbedding(weight, torch.float32)
+    ids = torch.tensor([[3, 0, 63], [17, 17, 8]])
+    want = loader.dequantize(weight)[ids]
+
+    def refused(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("a tensor made from host data inside the lookup")
+
+    monkeypatch.setattr(torch, "tensor", refused)
+    monkeypatch.setattr(torch, "as_tensor", refused)
+    assert torch.equal(embed(ids), want)
