@@ -5,9 +5,11 @@ copies, torch's packed layouts), then the result is stored.  On a hit: the model
 its tensors are the cached ones, mapped from the file; nothing is read from the GGUF, repacked or dequantized.
 Measured on the starter (2-core Zen 4, loaded machine): docs/torch-engine.md "Cold start".
 
-Cached: GGUF models on the CPU only.  Not: GPUs (the prepared weights live in device memory; a GPU load is
-bounded by PCIe, not by the preparation), tensor-parallel ranks, models with experts, Hugging Face folders (their
-safetensors already load by mapping, bf16 as stored).
+Cached: GGUF models and GPTQ / AWQ folders on the CPU only (a GPTQ / AWQ folder's packed integers are unpacked,
+re-laid for torch's CPU kernels and given dense prefill copies at every load, as a GGUF's blocks are; its key also
+stamps the folder's JSON files, where the quantization config lives).  Not: GPUs (the prepared weights live in
+device memory; a GPU load is bounded by PCIe, not by the preparation), tensor-parallel ranks, models with experts,
+16-bit Hugging Face folders (their safetensors already load by mapping, bf16 as stored).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from backends.modelspec import ModelSpec
+from backends.quant_config import spec_quant
 from backends.torch_engine.cpu_head import head_rows
 from backends.torch_engine.loader import config_from_spec, load_model
 from backends.torch_engine.models import family
@@ -44,7 +48,16 @@ class CpuLoad:
 
 
 def cacheable(spec: ModelSpec, device: torch.device, folder: str | None) -> bool:
-    return bool(folder) and device.type == "cpu" and spec.format == "gguf" and not spec.n_experts
+    prepared = spec.format == "gguf" or spec_quant(spec.path, spec.metadata) is not None  # GGUF, GPTQ / AWQ
+    return bool(folder) and device.type == "cpu" and prepared and not spec.n_experts
+
+
+def key_files(spec: ModelSpec) -> tuple[str, ...]:
+    """The files whose stamps key the entry: the weights, and for a folder its JSON files too (config.json or
+    quantize_config.json hold a GPTQ / AWQ folder's quantization: a changed one is another model)."""
+    files = tuple(spec.files or (spec.path,))
+    folder = Path(spec.path)
+    return files + tuple(str(f) for f in sorted(folder.glob("*.json"))) if folder.is_dir() else files
 
 
 def load_for_cpu(
@@ -72,7 +85,7 @@ def load_for_cpu(
             "long_rope": 0 < cfg.rope_original_ctx < n_ctx,  # LongRoPE's factors pick by context (models/phi3.py)
             "int8_head": int8_head,
         }
-        cache, key = WeightCache(cache_folder), entry_key(spec.files or (spec.path,), options)
+        cache, key = WeightCache(cache_folder), entry_key(key_files(spec), options)
         entry = cache.load(key)
         if entry is not None:
             with torch.device("meta"):

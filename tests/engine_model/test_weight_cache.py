@@ -154,3 +154,33 @@ def test_int8_head_rows_are_kept_in_the_entry(tmp_path: Path) -> None:
     assert torch.equal(qweight, want_q) and torch.equal(scales, want_s)
     assert torch.equal(_logits(hit), _logits(fresh))
     assert head._rows is None and head.packed() is not None  # the decode row packed it
+
+
+@pytest.mark.parametrize("variant", ["gptq-actorder", "awq"])
+def test_a_gptq_or_awq_folder_is_cached_and_its_config_is_in_the_key(tmp_path: Path, variant: str) -> None:
+    """A GPTQ / AWQ folder's packed integers are unpacked and re-laid for the CPU kernels at every load, as a
+    GGUF's blocks are: a hit gives the fresh load's bits (an act-order input order, an AWQ input scale
+    included), and a changed quantization config (the folder's JSON) is another entry."""
+    import json
+
+    from tests.gptq_awq_factory import Variant, write_quantized
+
+    v = Variant(act_order=True) if variant == "gptq-actorder" else Variant(method="awq")
+    folder, _ = write_quantized(tmp_path / variant, v)
+    spec, cache = load_spec(folder), tmp_path / "cache"
+    fresh = _runner(spec, None)
+    first, second = _runner(spec, cache), _runner(spec, cache)
+    assert (fresh.weight_cache, first.weight_cache, second.weight_cache) == ("off", "stored", "hit")
+    assert second.weight_quant == fresh.weight_quant == spec.to_shape().extra["checkpoint_quant"]["label"]
+    ids = [5, 17, 200, 3, 77, 42]  # the tiny checkpoint's vocabulary is 256
+
+    def logits(r: ModelRunner) -> torch.Tensor:
+        return torch.cat([r.prompt_logits(ids), r.forward([(ids[:1], 0, [0])], num_decodes=1)])
+
+    assert torch.equal(logits(second), logits(fresh))
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"]["damp_percent" if v.method == "gptq" else "version"] = (
+        0.02 if v.method == "gptq" else "GEMM"
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    assert _runner(load_spec(folder), cache).weight_cache == "stored"
