@@ -223,3 +223,24 @@ def test_more_rows_compile_to_vector_loads_without_conversions_or_spills(ptx, cc
     assert len(re.findall(wide, code)) >= 4 * 3, sorted(set(re.findall(r"ld\.global[\.\w]*", code)))
     assert not re.search(r"cvt\.rn\.f32\.[su](8|16|32)", code)
     assert _spills(code, cc) == (0, 0)
+
+
+@pytest.mark.parametrize("cc", [86, 89, 90])
+def test_the_dot_kernel_and_bf16_activations_compile_for_every_target(cc: int) -> None:
+    """What a GPU engine runs past 16 rows (q6_matmul_triton's tl.dot kernel at the launcher's tiles) and at one row
+    with bf16 activations (the engine's dtype on these cards) compiles for each target: the dot kernel to tensor-core
+    MMAs without spills, the one-row kernel to the same wide loads as with fp16."""
+    bf16 = {**_TYPES, "x_ptr": "*bf16", "out_ptr": "*bf16"}
+    dot_types = {**bf16, "l_ptr": "*u8", "h_ptr": "*u8", "s_ptr": "*i8"}
+    cases = {
+        f"dot{block_m}": ("_q6_dot_kernel", {"IEEE": False, "BLOCK_M": block_m, "BLOCK_N": 64}, cc, 4)
+        for block_m in (16, 64)
+    }
+    code = compile_ptx("kernels.q6_matmul_triton", dot_types, cases)
+    for key, ptx_code in code.items():
+        assert re.search(r"\bmma\.sync|\bwgmma\.", ptx_code), key
+        assert _spills(ptx_code, cc) == (0, 0), key
+    _, block_n, block_c, warps = q6.gpu_blocks(1)
+    row = {"row": ("_q6_row_kernel", {"SPLIT_K": 1, "BLOCK_N": block_n, "BLOCK_C": block_c}, cc, warps)}
+    row_code = compile_ptx("kernels.q6_gemv_triton", bf16, row)["row"]
+    assert len(re.findall(_WIDE, row_code)) >= 4 * 3 and _spills(row_code, cc) == (0, 0)

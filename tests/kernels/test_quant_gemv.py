@@ -212,3 +212,19 @@ def test_sixteen_rows_compile_without_conversions_or_spills(ptx, cc: int, kind: 
     assert re.search(r"ld\.global(?:\.\w+)*\.v[24]\.b32", code)  # vector loads of the weights
     assert not re.search(r"cvt\.rn\.f32\.[su](8|16|32)", code)
     assert _spills(code, cc) == (0, 0)
+
+
+@pytest.mark.parametrize("cc", [89, 90])
+def test_bf16_activations_compile_the_same_way(cc: int) -> None:
+    """The engine's activations on these cards are bf16 (the fixture above compiles fp16): the one-row kernels still
+    load 16 bytes of weights at a time, convert no integer and spill nothing."""
+    types = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "o_ptr": "*bf16", "out_ptr": "*bf16"}
+    cases = {}
+    for kind in ("int4", "int8"):
+        _, block_n, block_c, warps = gemv.gpu_blocks(1, kind == "int4")
+        consts = {"INT4": kind == "int4", "SPLIT_K": 1, "BLOCK_N": block_n, "BLOCK_C": block_c}
+        cases[kind] = ("_gemv_row_kernel", consts, cc, warps)
+    for kind, code in compile_ptx("kernels.quant_gemv_triton", types, cases).items():
+        assert re.search(r"ld\.global(?:\.\w+)*\.v4\.b32", code), kind
+        assert not re.search(r"cvt\.rn\.f32\.[su](8|16|32)", code), kind
+        assert _spills(code, cc) == (0, 0), kind
