@@ -221,8 +221,8 @@ def make_backend(
             prestarted.discard()
         return backend_class(name)(spec, options)
     # no fallback: a remembered configuration on the other backend is ignored too (RunnerBackend._apply_memory)
-    measuring = command in MEASURING_COMMANDS
-    fallback = None if measuring else _fallback(spec, settings, hardware_file, logits_all, memory, command)
+    pinned = command in MEASURING_COMMANDS or settings.backend != "auto"
+    fallback = None if pinned else _fallback(spec, settings, hardware_file, logits_all, memory, command)
     return RunnerBackend(
         spec,
         options,
@@ -237,11 +237,14 @@ def make_backend(
     )
 
 
-# What measures the backend it names (`hearth bench`: each row is one engine's figures): the runner never moves to
-# the other backend, neither by the ladder after a crash nor by a remembered configuration (backends/runner/memory.py).
-# Not (yet) every named backend: a pinned torch server under the soak's kills on a loaded machine crashed 4 times in
-# a row before finishing a reply and stopped restarting (tests/e2e/test_soak.py), where the ladder's llama.cpp rung
-# kept it answering; the soak's server (`hearth serve`) may so move, and its log's "loaded:" lines say so.
+# What measures the backend it names (`hearth bench`: each row is one engine's figures), and any command whose
+# backend the user named (--backend, the settings' backend, HEARTH_BACKEND: the user's choice wins): the runner never
+# moves to the other backend, neither by the ladder after a crash nor by a remembered configuration
+# (backends/runner/memory.py).  Pinning every named backend once failed the soak test: a pinned torch server under
+# its kills on a loaded machine gave up (with no rung left, a crash while a restart loaded ended it at once).  Since,
+# a runner stopped or killed from outside (SIGSTOP, SIGTERM, a SIGKILL that was no OOM kill) restarts as it was and
+# counts as no crash, and a configuration that has finished replies is loaded again after a crash at its restart
+# (backends/runner/client.py), so a pinned server keeps restarting what it knows works.
 # One torch runner that crashed before its first reply left the starter remembered "on the llama.cpp backend instead
 # of torch", and every later `hearth bench --backends torch` row was llama.cpp's figures under torch's name (TTFT
 # 1,070 ms, prefill 120 tok/s, RSS 180 MiB on the loaded 2-core machine: no torch in that runner at all).

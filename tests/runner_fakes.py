@@ -87,6 +87,20 @@ class CrashOnLoadFake(CrashingFake):
         _die(signal.SIGSEGV)
 
 
+class CrashOnSecondLoadFake(CrashingFake):
+    """Loads, then crashes (SIGSEGV) on its second load only: a restart's load that fails once.  The loads are
+    counted in the file HEARTH_FAKE_LOADS names (each runner is a new process)."""
+
+    def load(self, progress=None) -> None:  # type: ignore[no-untyped-def]
+        path = os.environ["HEARTH_FAKE_LOADS"]
+        n = int(open(path).read() or 0) + 1 if os.path.exists(path) else 1
+        with open(path, "w") as f:
+            f.write(str(n))
+        if n == 2:
+            _die(signal.SIGSEGV)
+        super().load(progress)
+
+
 class GpuOomFake(CrashingFake):
     """Runs out of GPU memory at load with more than 8 layers on the GPU (a typed OutOfMemoryError, as the torch
     engine raises for a CUDA OOM), and loads with 8 or fewer."""

@@ -11,7 +11,10 @@ Supervision, when a runner dies (any signal, an exit) or stops answering for `ha
   yet is sent once more to the new runner, so it costs its caller only time;
 - a new runner starts at once.  If the configuration that crashed never finished a reply, or crashed twice in a
   row, the next one is the next rung of the safer-configuration ladder (backends/runner/ladder.py); otherwise the
-  same one (a crash after good replies is more likely the request's than the configuration's);
+  same one (a crash after good replies is more likely the request's than the configuration's).  A runner stopped
+  or killed from outside (RunnerProcess.killed_from_outside: SIGSTOP, SIGTERM, a SIGKILL that was no OOM kill)
+  restarts as it was and is no crash in a row; a restart whose load crashes loads a configuration that finished
+  replies again rather than giving up (a named backend has no other backend to fall to);
 - a configuration the ladder found that then finished a reply is remembered (backends/runner/memory.py);
 - after MAX_CRASHES_IN_A_ROW crashes without a finished reply in between, it gives up: every later call raises
   RunnerCrashedError.  While loading, a crash with no rung left ends load() with RunnerCrashedError at once (a
@@ -58,6 +61,11 @@ log = logging.getLogger(__name__)
 DEFAULT_HANG_TIMEOUT_S = 30.0  # no heartbeat for this long = frozen (HEARTH_RUNNER_TIMEOUT overrides)
 MAX_CRASHES_IN_A_ROW = 4
 _LOGS_KEPT = 20
+
+
+def _config_key(config: RunnerConfig) -> tuple:
+    """A runner configuration as what tells it from the ladder's other rungs (RunnerConfig.changes)."""
+    return tuple(sorted((k, str(v)) for k, v in config.changes().items()))
 
 
 def hang_timeout_from_env() -> float:
@@ -116,6 +124,7 @@ class RunnerBackend(ResidentTakeover, RunnerCalls, Backend):
         self._describe: dict[str, Any] = {}
         self._proven = False  # the current configuration finished a reply
         self._crashes_in_row = 0
+        self._served: set[tuple] = set()  # configurations (_config_key) that finished a reply in this backend's life
         self._tried_backends: set[str] = set()
         self._log_ids = itertools.count()
         self._progress: ProgressCallback | None = None
@@ -275,7 +284,7 @@ class RunnerBackend(ResidentTakeover, RunnerCalls, Backend):
                 what = f"the {backend_facts(config.backend)[0]} runner ran out of memory loading {self.spec.name}"
             else:
                 failure, what = "crash", outcome.message
-            nxt = self._next(config, failure)
+            nxt = self._after_load_crash(config, failure, runner)
             if nxt is None or attempts >= MAX_CRASHES_IN_A_ROW:
                 raise RunnerCrashedError(
                     f"{what}; no safer configuration is left", f"the runner log is {runner.log_path}"
@@ -297,6 +306,15 @@ class RunnerBackend(ResidentTakeover, RunnerCalls, Backend):
             started.discard()
             return None
         return started
+
+    def _after_load_crash(self, config: RunnerConfig, failure: str, runner: RunnerProcess) -> RunnerConfig | None:
+        """What to load after `config`'s runner died loading: the same configuration when it was stopped or killed
+        from outside, or when it is one that has finished replies before in this backend's life (a restart after
+        a crash: its load is known good, so the crash is more likely the moment's than the configuration's);
+        else the ladder's next rung (None: no rung left)."""
+        if failure == "crash" and (runner.killed_from_outside() or _config_key(config) in self._served):
+            return config
+        return self._next(config, failure)
 
     def _next(self, config: RunnerConfig, failure: str) -> RunnerConfig | None:
         _, caps = backend_facts(config.backend)
@@ -409,15 +427,20 @@ class RunnerBackend(ResidentTakeover, RunnerCalls, Backend):
         if not runner.loaded:  # load() or a restart waits for this runner: it decides what comes next
             runner.outcome.put(Crash(message))
             return
+        outside = runner.killed_from_outside()
         with self._lock:
             if self._closed or runner is not self._runner:
                 return
             self._runner = None
-            self._crashes_in_row += 1
-            safer = None if self._proven and self._crashes_in_row < 2 else self._next(self.config, "crash")
+            if outside:  # not this configuration's doing: the same one again, and no crash in a row
+                safer = None
+                plan = "restarting it as it was (stopped or killed from outside, not a crash of its own)"
+            else:
+                self._crashes_in_row += 1
+                safer = None if self._proven and self._crashes_in_row < 2 else self._next(self.config, "crash")
+                plan = f"restarting it {safer.why}" if safer is not None else "restarting it"
             nxt: RunnerConfig | None = safer or self.config
-            plan = f"restarting it {safer.why}" if safer is not None else "restarting it"
-            if self._crashes_in_row >= MAX_CRASHES_IN_A_ROW:
+            if self._crashes_in_row >= MAX_CRASHES_IN_A_ROW and not outside:
                 nxt = None
                 self._gave_up = RunnerCrashedError(
                     f"{message}; it crashed {self._crashes_in_row} times in a row without finishing a reply, so "
@@ -483,6 +506,7 @@ class RunnerBackend(ResidentTakeover, RunnerCalls, Backend):
     def _finished_ok(self) -> None:
         with self._lock:
             self._crashes_in_row = 0
+            self._served.add(_config_key(self.config))
             if self._proven:
                 return
             self._proven = True

@@ -25,6 +25,30 @@ from backends.runner.resident import Attached, process_alive, wait_gone
 
 CLOSE_TIMEOUT_S = 10.0  # a runner that does not exit this long after Close is killed
 LINGER_TIMEOUT_S = 5.0  # a runner that does not take Linger this long is stopped instead
+# signals that end a process from outside (a person, a supervisor, a shutdown), never by its own fault
+_OUTSIDE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (/proc/vmstat oom_kill, Linux 4.13+; it
+    counts cgroup OOM kills too), or None where that cannot be read."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped by a signal (SIGSTOP, SIGTSTP: state T in /proc/PID/stat) or traced."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 class ResidentProcess:
@@ -72,6 +96,8 @@ class RunnerProcess:
         self.loaded = False
         self.dead = False  # set (under the owner's lock) as soon as its socket ended
         self.hung = False
+        self.hung_stopped = False  # the watchdog found it stopped (SIGSTOP from outside), not busy or deadlocked
+        self.oom_kills_at_start = oom_kills()
         self.closing = False
         self.lingering = False  # left loaded for the next command (linger): its end is not a death
         self.resident = attached is not None  # a lingering runner of an earlier command, taken over
@@ -119,6 +145,7 @@ class RunnerProcess:
             time.sleep(min(0.25, timeout / 4))
             if time.monotonic() - self.last_seen > timeout and self.proc.poll() is None:
                 self.hung = True
+                self.hung_stopped = stopped(self.pid)
                 self.kill()
                 return
 
@@ -176,6 +203,22 @@ class RunnerProcess:
             except ValueError:
                 return f"was killed by signal {-rc}"
         return f"exited with status {rc}" if rc else "exited"
+
+    def killed_from_outside(self) -> bool:
+        """Whether the runner's end (exit_cause has waited for it) came from outside rather than from its
+        configuration: frozen by a SIGSTOP (stopped when the watchdog gave up on it), ended by SIGTERM, SIGINT or
+        SIGHUP, or by a SIGKILL that was not the OOM killer's (the kernel's OOM count did not move; where it
+        cannot be read, a SIGKILL counts as a crash).  A SIGSEGV or an abort is the configuration's, whoever sent
+        it: a native crash and a signal look alike."""
+        if self.hung:
+            return self.hung_stopped
+        rc = getattr(self.proc, "returncode", None)
+        if rc is None or rc >= 0:
+            return False
+        if -rc == signal.SIGKILL:
+            now = oom_kills()
+            return now is not None and self.oom_kills_at_start is not None and now == self.oom_kills_at_start
+        return -rc in _OUTSIDE_SIGNALS
 
     def activity(self, streams: list[Any]) -> str:
         if not self.loaded:

@@ -224,3 +224,48 @@ def test_embeddings_prove_a_runner_as_replies_do(tmp_path, monkeypatch):
         assert b.embed([[4, 5]]).shape[0] == 1  # still restarted after every kill
     finally:
         b.close()
+
+
+def test_outside_kills_restart_the_same_configuration_and_count_as_no_crash(tmp_path):
+    """SIGKILL from outside (no OOM kill: the kernel's count did not move) and SIGTERM end a runner without a fault
+    of its configuration: it restarts as it was, however many times in a row, never down the ladder and never
+    given up on; its notices say so (the soak's chaos kills a pinned backend's runner this way)."""
+    from backends.runner.client import MAX_CRASHES_IN_A_ROW
+    from backends.runner.process import oom_kills
+
+    if oom_kills() is None:
+        pytest.skip("no /proc/vmstat oom_kill here: a SIGKILL counts as a crash")
+    b = _backend(tmp_path, name=EXTRA_BUFTS)  # a crash would turn its extra bufts off: an outside kill must not
+    b.load()
+    notices: list[str] = []
+    b.on_notice = notices.append
+    try:
+        for i in range(MAX_CRASHES_IN_A_ROW + 2):
+            pid = b.pid
+            os.kill(pid, 9 if i % 2 == 0 else 15)
+            deadline = time.monotonic() + 30
+            while b.pid in (None, pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert b.pid not in (None, pid), notices
+        assert b.config.options.extra_bufts is None and b._crashes_in_row == 0
+        assert sum("killed from outside, not a crash of its own" in n for n in notices) == MAX_CRASHES_IN_A_ROW + 2
+        assert b.generate(Request(prompt="fine")).finish_reason is FinishReason.STOP
+    finally:
+        b.close()
+
+
+def test_a_configuration_that_served_is_loaded_again_after_a_crash_while_restarting(tmp_path, monkeypatch):
+    """With no rung left (a named backend has no other backend to fall to), a crash while a restart loads used to
+    end the backend at once; a configuration that has finished replies is loaded again instead (its load is known
+    good), and serves."""
+    monkeypatch.setenv("HEARTH_FAKE_LOADS", str(tmp_path / "loads"))
+    b = _backend(tmp_path, name="tests.runner_fakes:CrashOnSecondLoadFake")
+    b.load()
+    try:
+        assert b.generate(Request(prompt="hello")).finish_reason is FinishReason.STOP  # it served
+        last = _events(b, "CRASH mid-reply")[-1]  # SIGSEGV after 3 tokens; the restart's first load crashes too
+        assert last.finish_reason is FinishReason.ERROR and "SIGSEGV" in last.error
+        assert b.generate(Request(prompt="again")).finish_reason is FinishReason.STOP
+        assert (tmp_path / "loads").read_text() == "3"
+    finally:
+        b.close()
