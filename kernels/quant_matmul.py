@@ -104,8 +104,27 @@ class QuantWeight:
 
     @property
     def nbytes(self) -> int:
-        parts = (self.qweight, self.scales, self.offsets, self.qhigh, self.super_scales)
+        parts = (getattr(self, f) for f in TENSOR_FIELDS)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+
+# every layout's tensors, in QuantWeight's order (None where a layout has none); a module holding a QuantWeight keeps
+# them as buffers of these names, so byte counts and the prepared-weight cache see them (QuantLinear, QuantEmbedding)
+TENSOR_FIELDS = ("qweight", "scales", "offsets", "qhigh", "super_scales")
+
+
+def register_weight(module: torch.nn.Module, w: QuantWeight) -> None:
+    """Hold `w`'s tensors as buffers of `module`, under TENSOR_FIELDS' names."""
+    for field in TENSOR_FIELDS:
+        module.register_buffer(field, getattr(w, field))
+
+
+def held_weight(
+    module: torch.nn.Module, kind: str, group_size: int, in_features: int, out_features: int
+) -> QuantWeight:
+    """The QuantWeight whose tensors `module` holds (register_weight)."""
+    qweight, scales, offsets, qhigh, super_scales = (getattr(module, f) for f in TENSOR_FIELDS)
+    return QuantWeight(kind, qweight, scales, offsets, group_size, in_features, out_features, qhigh, super_scales)
 
 
 # ---- packing -------------------------------------------------------------------------------------------------

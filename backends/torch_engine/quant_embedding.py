@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.quant_matmul import QuantWeight, dequantize
+from kernels.quant_matmul import QuantWeight, dequantize, held_weight, register_weight
 
 
 class QuantEmbedding(nn.Module):
@@ -39,26 +39,12 @@ class QuantEmbedding(nn.Module):
         self.num_embeddings = weight.out_features
         self.embedding_dim = weight.in_features
         self.dtype = dtype
-        self.register_buffer("qweight", weight.qweight)
-        self.register_buffer("scales", weight.scales)
-        self.register_buffer("offsets", weight.offsets)
-        self.register_buffer("qhigh", weight.qhigh)
-        self.register_buffer("super_scales", weight.super_scales)
+        register_weight(self, weight)
 
     @property
     def weight(self) -> QuantWeight:
         """The whole table as a QuantWeight (tensor parallelism cuts its rows: tp/layers.py)."""
-        return QuantWeight(
-            self.kind,
-            self.qweight,
-            self.scales,
-            self.offsets,
-            self.group_size,
-            self.embedding_dim,
-            self.num_embeddings,
-            self.qhigh,
-            self.super_scales,
-        )
+        return held_weight(self, self.kind, self.group_size, self.embedding_dim, self.num_embeddings)
 
     @property
     def nbytes(self) -> int:

@@ -29,13 +29,16 @@ import torch
 from torch import nn
 
 from kernels.quant_matmul import (
+    TENSOR_FIELDS,
     QuantWeight,
     concat_rows,
     dequantize,
+    held_weight,
     quant_matmul_torch,
     quantize_fp8,
     quantize_int4,
     quantize_int8,
+    register_weight,
 )
 from kernels.quant_matmul_cpu import (
     FAST_DTYPE,
@@ -120,11 +123,7 @@ class QuantLinear(nn.Module):
         self.in_features = weight.in_features
         self.out_features = weight.out_features
         self.impl = "auto"
-        self.register_buffer("qweight", weight.qweight)
-        self.register_buffer("scales", weight.scales)
-        self.register_buffer("offsets", weight.offsets)
-        self.register_buffer("qhigh", weight.qhigh)  # q6 only (kernels/quant_matmul.py)
-        self.register_buffer("super_scales", weight.super_scales)  # q6 only
+        register_weight(self, weight)
         self.register_buffer("bias", bias)
         self.register_buffer("input_scale", input_scale)
         self.register_buffer("input_perm", input_perm)
@@ -137,17 +136,7 @@ class QuantLinear(nn.Module):
     def weight(self) -> QuantWeight:
         if self._cpu is not None:
             raise RuntimeError("this layer was re-laid for the CPU kernels; its generic layout is gone")
-        return QuantWeight(
-            self.kind,
-            self.qweight,
-            self.scales,
-            self.offsets,
-            self.group_size,
-            self.in_features,
-            self.out_features,
-            self.qhigh,
-            self.super_scales,
-        )
+        return held_weight(self, self.kind, self.group_size, self.in_features, self.out_features)
 
     @property
     def nbytes(self) -> int:
@@ -169,7 +158,8 @@ class QuantLinear(nn.Module):
         """Hold `packed` (pack_for_cpu's output, or the same restored from the prepared-weight cache:
         prepared.py) as this layer's weight; the generic buffers are dropped."""
         self._cpu = packed
-        self.qweight = self.scales = self.offsets = self.qhigh = self.super_scales = None
+        for field in TENSOR_FIELDS:
+            setattr(self, field, None)
         if self.bias is None and self.input_scale is None and self.input_perm is None:
             self._cpu_rows = cpu_rows_kernel(self._cpu)
 
