@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.quant_gemv_triton import split_k_for
+from kernels.quant_gemv_triton import sm_count, split_k_for, split_k_output
 from kernels.quant_matmul import QuantWeight
 
 BLOCK = 256  # weights per d (a Q6_K block)
@@ -291,12 +291,10 @@ def q6_gemv_triton(
     if not supports(w, m):
         raise ValueError(f"q6_gemv_triton takes 1..{MAX_ROWS} rows of q6 with K a multiple of {BLOCK}, got {m} rows")
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
-    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count if x2.is_cuda else None
-    block_m, block_n, block_c, split_k, warps = blocks or pick_blocks(m, n, k, sms)
+    block_m, block_n, block_c, split_k, warps = blocks or pick_blocks(m, n, k, sm_count(x2))
     # the same bytes as int32 words: (N, K / 8) nibbles, (N, K / 16) high bits, (N, K / 64) sub-scales
     low, high, subs = (t.view(torch.int32) for t in (w.qweight, w.qhigh, w.scales))
-    out_dtype = torch.float32 if split_k > 1 else x2.dtype  # split K adds partial sums: float32, zeroed
-    out = (torch.zeros if split_k > 1 else torch.empty)((m, n), device=x2.device, dtype=out_dtype)
+    out = split_k_output(x2, n, split_k)
     grid = (triton.cdiv(n, block_n), split_k)
     tensors = (x2, low, high, subs, w.super_scales, out)
     strides = (low.stride(0), high.stride(0), subs.stride(0), w.super_scales.stride(0))

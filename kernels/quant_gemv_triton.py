@@ -213,6 +213,18 @@ def split_k_for(tiles: int, steps: int, per_program: int, sms: int) -> int:
     return split_k
 
 
+def sm_count(x: torch.Tensor) -> int | None:
+    """The SMs of x's GPU (what split_k_for fills), None on the CPU (the Triton interpreter)."""
+    return torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else None
+
+
+def split_k_output(x2: torch.Tensor, n: int, split_k: int) -> torch.Tensor:
+    """The (M, N) output a decode kernel writes: x2's dtype, or with K split float32 zeros the splits add into."""
+    if split_k > 1:
+        return torch.zeros((x2.shape[0], n), device=x2.device, dtype=torch.float32)
+    return torch.empty((x2.shape[0], n), device=x2.device, dtype=x2.dtype)
+
+
 def quant_gemv_triton(
     x2: torch.Tensor, w: QuantWeight, *, blocks: tuple[int, int, int, int, int] | None = None
 ) -> torch.Tensor:
@@ -224,11 +236,9 @@ def quant_gemv_triton(
         raise ValueError(f"quant_gemv_triton takes 1..{MAX_ROWS} rows of int4/int8 in 32-multiples, got {m} rows")
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     int4 = w.kind == "int4"
-    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count if x2.is_cuda else None
-    block_m, block_n, block_c, split_k, warps = blocks or pick_blocks(m, n, k, sms, int4)
+    block_m, block_n, block_c, split_k, warps = blocks or pick_blocks(m, n, k, sm_count(x2), int4)
     words = w.qweight.view(torch.int32)  # (N, K / 8) for int4, (N, K / 4) for int8: the same bytes
-    out_dtype = torch.float32 if split_k > 1 else x2.dtype  # split K adds partial sums: float32, zeroed
-    out = (torch.zeros if split_k > 1 else torch.empty)((m, n), device=x2.device, dtype=out_dtype)
+    out = split_k_output(x2, n, split_k)
     offsets = w.offsets if w.offsets is not None else w.scales  # unused for int8
     grid = (triton.cdiv(n, block_n), split_k)
     if block_m == 1:
