@@ -102,13 +102,11 @@ def table_rows(record: dict, name: str = "") -> tuple[str, dict[tuple[str, str],
     if ("torch", "bf16", 1) in e2e:
         one, sixteen = e2e["torch", "bf16", 1], e2e.get(("torch", "bf16", 16))
         rows["torch", "16bit"] = _measured_args(one, read["bf16"], peak, f"{source}: bf16 end to end", sixteen)
-    gbps = {
-        kind: statistics.median(
-            r["gbps"] for r in record["kernels"] if (r["layout"], r["kernel"], r["m"]) == (kind, "hearth", 1)
-        )
-        for kind in QUANT_KINDS
-        if any((r["layout"], r["kernel"], r["m"]) == (kind, "hearth", 1) for r in record["kernels"])
-    }
+    one_row: dict[str, list[float]] = {}  # the decode kernels' GB/s at one row, per kind, over the shapes
+    for r in record["kernels"]:
+        if r["kernel"] == "hearth" and r["m"] == 1 and r["layout"] in QUANT_KINDS:
+            one_row.setdefault(r["layout"], []).append(r["gbps"])
+    gbps = {kind: statistics.median(figures) for kind, figures in one_row.items()}
     mix = [k for k in ("int4", "q6") if read[k]]
     if ("torch", "Q4_K_M", 1) in e2e and all(k in gbps for k in mix):
         one, sixteen = e2e["torch", "Q4_K_M", 1], e2e.get(("torch", "Q4_K_M", 16))

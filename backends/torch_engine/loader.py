@@ -321,7 +321,7 @@ def read_params(
     shards: dict[str, dict[int, torch.Tensor | QuantWeight]] = {}
     factors: dict[str, torch.Tensor] = {}  # rope_freqs / rope_factors_short / rope_factors_long, as read
     perms: dict[str, dict[int, torch.Tensor]] = {}  # GPTQ act-order input orders, as shards are
-    for name, tensor in file_weights(spec, keep, scale_dtype, dtype, select, lambda name: q6):
+    for name, tensor in file_weights(spec, keep, scale_dtype, dtype, select, q6):
         if name in ROPE_FACTOR_TENSORS:
             factors[name] = tensor.reshape(-1)
             continue

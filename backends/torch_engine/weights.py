@@ -33,7 +33,7 @@ def file_weights(
     scale_dtype: torch.dtype = torch.float32,
     dtype: torch.dtype = torch.float32,
     select: Callable[[str], Selection] | None = None,
-    q6: Callable[[str], bool] | None = None,
+    q6: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor | QuantWeight]]:
     """Every tensor of the model's file(s): gguf_weights for a GGUF (`keep`, `scale_dtype`, `dtype` and `q6` as
     there), hf_weights for a Hugging Face folder (tensors come in their dtype; a GPTQ / AWQ folder's packed
@@ -41,7 +41,7 @@ def file_weights(
     tensor-parallel rank's rows and columns of each tensor (None: whole tensors)."""
     select = select or no_selection
     if spec.format == "gguf":
-        return gguf_weights(spec, keep, scale_dtype, dtype, select, q6 or (lambda name: False))
+        return gguf_weights(spec, keep, scale_dtype, dtype, select, q6)
     quant = spec_quant(spec.path, spec.metadata)
     if quant is not None:  # GPTQ / AWQ: each packed module as a QuantWeight (gptq_awq.py), never 16-bit
         return packed_weights(
@@ -86,12 +86,12 @@ def gguf_weights(
     scale_dtype: torch.dtype = torch.float32,
     dtype: torch.dtype = torch.float32,
     select: Callable[[str], Selection] = no_selection,
-    q6: Callable[[str], bool] = lambda name: False,
+    q6: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor | QuantWeight]]:
     """Yield (name, tensor in (out, in) order) for every tensor of a GGUF (all shards): 2-D ones in `dtype`,
     1-D ones (norms, biases) in float32; a tensor for which keep(name, type name) is true comes as a
-    QuantWeight of its repacked blocks instead (a Q6_K one for which q6(name) is true as kind "q6", the GPU's
-    layout, else as int8: gguf_repack.py).  select(name): the rows (and columns) to read, a
+    QuantWeight of its repacked blocks instead (Q6_K ones with `q6` as kind "q6", the GPU's layout, else as
+    int8: gguf_repack.py).  select(name): the rows (and columns) to read, a
     tensor-parallel rank's share; they are cut from the file's raw blocks, before any dequantizing (columns on
     whole blocks; a column span inside a block dequantizes the selected rows, then cuts)."""
     # gguf (and safetensors below): imported when a file is read, not when the engine is (gguf alone
@@ -124,7 +124,7 @@ def gguf_weights(
                 k, cols = cols[1] - cols[0], None
             if len(t.shape) == 2 and qtype.name in GGUF_BLOCKS and keep(t.name, qtype.name):
                 blocks = torch.from_numpy(np.array(data, dtype=np.uint8))
-                qw = repack_gguf(blocks, qtype.name, int(data.shape[0]), k, scale_dtype, q6(t.name))
+                qw = repack_gguf(blocks, qtype.name, int(data.shape[0]), k, scale_dtype, q6)
                 if cols is not None:  # inside a 256-wide K-quant block: cut the repacked 32-groups instead
                     qw = _cols(qw, cols[0], cols[1], dtype)
                 yield t.name, qw
